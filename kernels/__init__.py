@@ -1,0 +1,1 @@
+"""Pallas kernels, each beside its jitted entry and a pure-jnp reference (helios_jax.kernels)."""

@@ -1,0 +1,1 @@
+"""Deliberately naive oracles (helios_jax.reference): exhaustive enumerations and numpy references."""
