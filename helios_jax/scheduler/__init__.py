@@ -1,0 +1,8 @@
+"""The host scheduler: pure Python and numpy, no jax.
+
+Modules keep the names of the spec's Rust modules: ``policy`` (candidates and selection),
+``utility`` (value arithmetic and cohort selection), ``service`` (service prices), ``cost``
+(duration estimates), ``speculation`` (acceptance estimates), ``rounds`` (speculative round
+candidates and confidence forecasts); ``view`` holds the plain data exchanged with the selector
+and ``config`` the policy preferences.
+"""

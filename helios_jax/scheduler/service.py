@@ -1,0 +1,151 @@
+"""Service prices (spec, "Useful service and selection"; docs/scheduling-utility.md).
+
+Each resident request keeps a token rate x (tokens/ms) and, once decoding, a delivery rate z
+(deliveries/ms), stored as natural logarithms so that long waits stay representable. Prices
+are the gradients of the rate utility:
+
+    prefill token   1 + f/x
+    output token    beta + f/x
+    delivery        g/z
+
+with f = token_fairness, g = delivery_fairness, beta = output_token_value. After each measured
+service interval of length dt (ms) every participant is updated with a = exp(-dt/tau),
+tau = adaptation_ms:
+
+    x <- a*x + (1 - a) * s/dt
+
+where s is the service it received (zero for unselected participants). In log space this is a
+``logaddexp``; an unserved request's log-rate falls by dt/tau, so its price grows geometrically
+and waiting is bounded (the entropic dual update). Prices are kept in physical units (tokens
+and deliveries per ms).
+
+Missing histories: a token history starts at its first participation at the uniform share X/K of
+the token normaliser X (the catalog's highest measured token throughput) over the interval's K
+participants; before that, selection prices it at the same share over the current residents. A
+delivery history starts at one delivery over the measured frame duration of the request's first
+published burst.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from helios_jax.catalog import Catalog, GraphKind
+from helios_jax.scheduler.config import PolicyConfig
+from helios_jax.scheduler.cost import CostModel
+
+NEG_INF = -math.inf
+# Token throughput assumed when no program is measured yet (cold start), tokens/ms.
+COLD_TOKEN_NORMALIZER = 1.0
+
+
+def _log(x: float) -> float:
+    return math.log(x) if x > 0 else NEG_INF
+
+
+def decayed_log_rate(log_rate: float, served: float, interval_ms: float, tau_ms: float) -> float:
+    """log(a*r + (1-a)*s/dt) with a = exp(-dt/tau), computed without leaving log space."""
+    if interval_ms <= 0:
+        raise ValueError(f"service interval must be positive, got {interval_ms}")
+    if served < 0:
+        raise ValueError(f"served amount must be nonnegative, got {served}")
+    log_a = -interval_ms / tau_ms
+    kept = log_a + log_rate
+    if served == 0:
+        return kept
+    log_one_minus_a = math.log(-math.expm1(log_a))
+    return float(np.logaddexp(kept, log_one_minus_a + math.log(served / interval_ms)))
+
+
+@dataclasses.dataclass(frozen=True)
+class Normalizers:
+    """Capacity figures of the measured catalog, used only to start missing histories."""
+
+    token_per_ms: float | None  # highest measured token throughput
+    delivery_per_ms: float | None  # highest measured delivery throughput
+
+    @classmethod
+    def measure(cls, catalog: Catalog, costs: CostModel) -> "Normalizers":
+        tok, dlv = None, None
+        for g in catalog.graphs:
+            t_ms = costs.estimate_ms(g.key)
+            if t_ms is None:
+                continue
+            if g.kind.is_prefill:
+                tokens = g.batch_capacity * g.token_capacity
+            elif g.kind is GraphKind.DECODE:
+                tokens = g.batch_capacity
+            elif g.kind is GraphKind.SPECULATIVE:
+                tokens = g.target_capacity
+            elif g.kind is GraphKind.MIXED:
+                tokens = g.max_packed_extent
+            else:
+                continue
+            tok = max(tok or 0.0, tokens / t_ms)
+            if g.kind.is_generation:
+                dlv = max(dlv or 0.0, g.batch_capacity / t_ms)
+        return cls(tok, dlv)
+
+
+@dataclasses.dataclass
+class ServiceHistory:
+    """A request's observed service rates (natural logs), None while missing."""
+
+    log_x: float | None = None  # tokens per ms
+    log_z: float | None = None  # deliveries per ms
+
+    def copy(self) -> "ServiceHistory":
+        return dataclasses.replace(self)
+
+
+def prior_log_token_rate(normalizers: Normalizers, participants: int) -> float:
+    """log(X / K): the uniform share of the token normaliser."""
+    x = normalizers.token_per_ms or COLD_TOKEN_NORMALIZER
+    return math.log(x / max(1, participants))
+
+
+def prior_log_delivery_rate(normalizers: Normalizers, participants: int) -> float:
+    z = normalizers.delivery_per_ms or COLD_TOKEN_NORMALIZER
+    return math.log(z / max(1, participants))
+
+
+@dataclasses.dataclass(frozen=True)
+class LogPrices:
+    """Natural logs of a request's three prices (value units per token or delivery)."""
+
+    prefill_token: float
+    output_token: float
+    delivery: float
+
+
+def log_prices(policy: PolicyConfig, log_x: float, log_z: float | None) -> LogPrices:
+    """Prices as logs: 1 + f/x, beta + f/x, g/z (delivery -inf when there is no coordinate)."""
+    log_f_over_x = _log(policy.token_fairness) - log_x
+    prefill = float(np.logaddexp(0.0, log_f_over_x))
+    output = float(np.logaddexp(_log(policy.output_token_value), log_f_over_x))
+    delivery = NEG_INF if log_z is None else _log(policy.delivery_fairness) - log_z
+    return LogPrices(prefill, output, delivery)
+
+
+def update_token_history(history: ServiceHistory, served_tokens: float, interval_ms: float,
+                         policy: PolicyConfig, prior_log_x: float) -> None:
+    """One measured interval of token service for one participant (zero when unselected)."""
+    base = prior_log_x if history.log_x is None else history.log_x
+    history.log_x = decayed_log_rate(base, served_tokens, interval_ms, policy.adaptation_ms)
+
+
+def delivery_update(log_z: float | None, deliveries: float, interval_ms: float,
+                    policy: PolicyConfig) -> float | None:
+    """The delivery rate after one interval; a missing history stays missing until published."""
+    if log_z is None:
+        return None
+    return decayed_log_rate(log_z, deliveries, interval_ms, policy.adaptation_ms)
+
+
+def first_delivery_log_rate(frame_ms: float) -> float:
+    """A first published burst: one delivery over its measured frame duration."""
+    if frame_ms <= 0:
+        raise ValueError("frame duration must be positive")
+    return -math.log(frame_ms)

@@ -1,0 +1,95 @@
+"""Duration estimates: indeterminate start, first sample, median of nine, staleness."""
+import pytest
+from hypothesis import given, strategies as st
+
+from helios_jax.catalog import GraphKind, shipped_catalog
+from helios_jax.scheduler.cost import CostModel, cost_sample, median
+
+spec = pytest.mark.spec
+KEY = shipped_catalog().graphs[0].key
+TTL = 30_000_000_000
+
+
+@spec("duration-estimates/start-zero", "duration-estimates/zero-indeterminate")
+def test_estimates_start_indeterminate_whatever_the_descriptor_says():
+    cat = shipped_catalog()
+    assert cat.graphs[0].duration_ms == 4.854
+    costs = CostModel()
+    assert costs.estimate_ns(KEY) == 0 and not costs.is_known(KEY) and costs.estimate_ms(KEY) is None
+
+
+@spec("duration-estimates/first-sets", "duration-estimates/median-of-nine", "duration-estimates/even-median")
+def test_first_sets_then_median_of_last_nine():
+    costs = CostModel()
+    costs.observe(KEY, [10.0], 0)
+    assert costs.estimate_ns(KEY) == 10.0
+    costs.observe(KEY, [20.0], 1)
+    assert costs.estimate_ns(KEY) == 15.0  # even count: middle pair averaged
+    costs.observe(KEY, [100.0], 2)
+    assert costs.estimate_ns(KEY) == 20.0
+    for i, x in enumerate([1, 2, 3, 4, 5, 6, 7, 8, 9]):
+        costs.observe(KEY, [float(x)], 3 + i)
+    assert costs.samples(KEY) == tuple(float(x) for x in range(1, 10))  # only the last nine
+    assert costs.estimate_ns(KEY) == 5.0
+
+
+@spec("duration-estimates/stale-30s", "duration-estimates/stale-usable", "duration-estimates/stale-replace",
+      "duration-estimates/never-unknown-by-time")
+def test_staleness_keeps_cost_and_first_new_sample_replaces():
+    costs = CostModel(TTL)
+    for x in (10.0, 12.0, 14.0):
+        costs.observe(KEY, [x], 0)
+    assert not costs.is_stale(KEY, TTL)
+    assert costs.is_stale(KEY, TTL + 1)
+    assert costs.estimate_ns(KEY) == 12.0 and costs.is_known(KEY)  # still usable when stale
+    assert costs.is_known(KEY) and costs.is_stale(KEY, 10**15)  # time alone never unknowns it
+    costs.observe(KEY, [40.0], TTL + 1)
+    assert costs.estimate_ns(KEY) == 40.0 and costs.samples(KEY) == (40.0,)
+    assert not costs.is_stale(KEY, TTL + 2)
+
+
+@spec("duration-estimates/raw-max-rank", "duration-estimates/readiness-correction",
+      "confidence-acceptance/cost-full-graph", "acceptance-learning/estimates-corrected")
+def test_sample_is_max_positive_rank_interval_less_readiness():
+    assert cost_sample([3.0, 7.0, 0.0, -1.0]) == 7.0
+    assert cost_sample([3.0, 7.0], readiness_delay_ns=2.0) == 5.0  # after aggregating ranks
+    costs = CostModel()
+    costs.observe(KEY, [5.0, 9.0], 0, readiness_delay_ns=4.0)
+    assert costs.estimate_ns(KEY) == 5.0
+
+
+@spec("duration-estimates/missing-zero-ignored")
+def test_missing_or_zero_intervals_change_nothing():
+    costs = CostModel(TTL)
+    assert not costs.observe(KEY, [], 0) and not costs.observe(KEY, [0.0, 0.0], 0)
+    assert not costs.is_known(KEY)
+    costs.observe(KEY, [10.0], 0)
+    assert not costs.observe(KEY, [0.0], TTL + 5)
+    assert costs.estimate_ns(KEY) == 10.0 and costs.is_stale(KEY, TTL + 5)  # not made fresh
+
+
+@spec("duration-estimates/rows-not-key", "duration-estimates/cost-key", "mixed-execution/duration-key")
+def test_entries_are_keyed_by_physical_shape():
+    cat = shipped_catalog()
+    mixed = cat.of_kind(GraphKind.MIXED)
+    costs = CostModel()
+    costs.observe(mixed[0].key, [1.0], 0)
+    assert costs.is_known(mixed[0].key)
+    assert not any(costs.is_known(g.key) for g in mixed[1:])
+    assert len({g.key for g in cat.graphs}) == len(cat.graphs)
+
+
+def test_seeding_goes_through_observation():
+    cat = shipped_catalog()
+    costs = CostModel()
+    assert costs.seed_from_catalog(cat, 0) == len(cat.graphs)
+    assert costs.estimate_ms(cat.graphs[0].key) == pytest.approx(4.854)
+
+
+@given(st.lists(st.floats(min_value=1.0, max_value=1e9), min_size=1, max_size=40))
+def test_fresh_estimate_is_median_of_last_nine(samples):
+    costs = CostModel()
+    for i, x in enumerate(samples):
+        costs.observe(KEY, [x], i)
+    assert costs.estimate_ns(KEY) == pytest.approx(median(samples[-9:]))
+    assert min(samples[-9:]) <= costs.estimate_ns(KEY) <= max(samples[-9:])

@@ -1,0 +1,81 @@
+"""Service prices: gradients, the entropy-dual update and missing histories.
+
+Expected values are derived by hand in each docstring.
+"""
+import math
+
+import pytest
+
+from helios_jax.catalog import shipped_catalog
+from helios_jax.scheduler import service
+from helios_jax.scheduler.config import PolicyConfig
+from helios_jax.scheduler.cost import CostModel
+
+spec = pytest.mark.spec
+P = PolicyConfig()
+
+
+@spec("useful-service/prefill-price", "useful-service/output-price", "useful-service/delivery-price")
+def test_prices_are_utility_gradients():
+    """x = 2 tokens/ms, z = 0.05 deliveries/ms: 1 + 16/2 = 9, 64 + 8 = 72, 4/0.05 = 80."""
+    p = service.log_prices(P, math.log(2.0), math.log(0.05))
+    assert math.exp(p.prefill_token) == pytest.approx(9.0)
+    assert math.exp(p.output_token) == pytest.approx(72.0)
+    assert math.exp(p.delivery) == pytest.approx(80.0)
+
+
+@spec("useful-service/decoders-only-delivery")
+def test_no_delivery_coordinate_without_history():
+    assert service.log_prices(P, 0.0, None).delivery == -math.inf
+
+
+@spec("useful-service/entropy-dual", "service-accounting/unselected-zero")
+def test_rate_update_sequence():
+    """tau = 100 ms, dt = 10 ms: a = exp(-0.1) = 0.904837.
+
+    x0 = 2: served 30 tokens -> 0.904837*2 + 0.095163*3 = 2.095163;
+    then unserved for 10 ms  -> 0.904837*2.095163 = 1.895781 (price 1 + 16/x rises from 8.64 to 9.44).
+    """
+    h = service.ServiceHistory(log_x=math.log(2.0))
+    service.update_token_history(h, 30, 10.0, P, prior_log_x=0.0)
+    assert math.exp(h.log_x) == pytest.approx(2.095163, rel=1e-6)
+    service.update_token_history(h, 0, 10.0, P, prior_log_x=0.0)
+    assert math.exp(h.log_x) == pytest.approx(1.895781, rel=1e-6)
+    assert math.exp(service.log_prices(P, h.log_x, None).prefill_token) == pytest.approx(1 + 16 / 1.895781)
+
+
+def test_long_starvation_stays_representable():
+    """An hour unserved: log x falls by 36000 and the price is still an ordinary float log."""
+    log_x = service.decayed_log_rate(0.0, 0, 3_600_000.0, 100.0)
+    assert log_x == pytest.approx(-36000.0)
+    assert math.isfinite(service.log_prices(P, log_x, None).prefill_token)
+
+
+@spec("policy/zero-removes")
+def test_zero_fairness_removes_the_rate_term():
+    p = service.log_prices(PolicyConfig(token_fairness=0, delivery_fairness=0), -50.0, -50.0)
+    assert math.exp(p.prefill_token) == 1.0 and math.exp(p.output_token) == pytest.approx(64.0)
+    assert p.delivery == -math.inf
+
+
+@spec("service-accounting/first-burst-history")
+def test_missing_histories():
+    """Token: X/K at first participation. Delivery: one delivery over the first burst's frame."""
+    costs = CostModel()
+    cat = shipped_catalog()
+    costs.seed_from_catalog(cat, 0)
+    norm = service.Normalizers.measure(cat, costs)
+    assert norm.token_per_ms == pytest.approx(4096 / 89.526)  # the 4096-token prefill
+    assert norm.delivery_per_ms == pytest.approx(16 / 4.046)  # width-one B=16 speculative
+    h = service.ServiceHistory()
+    service.update_token_history(h, 0, 10.0, P, prior_log_x=service.prior_log_token_rate(norm, 4))
+    assert math.exp(h.log_x) == pytest.approx(norm.token_per_ms / 4 * math.exp(-0.1))
+    assert service.delivery_update(None, 0, 10.0, P) is None
+    assert math.exp(service.first_delivery_log_rate(8.0)) == pytest.approx(1 / 8)
+
+
+def test_invalid_intervals():
+    with pytest.raises(ValueError):
+        service.decayed_log_rate(0.0, 1, 0.0, 100.0)
+    with pytest.raises(ValueError):
+        service.decayed_log_rate(0.0, -1, 1.0, 100.0)

@@ -1,0 +1,134 @@
+"""Acceptance and forecast estimators, observations and expected output."""
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, strategies as st
+
+from helios_jax.scheduler.rounds import forecast_observations
+from helios_jax.scheduler.speculation import (SOURCE_COPY, SOURCE_LEARNED, AcceptanceHistory,
+                                              PopulationPrior, PrefixEstimate, acceptance_observations,
+                                              expected_output, expected_output_table, initial_prior)
+
+spec = pytest.mark.spec
+nan = math.nan
+
+
+@spec("confidence-acceptance/prior-init", "confidence-acceptance/initial-weight")
+def test_estimates_start_at_half_powers_with_weight_two():
+    est = PrefixEstimate.from_prior(initial_prior(4))
+    np.testing.assert_allclose(est.mean, [0.5, 0.25, 0.125, 0.0625])
+    np.testing.assert_allclose(est.weight, [2, 2, 2, 2])
+
+
+@spec("confidence-acceptance/prior-update")
+def test_population_prior_moves_one_sixty_fourth():
+    prior = PopulationPrior(3)
+    prior.observe(np.array([1.0, 0.0, nan]))
+    np.testing.assert_allclose(prior.mean, [0.5 + 0.5 / 64, 0.25 - 0.25 / 64, 0.125])
+
+
+@spec("confidence-acceptance/forecast-average", "confidence-acceptance/unobserved-retain")
+def test_observation_is_a_weighted_average():
+    """Weight 2 at mean 0.5; observing 1.0 gives (2*0.5 + 1)/3 = 2/3 and weight 3."""
+    est = PrefixEstimate.from_prior(initial_prior(2))
+    est.observe([1.0, nan], tokens=0)
+    assert est.mean[0] == pytest.approx(2 / 3) and est.weight[0] == 3
+    assert est.mean[1] == 0.25 and est.weight[1] == 2  # unobserved depth keeps its mean
+
+
+@spec("confidence-acceptance/weight-cap")
+def test_weight_caps_at_128():
+    est = PrefixEstimate.from_prior(initial_prior(1))
+    for _ in range(300):
+        est.observe([1.0], tokens=0)
+    assert est.weight[0] == 128
+
+
+@spec("confidence-acceptance/half-life")
+def test_weights_halve_every_128_generated_tokens():
+    est = PrefixEstimate.from_prior(initial_prior(1))
+    assert est.aged_weight(128)[0] == pytest.approx(1.0)
+    assert est.aged_weight(256)[0] == pytest.approx(0.5)
+    est.observe([1.0], tokens=128)  # aged weight 1: mean (1*0.5 + 1)/2
+    assert est.mean[0] == pytest.approx(0.75) and est.weight[0] == pytest.approx(2.0)
+
+
+@spec("confidence-acceptance/optimistic-estimate", "confidence-acceptance/ordinary-means")
+def test_optimistic_bound():
+    est = PrefixEstimate.from_prior(np.array([0.3, 0.2]))
+    bonus = math.sqrt(math.log(20) / (2 * 2))
+    np.testing.assert_allclose(est.optimistic(0), [min(1, 0.3 + bonus), min(1, 0.2 + bonus)])
+    np.testing.assert_allclose(est.means(), [0.3, 0.2])
+    assert est.optimistic(10_000)[0] == 1.0  # fully aged weight: no information, capped at one
+
+
+@spec("confidence-acceptance/accepted-positive", "confidence-acceptance/rejection-zero",
+      "confidence-acceptance/termination-censors")
+def test_round_observations():
+    np.testing.assert_array_equal(acceptance_observations(5, offered=4, accepted=2), [1, 1, 0, 0, nan])
+    np.testing.assert_array_equal(acceptance_observations(5, offered=4, accepted=4), [1, 1, 1, 1, nan])
+    np.testing.assert_array_equal(acceptance_observations(5, offered=4, accepted=3, terminated_after=1),
+                                  [1, nan, nan, nan, nan])
+    with pytest.raises(ValueError):
+        acceptance_observations(5, offered=2, accepted=3)
+
+
+@spec("confidence-acceptance/width-one-no-acceptance")
+def test_width_one_rounds_observe_nothing():
+    assert np.isnan(acceptance_observations(4, offered=0, accepted=0)).all()
+
+
+@spec("confidence-acceptance/survival-replaces")
+def test_survival_rows_replace_binary_observations():
+    obs = acceptance_observations(4, offered=3, accepted=1, survival=[0.9, 0.4])
+    np.testing.assert_allclose(obs, [0.9, 0.4, 0.0, nan])
+    with pytest.raises(ValueError):
+        acceptance_observations(4, offered=3, accepted=1, survival=[1.5])
+
+
+@spec("confidence-acceptance/per-source", "confidence-acceptance/separate-observations")
+def test_acceptance_is_tracked_per_source():
+    priors = {SOURCE_LEARNED: PopulationPrior(2), SOURCE_COPY: PopulationPrior(2)}
+    hist = AcceptanceHistory(priors)
+    hist.get(SOURCE_COPY).observe([1.0, 1.0], tokens=0)
+    np.testing.assert_allclose(hist.get(SOURCE_LEARNED).mean, [0.5, 0.25])
+    assert hist.get(SOURCE_COPY).mean[0] > 0.5
+    with pytest.raises(ValueError):
+        hist.get("oracle")
+
+
+@spec("confidence-acceptance/expected-output", "confidence-acceptance/alpha-exponent")
+def test_expected_output():
+    s = np.array([0.8, 0.5, 0.2])
+    assert expected_output(s, 1) == 1.0
+    assert expected_output(s, 3) == pytest.approx(1 + 0.8 + 0.5)
+    assert expected_output(s, 4, alpha=2.0) == pytest.approx(1 + 0.64 + 0.25 + 0.04)
+    table = expected_output_table(s[None, :], 6)
+    np.testing.assert_allclose(table[0], [0, 1, 1.8, 2.3, 2.5, 2.5, 2.5])
+
+
+@spec("acceptance-learning/forecast-ceiling")
+def test_forecast_observations_stop_at_the_ceiling():
+    obs = forecast_observations([0.9, 0.7, 0.4, 0.1], ceiling=3, depth=5)
+    np.testing.assert_allclose(obs[:2], [0.9, 0.7])
+    assert np.isnan(obs[2:]).all()
+    with pytest.raises(ValueError, match="valid probabilities"):
+        forecast_observations([1.2], ceiling=2, depth=2)
+
+
+@spec("confidence-acceptance/peer-valid-probs")
+def test_forecast_values_must_be_probabilities():
+    with pytest.raises(ValueError):
+        forecast_observations([math.nan], ceiling=2, depth=1)
+
+
+@given(st.lists(st.floats(0, 1), min_size=1, max_size=60), st.integers(0, 2000))
+def test_estimates_stay_probabilities_and_bounded_weights(xs, tokens):
+    est = PrefixEstimate.from_prior(initial_prior(1))
+    for i, x in enumerate(xs):
+        est.observe([x], tokens=tokens + i)
+        assert 0.0 <= est.mean[0] <= 1.0
+        assert 0.0 < est.weight[0] <= 128
+    assert min(xs + [0.5]) - 1e-12 <= est.mean[0] <= max(xs + [0.5]) + 1e-12
+    assert (est.optimistic(tokens) >= est.means() - 1e-12).all()

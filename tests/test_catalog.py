@@ -1,0 +1,195 @@
+"""Catalog descriptors, shape contracts, JSON round trips and mixed capacity planning."""
+import dataclasses
+import json
+
+import pytest
+
+from helios_jax.catalog import (Allocation, Catalog, DecodeMode, GraphDescriptor, GraphKind,
+                                MixedShape, batch_buckets, mixed_shapes, shipped_catalog, validate,
+                                wider_prompt_bucket)
+
+spec = pytest.mark.spec
+R = 64
+
+
+def check(**fields):
+    validate(GraphDescriptor(**fields), speculative_token_capacity=R)
+
+
+@spec("intro/native-catalog-kinds")
+def test_every_kind_the_spec_names_loads():
+    kinds = {g.kind for g in shipped_catalog().graphs} | {g.kind for g in shipped_catalog("synthetic-h200-ordinary").graphs}
+    assert kinds == set(GraphKind)
+
+
+@spec("speculative-coverage/bdwp-identity", "speculative-coverage/extents-explicit",
+      "speculative-coverage/wp-not-imply-d", "duration-estimates/cost-key", "duration-estimates/no-relabel")
+def test_speculative_identity_is_all_four_extents():
+    a = GraphDescriptor(GraphKind.SPECULATIVE, 4, token_capacity=4, proposal_depth=3, target_capacity=16,
+                        allocation=Allocation.QUERY_LENGTH)
+    deeper = dataclasses.replace(a, proposal_depth=7)  # same W and P, a deeper producer
+    assert a.key != deeper.key
+    check(**{f.name: getattr(deeper, f.name) for f in dataclasses.fields(deeper)})
+    assert {a.key.batch_capacity, a.key.proposal_depth, a.key.token_capacity, a.key.target_capacity} == {4, 3, 16}
+
+
+@spec("speculative-coverage/rectangular-p", "speculative-coverage/rectangular-envelope",
+      "speculative-coverage/ragged-envelope", "speculative-coverage/token-envelope")
+@pytest.mark.parametrize("fields, field", [
+    (dict(batch_capacity=16, token_capacity=8, proposal_depth=7, target_capacity=128), "target_capacity"),
+    (dict(batch_capacity=16, token_capacity=8, proposal_depth=7, target_capacity=65,
+          allocation=Allocation.PREFIX_LIMIT), "target_capacity"),
+    (dict(batch_capacity=4, token_capacity=4, proposal_depth=3, target_capacity=3), "target_capacity"),
+])
+def test_envelope_violations_name_graph_and_field(fields, field):
+    fields.setdefault("allocation", Allocation.QUERY_LENGTH)
+    with pytest.raises(ValueError, match=rf"graph speculative\[B=.*field '{field}'"):
+        check(kind=GraphKind.SPECULATIVE, **fields)
+
+
+@spec("speculative-coverage/width-one-d-zero", "speculative-coverage/pow2-buckets")
+def test_width_one_and_pow2_contracts():
+    with pytest.raises(ValueError, match="proposal_depth"):
+        check(kind=GraphKind.SPECULATIVE, batch_capacity=2, token_capacity=1, proposal_depth=1,
+              target_capacity=2, allocation=Allocation.QUERY_LENGTH)
+    with pytest.raises(ValueError, match="batch_capacity"):
+        check(kind=GraphKind.DECODE, batch_capacity=3, token_capacity=1)
+    # width one is exempt from the envelope: B=64 width-one programs need no R
+    validate(GraphDescriptor(GraphKind.SPECULATIVE, 64, token_capacity=1, target_capacity=64,
+                             allocation=Allocation.QUERY_LENGTH), speculative_token_capacity=0)
+
+
+@spec("mixed-execution/batch-range", "mixed-execution/width-range", "mixed-execution/prompt-aligned",
+      "mixed-execution/others-zero", "mixed-execution/prompt-ge-width", "mixed-execution/max-extent",
+      "mixed-execution/declared-capacities")
+@pytest.mark.parametrize("fields, field", [
+    (dict(batch_capacity=1, token_capacity=1, prefill_capacity=64), "batch_capacity"),
+    (dict(batch_capacity=128, token_capacity=1, prefill_capacity=64), "batch_capacity"),
+    (dict(batch_capacity=6, token_capacity=1, prefill_capacity=64), "batch_capacity"),
+    (dict(batch_capacity=2, token_capacity=9, proposal_depth=8, prefill_capacity=64, speculative=True), "token_capacity"),
+    (dict(batch_capacity=2, token_capacity=1, prefill_capacity=96), "prefill_capacity"),
+    (dict(batch_capacity=2, token_capacity=1, prefill_capacity=0), "prefill_capacity"),
+    (dict(batch_capacity=2, token_capacity=1, prefill_capacity=64, target_capacity=64), "target_capacity"),
+])
+def test_mixed_contracts(fields, field):
+    fields.setdefault("target_capacity", fields.get("prefill_capacity", 0)
+                      + (fields["batch_capacity"] - 1) * fields["token_capacity"])
+    with pytest.raises(ValueError, match=rf"graph mixed\[.*field '{field}'"):
+        check(kind=GraphKind.MIXED, **fields)
+
+
+@spec("mixed-execution/others-zero")
+def test_prefill_capacity_is_zero_outside_mixed():
+    with pytest.raises(ValueError, match="prefill_capacity"):
+        check(kind=GraphKind.PREFILL, batch_capacity=1, token_capacity=64, prefill_capacity=64)
+
+
+@spec("mixed-execution/width-range")
+def test_completion_token_capacity_defaults_to_eight_and_can_be_declared():
+    g = GraphDescriptor(GraphKind.MIXED, 2, token_capacity=8, proposal_depth=7, prefill_capacity=64,
+                        target_capacity=72, speculative=True)
+    validate(g, speculative_token_capacity=R)
+    with pytest.raises(ValueError, match="token_capacity"):
+        validate(g, speculative_token_capacity=R, completion_token_capacity=4)
+
+
+@spec("speculative-coverage/device-needs-adaptive", "speculative-coverage/fixed-host-ragged",
+      "mixed-execution/variant-matches-mode", "mixed-execution/fixed-width-shared",
+      "speculative-coverage/load-reduce-existing", "mixed-execution/zero-drafts-ordinary")
+def test_decode_mode_restricts_eligible_programs():
+    cat = shipped_catalog()
+    adaptive = cat.eligible(DecodeMode.ADAPTIVE)
+    fixed = cat.eligible(DecodeMode.FIXED, fixed_width=8)
+    assert any(g.allocation is Allocation.PREFIX_LIMIT for g in adaptive)
+    assert not any(g.allocation is Allocation.PREFIX_LIMIT for g in fixed)
+    assert {g.token_capacity for g in fixed if g.kind in (GraphKind.SPECULATIVE, GraphKind.MIXED)} == {8}
+    with pytest.raises(ValueError, match="fixed width 5"):
+        cat.eligible(DecodeMode.FIXED, fixed_width=5)  # load-time selection cannot invent a shape
+    with pytest.raises(ValueError, match="ordinary catalog"):
+        cat.eligible(DecodeMode.ORDINARY)
+    ordinary = shipped_catalog("synthetic-h200-ordinary").eligible(DecodeMode.ORDINARY)
+    assert not any(g.speculative or g.kind is GraphKind.SPECULATIVE for g in ordinary)
+
+
+def test_json_round_trip(tmp_path):
+    cat = shipped_catalog()
+    path = tmp_path / "c.json"
+    cat.save(path)
+    again = Catalog.load(path)
+    assert again == cat
+    assert json.loads(path.read_text())["graphs"][0]["duration_ms"] == cat.graphs[0].duration_ms
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda c: c.pop("graphs"), "missing field 'graphs'"),
+    (lambda c: c["graphs"].append({"kind": "teleport", "batch_capacity": 1}), "unknown kind"),
+    (lambda c: c["graphs"].append(dict(c["graphs"][0])), "listed twice"),
+    (lambda c: c["graphs"][0].update(duration_ms=-1), "duration_ms"),
+    (lambda c: c["graphs"][0].update(colour="red"), "unknown fields"),
+    (lambda c: c.update(mode="warp"), "mode"),
+])
+def test_malformed_catalogs_are_rejected(mutate, message):
+    obj = shipped_catalog().to_json()
+    mutate(obj)
+    with pytest.raises(ValueError, match=message):
+        Catalog.from_json(obj)
+
+
+@spec("duration-estimates/one-field")
+def test_descriptor_has_no_trusted_estimate():
+    names = {f.name for f in dataclasses.fields(GraphDescriptor)}
+    assert "estimated_duration_ns" not in names  # the single estimate lives in the cost model
+    assert "duration_ms" in names
+
+
+def test_batch_buckets_pad_concurrency():
+    assert batch_buckets(5) == [1, 2, 4, 8]
+    assert batch_buckets(4, minimum=2) == [2, 4]
+
+
+@spec("mixed-execution/wider-bucket-choice")
+def test_wider_prompt_bucket_balances_multiplicative_distance():
+    assert wider_prompt_bucket([64, 128, 256, 512, 1024, 2048, 4096]) == 512
+    assert wider_prompt_bucket([64, 128, 256, 512, 1024, 2048]) == 256  # tie 256/512 -> smaller
+
+
+@spec("mixed-execution/catalog-bounded", "mixed-execution/width-one-all-prompts",
+      "mixed-execution/wider-one-prompt", "mixed-execution/limits-split", "mixed-execution/spec-capture",
+      "mixed-execution/ordinary-capture", "mixed-execution/planning-same-catalog")
+def test_mixed_shapes_reproduce_the_shipped_catalog():
+    buckets = [64, 128, 256, 512, 1024, 2048, 4096]
+    spec_shapes = mixed_shapes(concurrency=16, prompt_buckets=buckets, speculative=True,
+                               wider_widths=[4, 8], speculative_token_capacity=64)
+    shipped = shipped_catalog().of_kind(GraphKind.MIXED)
+    assert sorted(s.descriptor().key for s in spec_shapes) == sorted(g.key for g in shipped)
+    ordinary = mixed_shapes(concurrency=16, prompt_buckets=buckets, speculative=False)
+    assert sorted((s.batch_capacity, s.prefill_capacity) for s in ordinary) == sorted(
+        (g.batch_capacity, g.prefill_capacity)
+        for g in shipped_catalog("synthetic-h200-ordinary").of_kind(GraphKind.MIXED))
+    assert all(s.token_capacity == 1 and not s.speculative for s in ordinary)
+
+
+@spec("mixed-execution/qwen-counts")
+def test_spec_worked_example_counts():
+    """Concurrency 4, 4096-token chunks, five drafts, token capacity six: 22 and 20.
+
+    The counts follow from ten prompt buckets per batch bucket (powers of two 8..4096) and the
+    rectangular widths 2 and 3 at batch two (B*W <= 6). Buckets 8, 16 and 32 break the 64-token
+    prompt alignment, so a catalog built under the spec's alignment rule has 16 and 14 graphs;
+    docs/catalog.md records the difference.
+    """
+    ten = [8 << i for i in range(10)]
+    kwargs = dict(concurrency=4, prompt_buckets=ten, wider_widths=range(2, 7), speculative_token_capacity=6)
+    assert len(mixed_shapes(speculative=True, **kwargs)) == 22
+    assert len(mixed_shapes(speculative=False, **kwargs)) == 20
+    aligned = dict(kwargs, prompt_buckets=[64 << i for i in range(7)])
+    assert len(mixed_shapes(speculative=True, **aligned)) == 16
+    assert len(mixed_shapes(speculative=False, **aligned)) == 14
+    with pytest.raises(ValueError, match="prefill_capacity"):
+        validate(MixedShape(2, 1, 8, True).descriptor(), speculative_token_capacity=6)
+
+
+@spec("mixed-execution/state-row-width")
+def test_state_rows_cover_widest_verification():
+    assert shipped_catalog().max_verification_width == 8
+    assert shipped_catalog("synthetic-h200-ordinary").max_verification_width == 1
