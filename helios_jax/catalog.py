@@ -31,11 +31,12 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import importlib.resources
 import json
 import math
 import pathlib
-from typing import Iterable, Sequence
+from typing import Iterable, NamedTuple, Sequence
 
 # The core's completion token capacity when it declares none (spec, "Mixed execution contract").
 DEFAULT_COMPLETION_TOKEN_CAPACITY = 8
@@ -89,8 +90,7 @@ def _is_pow2(n: int) -> bool:
     return n >= 1 and (n & (n - 1)) == 0
 
 
-@dataclasses.dataclass(frozen=True, order=True)
-class CostKey:
+class CostKey(NamedTuple):
     """Identity of a cost entry: physical kind and capacities (never the active row count)."""
 
     kind: GraphKind
@@ -121,7 +121,7 @@ class GraphDescriptor:
     # The file's measurement, if any. Never an estimate: the cost model starts indeterminate.
     duration_ms: float | None = None
 
-    @property
+    @functools.cached_property
     def key(self) -> CostKey:
         return CostKey(
             self.kind,
@@ -189,6 +189,8 @@ def validate(
         raise _err(name, "image_capacity", "only vision graphs carry an image capacity")
 
     if g.kind.is_prefill:
+        if g.batch_capacity != 1:
+            raise _err(name, "batch_capacity", "a prefill graph consumes one request's chunk (B = 1)")
         if g.token_capacity < 1:
             raise _err(name, "token_capacity", "a prefill graph needs a positive chunk size")
         if g.proposal_depth or g.target_capacity:

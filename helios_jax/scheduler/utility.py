@@ -1,0 +1,242 @@
+"""Value arithmetic and cohort selection (spec, "Useful service and selection").
+
+For a graph of duration T (ms) the selector maximises
+
+    score = (sum of expected priced token and delivery service
+             + sum over served decoders of c_i * sigma_i * (A_i + T)) / T
+            - T/2 * sum over active decoders of c_i
+
+where A_i is the age of decoder i's last visible output and sigma_i its reference interval:
+with K delivery-bearing streams in a family of k, choose the measured graph minimising
+T_g / min(B_g, k); then sigma = K * T_g / min(B_g, k). Terminal rows enter the same way with
+terminal_value, terminal_age_price and the snapshot family's reference interval, and their age
+coefficient joins the common waiting cost. Every value of one decision is multiplied by
+exp(-log_scale) so that large prices stay representable; the shared factor changes no ordering.
+
+Because duration and excluded-stream waiting cost do not depend on cohort membership, a lane's
+contribution is additive for a fixed program. The cohort solvers here use that:
+
+- :func:`top_prefix`: unconstrained programs take their highest lane values;
+- :func:`fixed_ragged`: a host-allocated ragged program with complete prefixes chooses the
+  highest-value cohort fitting both B and P (an exact capacity problem over weight classes);
+- :func:`adaptive_ragged`: adaptive ragged programs evaluate cohort prefixes under three bounded
+  orderings (total lane value, pending-token delivery value, value per target row), each priced
+  by its resulting causal prefix allocation; this does not enumerate every cohort;
+- :func:`best_pair`: a prerequisite followed by inference, solved exactly with sorted prefix
+  sums over k, the number of newly ready rows in the following graph.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from helios_jax.catalog import GraphDescriptor
+from helios_jax.scheduler.config import PolicyConfig
+from helios_jax.scheduler.cost import CostModel
+from helios_jax.scheduler.view import Phase, RequestView
+
+REL_TIE = 1e-9
+
+
+def nearly_equal(a: float, b: float) -> bool:
+    return abs(a - b) <= REL_TIE * max(1.0, abs(a), abs(b))
+
+
+def reference_interval(k: int, graphs: list[GraphDescriptor], costs: CostModel) -> float:
+    """sigma = K * T / min(B, k) over the measured graph minimising T / min(B, k); 0 if none.
+
+    With one decode mode loaded there is one family, so k = K (RESOLUTIONS.md, 5). Stale
+    estimates stay usable; unknown ones are never invented.
+    """
+    if k <= 0:
+        return 0.0
+    best = math.inf
+    for g in graphs:
+        t = costs.estimate_ms(g.key)
+        if t is not None:
+            best = min(best, t / min(g.batch_capacity, k))
+    return k * best if math.isfinite(best) else 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    """Decision-wide quantities shared by every candidate of one selection."""
+
+    log_scale: float  # L: scaled = unscaled * exp(-L)
+    decode_age: float  # scaled c for decoders
+    terminal_age: float  # scaled c for terminal rows
+    terminal_value: float  # scaled terminal_value
+    sigma_decode: float  # ms
+    sigma_terminal: float  # ms
+    waiting: float  # scaled sum of c over active decoders and terminal rows
+    alpha: float
+
+    @classmethod
+    def build(cls, views: list[RequestView], policy: PolicyConfig, *, sigma_decode: float,
+              sigma_terminal: float) -> "Decision":
+        logs = [0.0]
+        for v in views:
+            for x in (v.log_prefill_price, v.log_output_price, v.log_delivery_price):
+                if math.isfinite(x):
+                    logs.append(x)
+        if policy.terminal_value > 0 and any(v.phase is Phase.TERMINAL for v in views):
+            logs.append(math.log(policy.terminal_value))
+        log_scale = max(logs)
+        scale = math.exp(-log_scale)
+        n_dec = sum(1 for v in views if v.delivery_bearing)
+        n_term = sum(1 for v in views if v.phase is Phase.TERMINAL)
+        c_dec = policy.decode_age_price * scale
+        c_term = policy.terminal_age_price * scale
+        return cls(
+            log_scale=log_scale,
+            decode_age=c_dec,
+            terminal_age=c_term,
+            terminal_value=policy.terminal_value * scale,
+            sigma_decode=sigma_decode,
+            sigma_terminal=sigma_terminal,
+            waiting=n_dec * c_dec + n_term * c_term,
+            alpha=policy.adaptive_verification_alpha,
+        )
+
+    def scaled(self, log_value: float | np.ndarray):
+        return np.exp(np.asarray(log_value) - self.log_scale)
+
+    def rate(self, numerator: float, duration_ms: float) -> float:
+        """(value) / T - T/2 * (common waiting coefficient)."""
+        return numerator / duration_ms - 0.5 * duration_ms * self.waiting
+
+    def sequence_rate(self, numerator: float, total_ms: float) -> float:
+        return numerator / total_ms - 0.5 * total_ms * self.waiting
+
+    def decode_age_term(self, age_ms, until_ms: float):
+        """c * sigma * (A + T) for served decoders (array-friendly)."""
+        return self.decode_age * self.sigma_decode * (np.asarray(age_ms) + until_ms)
+
+    def terminal_lane(self, age_ms, until_ms: float):
+        """terminal_value + c * sigma * (A + T) for terminal rows."""
+        return self.terminal_value + self.terminal_age * self.sigma_terminal * (np.asarray(age_ms) + until_ms)
+
+
+def top_prefix(values: np.ndarray):
+    """Descending order and prefix sums (prefix[m] = best m-lane total) of additive lane values."""
+    order = np.argsort(-values, kind="stable")
+    prefix = np.concatenate([[0.0], np.cumsum(values[order])])
+    return order, prefix
+
+
+def fixed_ragged(values: np.ndarray, weights: np.ndarray, batch: int, rows: int):
+    """Best cohort of at most `batch` lanes whose weights sum to at most `rows`.
+
+    Exact: lanes are grouped by weight (target rows), each group contributes its best j lanes,
+    and a dynamic programme over (lanes used, rows used) combines the groups. Weights are
+    bounded by the program width, so the table is at most (B + 1) x (P + 1) per weight class.
+
+    Returns (total value, chosen lane indices) with an empty cohort when nothing fits.
+    """
+    values = np.asarray(values, dtype=np.float64)
+    weights = np.asarray(weights, dtype=np.int64)
+    groups = []
+    for w in np.unique(weights):
+        idx = np.flatnonzero(weights == w)
+        idx = idx[np.argsort(-values[idx], kind="stable")]
+        groups.append((int(w), idx, np.concatenate([[0.0], np.cumsum(values[idx])])))
+    neg = -np.inf
+    dp = np.full((batch + 1, rows + 1), neg)
+    dp[0, 0] = 0.0
+    choices = []
+    for w, idx, prefix in groups:
+        best = dp.copy()
+        pick = np.zeros(dp.shape, dtype=np.int64)
+        for j in range(1, min(len(idx), batch) + 1):
+            if j * w > rows:
+                break
+            cand = np.full(dp.shape, neg)
+            cand[j:, j * w:] = dp[: batch + 1 - j, : rows + 1 - j * w] + prefix[j]
+            better = cand > best
+            best[better] = cand[better]
+            pick[better] = j
+        choices.append(pick)
+        dp = best
+    flat = int(np.argmax(dp))
+    total = float(dp.flat[flat])
+    count, used = divmod(flat, rows + 1)
+    chosen = []
+    for (w, idx, _), pick in zip(reversed(groups), reversed(choices)):
+        j = int(pick[count, used])
+        chosen.extend(idx[:j].tolist())
+        count, used = count - j, used - j * w
+    return total, sorted(chosen)
+
+
+def adaptive_ragged(base: np.ndarray, extension: np.ndarray, ceilings: np.ndarray,
+                    alloc_lanes: np.ndarray, alloc_depths: np.ndarray, batch: int, rows: int):
+    """Adaptive ragged cohort selection under the three bounded orderings.
+
+    Args:
+      base: f[n] value of each lane's pending row (its value at width one).
+      extension: f[n, D] value of each additional row d+1 (prefix d+1 surviving).
+      ceilings: i[n] lane ceilings (rows including the pending token).
+      alloc_lanes, alloc_depths: the extension rows in allocation order (the device's causal
+        frontier, or the host's marginal value), see ``rounds.prefix_allocation_order``.
+      batch, rows: the program's B and P.
+
+    Returns (total value, cohort lane indices, per-lane allocated rows).
+    """
+    n = base.shape[0]
+    if n == 0:
+        return 0.0, [], np.zeros(0, dtype=np.int64)
+    depth_mask = np.arange(extension.shape[1])[None, :] < (ceilings[:, None] - 1)
+    full = base + np.where(depth_mask, extension, 0.0).sum(axis=1)
+    orderings = (
+        np.argsort(-full, kind="stable"),
+        np.argsort(-base, kind="stable"),
+        np.argsort(-(full / ceilings), kind="stable"),
+    )
+    ext_vals = extension[alloc_lanes, alloc_depths - 1] if alloc_lanes.size else np.zeros(0)
+    m_max = min(batch, n, rows)
+    best = (-np.inf, None, None)  # ties keep the earlier ordering
+    for order in orderings:
+        rank = np.empty(n, dtype=np.int64)
+        rank[order] = np.arange(n)
+        base_prefix = np.concatenate([[0.0], np.cumsum(base[order])])
+        ms = np.arange(1, m_max + 1)
+        member = rank[alloc_lanes][None, :] < ms[:, None]  # [m, items]
+        taken = member & (np.cumsum(member, axis=1) <= (rows - ms)[:, None])
+        totals = base_prefix[ms] + taken @ ext_vals
+        i = int(np.argmax(totals))
+        if best[1] is None or totals[i] > best[0] + REL_TIE * max(1.0, abs(best[0])):
+            alloc = np.zeros(n, dtype=np.int64)
+            alloc[order[: ms[i]]] = 1
+            np.add.at(alloc, alloc_lanes[taken[i]], 1)
+            best = (float(totals[i]), sorted(order[: ms[i]].tolist()), alloc)
+    return best
+
+
+def best_pair(new: np.ndarray, ready: np.ndarray, terminal: np.ndarray, prereq_batch: int,
+              follow_batch: int, *, min_new: int = 1):
+    """Exact cohort choice for a fixed prerequisite shape followed by a fixed inference shape.
+
+    Enumerate k, the number of newly ready rows the following graph serves (at least
+    `min_new`): take the k largest newly ready contributions, fill the following graph's
+    remaining capacity with the largest already ready ones, and the prerequisite's remaining
+    capacity with the largest terminal-completion ones. Sorted prefix sums give every k at once.
+
+    Returns (total, k, j_ready, j_terminal) or None when no k is feasible.
+    """
+    new_s = np.sort(new)[::-1]
+    ready_s = np.sort(ready)[::-1]
+    term_s = np.sort(terminal)[::-1]
+    pn = np.concatenate([[0.0], np.cumsum(new_s)])
+    pr = np.concatenate([[0.0], np.cumsum(ready_s)])
+    pt = np.concatenate([[0.0], np.cumsum(term_s)])
+    k_max = min(len(new_s), prereq_batch, follow_batch)
+    if k_max < min_new:
+        return None
+    ks = np.arange(min_new, k_max + 1)
+    jr = np.minimum(follow_batch - ks, len(ready_s))
+    jt = np.minimum(prereq_batch - ks, len(term_s))
+    totals = pn[ks] + pr[jr] + pt[jt]
+    i = int(np.argmax(totals))
+    return float(totals[i]), int(ks[i]), int(jr[i]), int(jt[i])

@@ -1,0 +1,162 @@
+"""The selector's plain-data interface: request views in, candidates out.
+
+The lifecycle (``core.py``) builds one :class:`RequestView` per resident request from its state,
+with prices and ages already projected to the planning start time; the selector
+(``policy.py``) turns views and the catalog into :class:`Candidate` programs. Both are frozen so
+that a plan can outlive later state changes.
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+
+import numpy as np
+
+from helios_jax.catalog import GraphDescriptor, GraphKind
+
+
+class Phase(str, enum.Enum):
+    PREFILL = "prefill"  # uncached prompt tokens remain
+    DECODE = "decode"  # a delivery-bearing stream generating output
+    TERMINAL = "terminal"  # finished; its terminal snapshot retires it
+    BLOCKED = "blocked"  # waiting for prerequisites (initialize, restore, vision, window snapshot)
+
+
+class LaneRole(str, enum.Enum):
+    PROMPT = "prompt"  # consumes prompt tokens (a prefill lane or the mixed prompt row)
+    DECODE = "decode"  # generates output (decode, speculative or mixed decode row)
+    TERMINAL = "terminal"  # terminal snapshot
+    PREREQUISITE = "prerequisite"  # enabling state operation (initialize, restore, vision, snapshot)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class RequestView:
+    """One resident request as the selector sees it.
+
+    Prices are natural logs in value units per token or delivery (``service.log_prices``).
+    ``survival`` are acceptance means (prefix survival, depth 1..) of the request's proposal
+    source; ``optimistic`` the bounded optimistic estimates used by acceptance learning;
+    ``forecast`` the confidence forecast (joint prefix probabilities) used to predict device
+    allocation.
+    """
+
+    rid: int
+    slot: int
+    phase: Phase
+    runnable: bool = True
+    last_selected_ns: int = -1
+    log_prefill_price: float = 0.0
+    log_output_price: float = 0.0
+    log_delivery_price: float = -np.inf
+    # prefill
+    prompt_remaining: int = 0  # uncached prompt tokens left
+    prompt_limit: int | None = None  # tokens consumable before a stop (window boundary, cut)
+    atomic_spans: tuple[tuple[int, int], ...] = ()  # [start, end) offsets from the cursor
+    endpoint: int | None = None  # tokens to the next message or prompt endpoint
+    needs_scores: bool = False  # prompt log-probabilities requested: scored prefill
+    # decode
+    age_ms: float = 0.0  # age of the last visible output (projected)
+    output_remaining: int = 0
+    context_remaining: int = 1 << 30
+    copy_limit: int | None = None  # copy proposals: supplied prefix length; None: learned
+    survival: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0))
+    optimistic: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0))
+    forecast: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0))
+    # terminal
+    terminal_age_ms: float = 0.0
+    # blocked
+    prerequisites: tuple[GraphKind, ...] = ()  # remaining prerequisite executions, next first
+    enables: Phase | None = None  # PREFILL or DECODE once the prerequisites are done
+
+    @property
+    def delivery_bearing(self) -> bool:
+        """Counts toward K and the common waiting cost: decoders, and streams blocked before decode."""
+        return self.phase is Phase.DECODE or (self.phase is Phase.BLOCKED and self.enables is Phase.DECODE)
+
+    def prompt_work(self, capacity: int) -> int:
+        """Prompt tokens a chunk of `capacity` may consume: prompt length, stops, atomic spans."""
+        n = min(capacity, self.prompt_remaining)
+        if self.prompt_limit is not None:
+            n = min(n, self.prompt_limit)
+        for start, end in self.atomic_spans:
+            if start < n < end:  # a cut inside an atomic image span moves back to its start
+                n = start
+        return max(n, 0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Lane:
+    """One request's logical work in a candidate program."""
+
+    rid: int
+    slot: int
+    role: LaneRole
+    prompt_tokens: int = 0  # prompt tokens consumed (PROMPT lanes)
+    query_length: int = 0  # target rows incl. the pending token (host allocation)
+    ceiling: int = 0  # device allocation ceiling (prefix_limit binding), 0 otherwise
+    expected_tokens: float = 0.0  # expected committed tokens
+    value: float = 0.0  # scaled contribution to the score's numerator
+
+    @property
+    def work(self) -> tuple:
+        return (self.rid, self.role.value, self.prompt_tokens, self.query_length, self.ceiling)
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """A physical program with its cohort and logical work, scored.
+
+    ``score`` is the scaled value rate (value per ms) for a known duration, and the optimistic
+    work score (scaled useful value) for an indeterminate one. ``log_scale`` is the decision's
+    shared log scaling factor: unscaled = scaled * exp(log_scale).
+    """
+
+    graph: GraphDescriptor
+    lanes: tuple[Lane, ...]
+    duration_ms: float | None
+    score: float
+    useful_value: float
+    log_scale: float
+    stale: bool = False
+    following: "Candidate | None" = None  # lookahead only: never executed from this plan
+    sequence_ms: float | None = None  # T + F of a two-stage sequence
+
+    @property
+    def indeterminate(self) -> bool:
+        return self.duration_ms is None
+
+    @property
+    def kind(self) -> GraphKind:
+        return self.graph.kind
+
+    @property
+    def rids(self) -> tuple[int, ...]:
+        return tuple(lane.rid for lane in self.lanes)
+
+    @property
+    def served(self) -> int:
+        return len(self.lanes)
+
+    @property
+    def prefill_row(self) -> int:
+        """Index of the prompt row in the dense lane list, -1 when there is none (mixed)."""
+        for i, lane in enumerate(self.lanes):
+            if lane.role is LaneRole.PROMPT:
+                return i
+        return -1
+
+    @property
+    def padding(self) -> int:
+        """Unused physical rows (tokens for prefill chunks) of the program."""
+        g = self.graph
+        if g.kind.is_prefill:
+            return g.batch_capacity * g.token_capacity - sum(l.prompt_tokens for l in self.lanes)
+        if g.kind is GraphKind.MIXED:
+            used = sum(l.prompt_tokens + l.query_length for l in self.lanes)
+            return g.max_packed_extent - used
+        if g.kind in (GraphKind.SPECULATIVE, GraphKind.DECODE):
+            rows = max(g.target_capacity, g.batch_capacity)
+            host = sum(l.query_length for l in self.lanes)
+            device = min(rows, sum(l.ceiling for l in self.lanes))
+            return rows - (host or device)
+        return g.batch_capacity - len(self.lanes)

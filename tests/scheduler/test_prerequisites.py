@@ -1,0 +1,132 @@
+"""Prerequisites, two-stage sequences, continuations and terminal snapshots in selection."""
+import dataclasses
+import math
+
+import pytest
+
+from helios_jax.catalog import DecodeMode, GraphDescriptor, GraphKind
+from helios_jax.scheduler import policy
+from helios_jax.scheduler.config import PolicyConfig
+from helios_jax.scheduler.cost import CostModel
+from helios_jax.scheduler.view import LaneRole, Phase, RequestView
+
+from .helpers import ORDINARY, POLICY, SPEC, choose, decoder, inputs, measured, prompt
+
+spec = pytest.mark.spec
+ORD = dict(catalog=ORDINARY, mode=DecodeMode.ORDINARY)
+
+
+def blocked(rid, prerequisites, enables, **kw):
+    base = decoder(rid, **kw) if enables is Phase.DECODE else prompt(rid, kw.pop("tokens", 64), **kw)
+    return dataclasses.replace(base, phase=Phase.BLOCKED, prerequisites=tuple(prerequisites), enables=enables)
+
+
+def terminal(rid, age_ms=0.0, **kw):
+    return RequestView(rid=rid, slot=rid, phase=Phase.TERMINAL, terminal_age_ms=age_ms, **kw)
+
+
+def with_graphs(extra, catalog=ORDINARY, mode=DecodeMode.ORDINARY, views=(), costs=None, **kw):
+    graphs = tuple(catalog.eligible(mode)) + tuple(extra)
+    costs = costs or measured(catalog)
+    for g in extra:
+        if g.duration_ms:
+            costs.observe(g.key, [g.duration_ms * 1e6], 0)
+    return policy.SelectionInput(list(views), graphs, costs, 0, kw.pop("policy_config", POLICY), mode)
+
+
+@spec("prerequisites/all-shape-pairs", "prerequisites/joint-cohorts", "prerequisites/following-ready",
+      "prerequisites/sequence-score", "prerequisites/age-reset-following", "prerequisites/plan-duration-t",
+      "prerequisites/lookahead-not-timing", "prerequisites/first-only-executes", "useful-service/multistage-reference",
+      "prerequisites/enabling-kinds")
+def test_restore_then_shared_decode_by_hand():
+    """A restoring stream (blocked) and a ready decoder, x = 2, z = 0.25, A = 10 ms each.
+
+    K = 2, sigma = 2 * 3.562/2 = 3.562 ms. Restore (0.35 ms) then decode B=2 (3.562 ms): U = 3.912.
+    New row 88 + 0.1*U*(10 + U) = 93.4424 (its own future-delivery reference U); ready row
+    88 + 0.1*3.562*(10 + U) = 92.9555. Score (186.398)/3.912 - 3.912/2*0.2 = 47.2565.
+    """
+    c = choose([blocked(1, [GraphKind.RESTORE], Phase.DECODE), decoder(2)], **ORD)
+    assert c.kind is GraphKind.RESTORE and c.duration_ms == pytest.approx(0.35)  # the plan keeps T
+    assert c.sequence_ms == pytest.approx(3.912)
+    assert c.score * math.exp(c.log_scale) == pytest.approx(47.25651, rel=1e-5)
+    assert [l.role for l in c.lanes] == [LaneRole.PREREQUISITE]
+    assert c.following.graph.batch_capacity == 2 and sorted(c.following.rids) == [1, 2]
+
+
+@spec("prerequisites/free-unused-capacity", "prerequisites/tie-more-requests")
+def test_unused_prerequisite_capacity_advances_more_rows():
+    init4 = GraphDescriptor(GraphKind.INITIALIZE, 4, duration_ms=0.2)  # as fast as the B=1 one
+    views = [blocked(i, [GraphKind.INITIALIZE], Phase.PREFILL, tokens=64, last_selected_ns=i) for i in range(3)]
+    c = policy.select(with_graphs([init4], views=views))
+    assert c.graph.batch_capacity == 4 and len(c.lanes) == 3  # one feeds the prefill, two ride free
+    assert c.following.kind is GraphKind.PREFILL
+
+
+@spec("prerequisites/first-finishes-terminal", "prerequisites/terminal-age-stops", "prerequisites/terminal-two-stage")
+def test_window_snapshot_also_retires_terminal_rows():
+    views = [blocked(1, [GraphKind.SNAPSHOT], Phase.DECODE), terminal(2, age_ms=5.0), decoder(3)]
+    cands = [c for c in policy.candidates(inputs(views, **ORD)) if c.following is not None]
+    shared = [c for c in cands if c.graph.batch_capacity == 4]
+    assert shared and {l.role for l in shared[0].lanes} == {LaneRole.PREREQUISITE, LaneRole.TERMINAL}
+
+
+@spec("verification/snapshot-cost-sweep")
+@pytest.mark.parametrize("snapshot_ms, shared_wins", [(0.3, True), (400.0, False)])
+def test_snapshot_cost_decides_whether_enabling_a_shared_batch_wins(snapshot_ms, shared_wins):
+    """A stream blocked behind a window snapshot and two ready decoders: the sequence
+    (snapshot, then decode of all three) wins only when its whole value per time is higher."""
+    costs = CostModel()
+    for g in ORDINARY.graphs:
+        ms = snapshot_ms if g.kind is GraphKind.SNAPSHOT else g.duration_ms
+        costs.observe(g.key, [ms * 1e6], 0)
+    views = [blocked(1, [GraphKind.SNAPSHOT], Phase.DECODE), decoder(2), decoder(3)]
+    c = choose(views, costs=costs, **ORD)
+    assert (c.kind is GraphKind.SNAPSHOT) == shared_wins
+    if not shared_wins:
+        assert c.kind is GraphKind.DECODE and sorted(c.rids) == [2, 3]
+
+
+@spec("prerequisites/continuation-value", "prerequisites/continuation-aggregate", "prerequisites/continuation-images")
+def test_longer_chains_use_the_continuation_index():
+    """Restore, then vision, then prefill of 64 tokens (x = 2): V = 9*64 + 72 = 648 earned after
+    F = vision 6.0 + prefill 4.854 ms; restore T = 0.35: contribution 648*0.35/(0.35 + 10.854)."""
+    view = blocked(1, [GraphKind.RESTORE, GraphKind.VISION], Phase.PREFILL, tokens=64)
+    c = choose([view], catalog=SPEC)
+    assert c.kind is GraphKind.RESTORE and c.following is None
+    t, f = 0.35, 6.0 + 4.854
+    contribution = 648.0 * t / (t + f)
+    assert c.score * math.exp(c.log_scale) == pytest.approx(contribution / t, rel=1e-6)
+
+
+@spec("prerequisites/continuation-unknown", "prerequisites/snapshot-discovery")
+def test_unknown_durations_compare_by_value():
+    view = blocked(1, [GraphKind.RESTORE, GraphKind.VISION], Phase.PREFILL, tokens=64)
+    c = choose([view], catalog=SPEC, costs=CostModel())
+    assert c.indeterminate and c.score * math.exp(c.log_scale) == pytest.approx(648.0)
+
+
+@spec("prerequisites/terminal-lane-value", "prerequisites/terminal-own-value", "prerequisites/terminal-waiting-cost",
+      "prerequisites/terminal-same-rules", "prerequisites/terminal-no-priority", "prerequisites/snapshot-no-credit")
+def test_terminal_snapshot_value_by_hand():
+    """One terminal row aged 20 ms and one decoder. sigma_terminal = 1 * 0.3 ms (snapshot B=1).
+    Snapshot: (256 + 1*0.3*(20 + 0.3)) / 0.3 - 0.3/2*(0.1 + 1) = 873.465."""
+    views = [terminal(1, age_ms=20.0), decoder(2)]
+    snap = next(c for c in policy.candidates(inputs(views, **ORD)) if c.kind is GraphKind.SNAPSHOT)
+    assert snap.graph.batch_capacity == 1 and snap.rids == (1,)
+    assert snap.score * math.exp(snap.log_scale) == pytest.approx((256 + 0.3 * 20.3) / 0.3 - 0.15 * 1.1)
+    assert all(l.expected_tokens == 0 for l in snap.lanes)  # no token or burst credit
+    # The terminal row's age coefficient also weighs on every other candidate's waiting cost.
+    dec = next(c for c in policy.candidates(inputs(views, **ORD)) if c.kind is GraphKind.DECODE)
+    alone = next(c for c in policy.candidates(inputs([decoder(2)], **ORD)) if c.kind is GraphKind.DECODE)
+    gap = (alone.score * math.exp(alone.log_scale)) - (dec.score * math.exp(dec.log_scale))
+    assert gap == pytest.approx(dec.duration_ms / 2 * 1.0)
+
+
+@spec("policy/terminal-both-zero", "policy/terminal-zero", "prerequisites/terminal-both-policies")
+def test_terminal_preferences_follow_the_policy():
+    both_off = PolicyConfig.preset("throughput", terminal_value=0, terminal_age_price=0)
+    views = [terminal(1, age_ms=20.0)]
+    snap = choose(views, policy_config=both_off, **ORD)
+    assert snap.kind is GraphKind.SNAPSHOT and snap.score == 0.0  # no terminal service value left
+    thr = choose(views, policy_config=PolicyConfig.preset("throughput"), **ORD)
+    assert thr.score > 0

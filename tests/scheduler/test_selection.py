@@ -1,0 +1,304 @@
+"""The production selector on the measured synthetic catalogs (spec, "Verification" list).
+
+Each scenario builds request views with prices derived from stated service rates and checks
+the program, cohort and work the selector chooses; numbers quoted in docstrings come from the
+catalog files (ms) and the PolicyConfig defaults.
+"""
+import math
+
+import numpy as np
+import pytest
+
+from helios_jax.catalog import Allocation, DecodeMode, GraphKind
+from helios_jax.scheduler import policy
+from helios_jax.scheduler.config import PolicyConfig
+from helios_jax.scheduler.cost import CostModel
+from helios_jax.scheduler.view import LaneRole
+
+from .helpers import (ORDINARY, POLICY, RAGGED, SPEC, choose, decoder, geometric, inputs, measured,
+                      prompt)
+
+spec = pytest.mark.spec
+ORD = dict(catalog=ORDINARY, mode=DecodeMode.ORDINARY)
+
+
+@spec("useful-service/score-formula", "useful-service/t-in-ms", "useful-service/sigma-formula",
+      "useful-service/sigma-fastest", "useful-service/value-rate-accessor", "useful-service/log-scale-accessor",
+      "intro/value-per-time", "intro/decode-age-continuation")
+def test_score_by_hand():
+    """One decoder, x = 2, z = 0.25, A = 10 ms, ordinary catalog.
+
+    Output 64 + 16/2 = 72, delivery 4/0.25 = 16. K = 1, the fastest batch-feasible graph is
+    decode B=1 (3.531 ms) so sigma = 3.531 ms. Score = (72 + 16 + 0.1*3.531*(10 + 3.531))/3.531
+    - 3.531/2*0.1 = 26.09867; the decision's scale is 1/72 (the largest price).
+    """
+    c = choose([decoder(1)], **ORD)
+    assert c.graph.name == "decode[B=1,W=1,D=0,C=0,P=1]"
+    assert c.score * math.exp(c.log_scale) == pytest.approx(26.098668, rel=1e-6)
+    assert c.log_scale == pytest.approx(math.log(72.0))
+
+
+@spec("useful-service/prefill-not-in-k", "useful-service/decoders-only-delivery")
+def test_prefill_only_requests_do_not_enlarge_k():
+    alone = choose([decoder(1)], **ORD)
+    with_prompt = policy.candidates(inputs([decoder(1), prompt(2, 10)], **ORD))
+    same = [c for c in with_prompt if c.graph == alone.graph]
+    assert same[0].score * math.exp(same[0].log_scale) == pytest.approx(alone.score * math.exp(alone.log_scale))
+
+
+@spec("verification/selector-long-prefills", "useful-service/full-prefill-wins", "useful-service/no-decoder-no-age")
+@pytest.mark.parametrize("n", [1, 2, 16])
+def test_long_prefills_fill_the_largest_graph(n):
+    """4096/89.526 ms = 45.8 prompt tokens per ms beats every smaller chunk (64/4.854 = 13.2)."""
+    views = [prompt(i, 10_000, last_selected_ns=100 + i) for i in range(n)]
+    c = choose(views)
+    assert c.graph.name == "prefill[B=1,W=4096,D=0,C=0,P=0]"
+    assert c.lanes[0].prompt_tokens == 4096
+    assert c.lanes[0].rid == 0  # equal values: the least recently used request
+
+
+@spec("verification/selector-tails", "useful-service/tail-example", "useful-service/prefill-actual-tokens",
+      "useful-service/no-smallest-fit-filter")
+def test_fitting_and_padded_tails():
+    assert choose([prompt(1, 64)]).graph.token_capacity == 64  # fitting tail
+    padded = choose([prompt(1, 100)])
+    assert padded.graph.token_capacity == 128 and padded.lanes[0].prompt_tokens == 100
+    # 3000 tokens: the 4096 graph fits everything but 2048/46.5 ms is the better rate
+    assert choose([prompt(1, 3000)]).graph.token_capacity == 2048
+    # A 4096-token graph on a 64-token tail earns 64 prompt units (and one output token):
+    # the same work as the 64-token graph, so it is dominated and never offered.
+    cands = policy.candidates(inputs([prompt(1, 64)]))
+    assert [c.graph.token_capacity for c in cands if c.kind is GraphKind.PREFILL] == [64]
+
+
+@spec("verification/selector-acceptance", "speculative-coverage/width-one-competes",
+      "useful-service/all-capacities-compete", "useful-service/expected-scores")
+def test_high_and_low_acceptance():
+    high = choose([decoder(1, survival=geometric(0.95))])
+    low = choose([decoder(1, survival=geometric(0.05))])
+    assert (high.graph.token_capacity, high.lanes[0].query_length) == (8, 8)
+    assert high.lanes[0].expected_tokens == pytest.approx(1 + sum(0.95 ** d for d in range(1, 8)))
+    assert (low.graph.token_capacity, low.graph.proposal_depth) == (1, 0)
+
+
+@spec("verification/selector-heterogeneous", "useful-service/unconstrained-top-lanes")
+def test_heterogeneous_cohort_takes_the_highest_lane_values():
+    """Six decoders, only B <= 4 graphs loaded: the four with the highest delivery prices win."""
+    views = [decoder(i, z=z, survival=geometric(0.6)) for i, z in enumerate([0.5, 0.01, 0.3, 0.02, 0.04, 0.2])]
+    inp = inputs(views)
+    graphs = [g for g in inp.graphs if g.batch_capacity <= 4 and g.kind is GraphKind.SPECULATIVE]
+    c = policy.select(policy.SelectionInput(views, graphs, inp.costs, 0, POLICY))
+    assert c.graph.batch_capacity == 4
+    assert sorted(c.rids) == [1, 3, 4, 5]  # the lowest delivery rates carry the highest prices
+
+
+@spec("verification/selector-padded-batches", "useful-service/partial-batch-competes")
+def test_padded_batch_capacity_serves_everyone():
+    """Three decoders: a batch-4 graph serving three beats a batch-2 graph serving two."""
+    c = choose([decoder(i) for i in range(3)], **ORD)
+    assert c.graph.batch_capacity == 4 and c.served == 3 and c.padding == 1
+
+
+@spec("verification/selector-decode-pairs")
+def test_long_decode_pairs_share_a_round():
+    c = choose([decoder(i, survival=geometric(0.8), output_remaining=4000) for i in range(2)])
+    assert c.graph.batch_capacity == 2 and c.served == 2
+    assert all(l.query_length == c.graph.token_capacity for l in c.lanes)
+
+
+@spec("verification/selector-contention", "useful-service/knee-small-prefill")
+def test_prefill_decode_contention_and_the_knee():
+    """Sixteen decoders and an 8000-token prompt whose price rises as it waits.
+
+    Fresh: decoding wins. Near the knee the prompt rides a mixed graph with a 1024-token chunk,
+    imposing less waiting on the decoders; a pricier prompt takes longer chunks; alone, the
+    same prompt takes the full 4096-token graph.
+    """
+    decoders = [decoder(i) for i in range(16)]
+    assert choose(decoders + [prompt(99, 8000, x=4.0)], **ORD).kind is GraphKind.DECODE
+    knee = choose(decoders + [prompt(99, 8000, x=2.0)], **ORD)
+    assert knee.kind is GraphKind.MIXED and knee.graph.prefill_capacity == 1024 and knee.served == 16
+    later = choose(decoders + [prompt(99, 8000, x=0.6)], **ORD)
+    assert later.graph.prefill_capacity == 4096
+    assert choose([prompt(99, 8000, x=2.0)], **ORD).graph.token_capacity == 4096
+
+
+@spec("verification/selector-output-gaps", "useful-service/age-raises-value")
+def test_output_age_raises_a_decoders_value():
+    young = choose([decoder(1, age_ms=5.0)], **ORD)
+    old = choose([decoder(1, age_ms=500.0)], **ORD)
+    assert old.score > young.score
+    # Against a pending prompt, growing age eventually gives the decoder its turn.
+    views = lambda age: [decoder(1, age_ms=age, x=20.0, z=2.0), prompt(2, 64, x=0.5)]
+    assert choose(views(0.0), **ORD).kind is not GraphKind.DECODE
+    assert choose(views(5000.0), **ORD).kind is not GraphKind.PREFILL
+
+
+@spec("verification/selector-expiry", "duration-estimates/stale-ranked-measured", "duration-estimates/stale-usable")
+def test_graph_expiry_and_recovery():
+    costs = measured(ORDINARY)
+    later = POLICY.estimate_ttl_ns + 1
+    stale = policy.select(inputs([decoder(1)], costs=costs, now_ns=later, **ORD))
+    fresh = policy.select(inputs([decoder(1)], costs=costs, now_ns=0, **ORD))
+    assert stale.stale and not fresh.stale
+    assert (stale.graph, stale.score) == (fresh.graph, fresh.score)  # measured costs still rank
+    costs.observe(stale.graph.key, [3.0e6], later)
+    assert not policy.select(inputs([decoder(1)], costs=costs, now_ns=later, **ORD)).stale
+
+
+@spec("duration-estimates/indeterminate-first", "duration-estimates/indeterminate-by-value",
+      "useful-service/unknown-optimistic")
+def test_an_unknown_graph_wins_and_competes_by_value():
+    costs = measured(ORDINARY)
+    unknown = CostModel()
+    for g in ORDINARY.graphs:
+        if not (g.kind is GraphKind.DECODE and g.batch_capacity == 4):
+            unknown.observe(g.key, [g.duration_ms * 1e6], 0)
+    views = [decoder(i) for i in range(3)]
+    c = policy.select(inputs(views, costs=unknown, **ORD))
+    assert c.indeterminate and c.graph.batch_capacity == 4 and math.isfinite(c.score)
+    assert not policy.select(inputs(views, costs=costs, **ORD)).indeterminate
+    # With everything unknown the useful value decides: the largest useful chunk for a lone prompt.
+    cold = policy.select(inputs([prompt(1, 10_000)], costs=CostModel()))
+    assert cold.indeterminate and cold.graph.token_capacity == 4096
+
+
+@spec("duration-estimates/cold-request-largest", "duration-estimates/prefill-explore-smaller",
+      "duration-estimates/measured-eligible")
+def test_prefill_exploration_stops_at_the_next_endpoint():
+    """A cold 1000-token prompt whose first message ends at token 100: 128 reaches the endpoint,
+    so the unmeasured 256..4096 graphs are not explored; a 64-token prompt explores only 64."""
+    cold = CostModel()
+    c = policy.select(inputs([prompt(1, 1000, endpoint=100)], costs=cold))
+    assert c.graph.token_capacity == 128
+    assert policy.select(inputs([prompt(1, 64)], costs=cold)).graph.token_capacity == 64
+    # Once the large graph is measured it competes on its cost again.
+    big = next(g for g in SPEC.graphs if g.kind is GraphKind.PREFILL and g.token_capacity == 1024)
+    cold.observe(big.key, [big.duration_ms * 1e6], 0)
+    kinds = {x.graph.token_capacity for x in policy.candidates(inputs([prompt(1, 1000, endpoint=100)], costs=cold))
+             if x.kind is GraphKind.PREFILL}
+    assert 1024 in kinds and 256 not in kinds
+
+
+@spec("useful-service/dominance-prune", "useful-service/no-padding-preference")
+def test_padding_never_wins_through_timing_noise():
+    """Batch 8 measured faster than batch 4 (noise) still never serves three decoders."""
+    costs = measured(ORDINARY)
+    b4 = next(g for g in ORDINARY.graphs if g.kind is GraphKind.DECODE and g.batch_capacity == 4)
+    b8 = next(g for g in ORDINARY.graphs if g.kind is GraphKind.DECODE and g.batch_capacity == 8)
+    costs.observe(b8.key, [1.0e6], 0)  # median of {3.748, 1.0} = 2.374 ms < 3.624 ms
+    assert costs.estimate_ms(b8.key) < costs.estimate_ms(b4.key)
+    c = choose([decoder(i) for i in range(3)], costs=costs, **ORD)
+    assert c.graph == b4
+
+
+@spec("useful-service/dominance-mixed", "verification/mixed-prompt-tails")
+def test_mixed_prompt_tail_uses_the_fitting_capacity():
+    cands = [c for c in policy.candidates(inputs([prompt(1, 40), decoder(2)], **ORD)) if c.kind is GraphKind.MIXED]
+    with_prompt = [c for c in cands if c.prefill_row >= 0]
+    assert {c.graph.prefill_capacity for c in with_prompt} == {64}
+    assert {c.graph.batch_capacity for c in with_prompt} == {2}
+
+
+@spec("useful-service/dominance-speculative")
+def test_dominance_requires_equal_proposal_depth():
+    """A D=7 program is not pruned by a D=3 one even when both verify four rows."""
+    views = [decoder(1, survival=geometric(0.9), output_remaining=4)]
+    cands = [c for c in policy.candidates(inputs(views)) if c.kind is GraphKind.SPECULATIVE]
+    depths = {(c.graph.batch_capacity, c.graph.proposal_depth) for c in cands}
+    assert {(1, 3), (1, 7)} <= depths
+    host = [c for c in cands if c.graph.proposal_depth > 0 and c.graph.allocation is Allocation.QUERY_LENGTH]
+    assert host and all(c.lanes[0].query_length == 4 for c in host)  # the output limit binds
+
+
+@spec("verification/mixed-decode-rows", "mixed-execution/compare-populations", "mixed-execution/prompt-only-legal",
+      "mixed-execution/same-score", "mixed-execution/step-role")
+def test_mixed_populations():
+    views = [prompt(1, 300, x=0.3), decoder(2, survival=geometric(0.9)), decoder(3, survival=geometric(0.9))]
+    cands = [c for c in policy.candidates(inputs(views)) if c.kind is GraphKind.MIXED]
+    roles = {tuple(l.role for l in c.lanes) for c in cands}
+    assert (LaneRole.DECODE, LaneRole.DECODE) in roles  # decode-only population
+    assert (LaneRole.PROMPT, LaneRole.DECODE, LaneRole.DECODE) in roles  # prompt row plus decoders
+    wide = [c for c in cands if c.graph.token_capacity == 8 and c.prefill_row == 0]
+    assert wide and all(l.query_length == 8 for l in wide[0].lanes[1:])  # speculative rows
+    alone = [c for c in policy.candidates(inputs([prompt(1, 300)])) if c.kind is GraphKind.MIXED]
+    assert alone and all(c.served == 1 and c.prefill_row == 0 for c in alone)  # prompt-only is legal
+
+
+@spec("useful-service/fixed-complete-prefixes", "useful-service/constrained-ragged")
+def test_fixed_ragged_keeps_complete_prefixes():
+    """ragged-small: fixed width 4, the host ragged program (B=4, P=6) can take one lane of four
+    rows and two lanes limited to one row each (6 rows), never a shortened width."""
+    views = [decoder(1, survival=geometric(0.9, 3), output_remaining=100),
+             decoder(2, survival=geometric(0.9, 3), output_remaining=1),
+             decoder(3, survival=geometric(0.9, 3), output_remaining=1)]
+    costs = measured(RAGGED)
+    inp = inputs(views, catalog=RAGGED, mode=DecodeMode.FIXED, costs=costs, fixed_width=4)
+    ragged = [c for c in policy.candidates(inp) if c.graph.target_capacity == 6]
+    assert len(ragged) == 1
+    assert sorted((l.rid, l.query_length) for l in ragged[0].lanes) == [(1, 4), (2, 1), (3, 1)]
+
+
+@spec("useful-service/adaptive-orderings", "useful-service/adaptive-causal-pricing",
+      "speculative-coverage/prefix-limit-ceilings", "speculative-coverage/ceiling-bound",
+      "speculative-coverage/price-full-program", "speculative-coverage/prices-rank-cohorts")
+def test_device_allocated_cohort_is_priced_by_its_causal_allocation():
+    """ragged-small's device program (B=4, W=4, P=8) with four decoders of ceiling 4 (16 > 8).
+
+    Forecasts differ from acceptance: the device will give the extra rows to the lanes with
+    the best joint prefix probabilities (forecast), and the host prices exactly that allocation.
+    """
+    views = [decoder(i, survival=geometric(0.9, 3), forecast=geometric(f, 3)) for i, f in
+             enumerate([0.95, 0.9, 0.2, 0.1])]
+    inp = inputs(views, catalog=RAGGED)
+    c = next(x for x in policy.candidates(inp) if x.graph.allocation is Allocation.PREFIX_LIMIT)
+    assert all(l.ceiling == 4 and l.query_length == 0 for l in c.lanes)  # immutable ceilings
+    expected = {l.rid: l.expected_tokens for l in c.lanes}
+    # Four pending rows, then the frontier by forecast: lane 0 d1 (0.95), lane 0 d2 (0.9025),
+    # lane 1 d1 (0.9), lane 0 d3 (0.857): lane 0 reaches its ceiling 4, lane 1 gets 2 rows.
+    assert expected[0] == pytest.approx(1 + 0.9 + 0.81 + 0.729) and expected[1] == pytest.approx(1.9)
+    assert expected[2] == pytest.approx(1.0) and expected[3] == pytest.approx(1.0)
+
+
+@spec("useful-service/max-64-slots")
+def test_selection_is_bounded_to_64_slots():
+    with pytest.raises(ValueError, match="64 request slots"):
+        choose([decoder(i) for i in range(65)])
+
+
+@spec("useful-service/no-subset-enumeration", "useful-service/adaptive-not-exhaustive")
+def test_sixty_four_requests_select_quickly():
+    """2^64 subsets would never finish; the selector is polynomial (well under a second here)."""
+    import time
+    views = [decoder(i, survival=geometric(0.7)) for i in range(40)] + [prompt(100 + i, 900) for i in range(24)]
+    start = time.perf_counter()
+    c = choose(views)
+    assert time.perf_counter() - start < 1.0 and c is not None
+
+
+@spec("useful-service/shared-scale")
+def test_extreme_prices_stay_representable():
+    """A request unserved for minutes has x ~ e^-2000: its price needs the shared scale."""
+    starving = prompt(1, 64, log_x=-2000.0)
+    c = choose([starving, decoder(2)])
+    assert c.rids[0] == 1 and c.log_scale > 1900 and math.isfinite(c.score) and c.score > 0
+
+
+@spec("duration-estimates/tie-order")
+def test_tie_order():
+    """Equal value rates: shorter known time, more requests, least recently used, less padding."""
+    views = [prompt(1, 64, last_selected_ns=5), prompt(2, 64, last_selected_ns=1)]
+    assert choose(views).rids == (2,)
+    a, b = policy.candidates(inputs([prompt(1, 64)]))[0], policy.candidates(inputs([prompt(2, 64)]))[0]
+    import dataclasses
+    quick = dataclasses.replace(b, duration_ms=a.duration_ms - 1)
+    assert policy.better(quick, a, {}) and not policy.better(a, quick, {})
+    assert policy.better(dataclasses.replace(a, score=a.score + 1), quick, {})
+
+
+@spec("policy/zero-removes", "useful-service/no-decoder-no-age")
+def test_throughput_preset_drops_age_and_delivery_terms():
+    thr = PolicyConfig.preset("throughput")
+    c = choose([decoder(1, age_ms=1e6, policy_config=thr)], policy_config=thr, **ORD)
+    # Without age and delivery, the value is the output token alone: (64 + 8) / 3.531 ms.
+    assert c.score * math.exp(c.log_scale) == pytest.approx(72.0 / 3.531)
