@@ -71,6 +71,7 @@ class CostModel:
             raise ValueError("estimate ttl must be positive")
         self.ttl_ns = int(ttl_ns)
         self._entries: dict[CostKey, CostEntry] = {}
+        self.version = 0  # bumped whenever an estimate changes
 
     def _entry(self, key: CostKey) -> CostEntry:
         entry = self._entries.get(key)
@@ -150,6 +151,7 @@ class CostModel:
             entry.estimate_ns = median(entry.samples)
         entry.last_valid_ns = now_ns
         entry.observations += 1
+        self.version += 1
         return True
 
     def note_attempt(self, key: CostKey, now_ns: int) -> None:
@@ -175,3 +177,4 @@ class CostModel:
 
     def restore(self, snap: dict) -> None:
         self._entries = snap
+        self.version += 1

@@ -19,9 +19,11 @@ where s is the service it received (zero for unselected participants). In log sp
 and waiting is bounded (the entropic dual update). Prices are kept in physical units (tokens
 and deliveries per ms).
 
-Missing histories: a token history starts at its first participation at the uniform share X/K of
-the token normaliser X (the catalog's highest measured token throughput) over the interval's K
-participants; before that, selection prices it at the same share over the current residents. A
+Missing histories: a request that has not been served yet has no token history. It is priced
+as never better served than the uniform share X/K of the token normaliser X (the catalog's
+highest measured token throughput) over the K residents, nor than the worst-served resident
+with a history, decaying from admission like any unserved participant
+(:func:`missing_log_token_rate`); its first service starts the history from that rate. A
 delivery history starts at one delivery over the measured frame duration of the request's first
 published burst.
 """
@@ -106,6 +108,23 @@ def prior_log_token_rate(normalizers: Normalizers, participants: int) -> float:
     return math.log(x / max(1, participants))
 
 
+def missing_log_token_rate(normalizers: Normalizers, residents: int, known_log_rates, waited_ms: float,
+                           tau_ms: float) -> float:
+    """log of the token rate a request without a token history is priced at.
+
+    It has received nothing yet, so it is never better served than the uniform share X/K of the
+    token normaliser, nor than the worst-served resident that has a history; and like any
+    unserved participant its rate decays from admission:
+
+        log x0 = min(log(X/K), min_i log x_i) - waited/tau
+    """
+    base = prior_log_delivery_rate(normalizers, residents)
+    known = [x for x in known_log_rates if x is not None]
+    if known:
+        base = min(base, min(known))
+    return base - max(0.0, waited_ms) / tau_ms
+
+
 def prior_log_delivery_rate(normalizers: Normalizers, participants: int) -> float:
     z = normalizers.delivery_per_ms or COLD_TOKEN_NORMALIZER
     return math.log(z / max(1, participants))
@@ -131,7 +150,14 @@ def log_prices(policy: PolicyConfig, log_x: float, log_z: float | None) -> LogPr
 
 def update_token_history(history: ServiceHistory, served_tokens: float, interval_ms: float,
                          policy: PolicyConfig, prior_log_x: float) -> None:
-    """One measured interval of token service for one participant (zero when unselected)."""
+    """One measured interval of token service for one participant (zero when unselected).
+
+    A missing history stays missing while the request is unserved (its waiting is priced by the
+    decay of :func:`missing_log_token_rate`); its first service starts from `prior_log_x`, that
+    missing rate at the interval's start.
+    """
+    if history.log_x is None and served_tokens <= 0:
+        return
     base = prior_log_x if history.log_x is None else history.log_x
     history.log_x = decayed_log_rate(base, served_tokens, interval_ms, policy.adaptation_ms)
 

@@ -60,16 +60,23 @@ def test_zero_fairness_removes_the_rate_term():
 
 @spec("service-accounting/first-burst-history")
 def test_missing_histories():
-    """Token: X/K at first participation. Delivery: one delivery over the first burst's frame."""
+    """Token: never better served than Z/K or the worst-served resident, decaying from admission;
+    it stays missing while unserved. Delivery: one delivery over the first burst's frame."""
     costs = CostModel()
     cat = shipped_catalog()
     costs.seed_from_catalog(cat, 0)
     norm = service.Normalizers.measure(cat, costs)
     assert norm.token_per_ms == pytest.approx(4096 / 89.526)  # the 4096-token prefill
     assert norm.delivery_per_ms == pytest.approx(16 / 4.046)  # width-one B=16 speculative
+    share = math.log(norm.delivery_per_ms / 4)
+    assert service.missing_log_token_rate(norm, 4, [], 0.0, 100.0) == pytest.approx(share)
+    assert service.missing_log_token_rate(norm, 4, [None, -3.0], 0.0, 100.0) == pytest.approx(min(share, -3.0))
+    assert service.missing_log_token_rate(norm, 4, [], 50.0, 100.0) == pytest.approx(share - 0.5)
     h = service.ServiceHistory()
-    service.update_token_history(h, 0, 10.0, P, prior_log_x=service.prior_log_token_rate(norm, 4))
-    assert math.exp(h.log_x) == pytest.approx(norm.token_per_ms / 4 * math.exp(-0.1))
+    service.update_token_history(h, 0, 10.0, P, prior_log_x=share)
+    assert h.log_x is None  # unserved: still missing, its wait is priced by the decay
+    service.update_token_history(h, 64, 10.0, P, prior_log_x=share)
+    assert math.exp(h.log_x) == pytest.approx(math.exp(share) * math.exp(-0.1) + (1 - math.exp(-0.1)) * 6.4)
     assert service.delivery_update(None, 0, 10.0, P) is None
     assert math.exp(service.first_delivery_log_rate(8.0)) == pytest.approx(1 / 8)
 

@@ -1,0 +1,137 @@
+"""Per-request host state and the resource pools the scheduler owns.
+
+A request is *resident* from admission until it retires and its last submitted fence has
+completed; only then are its request slot, KV pages and state rows returned. Cancellation stops
+selection at once but keeps that fenced ownership, so a cancelled handle can never charge or
+corrupt a later request that reuses its slot (the slot's generation changes).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+from helios_jax.catalog import GraphKind
+from helios_jax.scheduler.plan import Handle
+from helios_jax.scheduler.service import ServiceHistory
+from helios_jax.scheduler.speculation import AcceptanceHistory, PrefixEstimate
+from helios_jax.scheduler.view import Phase
+
+
+class Pool:
+    """A free list of integer resources (request slots, KV pages, snapshot rows)."""
+
+    def __init__(self, size: int, name: str):
+        self.name = name
+        self.size = size
+        self._free = list(range(size - 1, -1, -1))  # pop() hands out the lowest id first
+        self._owner: dict[int, int] = {}
+
+    @property
+    def available(self) -> int:
+        return len(self._free)
+
+    def can_allocate(self, n: int = 1) -> bool:
+        return n <= len(self._free)
+
+    def allocate(self, n: int, owner: int) -> list[int]:
+        if n > len(self._free):
+            raise ResourceError(f"{self.name}: {n} requested, {len(self._free)} free")
+        out = [self._free.pop() for _ in range(n)]
+        for x in out:
+            self._owner[x] = owner
+        return out
+
+    def free(self, items, owner: int) -> None:
+        for x in items:
+            if self._owner.get(x) != owner:
+                raise ResourceError(f"{self.name}: {x} is not owned by request {owner}")
+            del self._owner[x]
+            self._free.append(x)
+        self._free.sort(reverse=True)
+
+    def owned(self) -> dict[int, int]:
+        return dict(self._owner)
+
+
+class ResourceError(RuntimeError):
+    """A request slot, KV page or state row is not available (admission is refused)."""
+
+
+@dataclasses.dataclass
+class Request:
+    """Host state of one resident request."""
+
+    handle: Handle
+    slot: int
+    prompt: tuple[int, ...]
+    max_output: int
+    stop_token_ids: frozenset[int]
+    message_endpoints: tuple[int, ...]
+    image_spans: tuple[tuple[int, int], ...]
+    needs_scores: bool
+    host_stops: bool  # stop strings or output parsing on the host: rounds need feedback
+    sampling: Any  # opaque to the scheduler; the engine's sampling settings
+    proposal_source: str
+    pages: list[int]
+    admitted_ns: int
+    history: ServiceHistory
+    acceptance: AcceptanceHistory
+    forecast: PrefixEstimate
+    phase: Phase = Phase.PREFILL
+    prerequisites: list[GraphKind] = dataclasses.field(default_factory=list)
+    enables: Phase | None = None
+    epoch: int = 0
+    cached: int = 0  # prompt tokens restored from a cache (never prefilled, never charged)
+    consumed: int = 0  # prompt tokens in the cache (cached + prefilled)
+    output: list[int] = dataclasses.field(default_factory=list)
+    finish_reason: str | None = None
+    cancelled: bool = False
+    retired: bool = False
+    terminal_since_ns: int | None = None
+    last_publication_ns: int | None = None
+    last_selected_ns: int = -1
+    inflight: list[int] = dataclasses.field(default_factory=list)  # fences with a lane of it
+    snapshot_row: int | None = None
+    capture_allowance_ms: float = 0.0  # request-local checkpoint extra-work allowance
+    productive_decode_ms: float = 0.0
+
+    @property
+    def rid(self) -> int:
+        return self.handle.rid
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt)
+
+    @property
+    def prompt_remaining(self) -> int:
+        return self.prompt_len - self.consumed
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def active(self) -> bool:
+        """Still selectable: not cancelled, not finished, not retired."""
+        return not (self.cancelled or self.finished or self.retired)
+
+    @property
+    def cursor(self) -> int:
+        """Tokens whose KV is committed (prompt consumed plus all outputs but the pending one)."""
+        return self.consumed + max(0, len(self.output) - 1)
+
+    def next_endpoint(self) -> int | None:
+        """Tokens from the cursor to the next message endpoint (None: only the prompt end)."""
+        for end in self.message_endpoints:
+            if end > self.consumed:
+                return end - self.consumed
+        return None
+
+    def spans_from_cursor(self) -> tuple[tuple[int, int], ...]:
+        return tuple((s - self.consumed, e - self.consumed) for s, e in self.image_spans if e > self.consumed)
+
+
+def pages_for(tokens: int, page_size: int) -> int:
+    return max(1, math.ceil(tokens / page_size))
