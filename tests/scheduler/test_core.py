@@ -1,0 +1,380 @@
+"""The Scheduler's lifecycle on a virtual clock: plan, commit, complete, publish, cancel."""
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+
+from helios_jax.catalog import DecodeMode, GraphKind
+from helios_jax.scheduler import refresh
+from helios_jax.scheduler.config import PolicyConfig
+from helios_jax.scheduler.core import NS_PER_MS, PlanRejected, Scheduler
+from helios_jax.scheduler.plan import CompletionRecord, ExecutionClass, ExecutionTiming
+from helios_jax.scheduler.requests import ResourceError
+from helios_jax.scheduler.view import LaneRole, Phase
+
+from .helpers import ORDINARY, RAGGED, SPEC
+
+spec = pytest.mark.spec
+MS = NS_PER_MS
+
+
+def scheduler(catalog=ORDINARY, **kw):
+    s = Scheduler(catalog, **kw)
+    s.seed_costs(0)
+    return s
+
+
+def records(plan, accepted=0, token=5):
+    """Well-formed records: prompt lanes as planned, decode rounds accepting `accepted`."""
+    out = []
+    for lane in plan.lanes:
+        if lane.role is LaneRole.PROMPT:
+            out.append(CompletionRecord(lane.handle, lane.epoch, prompt_tokens=lane.prompt_tokens,
+                                        tokens=(token,) if lane.finishes_prompt else ()))
+        elif lane.role is LaneRole.DECODE:
+            rows = lane.query_length or lane.ceiling
+            a = min(accepted, rows - 1)
+            out.append(CompletionRecord(lane.handle, lane.epoch, tokens=(token,) * (a + 1), offered=rows - 1,
+                                        accepted=a))
+        else:
+            out.append(CompletionRecord(lane.handle, lane.epoch))
+    return out
+
+
+def timing(ms, queued=False, wall_ms=None):
+    return ExecutionTiming((ms * MS,), (ms if wall_ms is None else wall_ms) * MS, queued=queued)
+
+
+def run_once(s, fence, now_ms, accepted=0, publish=True):
+    """plan, commit, complete after the plan's expected duration, publish every burst."""
+    s.advance_to(int(now_ms * MS))
+    plan = s.plan()
+    s.commit(plan, fence)
+    end = now_ms + (plan.expected_duration_ms or 1.0)
+    s.advance_to(int(end * MS))
+    gen = s.complete(fence, records(plan, accepted), timing(plan.expected_duration_ms or 1.0))
+    if publish:
+        for g in gen:
+            s.published_output(g.handle, fence)
+    return plan, gen, end
+
+
+def snapshot(s):
+    """Everything completion may change, for 'changes nothing' checks."""
+    reqs = {rid: (r.phase, r.epoch, r.consumed, list(r.output), r.history.log_x, r.history.log_z,
+                  r.acceptance.get(r.proposal_source).mean.tolist(), list(r.inflight))
+            for rid, r in s.requests.items()}
+    return (reqs, {k: s.costs.samples(k) for k in s.costs.keys()}, s.timing_ledger.balance_ms,
+            s.acceptance_ledger.balance_ms, tuple(s.in_flight), s.pages.owned(), dict(s.executions))
+
+
+@spec("planning-queue/api", "policy/configure-before-admission")
+def test_api_and_policy_configuration():
+    s = scheduler()
+    s.configure_policy(PolicyConfig.preset("throughput"))
+    h = s.admit([1] * 10, max_output=4)
+    with pytest.raises(ValueError, match="precede admission"):
+        s.configure_policy(PolicyConfig())
+    plan, gen, _ = run_once(s, 1, 0.0)
+    assert plan.kind is GraphKind.PREFILL and gen[0].handle == h and gen[0].tokens == (5,)
+
+
+def test_admission_validation_and_resources():
+    s = scheduler(kv_pages=8, page_size=16)
+    with pytest.raises(ValueError, match="at least one token"):
+        s.admit([], max_output=1)
+    with pytest.raises(ValueError, match="max_output"):
+        s.admit([1], max_output=0)
+    with pytest.raises(ValueError, match="image spans"):
+        s.admit([1, 2], max_output=1, image_spans=[(1, 5)])
+    s.admit([1] * 40, max_output=60)  # 100 + draft storage 0 -> 7 pages
+    assert not s.can_admit(20, 20)
+    with pytest.raises(ResourceError, match="KV pages"):
+        s.admit([1] * 20, max_output=20)
+
+
+@spec("planning-queue/plan-readonly", "planning-queue/plan-freezes")
+def test_plan_is_pure_and_frozen():
+    s = scheduler(SPEC)
+    for _ in range(3):
+        s.admit([1] * 64, max_output=50)
+    before = snapshot(s)
+    a, b = s.plan(), s.plan()
+    assert a == b and snapshot(s) == before
+    with pytest.raises(Exception):
+        a.lanes = ()  # frozen
+    assert a.expected_duration_ms > 0 and a.lanes[0].epoch == 0 and a.selection_value_rate() == a.value_rate
+    assert math.isfinite(a.selection_log_scale())
+
+
+@spec("planning-queue/two-slots", "planning-queue/double-occupancy", "planning-queue/draining-kinds",
+      "planning-queue/appended-start", "planning-queue/no-ms-cap", "planning-queue/feedback-visible")
+def test_two_decode_frames_queue_and_drain_kinds_do_not():
+    s = scheduler()
+    h = [s.admit([1] * 8, max_output=100) for _ in range(2)]
+    t = 0.0
+    for fence in (1, 2):  # two prefills, one at a time (each drains)
+        plan, _, t = run_once(s, fence, t)
+        assert plan.kind is GraphKind.PREFILL or plan.kind is GraphKind.MIXED
+    s.advance_to(int(t * MS))
+    first = s.plan()
+    assert first.kind is GraphKind.DECODE and not first.needs_empty_window
+    s.commit(first, 3)
+    second = s.plan()
+    assert second.kind is GraphKind.DECODE
+    assert second.planning_start_ns == int(t * MS) + int(first.expected_duration_ms * MS)  # queue end
+    s.commit(second, 4)
+    assert s.plan() is None  # two frame slots
+    with pytest.raises(PlanRejected, match="window"):
+        s.commit(second, 5)
+    # A drain-only winner waits: a new prompt arrives while decode frames are in flight.
+    s.complete(3, records(first), timing(first.expected_duration_ms, queued=False))
+    s.admit([1] * 8, max_output=10, host_stops=False)
+    waiting = s.plan()
+    if waiting is not None and waiting.needs_empty_window:
+        with pytest.raises(PlanRejected, match="empty window"):
+            s.commit(waiting, 6)
+
+
+@spec("planning-queue/commit-checks", "planning-queue/prefill-exposes-late")
+def test_commit_rechecks_epochs_and_exposes_decoders_after_completion():
+    s = scheduler()
+    s.admit([1] * 8, max_output=10)
+    s.advance_to(0)
+    plan = s.plan()
+    s.commit(plan, 1)
+    assert s.plan() is None  # the finishing prefill drains; its decoder is not exposed yet
+    s.advance_to(int(5 * MS))
+    s.complete(1, records(plan), timing(5.0))
+    with pytest.raises(PlanRejected, match="epoch|no longer resident|prompt position"):
+        s.commit(plan, 2)  # the same plan again: its epoch moved on
+    assert s.plan().kind is GraphKind.DECODE
+
+
+@spec("service-accounting/validate-first", "verification/mixed-malformed", "mixed-execution/complete-by-phase")
+@pytest.mark.parametrize("mutate, message", [
+    (lambda r, p: r[:-1], "records for"),
+    (lambda r, p: [r[0].__class__(r[0].handle, r[0].epoch + 1, r[0].prompt_tokens, r[0].tokens)] + r[1:], "epoch"),
+    (lambda r, p: [r[0].__class__(r[0].handle, r[0].epoch, r[0].prompt_tokens + 1, r[0].tokens)] + r[1:], "prompt tokens"),
+    (lambda r, p: r[:1] + [r[1].__class__(r[1].handle, r[1].epoch, tokens=(1, 2, 3), offered=0, accepted=0)] + r[2:],
+     "accepted proposals plus one"),
+    (lambda r, p: r[:1] + [r[1].__class__(r[1].handle, r[1].epoch, tokens=(-1,), offered=0, accepted=0)] + r[2:],
+     "nonnegative"),
+])
+def test_malformed_mixed_completion_changes_nothing(mutate, message):
+    s = scheduler()
+    s.admit([1] * 8, max_output=50)
+    _, _, t = run_once(s, 1, 0.0)
+    s.admit([1] * 40, max_output=50)
+    s.advance_to(int(t * MS))
+    plan = s.plan()
+    assert plan.kind is GraphKind.MIXED and plan.prefill_row == 0
+    s.commit(plan, 2)
+    before = snapshot(s)
+    with pytest.raises(ValueError, match=message):
+        s.complete(2, mutate(records(plan), plan), timing(plan.expected_duration_ms))
+    assert snapshot(s) == before
+    s.complete(2, records(plan), timing(plan.expected_duration_ms))  # the valid report still lands
+
+
+@spec("service-accounting/one-interval", "service-accounting/queued-interval", "service-accounting/isolated-interval",
+      "service-accounting/unselected-zero", "service-accounting/committed-diffs", "useful-service/actual-updates-history")
+def test_service_intervals():
+    """An isolated frame charges max(device, wall); a queued one its device interval only."""
+    s = scheduler()
+    a = s.admit([1] * 8, max_output=100)
+    b = s.admit([1] * 8, max_output=100)
+    t = 0.0
+    _, _, t = run_once(s, 1, t)
+    _, _, t = run_once(s, 2, t)
+    s.advance_to(int(t * MS))
+    plan = s.plan()
+    s.commit(plan, 3)
+    x_before = {r.rid: r.history.log_x for r in s.requests.values()}
+    s.complete(3, records(plan), ExecutionTiming((3.0 * MS,), 10.0 * MS, queued=False))
+    # Both served one token over max(3, 10) = 10 ms: x <- a*x + (1-a)*1/10 with a = exp(-0.1)
+    for rid, before in x_before.items():
+        expect = math.log(math.exp(before) * math.exp(-0.1) + (1 - math.exp(-0.1)) * 0.1)
+        assert s.requests[rid].history.log_x == pytest.approx(expect)
+
+
+@spec("service-accounting/zero-deliveries", "service-accounting/first-publication", "service-accounting/burst-count",
+      "service-accounting/age-host-time", "service-accounting/publish-before-complete", "service-accounting/no-rewind",
+      "planning-queue/age-reset-published", "service-accounting/postponed-output")
+def test_publication_replaces_the_delivery_update():
+    s = scheduler()
+    h = s.admit([1] * 8, max_output=100)
+    _, _, t = run_once(s, 1, 0.0)
+    req = s.requests[h.rid]
+    z0 = req.history.log_z
+    assert z0 == pytest.approx(-math.log(s.costs.estimate_ms(next(g.key for g in ORDINARY.graphs
+                                                                  if g.kind is GraphKind.PREFILL and g.token_capacity == 64))))
+    s.advance_to(int(t * MS))
+    plan = s.plan()
+    s.commit(plan, 2)
+    s.advance_to(int((t + 3.5) * MS))
+    s.complete(2, records(plan), timing(3.5))
+    zero = req.history.log_z
+    assert zero == pytest.approx(z0 - 3.5 / 100)  # completion records zero deliveries
+    s.advance_to(int((t + 9.0) * MS))  # publication postponed (stop buffering) to t + 9
+    s.published_output(h, 2)
+    one = req.history.log_z
+    assert one == pytest.approx(math.log(math.exp(z0 - 0.035) + (1 - math.exp(-0.035)) / 3.5))
+    s.published_output(h, 2)  # later tokens of the same burst change nothing
+    assert req.history.log_z == one and req.last_publication_ns == int((t + 9.0) * MS)
+    plan = s.plan()
+    s.commit(plan, 3)
+    s.complete(3, records(plan), timing(3.5))
+    with pytest.raises(ValueError, match="precede the next completion"):
+        s.published_output(h, 2)
+
+
+@spec("service-accounting/cancelled-slot-reuse", "planning-queue/cancel-stops", "planning-queue/cancel-keeps-pages",
+      "prerequisites/fenced-ownership", "planning-queue/pages-pinned")
+def test_cancellation_keeps_fenced_resources_and_never_charges_the_next_owner():
+    s = scheduler(catalog=ORDINARY)
+    h = s.admit([1] * 8, max_output=100)
+    _, _, t = run_once(s, 1, 0.0)
+    s.advance_to(int(t * MS))
+    plan = s.plan()
+    s.commit(plan, 2)
+    slot, pages = s.requests[h.rid].slot, list(s.requests[h.rid].pages)
+    s.cancel(h)
+    assert s.plan() is None  # selection stops at once
+    assert all(s.pages.owned()[p] == h.rid for p in pages)  # still owned through fence 2
+    s.complete(2, records(plan), timing(3.5))
+    assert h.rid not in s.requests and not s.pages.owned()
+    h2 = s.admit([1] * 8, max_output=100)
+    assert s.requests[h2.rid].slot == slot and h2.generation == h.generation + 1
+    assert s.requests[h2.rid].history.log_x is None  # nothing charged from the cancelled lane
+    with pytest.raises(KeyError):
+        s.cancel(h)
+
+
+@spec("planning-queue/queued-lane-bound", "planning-queue/limits-use-bound", "confidence-acceptance/expected-output-bounds")
+def test_output_limits_account_for_queued_rounds():
+    s = scheduler(SPEC)
+    h = s.admit([1] * 8, max_output=10)
+    _, _, t = run_once(s, 1, 0.0)  # 1 token out, 9 left
+    s.advance_to(int(t * MS))
+    p1 = s.plan()
+    s.commit(p1, 2)
+    bound = p1.lanes[0].max_advance
+    view = next(v for v in s.views() if v.rid == h.rid)
+    assert view.output_remaining == 9 - bound
+    p2 = s.plan()
+    if p2 is not None and p2.kind is not GraphKind.MIXED:
+        assert all(l.max_advance <= 9 - bound for l in p2.lanes)
+
+
+@spec("planning-queue/packed-round", "confidence-acceptance/completed-only", "confidence-acceptance/rank-zero",
+      "confidence-acceptance/peer-valid-probs")
+def test_device_allocation_completes_through_the_packed_round():
+    device_only = dataclasses.replace(RAGGED, graphs=tuple(
+        g for g in RAGGED.graphs if g.kind is GraphKind.PREFILL
+        or (g.allocation is not None and g.allocation.value == "prefix_limit")))
+    s = scheduler(device_only)
+    handles = [s.admit([1] * 8, max_output=100) for _ in range(4)]
+    t = 0.0
+    for fence in range(1, 5):
+        _, _, t = run_once(s, fence, t)
+    s.advance_to(int(t * MS))
+    plan = s.plan()
+    assert plan.graph.allocation.value == "prefix_limit" and all(l.ceiling == 4 for l in plan.lanes)
+    s.commit(plan, 5)
+    recs = [CompletionRecord(l.handle, l.epoch, tokens=(5, 5), offered=1, accepted=1) for l in plan.lanes]
+    with pytest.raises(ValueError, match="complete_packed_round"):
+        s.complete(5, recs, timing(4.7))
+    sidecar = np.zeros((2, RAGGED.request_slots, 3), np.float32)
+    sidecar[1, :, :] = [0.9, 0.5, 0.2]
+    bad_peer = sidecar.copy()
+    bad_peer[1, plan.lanes[0].slot, 0] = 1.5
+    with pytest.raises(ValueError, match="rank 1"):
+        s.complete_packed_round(5, recs, timing(4.7), [sidecar, bad_peer])
+    before = s.requests[handles[0].rid].forecast.mean.copy()
+    peer = sidecar.copy()
+    peer[1] *= 0.99  # peers need not agree bitwise; rank zero's drives the forecasts
+    s.complete_packed_round(5, recs, timing(4.7), [sidecar, peer])
+    after = s.requests[handles[0].rid].forecast.mean
+    # ceiling 4 -> depths 1..3 observed; weight 2 aged by the three tokens generated so far
+    # (the first token from the prefill, then this round's two)
+    w = 2 * 0.5 ** (3 / 128)
+    np.testing.assert_allclose(after, [(w * p + x) / (w + 1) for p, x in zip([0.5, 0.25, 0.125], [0.9, 0.5, 0.2])],
+                               rtol=1e-6)  # the sidecar is float32
+    assert not np.allclose(before, after)
+
+
+@spec("acceptance-learning/idle-clears", "timing-refresh/idle-discards")
+def test_idle_clears_positive_credit():
+    s = scheduler()
+    s.timing_ledger.earn(100.0)
+    s.acceptance_ledger.earn(100.0)
+    s.advance_to(10)  # nothing resident: idle
+    assert s.timing_ledger.balance_ms == 0 and s.acceptance_ledger.balance_ms == 0
+
+
+@spec("timing-refresh/earn-rate", "timing-refresh/credit-cap", "acceptance-learning/earn-rate",
+      "acceptance-learning/credit-cap", "timing-refresh/next-needs-full", "acceptance-learning/started-debt",
+      "acceptance-learning/next-needs-full", "timing-refresh/idle-discards", "timing-refresh/first-2495ms",
+      "acceptance-learning/one-episode")
+def test_ledgers():
+    t = refresh.timing_ledger()
+    t.earn(2494.0)
+    assert not t.full and t.balance_ms == pytest.approx(2494 * 0.002 / 0.998)
+    t.earn(1.0)
+    assert t.full and t.balance_ms == pytest.approx(5.0)
+    t.earn(10_000.0)
+    assert t.balance_ms == pytest.approx(5.0)  # capped
+    t.start()
+    with pytest.raises(ValueError):
+        t.start()  # one episode
+    t.close(40.0)  # a long nonpreemptible episode runs into debt
+    assert t.balance_ms == pytest.approx(-35.0) and not t.can_start()
+    t.idle()
+    assert t.balance_ms == pytest.approx(-35.0)  # idle keeps debt
+    a = refresh.acceptance_ledger()
+    a.earn(495.0)
+    assert a.full  # 5 / (0.01/0.99)
+    a.idle()
+    assert a.balance_ms == 0
+
+
+@spec("confidence-acceptance/trace-fields", "confidence-acceptance/spec-counters", "acceptance-learning/execution-metrics")
+def test_trace_and_counters():
+    s = scheduler(SPEC)
+    s.admit([1] * 8, max_output=20)
+    t = 0.0
+    for fence in range(1, 4):
+        _, _, t = run_once(s, fence, t, accepted=2)
+    rec = s.trace[-1]
+    assert (rec.kind, rec.reason) == (GraphKind.SPECULATIVE, ExecutionClass.ORDINARY)
+    assert rec.selected_cost_ms > 0 and rec.observation_age_ns >= 0 and rec.exploration_credit_ms == 0
+    assert s.speculative["programs"] == 2 and s.executions["ordinary"] == 3
+    assert s.execution_ns["ordinary"] > 0
+
+
+@spec("intro/stages-not-scheduled", "speculative-coverage/no-proposal-completion", "speculative-coverage/no-retained-proposals")
+def test_speculative_rounds_are_one_program():
+    """A round is one plan and one completion; no proposal step is ever planned on its own."""
+    s = scheduler(SPEC)
+    s.admit([1] * 8, max_output=50)
+    t = 0.0
+    kinds = []
+    for fence in range(1, 6):
+        plan, _, t = run_once(s, fence, t, accepted=3)
+        kinds.append(plan.kind)
+    assert set(kinds) <= {GraphKind.PREFILL, GraphKind.SPECULATIVE}
+    assert len(s.in_flight) == 0
+
+
+def test_stop_tokens_and_length_finish_requests():
+    s = scheduler()
+    h = s.admit([1] * 8, max_output=3, stop_token_ids=[9])
+    _, gen, t = run_once(s, 1, 0.0)
+    s.advance_to(int(t * MS))
+    plan = s.plan()
+    s.commit(plan, 2)
+    gen = s.complete(2, [CompletionRecord(plan.lanes[0].handle, plan.lanes[0].epoch, tokens=(9,))], timing(3.5))
+    assert gen[0].finished and gen[0].finish_reason == "stop"
+    assert h.rid not in s.requests  # retired, resources returned
