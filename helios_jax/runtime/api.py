@@ -1,0 +1,123 @@
+"""The engine's interface to the HTTP server: plain data requests in, a stream of events out.
+
+The server (``helios_jax.serve``) validates and tokenizes an OpenAI request, builds a
+:class:`GenerationRequest` and calls :meth:`Engine.submit`; it reads :class:`StreamEvent`s from the
+returned :class:`RequestStream` until one carries a ``finish_reason``, and calls
+``RequestStream.cancel()`` when the client goes away. The engine (``helios_jax.runtime.engine``)
+and the test fakes implement :class:`Engine`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import queue
+import threading
+from typing import Protocol, Sequence
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int
+    temperature: float = 1.0  # 0: greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0: no top-k restriction
+    seed: int | None = None
+    stop: tuple[str, ...] = ()  # stop strings (host-side; the text before the stop is returned)
+    prompt_logprobs: bool = False  # scored prefill: log-probabilities of the prompt tokens
+    logprobs: bool = False  # log-probability of each generated token
+
+    def __post_init__(self):
+        if self.max_tokens < 1:
+            raise ValueError("max_tokens must be at least 1")
+        if self.temperature < 0:
+            raise ValueError("temperature must be nonnegative")
+        if not 0 < self.top_p <= 1:
+            raise ValueError("top_p must lie in (0, 1]")
+        if self.top_k < 0:
+            raise ValueError("top_k must be nonnegative")
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerationRequest:
+    request_id: str
+    prompt_tokens: tuple[int, ...]
+    sampling: SamplingParams
+    message_endpoints: tuple[int, ...] = ()  # chat template message ends (checkpoint anchors)
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamEvent:
+    """A visible burst: new text and tokens, and the finish reason on the last event."""
+
+    text: str
+    token_ids: tuple[int, ...]
+    finish_reason: str | None = None  # "stop", "length", "cancelled" or "error"
+    prompt_tokens: int = 0
+    completion_tokens: int = 0  # cumulative
+    token_logprobs: tuple[float, ...] | None = None
+    prompt_logprobs: tuple[float | None, ...] | None = None  # first event only, when requested
+    error: str | None = None
+
+
+class RequestStream:
+    """A thread-safe event queue for one request; the producer is the engine."""
+
+    def __init__(self, request_id: str, cancel_callback=None):
+        self.request_id = request_id
+        self._queue: queue.Queue[StreamEvent] = queue.Queue()
+        self._cancel = cancel_callback
+        self._cancelled = threading.Event()
+        self.finished = False
+
+    def put(self, event: StreamEvent) -> None:
+        self._queue.put(event)
+
+    def get(self, timeout: float | None = None) -> StreamEvent:
+        """The next event (raises queue.Empty after `timeout` seconds)."""
+        event = self._queue.get(timeout=timeout)
+        if event.finish_reason is not None:
+            self.finished = True
+        return event
+
+    def __iter__(self):
+        while not self.finished:
+            yield self.get()
+
+    def cancel(self) -> None:
+        """The client went away: stop generating and free the request's resources."""
+        if not self._cancelled.is_set():
+            self._cancelled.set()
+            if self._cancel is not None:
+                self._cancel(self.request_id)
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled.is_set()
+
+
+class Tokenizer(Protocol):
+    eos_token_ids: Sequence[int]
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+    def apply_chat_template(self, messages: Sequence[dict]) -> tuple[list[int], tuple[int, ...]]:
+        """Token ids of the rendered conversation (ending with the assistant prompt) and the
+        exact token endpoint of each message."""
+        ...
+
+
+class Engine(Protocol):
+    model_name: str
+    max_model_len: int
+    tokenizer: Tokenizer
+
+    def ready(self) -> bool: ...
+
+    def submit(self, request: GenerationRequest) -> RequestStream: ...
+
+    def metrics_text(self) -> str:
+        """Prometheus exposition of the engine and scheduler counters."""
+        ...
+
+    def shutdown(self) -> None: ...
