@@ -30,6 +30,7 @@ import numpy as np
 
 from helios_jax.catalog import Catalog, DecodeMode, GraphKind
 from helios_jax.scheduler import learning, policy, service
+from helios_jax.scheduler.checkpoints import CheckpointStore, Role, capture_endpoints
 from helios_jax.scheduler.config import PolicyConfig
 from helios_jax.scheduler.cost import CostModel
 from helios_jax.scheduler.plan import (CompletionRecord, ExecutionClass, ExecutionTiming, GeneratedToken,
@@ -88,6 +89,8 @@ class Scheduler:
         max_model_len: int = 1 << 20,
         draft_storage: int | None = None,
         initialize_requests: bool = False,
+        snapshot_rows: int | None = None,
+        checkpoints: bool = False,
     ):
         if mode is None:
             mode = DecodeMode.ORDINARY if catalog.mode == "ordinary" else DecodeMode.ADAPTIVE
@@ -101,6 +104,13 @@ class Scheduler:
         self.depth = max(1, self.graphs.max_depth)
         self.draft_storage = self.graphs.max_depth if draft_storage is None else draft_storage
         self.initialize_requests = initialize_requests
+        kinds = {g.kind for g in self.graphs.graphs}
+        # Checkpoint retention (anchors, extras, terminal captures, the prefix cache) needs snapshot
+        # and restore programs; it is opt-in (docs/checkpoints.md says why).
+        self.captures_enabled = checkpoints and {GraphKind.SNAPSHOT, GraphKind.RESTORE} <= kinds
+        if snapshot_rows is None:
+            snapshot_rows = catalog.request_slots if self.captures_enabled else 0
+        self.checkpoints = CheckpointStore(snapshot_rows if self.captures_enabled else 0)
         self.slots = Pool(catalog.request_slots, "request slots")
         default_pages = catalog.request_slots * pages_for(max_model_len if max_model_len < (1 << 20) else 8192,
                                                           page_size)
@@ -160,7 +170,6 @@ class Scheduler:
         sampling: Any = None,
         proposal_source: str = SOURCE_LEARNED,
         acceptance_history: dict[str, PrefixEstimate] | None = None,
-        cached_tokens: int = 0,
     ) -> Handle:
         """Make a request resident; raises ResourceError when no slot or pages are free.
 
@@ -175,7 +184,9 @@ class Scheduler:
           sampling: the engine's sampling settings (opaque here).
           proposal_source: "learned" or "copy".
           acceptance_history: optional preseeded estimates per source.
-          cached_tokens: prompt tokens restored from a cache (not prefilled, not charged).
+
+        A prompt that extends a stored checkpoint starts with a RESTORE of it and is charged only
+        its uncached tokens.
         """
         prompt = tuple(int(t) for t in prompt)
         if not prompt:
@@ -187,8 +198,6 @@ class Scheduler:
         if len(prompt) + max_output > self.max_model_len:
             raise ValueError(f"prompt ({len(prompt)}) plus max_output ({max_output}) exceeds the "
                              f"context of {self.max_model_len} tokens")
-        if not 0 <= cached_tokens < len(prompt):
-            raise ValueError("cached_tokens must leave at least one prompt token to prefill")
         if proposal_source not in SOURCES:
             raise ValueError(f"unknown proposal source {proposal_source!r}")
         endpoints = tuple(sorted(int(e) for e in message_endpoints))
@@ -216,10 +225,17 @@ class Scheduler:
             history=service.ServiceHistory(),
             acceptance=AcceptanceHistory(self.acceptance_priors, preseeded=acceptance_history),
             forecast=PrefixEstimate.from_prior(self.forecast_prior.mean),
-            cached=cached_tokens, consumed=cached_tokens,
         )
-        if self.initialize_requests:
+        hit = self.checkpoints.lookup(prompt) if self.captures_enabled else None
+        if hit is not None:
+            req.cached = req.consumed = hit.length
+            req.restore_row = hit.row
+            self.checkpoints.pin(hit.row, self.now_ns)
+            req.phase, req.prerequisites, req.enables = Phase.BLOCKED, [GraphKind.RESTORE], Phase.PREFILL
+        elif self.initialize_requests:
             req.phase, req.prerequisites, req.enables = Phase.BLOCKED, [GraphKind.INITIALIZE], Phase.PREFILL
+        if self.captures_enabled:
+            self._plan_captures(req)
         self.requests[rid] = req
         self._admitted_any = True
         return handle
@@ -228,15 +244,161 @@ class Scheduler:
         """Stop selecting the request now; its resources stay owned through its last fence."""
         req = self._lookup(handle)
         req.cancelled = True
+        self._drop_captures(req)
         self._maybe_release(req)
+
+    def preempt(self, handle: Handle) -> None:
+        """Retire a resident request without completing its response.
+
+        Its terminal age starts now; when a destination row is obtainable its state is captured
+        first, so that a continuation (the same prompt plus the output so far) restores it and is
+        charged only what it did not have. The engine decides when to preempt; see
+        :meth:`preemption_candidate` for the trigger it uses.
+        """
+        req = self._lookup(handle)
+        if not req.active:
+            return
+        req.preempted = True
+        req.finish_reason = "preempted"
+        req.epoch += 1
+        self._drop_captures(req)
+        if not self._begin_terminal_capture(req, funded=True):
+            self._retire(req)
+
+    def preemption_candidate(self, prompt_len: int, max_output: int) -> Handle | None:
+        """The resident decoding request to preempt so that a waiting request fits, or None.
+
+        Trigger (used by the engine when the head of its admission queue has waited longer than
+        its preemption delay): admission is refused for lack of a slot or KV pages, and retiring
+        one active decoding request would make it fit. Among those, the best-served one (highest
+        token rate: the lowest fairness price) is chosen.
+        """
+        if self.can_admit(prompt_len, max_output):
+            return None
+        needed = self.pages_needed(prompt_len, max_output)
+        candidates = []
+        for r in self.requests.values():
+            if r.active and r.phase is Phase.DECODE:
+                frees = self.pages.available + len(r.pages) >= needed
+                if frees:
+                    rate = r.history.log_x if r.history.log_x is not None else -math.inf
+                    candidates.append((rate, -r.admitted_ns, r.handle))
+        if not candidates:
+            return None
+        return max(candidates)[2]
 
     def finish(self, handle: Handle, reason: str = "stop") -> None:
         """A host-detected stop (stop string, parser): the request ends after committed output."""
         req = self._lookup(handle)
-        if req.active:
+        if req.active and not req.finished:
             req.finish_reason = reason
             req.epoch += 1
+            self._end(req)
+
+    def _end(self, req: Request) -> None:
+        """A validated termination: a funded terminal capture, or retirement now.
+
+        A request that ends right at its anchor (its prompt end, with one output token) still
+        captures the anchor: the terminal capture then holds exactly the anchor's state.
+        """
+        at_anchor = len(req.output) <= 1 and any(e == req.consumed and r is Role.ANCHOR for e, r in req.captures)
+        self._drop_captures(req)
+        if not self._begin_terminal_capture(req, funded=at_anchor):
             self._retire(req)
+
+    # == checkpoints =========================================================================
+    def _cost_ms(self, kind: GraphKind) -> float | None:
+        """The fastest fresh estimate among the loaded programs of one kind (None: unknown)."""
+        known = [self.costs.estimate_ms(g.key) for g in self.graphs.graphs
+                 if g.kind is kind and self.costs.is_fresh(g.key, self.now_ns)]
+        return min(known) if known else None
+
+    def _prefill_ms_per_token(self) -> float | None:
+        rates = [self.costs.estimate_ms(g.key) / g.token_capacity for g in self.graphs.prefill
+                 if self.costs.is_known(g.key)]
+        return min(rates) if rates else None
+
+    def _extra_capture_cost_ms(self) -> float | None:
+        """An extra capture: one snapshot copy plus one additional prefill split (the smallest
+        measured chunk's duration stands for the launch a split adds). None: unknown."""
+        snap = self._cost_ms(GraphKind.SNAPSHOT)
+        splits = [self.costs.estimate_ms(g.key) for g in self.graphs.prefill if self.costs.is_fresh(g.key, self.now_ns)]
+        if snap is None or not splits:
+            return None
+        return snap + min(splits)
+
+    def _plan_captures(self, req: Request) -> None:
+        """Choose the request's capture endpoints: the anchor, then extras within the allowance.
+
+        The anchor is best effort (captured when a destination row is obtainable then; a free row
+        is guarded for it now); extras need known costs and the request-local allowance of
+        checkpoint_extra_work_fraction x its estimated uncached prefill work.
+        """
+        anchor, extras = capture_endpoints(req.message_endpoints, req.prompt_len, req.consumed)
+        if anchor is None:
+            return
+        points = []
+        if not self.checkpoints.holds(req.prompt[:anchor]):
+            points.append((anchor, Role.ANCHOR))
+            self.checkpoints.guard(req.rid)
+        per_token = self._prefill_ms_per_token()
+        cost = self._extra_capture_cost_ms()
+        if per_token is not None and cost is not None:
+            allowance = self.policy.checkpoint_extra_work_fraction * per_token * req.prompt_remaining
+            for e in extras:
+                if cost <= allowance and not self.checkpoints.holds(req.prompt[:e]):
+                    points.append((e, Role.EXTRA))
+                    allowance -= cost
+            req.extra_allowance_ms = allowance
+        req.captures = sorted(points)
+
+    def _drop_captures(self, req: Request) -> None:
+        """Cancellation or retirement: pending captures go; armed or in-flight rows stay pinned
+        until their fence completes."""
+        req.captures = []
+        self.checkpoints.release_guards(req.rid)
+        if req.capture_row is not None and not req.inflight and req.phase is Phase.BLOCKED:
+            self.checkpoints.abandon(req.capture_row)
+            req.capture_row = None
+
+    def _next_capture(self, req: Request) -> int | None:
+        for endpoint, _ in req.captures:
+            if endpoint > req.consumed:
+                return endpoint
+        return None
+
+    def _reach_endpoint(self, req: Request, enables: Phase) -> None:
+        """A prompt chunk ended at a capture endpoint: snapshot the exact consumed state first."""
+        point = next(((e, r) for e, r in req.captures if e == req.consumed), None)
+        if point is None:
+            return
+        req.captures.remove(point)
+        endpoint, role = point
+        if role is Role.EXTRA and self._cost_ms(GraphKind.SNAPSHOT) is None:
+            return  # its cost expired after the split was dispatched: skip the copy
+        if not self.checkpoints.obtainable(req.rid):
+            return  # best effort: no destination row now
+        req.capture_row = self.checkpoints.arm(req.rid, req.prompt[:endpoint], role, self.now_ns)
+        req.phase, req.prerequisites, req.enables = Phase.BLOCKED, [GraphKind.SNAPSHOT], enables
+        if role is Role.ANCHOR:
+            self.checkpoints.release_guards(req.rid)
+
+    def _begin_terminal_capture(self, req: Request, *, funded: bool = False) -> bool:
+        """Enter the terminal phase with an armed destination row, when the capture is funded
+        (productive decode allowance covers a snapshot, or a preemption) and obtainable."""
+        if not self.captures_enabled or req.cancelled:
+            return False
+        cost = self._cost_ms(GraphKind.SNAPSHOT)
+        tokens = req.prompt + tuple(req.output[:-1])
+        if cost is None or (not funded and req.terminal_allowance_ms < cost) or self.checkpoints.holds(tokens):
+            return False
+        if not self.checkpoints.obtainable(req.rid):
+            return False
+        req.capture_row = self.checkpoints.arm(req.rid, tokens, Role.TERMINAL, self.now_ns)
+        req.phase, req.prerequisites, req.enables = Phase.TERMINAL, [], None
+        req.terminal_since_ns = self.now_ns
+        req.terminal_allowance_ms -= cost
+        return True
 
     def _lookup(self, handle: Handle) -> Request:
         req = self.requests.get(handle.rid)
@@ -344,7 +506,9 @@ class Scheduler:
                           log_prefill_price=prices.prefill_token, log_output_price=prices.output_token,
                           log_delivery_price=prices.delivery)
             if r.phase is Phase.PREFILL:
+                stop = self._next_capture(r)
                 out.append(RequestView(phase=Phase.PREFILL, prompt_remaining=r.prompt_remaining,
+                                       prompt_limit=None if stop is None else stop - r.consumed,
                                        atomic_spans=r.spans_from_cursor(), endpoint=r.next_endpoint(),
                                        needs_scores=r.needs_scores, **common))
             elif r.phase is Phase.DECODE:
@@ -427,11 +591,18 @@ class Scheduler:
         for lane in c.lanes:
             req = self.requests[lane.rid]
             finishes = lane.role is LaneRole.PROMPT and req.consumed + lane.prompt_tokens == req.prompt_len
+            row = None
+            if lane.role is LaneRole.TERMINAL or (lane.role is LaneRole.PREREQUISITE
+                                                  and c.graph.kind is GraphKind.SNAPSHOT):
+                row = req.capture_row
+            elif lane.role is LaneRole.PREREQUISITE and c.graph.kind is GraphKind.RESTORE:
+                row = req.restore_row
             lanes.append(PlanLane(handle=req.handle, slot=req.slot, epoch=req.epoch, role=lane.role,
                                   prompt_tokens=lane.prompt_tokens,
                                   prompt_start=req.consumed if lane.role is LaneRole.PROMPT else 0,
                                   query_length=lane.query_length, ceiling=lane.ceiling,
-                                  expected_tokens=lane.expected_tokens, finishes_prompt=finishes))
+                                  expected_tokens=lane.expected_tokens, finishes_prompt=finishes,
+                                  snapshot_row=row))
         needs_empty = (not c.graph.kind.may_share_window or c.indeterminate or c.stale
                        or reason is not ExecutionClass.ORDINARY
                        or any(self._needs_feedback(self.requests[l.rid]) for l in c.lanes))
@@ -625,15 +796,20 @@ class Scheduler:
             if req is None or req.handle != lane.handle:
                 continue
             req.inflight.remove(fence)
-            if not req.active:
-                self._maybe_release(req)
+            if not req.active or (req.finished and lane.role is not LaneRole.TERMINAL):
+                self._maybe_release(req)  # effects after cancellation or termination are dropped
                 continue
             tokens = self._apply_lane(req, lane, rec, plan, conf, surv, device_ms, len(plan.lanes))
             served[req.rid] += lane.prompt_tokens + len(tokens)
-            if tokens:
-                generated.append(GeneratedToken(req.handle, tuple(tokens), req.finished, req.finish_reason))
+            if lane.role is LaneRole.TERMINAL:
+                # The terminal capture completed: the response's completion becomes visible.
+                generated.append(GeneratedToken(req.handle, (), True, req.finish_reason))
+                continue
             if req.finished:
-                self._retire(req)
+                self._end(req)
+            if tokens:
+                done = req.finished and req.phase is not Phase.TERMINAL
+                generated.append(GeneratedToken(req.handle, tuple(tokens), done, req.finish_reason if done else None))
         # Service history: one measured interval per successful frame with a device interval.
         delivery_before = {}
         if valid_timing and raw_ms > 0:
@@ -661,10 +837,13 @@ class Scheduler:
         if lane.role is LaneRole.PROMPT:
             req.consumed += rec.prompt_tokens
             req.epoch += 1
-            if not lane.finishes_prompt:
-                return []
-            req.phase = Phase.DECODE
-            return self._commit_tokens(req, list(rec.tokens))
+            tokens = []
+            if lane.finishes_prompt:
+                req.phase = Phase.DECODE
+                tokens = self._commit_tokens(req, list(rec.tokens))
+            if not req.finished:
+                self._reach_endpoint(req, Phase.DECODE if lane.finishes_prompt else Phase.PREFILL)
+            return tokens
         if lane.role is LaneRole.DECODE:
             tokens = self._commit_tokens(req, list(rec.tokens))
             offered = rec.offered
@@ -685,17 +864,28 @@ class Scheduler:
                 obs = forecast_observations(conf[1, lane.slot], min(ceiling, plan.graph.proposal_depth + 1), self.depth)
                 req.forecast.observe(obs, len(req.output))
                 self.forecast_prior.observe(obs)
-            req.productive_decode_ms += frame_ms / max(1, lanes)
+            # Productive decode earns the extra-work fraction of its share of the measured time
+            # toward a distinct terminal capture.
+            req.terminal_allowance_ms += self.policy.checkpoint_extra_work_fraction * frame_ms / max(1, lanes)
             return tokens
         if lane.role is LaneRole.PREREQUISITE:
             if req.prerequisites and req.prerequisites[0] is plan.graph.kind:
+                if plan.graph.kind is GraphKind.SNAPSHOT and req.capture_row is not None:
+                    self.checkpoints.captured(req.capture_row, self.now_ns)
+                    req.capture_row = None
+                elif plan.graph.kind is GraphKind.RESTORE and req.restore_row is not None:
+                    self.checkpoints.unpin(req.restore_row)
+                    req.restore_row = None
                 req.prerequisites.pop(0)
                 if not req.prerequisites:
                     req.phase = req.enables or Phase.PREFILL
                 req.epoch += 1
             return []
         if lane.role is LaneRole.TERMINAL:
-            req.retired = True
+            if req.capture_row is not None:
+                self.checkpoints.captured(req.capture_row, self.now_ns)
+                req.capture_row = None
+            self._retire(req)
             return []
         return []
 
@@ -717,6 +907,10 @@ class Scheduler:
     def _retire(self, req: Request) -> None:
         """A finished request leaves selection; resources return after its last fence."""
         req.retired = True
+        self._drop_captures(req)
+        if req.restore_row is not None:
+            self.checkpoints.unpin(req.restore_row)
+            req.restore_row = None
         self._maybe_release(req)
 
     def _maybe_release(self, req: Request) -> None:

@@ -92,9 +92,12 @@ class Request:
     last_publication_ns: int | None = None
     last_selected_ns: int = -1
     inflight: list[int] = dataclasses.field(default_factory=list)  # fences with a lane of it
-    snapshot_row: int | None = None
-    capture_allowance_ms: float = 0.0  # request-local checkpoint extra-work allowance
-    productive_decode_ms: float = 0.0
+    restore_row: int | None = None  # the checkpoint a pending RESTORE reads
+    capture_row: int | None = None  # the armed destination of a pending SNAPSHOT
+    captures: list = dataclasses.field(default_factory=list)  # [(endpoint, Role)] still to capture
+    extra_allowance_ms: float = 0.0  # checkpoint extra-work allowance left (prefill share)
+    terminal_allowance_ms: float = 0.0  # earned by productive decode toward a terminal capture
+    preempted: bool = False
 
     @property
     def rid(self) -> int:
@@ -114,8 +117,11 @@ class Request:
 
     @property
     def active(self) -> bool:
-        """Still selectable: not cancelled, not finished, not retired."""
-        return not (self.cancelled or self.finished or self.retired)
+        """Still selectable: not cancelled or retired, and generating or awaiting its terminal
+        capture."""
+        if self.cancelled or self.retired:
+            return False
+        return not self.finished or self.phase is Phase.TERMINAL
 
     @property
     def cursor(self) -> int:

@@ -14,9 +14,10 @@ from .helpers import ORDINARY, SPEC
 
 
 class SchedulerMachine(RuleBasedStateMachine):
-    @initialize(speculative=st.booleans())
-    def setup(self, speculative):
-        self.s = Scheduler(SPEC if speculative else ORDINARY, kv_pages=96, page_size=16)
+    @initialize(speculative=st.booleans(), checkpoints=st.booleans())
+    def setup(self, speculative, checkpoints):
+        self.s = Scheduler(SPEC if speculative else ORDINARY, kv_pages=96, page_size=16, checkpoints=checkpoints,
+                           snapshot_rows=3)
         self.s.seed_costs(0)
         self.now = 0.0
         self.fence = 0
@@ -31,10 +32,12 @@ class SchedulerMachine(RuleBasedStateMachine):
                 self.s.published_output(h, fence)
             self.pending_publication = None
 
-    @rule(prompt=st.integers(1, 300), out=st.integers(1, 40), host_stops=st.booleans())
-    def admit(self, prompt, out, host_stops):
+    @rule(prompt=st.integers(1, 300), out=st.integers(1, 40), host_stops=st.booleans(),
+          endpoints=st.lists(st.integers(1, 300), max_size=3))
+    def admit(self, prompt, out, host_stops, endpoints):
         try:
-            self.handles.append(self.s.admit([3] * prompt, max_output=out, host_stops=host_stops, stop_token_ids=[0]))
+            self.handles.append(self.s.admit([3] * prompt, max_output=out, host_stops=host_stops, stop_token_ids=[0],
+                                             message_endpoints=[e for e in endpoints if e <= prompt]))
         except ResourceError:
             assert not self.s.can_admit(prompt, out)
 
@@ -132,6 +135,20 @@ class SchedulerMachine(RuleBasedStateMachine):
             assert slots[r.slot] == rid and all(pages[p] == rid for p in r.pages)
             assert r.active or r.inflight  # finished or cancelled requests stay only while fenced
         assert s.pages.available + len(pages) == s.pages.size
+
+    @invariant()
+    def checkpoint_rows_are_accounted(self):
+        store = self.s.checkpoints
+        assert store.free_rows + len(store.entries) == store.size
+        for cp in store.entries.values():
+            assert cp.pins >= 0
+
+    @rule(i=st.integers(0, 1000))
+    def preempt(self, i):
+        if self.handles:
+            h = self.handles[i % len(self.handles)]
+            if h.rid in self.s.requests and self.s.requests[h.rid].handle == h:
+                self.s.preempt(h)
 
     @invariant()
     def epochs_are_monotone(self):

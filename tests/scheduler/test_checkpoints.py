@@ -1,0 +1,191 @@
+"""Checkpoint retention: anchors, extras within the allowance, the prefix cache, terminal
+captures, guards, victims and preemption."""
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from helios_jax.catalog import GraphKind
+from helios_jax.scheduler.checkpoints import CheckpointStore, Role, capture_endpoints
+from helios_jax.scheduler.core import NS_PER_MS, Scheduler
+from helios_jax.scheduler.cost import CostModel
+from helios_jax.scheduler.plan import CompletionRecord, ExecutionTiming
+from helios_jax.scheduler.view import LaneRole, Phase
+
+from .helpers import SPEC
+from .test_core import records, timing
+
+spec = pytest.mark.spec
+MS = NS_PER_MS
+
+
+def sched(**kw):
+    s = Scheduler(SPEC, checkpoints=True, **kw)
+    s.seed_costs(0)
+    return s
+
+
+def step(s, fence, t, accepted=0):
+    s.advance_to(int(t * MS))
+    plan = s.plan()
+    s.commit(plan, fence)
+    t += plan.expected_duration_ms
+    s.advance_to(int(t * MS))
+    gen = s.complete(fence, records(plan, accepted), timing(plan.expected_duration_ms))
+    for g in gen:
+        if g.tokens or g.finished:
+            if g.tokens:
+                s.published_output(g.handle, fence)
+    return plan, gen, t
+
+
+@spec("planning-queue/anchor-last-message", "planning-queue/anchor-prompt-end", "planning-queue/earlier-reverse",
+      "planning-queue/exact-endpoints")
+def test_anchor_and_extras_order():
+    assert capture_endpoints([100, 300, 700], 1000, 0) == (700, [300, 100, 1000])
+    assert capture_endpoints([], 1000, 0) == (1000, [])
+    assert capture_endpoints([100, 1000], 1000, 0) == (1000, [100])  # the prompt end is not repeated
+    assert capture_endpoints([100, 300], 1000, 200) == (300, [1000])  # endpoints inside the cache
+
+
+@spec("planning-queue/victim-ranking", "planning-queue/guard-protects", "planning-queue/mandatory-revokes",
+      "planning-queue/armed-retained")
+def test_store_victims_guards_and_pins():
+    store = CheckpointStore(3)
+    a = store.arm(1, (1, 2), Role.ANCHOR, now_ns=10)
+    e = store.arm(2, (1, 2, 3), Role.EXTRA, now_ns=20)
+    t = store.arm(3, (9,), Role.TERMINAL, now_ns=5)
+    assert not store.obtainable(4)  # all pinned while their captures are in flight
+    for row in (a, e, t):
+        store.captured(row, now_ns={a: 10, e: 20, t: 5}[row])
+    assert store.victims(4) == [e, a, t]  # extras first, then anchors, then terminal captures
+    store.pin(e, now_ns=30)  # an in-flight restore reads it
+    assert store.victims(4) == [a, t]
+    store.unpin(e)
+    # Guards: a free row reserved for a later anchor is not taken by an optional capture.
+    store2 = CheckpointStore(1)
+    assert store2.guard(owner=7) is not None
+    assert not store2.obtainable(8)
+    assert store2.obtainable(8, mandatory=True)  # mandatory execution may revoke an unused guard
+    assert store2.obtainable(7)  # its owner may use it
+
+
+def test_lookup_is_longest_proper_prefix_and_alias_aware():
+    store = CheckpointStore(4)
+    r1 = store.arm(1, (1, 2), Role.ANCHOR, 0)
+    r2 = store.arm(1, (1, 2, 3, 4), Role.EXTRA, 0)
+    assert store.lookup((1, 2, 3, 4, 5)) is None  # not ready yet
+    store.captured(r1, 1)
+    store.captured(r2, 1)
+    assert store.lookup((1, 2, 3, 4, 5)).row == r2
+    assert store.lookup((1, 2, 3, 4)).row == r1  # proper prefix only
+    assert store.holds((1, 2)) and not store.holds((1,))
+
+
+@spec("planning-queue/extra-allowance", "planning-queue/cut-needs-destination", "prerequisites/nonterminal-utility")
+def test_a_chat_prompt_stops_at_its_anchor_and_snapshots_it():
+    s = sched()
+    prompt = list(range(1, 301))
+    h = s.admit(prompt, max_output=20, message_endpoints=[120, 250])
+    req = s.requests[h.rid]
+    assert [e for e, r in req.captures if r is Role.ANCHOR] == [250]
+    view = next(v for v in s.views() if v.rid == h.rid)
+    assert view.prompt_limit == min(e for e, _ in req.captures)  # chunks stop at the next capture
+    t, fence = 0.0, 0
+    kinds = []
+    while req.phase is not Phase.DECODE or req.capture_row is not None or req.prerequisites:
+        fence += 1
+        plan, _, t = step(s, fence, t)
+        kinds.append(plan.kind)
+        if plan.kind is GraphKind.SNAPSHOT:
+            assert plan.lanes[0].snapshot_row is not None
+    assert GraphKind.SNAPSHOT in kinds
+    # Extras would cost a 0.3 ms copy plus a 4.85 ms split each, beyond 0.05 x 300 x 0.0219 ms:
+    # only the anchor (the last message, at 250) is captured.
+    assert [cp.length for cp in s.checkpoints.entries.values()] == [250]
+    assert s.checkpoints.lookup(prompt + [7]).length == 250
+
+
+@spec("planning-queue/exact-endpoints", "useful-service/prompt-progress", "useful-service/no-service-waste",
+      "prerequisites/restore-fresh-generation")
+def test_a_second_turn_restores_the_anchor_and_pays_only_uncached_tokens():
+    s = sched()
+    first = list(range(1, 201))
+    h = s.admit(first, max_output=1, message_endpoints=[200])
+    t, fence = 0.0, 0
+    while h.rid in s.requests:
+        fence += 1
+        _, _, t = step(s, fence, t)
+    assert s.checkpoints.lookup(first + [5]) is not None
+    second = first + list(range(500, 540))
+    h2 = s.admit(second, max_output=2)
+    req = s.requests[h2.rid]
+    assert req.cached == 200 and req.prerequisites == [GraphKind.RESTORE]
+    assert req.prompt_remaining == 40
+    fence += 1
+    plan, _, t = step(s, fence, t)
+    assert plan.kind is GraphKind.RESTORE and plan.lanes[0].snapshot_row is not None
+    fence += 1
+    plan, _, t = step(s, fence, t)
+    prompt_lane = next(l for l in plan.lanes if l.role is LaneRole.PROMPT)
+    assert prompt_lane.prompt_start == 200 and prompt_lane.prompt_tokens == 40  # only the uncached part
+
+
+@spec("planning-queue/unknown-no-extras", "planning-queue/no-fixed-captures")
+def test_unknown_costs_allow_no_extras_but_keep_the_anchor():
+    s = Scheduler(SPEC, checkpoints=True)  # nothing measured
+    h = s.admit(list(range(1, 1001)), max_output=5, message_endpoints=[100, 300, 700])
+    assert s.requests[h.rid].captures == [(700, Role.ANCHOR)]
+
+
+@spec("planning-queue/extra-allowance", "planning-queue/extra-fraction-default")
+@settings(max_examples=60, deadline=None)
+@given(st.integers(64, 6000), st.lists(st.integers(1, 6000), max_size=8))
+def test_extra_captures_fit_the_allowance(prompt_len, endpoints):
+    s = sched()
+    h = s.admit([3] * prompt_len, max_output=4, message_endpoints=[e for e in endpoints if e <= prompt_len])
+    req = s.requests[h.rid]
+    extras = [e for e, r in req.captures if r is Role.EXTRA]
+    per_token = s._prefill_ms_per_token()
+    cost = s._extra_capture_cost_ms()
+    assert len(extras) * cost <= 0.05 * per_token * prompt_len + 1e-9
+
+
+@spec("planning-queue/decode-terminal-capture", "prerequisites/terminal-snapshot", "prerequisites/terminal-age-start",
+      "prerequisites/terminal-clock-no-reset", "prerequisites/snapshot-before-continuation")
+def test_terminal_capture_is_funded_by_decode_and_completes_the_response():
+    s = sched()
+    h = s.admit([3] * 64, max_output=40)
+    t, fence, finished_at = 0.0, 0, None
+    events = []
+    while h.rid in s.requests:
+        fence += 1
+        plan, gen, t = step(s, fence, t)
+        events += [(plan.kind, g.finished, g.tokens) for g in gen]
+        if s.requests.get(h.rid) is not None and s.requests[h.rid].phase is Phase.TERMINAL and finished_at is None:
+            finished_at = s.requests[h.rid].terminal_since_ns
+    # 40 tokens of decoding earn 0.05 * ~40 rounds * ~3.6 ms = ~7 ms >> one 0.3 ms snapshot
+    assert events[-1] == (GraphKind.SNAPSHOT, True, ())  # the completion is visible only now
+    assert not any(f for k, f, _ in events[:-1])
+    assert finished_at is not None
+    assert s.checkpoints.lookup([3] * 64 + [5] * 39 + [9]) is not None  # the next turn restores it
+
+
+@spec("prerequisites/preemption-no-complete", "prerequisites/terminal-age-start")
+def test_preemption_trigger_and_resume():
+    s = sched(kv_pages=14, page_size=16)
+    a = s.admit([3] * 64, max_output=100)  # 64 + 100 + 7 -> 11 pages
+    t, fence = 0.0, 0
+    for _ in range(3):
+        fence += 1
+        _, _, t = step(s, fence, t)
+    assert not s.can_admit(64, 100)
+    victim = s.preemption_candidate(64, 100)
+    assert victim == a
+    s.preempt(victim)
+    req = s.requests[a.rid]
+    assert req.phase is Phase.TERMINAL and req.finish_reason == "preempted"
+    fence += 1
+    plan, gen, t = step(s, fence, t)
+    assert plan.kind is GraphKind.SNAPSHOT and gen[0].finish_reason == "preempted"
+    assert a.rid not in s.requests and s.can_admit(64, 100)
+    assert s.preemption_candidate(64, 100) is None  # nothing to preempt once it fits
