@@ -378,3 +378,96 @@ def test_stop_tokens_and_length_finish_requests():
     gen = s.complete(2, [CompletionRecord(plan.lanes[0].handle, plan.lanes[0].epoch, tokens=(9,))], timing(3.5))
     assert gen[0].finished and gen[0].finish_reason == "stop"
     assert h.rid not in s.requests  # retired, resources returned
+
+
+@spec("timing-refresh/full-credit-displace", "timing-refresh/alternative-order", "timing-refresh/attempt-on-commit",
+      "timing-refresh/winners-free", "useful-service/refresh-separate", "planning-queue/gate-discovery-probe",
+      "duration-estimates/stale-needs-empty", "timing-refresh/speculative-pays-once")
+def test_full_refresh_credit_displaces_the_winner_with_the_oldest_stale_alternative():
+    s = scheduler()
+    for _ in range(2):
+        s.admit([1] * 8, max_output=1000)
+    t = 0.0
+    for fence in (1, 2):
+        _, _, t = run_once(s, fence, t)
+    later = 31_000.0  # every estimate is stale now
+    s.advance_to(int(later * MS))
+    winner = s.plan()
+    assert winner.reason is ExecutionClass.ORDINARY and winner.needs_empty_window  # stale: empty window
+    s.costs.observe(winner.graph.key, [winner.expected_duration_ms * MS], int(later * MS))  # refreshed for free
+    older = next(g for g in ORDINARY.graphs if g.kind is GraphKind.MIXED and g.batch_capacity == 2
+                 and g.prefill_capacity == 64)
+    s.costs.note_attempt(older.key, 5)  # attempted once, long ago
+    s.timing_ledger.earn(2495.0)
+    plan = s.plan()
+    assert plan.reason is ExecutionClass.TIMING_REFRESH and plan.needs_empty_window
+    assert plan.graph != winner.graph and s.costs.is_stale(plan.graph.key, s.now_ns)
+    assert plan.exploration_credit_ms == pytest.approx(5.0)
+    s.commit(plan, 3)
+    assert s.costs.last_attempt_ns(plan.graph.key) == int(later * MS)  # attempts advance on commit
+    s.advance_to(int((later + 4) * MS))
+    s.complete(3, records(plan), timing(4.0))
+    assert s.timing_ledger.balance_ms == pytest.approx(1.0) and not s.timing_ledger.can_start()
+    assert s.executions["timing_refresh"] == 1
+
+
+@spec("acceptance-learning/probe-deeper", "acceptance-learning/probe-can-beat", "acceptance-learning/probe-future-output",
+      "acceptance-learning/rank-gain-rate", "acceptance-learning/pays-interval", "acceptance-learning/ledgers-disjoint",
+      "acceptance-learning/fixed-no-probe", "acceptance-learning/timing-precedence")
+@pytest.mark.parametrize("mode", [DecodeMode.ADAPTIVE, DecodeMode.FIXED])
+def test_acceptance_probe_offers_a_deeper_prefix(mode):
+    s = Scheduler(SPEC, mode=mode, fixed_width=8 if mode is DecodeMode.FIXED else None)
+    s.seed_costs(0)
+    from helios_jax.scheduler.speculation import SOURCE_LEARNED, PrefixEstimate
+    low = {SOURCE_LEARNED: PrefixEstimate(np.full(7, 0.05), np.full(7, 2.0), 0)}  # pessimistic, uninformed
+    h = s.admit([1] * 8, max_output=500, acceptance_history=low)
+    _, _, t = run_once(s, 1, 0.0)
+    s.advance_to(int(t * MS))
+    ordinary = s.plan()
+    s.acceptance_ledger.earn(495.0)
+    plan = s.plan()
+    if mode is DecodeMode.FIXED:
+        assert plan.reason is ExecutionClass.ORDINARY
+        return
+    assert ordinary.reason is ExecutionClass.ORDINARY and ordinary.lanes[0].query_length == 1
+    assert plan.reason is ExecutionClass.ACCEPTANCE_LEARNING and plan.needs_empty_window
+    assert plan.lanes[0].query_length > 1  # at least one depth beyond the ordinary choice
+    s.commit(plan, 2)
+    s.advance_to(int((t + 6) * MS))
+    timing_before = s.timing_ledger.balance_ms
+    s.complete(2, records(plan, accepted=0), timing(6.0))
+    assert s.acceptance_ledger.balance_ms == pytest.approx(-1.0)  # pays its whole interval once
+    assert s.timing_ledger.balance_ms == timing_before  # the other ledger is neither charged nor credited
+
+
+@spec("planning-queue/overrun-suspends", "planning-queue/overrun-eligible")
+def test_an_overrun_suspends_queueing_without_ineligibility():
+    s = scheduler()
+    s.admit([1] * 8, max_output=1000)
+    _, _, t = run_once(s, 1, 0.0)
+    s.advance_to(int(t * MS))
+    plan = s.plan()
+    s.commit(plan, 2)
+    s.advance_to(int((t + plan.expected_duration_ms * 3) * MS))  # it runs long
+    assert s.plan() is None  # no appending behind an overrun frame
+    # The device interval was ordinary (the host observed completion late): nothing to learn.
+    s.complete(2, records(plan), timing(plan.expected_duration_ms, wall_ms=plan.expected_duration_ms * 3))
+    assert s.plan().graph == plan.graph  # the same program stays eligible
+
+
+@spec("duration-estimates/unknown-needs-empty", "duration-estimates/commit-freshness")
+def test_a_saved_plan_rechecks_freshness_at_commit():
+    s = scheduler()
+    s.admit([1] * 8, max_output=1000)
+    _, _, t = run_once(s, 1, 0.0)
+    s.advance_to(int(t * MS))
+    first = s.plan()
+    s.commit(first, 2)
+    saved = s.plan()  # a decode frame that may be queued behind the first
+    assert not saved.needs_empty_window
+    s.advance_to(int((t + 0.5) * MS) + POLICY_TTL)  # the saved plan outlives its estimate
+    with pytest.raises(PlanRejected, match="empty window|window"):
+        s.commit(saved, 3)
+
+
+POLICY_TTL = PolicyConfig().estimate_ttl_ns
