@@ -177,6 +177,12 @@ class CheckpointStore:
             del self.entries[row]
             self._free.append(row)
 
+    def release_private(self, row: int) -> None:
+        """Return a multi-window request's private row once the request has drained."""
+        cp = self.entries.pop(row, None)
+        if cp is not None:
+            self._free.append(row)
+
     def owned_rows(self) -> dict[int, int]:
         return {row: cp.owner for row, cp in self.entries.items()}
 

@@ -91,6 +91,7 @@ class Scheduler:
         initialize_requests: bool = False,
         snapshot_rows: int | None = None,
         checkpoints: bool = False,
+        vision_window_tokens: int | None = None,
     ):
         if mode is None:
             mode = DecodeMode.ORDINARY if catalog.mode == "ordinary" else DecodeMode.ADAPTIVE
@@ -107,10 +108,16 @@ class Scheduler:
         kinds = {g.kind for g in self.graphs.graphs}
         # Checkpoint retention (anchors, extras, terminal captures, the prefix cache) needs snapshot
         # and restore programs; it is opt-in (docs/checkpoints.md says why).
-        self.captures_enabled = checkpoints and {GraphKind.SNAPSHOT, GraphKind.RESTORE} <= kinds
+        self.state_copies = {GraphKind.SNAPSHOT, GraphKind.RESTORE} <= kinds
+        self.captures_enabled = checkpoints and self.state_copies
         if snapshot_rows is None:
-            snapshot_rows = catalog.request_slots if self.captures_enabled else 0
-        self.checkpoints = CheckpointStore(snapshot_rows if self.captures_enabled else 0)
+            snapshot_rows = catalog.request_slots if self.state_copies else 0
+        self.checkpoints = CheckpointStore(snapshot_rows if self.state_copies else 0)
+        vision = [g for g in self.graphs.graphs if g.kind is GraphKind.VISION]
+        self.images_per_execution = max((g.image_capacity for g in vision), default=0)
+        if vision_window_tokens is not None and vision_window_tokens < 1:
+            raise ValueError("vision_window_tokens must be positive")
+        self.vision_window_tokens = vision_window_tokens  # prepared feature storage per window
         self.slots = Pool(catalog.request_slots, "request slots")
         default_pages = catalog.request_slots * pages_for(max_model_len if max_model_len < (1 << 20) else 8192,
                                                           page_size)
@@ -206,6 +213,11 @@ class Scheduler:
         spans = tuple(sorted((int(s), int(e)) for s, e in image_spans))
         if any(not 0 <= s < e <= len(prompt) for s, e in spans):
             raise ValueError("image spans must be nonempty and lie within the prompt")
+        windows = self._image_windows(spans, len(prompt))
+        if spans and not self.images_per_execution:
+            raise ValueError("this catalog has no vision programs; image inputs are not supported")
+        if len(windows) > 1 and not (self.state_copies and self.checkpoints.obtainable(-1, mandatory=True)):
+            raise ResourceError("a multi-window image request needs a private snapshot row")
         needed = self.pages_needed(len(prompt), max_output)
         if not self.slots.can_allocate():
             raise ResourceError("no free request slot")
@@ -226,8 +238,14 @@ class Scheduler:
             acceptance=AcceptanceHistory(self.acceptance_priors, preseeded=acceptance_history),
             forecast=PrefixEstimate.from_prior(self.forecast_prior.mean),
         )
-        hit = self.checkpoints.lookup(prompt) if self.captures_enabled else None
-        if hit is not None:
+        hit = self.checkpoints.lookup(prompt) if self.captures_enabled and not spans else None
+        if windows:
+            req.windows = windows
+            req.phase, req.enables = Phase.BLOCKED, Phase.PREFILL
+            req.prerequisites = [GraphKind.VISION] * self._vision_executions(req, 0)
+            if len(windows) > 1:
+                req.window_row = self.checkpoints.arm(rid, (), Role.WINDOW, self.now_ns, mandatory=True)
+        elif hit is not None:
             req.cached = req.consumed = hit.length
             req.restore_row = hit.row
             self.checkpoints.pin(hit.row, self.now_ns)
@@ -306,6 +324,61 @@ class Scheduler:
         if not self._begin_terminal_capture(req, funded=at_anchor):
             self._retire(req)
 
+    # == image windows =======================================================================
+    def _image_windows(self, spans, prompt_len: int) -> list:
+        """Group image spans into whole-image windows bounded by the prepared feature storage.
+
+        Returns [(first token of the window's first image, (image indices...)), ...]; a span is
+        one image and its tokens are its features.
+        """
+        windows, current, used = [], [], 0
+        limit = self.vision_window_tokens
+        for i, (start, end) in enumerate(spans):
+            size = end - start
+            if limit is not None and size > limit:
+                raise ValueError(f"image {i} needs {size} feature tokens, the window holds {limit}")
+            if current and limit is not None and used + size > limit:
+                windows.append((spans[current[0]][0], tuple(current)))
+                current, used = [], 0
+            current.append(i)
+            used += size
+        if current:
+            windows.append((spans[current[0]][0], tuple(current)))
+        return windows
+
+    def _vision_executions(self, req: Request, window: int) -> int:
+        images = len(req.windows[window][1])
+        return -(-images // max(1, self.images_per_execution))
+
+    def _window_stop(self, req: Request) -> int | None:
+        """Prefill stops before the next window's first image dependency."""
+        if req.window + 1 < len(req.windows):
+            return req.windows[req.window + 1][0]
+        return None
+
+    def _cross_window(self, req: Request) -> bool:
+        """At a window boundary: drain, snapshot the exact state, restore into a fresh generation,
+        then encode the next window's images (compact feature offsets from zero)."""
+        stop = self._window_stop(req)
+        if stop is None or req.consumed != stop:
+            return False
+        req.window += 1
+        req.window_images_done = 0
+        req.capture_row = req.window_row
+        self.checkpoints.pin(req.window_row, self.now_ns)
+        req.phase, req.enables = Phase.BLOCKED, Phase.PREFILL
+        req.prerequisites = [GraphKind.SNAPSHOT, GraphKind.RESTORE] + \
+            [GraphKind.VISION] * self._vision_executions(req, req.window)
+        return True
+
+    def _vision_lane(self, req: Request) -> tuple[tuple[int, ...], int]:
+        """The images the next vision execution encodes and their compact feature offset."""
+        images = req.windows[req.window][1]
+        done = req.window_images_done
+        batch = images[done: done + max(1, self.images_per_execution)]
+        offset = sum(req.image_spans[i][1] - req.image_spans[i][0] for i in images[:done])
+        return batch, offset
+
     # == checkpoints =========================================================================
     def _cost_ms(self, kind: GraphKind) -> float | None:
         """The fastest fresh estimate among the loaded programs of one kind (None: unknown)."""
@@ -357,7 +430,8 @@ class Scheduler:
         until their fence completes."""
         req.captures = []
         self.checkpoints.release_guards(req.rid)
-        if req.capture_row is not None and not req.inflight and req.phase is Phase.BLOCKED:
+        if req.capture_row is not None and req.capture_row != req.window_row and not req.inflight \
+                and req.phase is Phase.BLOCKED:
             self.checkpoints.abandon(req.capture_row)
             req.capture_row = None
 
@@ -506,7 +580,8 @@ class Scheduler:
                           log_prefill_price=prices.prefill_token, log_output_price=prices.output_token,
                           log_delivery_price=prices.delivery)
             if r.phase is Phase.PREFILL:
-                stop = self._next_capture(r)
+                stops = [x for x in (self._next_capture(r), self._window_stop(r)) if x is not None]
+                stop = min(stops) if stops else None
                 out.append(RequestView(phase=Phase.PREFILL, prompt_remaining=r.prompt_remaining,
                                        prompt_limit=None if stop is None else stop - r.consumed,
                                        atomic_spans=r.spans_from_cursor(), endpoint=r.next_endpoint(),
@@ -597,12 +672,15 @@ class Scheduler:
                 row = req.capture_row
             elif lane.role is LaneRole.PREREQUISITE and c.graph.kind is GraphKind.RESTORE:
                 row = req.restore_row
+            images, offset = ((), 0)
+            if lane.role is LaneRole.PREREQUISITE and c.graph.kind is GraphKind.VISION:
+                images, offset = self._vision_lane(req)
             lanes.append(PlanLane(handle=req.handle, slot=req.slot, epoch=req.epoch, role=lane.role,
                                   prompt_tokens=lane.prompt_tokens,
                                   prompt_start=req.consumed if lane.role is LaneRole.PROMPT else 0,
                                   query_length=lane.query_length, ceiling=lane.ceiling,
                                   expected_tokens=lane.expected_tokens, finishes_prompt=finishes,
-                                  snapshot_row=row))
+                                  snapshot_row=row, images=images, feature_offset=offset))
         needs_empty = (not c.graph.kind.may_share_window or c.indeterminate or c.stale
                        or reason is not ExecutionClass.ORDINARY
                        or any(self._needs_feedback(self.requests[l.rid]) for l in c.lanes))
@@ -841,7 +919,7 @@ class Scheduler:
             if lane.finishes_prompt:
                 req.phase = Phase.DECODE
                 tokens = self._commit_tokens(req, list(rec.tokens))
-            if not req.finished:
+            if not req.finished and not self._cross_window(req):
                 self._reach_endpoint(req, Phase.DECODE if lane.finishes_prompt else Phase.PREFILL)
             return tokens
         if lane.role is LaneRole.DECODE:
@@ -873,9 +951,15 @@ class Scheduler:
                 if plan.graph.kind is GraphKind.SNAPSHOT and req.capture_row is not None:
                     self.checkpoints.captured(req.capture_row, self.now_ns)
                     req.capture_row = None
+                    if req.window_row is not None and req.prerequisites[1:2] == [GraphKind.RESTORE]:
+                        req.restore_row = req.window_row  # private window state, restored next
+                        self.checkpoints.pin(req.window_row, self.now_ns)
                 elif plan.graph.kind is GraphKind.RESTORE and req.restore_row is not None:
                     self.checkpoints.unpin(req.restore_row)
                     req.restore_row = None
+                    req.generation += 1  # the state is bound to a fresh request generation
+                elif plan.graph.kind is GraphKind.VISION:
+                    req.window_images_done += max(1, self.images_per_execution)
                 req.prerequisites.pop(0)
                 if not req.prerequisites:
                     req.phase = req.enables or Phase.PREFILL
@@ -915,6 +999,9 @@ class Scheduler:
 
     def _maybe_release(self, req: Request) -> None:
         if (req.retired or req.cancelled) and not req.inflight and req.rid in self.requests:
+            if req.window_row is not None:
+                self.checkpoints.release_private(req.window_row)
+                req.window_row = None
             self.slots.free([req.slot], req.rid)
             self.pages.free(req.pages, req.rid)
             del self.requests[req.rid]

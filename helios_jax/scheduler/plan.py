@@ -46,6 +46,8 @@ class PlanLane:
     expected_tokens: float = 0.0
     finishes_prompt: bool = False  # PROMPT: this chunk emits the first output token
     snapshot_row: int | None = None  # PREREQUISITE/TERMINAL snapshot destination or source
+    images: tuple[int, ...] = ()  # VISION: the request's image indices this execution encodes
+    feature_offset: int = 0  # VISION: where they go in the window's compact feature storage
 
     @property
     def max_advance(self) -> int:

@@ -98,6 +98,11 @@ class Request:
     extra_allowance_ms: float = 0.0  # checkpoint extra-work allowance left (prefill share)
     terminal_allowance_ms: float = 0.0  # earned by productive decode toward a terminal capture
     preempted: bool = False
+    windows: list = dataclasses.field(default_factory=list)  # [(first token, image indices)] per window
+    window: int = 0  # the active image window
+    window_images_done: int = 0  # images of the active window already encoded
+    window_row: int | None = None  # the private snapshot row of a multi-window request
+    generation: int = 0  # bumped when a restore binds the state to a fresh request generation
 
     @property
     def rid(self) -> int:
