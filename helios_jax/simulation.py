@@ -93,6 +93,7 @@ class SimResult:
             "progress_spread_tokens": self.progress_spread_tokens,
             "executions": self.executions,
             "execution_ms": self.execution_ms,
+            "execution_ns": {k: int(v * 1e6) for k, v in self.execution_ms.items()},
             "selections": self.selections,
             "virtual_ms": self.virtual_ms,
             "bounds": {"timing_refresh_ms": self.timing_refresh_ms,

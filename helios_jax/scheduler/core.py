@@ -1033,6 +1033,39 @@ class Scheduler:
         req.last_publication_ns = self.now_ns
 
     # == introspection ======================================================================
+    def metrics_text(self) -> str:
+        """Prometheus exposition of the scheduler's counters (the spec's flare_* as helios_*)."""
+        lines = [
+            "# HELP helios_scheduler_executions_total Executions by accounting class.",
+            "# TYPE helios_scheduler_executions_total counter",
+        ]
+        classes = [c.value for c in ExecutionClass]
+        lines += [f'helios_scheduler_executions_total{{class="{c}"}} {self.executions[c]}' for c in classes]
+        lines += ["# HELP helios_scheduler_execution_nanoseconds_total Raw execution time by accounting class.",
+                  "# TYPE helios_scheduler_execution_nanoseconds_total counter"]
+        lines += [f'helios_scheduler_execution_nanoseconds_total{{class="{c}"}} {self.execution_ns[c]}' for c in classes]
+        lines += ["# HELP helios_scheduler_selections_total Committed plans by program kind.",
+                  "# TYPE helios_scheduler_selections_total counter"]
+        lines += [f'helios_scheduler_selections_total{{kind="{k}"}} {v}' for k, v in sorted(self.selections.items())]
+        lines += ["# HELP helios_speculative_programs_total Complete speculative programs (not producer or target calls).",
+                  "# TYPE helios_speculative_programs_total counter",
+                  f"helios_speculative_programs_total {self.speculative['programs']}",
+                  "# TYPE helios_speculative_drafts_offered_total counter",
+                  f"helios_speculative_drafts_offered_total {self.speculative['drafts_offered']}",
+                  "# TYPE helios_speculative_drafts_accepted_total counter",
+                  f"helios_speculative_drafts_accepted_total {self.speculative['drafts_accepted']}",
+                  "# TYPE helios_speculative_accepted_by_position_total counter"]
+        lines += [f'helios_speculative_accepted_by_position_total{{position="{d}"}} {self.accepted_by_position[d]}'
+                  for d in sorted(self.offered_by_position)]
+        lines += ["# TYPE helios_speculative_offered_by_position_total counter"]
+        lines += [f'helios_speculative_offered_by_position_total{{position="{d}"}} {self.offered_by_position[d]}'
+                  for d in sorted(self.offered_by_position)]
+        lines += ["# TYPE helios_scheduler_refresh_credit_ms gauge",
+                  f"helios_scheduler_refresh_credit_ms {self.timing_ledger.balance_ms}",
+                  "# TYPE helios_scheduler_learning_credit_ms gauge",
+                  f"helios_scheduler_learning_credit_ms {self.acceptance_ledger.balance_ms}"]
+        return "\n".join(lines) + "\n"
+
     @property
     def in_flight(self) -> tuple[int, ...]:
         return tuple(f.fence for f in self.frames)

@@ -471,3 +471,19 @@ def test_a_saved_plan_rechecks_freshness_at_commit():
 
 
 POLICY_TTL = PolicyConfig().estimate_ttl_ns
+
+
+@spec("acceptance-learning/execution-metrics", "confidence-acceptance/spec-counters")
+def test_metrics_exposition():
+    s = scheduler(SPEC)
+    s.admit([1] * 8, max_output=20)
+    t = 0.0
+    for fence in range(1, 4):
+        _, _, t = run_once(s, fence, t, accepted=2)
+    text = s.metrics_text()
+    for c in ("ordinary", "discovery", "timing_refresh", "acceptance_learning"):
+        assert f'helios_scheduler_executions_total{{class="{c}"}}' in text
+        assert f'helios_scheduler_execution_nanoseconds_total{{class="{c}"}}' in text
+    assert 'helios_scheduler_executions_total{class="ordinary"} 3' in text
+    assert "helios_speculative_programs_total 2" in text
+    assert 'helios_speculative_accepted_by_position_total{position="1"} 2' in text
