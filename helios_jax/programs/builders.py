@@ -1,0 +1,210 @@
+"""One builder per program kind: each returns a pure `(params, state, inputs) -> (state, outputs)`.
+
+The generation kinds are thin adapters from their input contract to the shared packed round
+(`round.py`); the state operations are direct row and page copies. Builders close over static
+values only (the frozen `ModelConfig`, the `ProgramShape`, the `Impl`), so every returned function
+can be jitted with the state donated and compiled ahead of time.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+
+from helios_jax.catalog import GraphKind
+from helios_jax.model import ModelConfig, PagedKVCache
+from helios_jax.programs.impls import Impl
+from helios_jax.programs.inputs import (
+    CopyInputs,
+    DecodeInputs,
+    InitializeInputs,
+    MixedInputs,
+    PrefillInputs,
+    PrefillOutputs,
+    ProgramShape,
+    SpeculativeInputs,
+)
+from helios_jax.programs.round import RoundInputs, RoundPlan, packed_round
+from helios_jax.programs.state import DeviceState, key_data
+
+ProgramFn = Callable[..., tuple]
+
+
+def _sidecar_shape(shape: ProgramShape) -> tuple[int, int]:
+    return shape.request_slots, shape.draft_capacity
+
+
+def _no_copies(b: int, d: int):
+    return jnp.zeros((b, d), jnp.int32), jnp.full((b,), -1, jnp.int32)
+
+
+def build_prefill(config: ModelConfig, shape: ProgramShape, impl: Impl) -> ProgramFn:
+    """Prefill (and scored prefill): one request's chunk of up to C tokens into its pages.
+
+    When `prompt_ends`, the chunk's last token samples the first output token with the row's
+    settings (it becomes the pending token). Every chunk leaves cursor, h_{c-1} and, under
+    speculation, the draft context current, so the next chunk or decode continues seamlessly.
+    """
+    scored = shape.kind is GraphKind.SCORED_PREFILL
+    plan = RoundPlan(lanes=1, width=1, depth=0, packed=shape.prefill_capacity,
+                     prompt_capacity=shape.prefill_capacity, maintain_draft=shape.maintain_draft,
+                     device_allocation=False, scored=scored)
+
+    def prefill(params, state: DeviceState, inputs: PrefillInputs):
+        copy_tokens, copy_lengths = _no_copies(1, 0)
+        x = RoundInputs(
+            slots=inputs.slot, active=inputs.length > 0, page_tables=inputs.page_table,
+            prompt_lane=jnp.ones((1,), bool), lane_rows=inputs.length, tokens=inputs.tokens,
+            prompt_ends=inputs.prompt_ends[0], copy_tokens=copy_tokens, copy_lengths=copy_lengths,
+        )
+        state, out, logprobs = packed_round(config, params, state, x, plan, impl,
+                                            sidecar_shape=_sidecar_shape(shape))
+        return state, PrefillOutputs(tokens=out.tokens[:, 0], counts=out.counts, prompt_logprobs=logprobs)
+
+    return prefill
+
+
+def build_decode(config: ModelConfig, shape: ProgramShape, impl: Impl) -> ProgramFn:
+    """Ordinary decode: each active lane feeds its pending token and samples the next."""
+    plan = RoundPlan(lanes=shape.lanes, width=1, depth=0, packed=shape.lanes, prompt_capacity=0,
+                     maintain_draft=False, device_allocation=False)
+
+    def decode(params, state: DeviceState, inputs: DecodeInputs):
+        b = shape.lanes
+        copy_tokens, copy_lengths = _no_copies(b, 0)
+        x = RoundInputs(
+            slots=inputs.slots, active=inputs.active, page_tables=inputs.page_tables,
+            prompt_lane=jnp.zeros((b,), bool), lane_rows=jnp.ones((b,), jnp.int32),
+            tokens=jnp.zeros((b,), jnp.int32), prompt_ends=jnp.asarray(False),
+            copy_tokens=copy_tokens, copy_lengths=copy_lengths,
+        )
+        state, out, _ = packed_round(config, params, state, x, plan, impl, sidecar_shape=_sidecar_shape(shape))
+        return state, out
+
+    return decode
+
+
+def build_speculative(config: ModelConfig, shape: ProgramShape, impl: Impl) -> ProgramFn:
+    """Complete speculative generation (B, D, W, P, binding): proposals, confidence, allocation,
+    packed verification, acceptance and accepted-state commit in one program. Width one (D = 0)
+    is a decode that also absorbs the committed pair into the draft context."""
+    plan = RoundPlan(lanes=shape.lanes, width=shape.width, depth=shape.depth,
+                     packed=shape.target_capacity, prompt_capacity=0, maintain_draft=True,
+                     device_allocation=shape.device_allocation)
+
+    def speculative(params, state: DeviceState, inputs: SpeculativeInputs):
+        b = shape.lanes
+        x = RoundInputs(
+            slots=inputs.slots, active=inputs.active, page_tables=inputs.page_tables,
+            prompt_lane=jnp.zeros((b,), bool), lane_rows=inputs.lane_rows,
+            tokens=jnp.zeros((shape.target_capacity,), jnp.int32), prompt_ends=jnp.asarray(False),
+            copy_tokens=inputs.copy_tokens, copy_lengths=inputs.copy_lengths,
+        )
+        state, out, _ = packed_round(config, params, state, x, plan, impl, sidecar_shape=_sidecar_shape(shape))
+        return state, out
+
+    return speculative
+
+
+def build_mixed(config: ModelConfig, shape: ProgramShape, impl: Impl) -> ProgramFn:
+    """Mixed prefill/verification: one packed target forward shared by the prompt row and the
+    decode rows (width W; W > 1 verifies D = W - 1 proposals; the speculative variant keeps the
+    draft context at every width)."""
+    plan = RoundPlan(lanes=shape.lanes, width=shape.width, depth=shape.depth,
+                     packed=shape.target_capacity, prompt_capacity=shape.prefill_capacity,
+                     maintain_draft=shape.maintain_draft, device_allocation=False)
+
+    def mixed(params, state: DeviceState, inputs: MixedInputs):
+        active = inputs.active.astype(bool)
+        dense = jnp.cumsum(active.astype(jnp.int32)) - 1  # index in the dense active lane list
+        row = inputs.prefill_row[0]
+        x = RoundInputs(
+            slots=inputs.slots, active=active, page_tables=inputs.page_tables,
+            prompt_lane=active & (row >= 0) & (dense == row), lane_rows=inputs.query_lengths,
+            tokens=inputs.tokens, prompt_ends=inputs.prompt_ends[0],
+            copy_tokens=inputs.copy_tokens, copy_lengths=inputs.copy_lengths,
+        )
+        state, out, _ = packed_round(config, params, state, x, plan, impl, sidecar_shape=_sidecar_shape(shape))
+        return state, out
+
+    return mixed
+
+
+def build_initialize(config: ModelConfig, shape: ProgramShape, impl: Impl) -> ProgramFn:
+    """Reset rows for new requests. Pages need no clearing: validity is the cursor."""
+    del config, impl
+
+    def initialize(params, state: DeviceState, inputs: InitializeInputs):
+        del params
+        rows = jnp.where(inputs.active, jnp.clip(inputs.slots, 0, state.rows - 1), state.rows)
+
+        def put(array, values):
+            return array.at[rows].set(jnp.asarray(values).astype(array.dtype), mode="drop")
+
+        b = shape.lanes
+        state = state.replace(
+            cursor=put(state.cursor, jnp.zeros((b,), jnp.int32)),
+            pending=put(state.pending, jnp.zeros((b,), jnp.int32)),
+            last_hidden=put(state.last_hidden, jnp.zeros((b, state.last_hidden.shape[1]))),
+            temperature=put(state.temperature, inputs.temperature),
+            top_p=put(state.top_p, inputs.top_p),
+            top_k=put(state.top_k, inputs.top_k),
+            rng=put(state.rng, key_data(inputs.seed)),
+            generated=put(state.generated, jnp.zeros((b,), jnp.int32)),
+        )
+        return state, None
+
+    return initialize
+
+
+def copy_pages(cache: PagedKVCache, src: jax.Array, dst: jax.Array) -> PagedKVCache:
+    """Copies whole pages src[i] -> dst[i] in every layer; dst == total_pages is dropped."""
+    src = jnp.clip(src, 0, cache.total_pages - 1)
+    return PagedKVCache(
+        k=cache.k.at[:, :, dst].set(cache.k[:, :, src], mode="drop"),
+        v=cache.v.at[:, :, dst].set(cache.v[:, :, src], mode="drop"),
+    )
+
+
+def build_copy(config: ModelConfig, shape: ProgramShape, impl: Impl) -> ProgramFn:
+    """Snapshot, restore and copy share this body: rows and whole pages, both KV pools."""
+    del config, impl
+
+    def copy(params, state: DeviceState, inputs: CopyInputs):
+        del params
+        active = inputs.active.astype(bool)
+        src_rows = jnp.clip(inputs.src_rows, 0, state.rows - 1)
+        dst_rows = jnp.where(active, jnp.clip(inputs.dst_rows, 0, state.rows - 1), state.rows)
+        n = inputs.src_pages.shape[1]
+        valid = active[:, None] & (jnp.arange(n)[None, :] < inputs.page_counts[:, None])
+        total = state.target.total_pages
+        src = inputs.src_pages.reshape(-1)
+        dst = jnp.where(valid, inputs.dst_pages, total).reshape(-1)
+
+        def move(array):
+            return array.at[dst_rows].set(array[src_rows], mode="drop")
+
+        state = state.replace(
+            target=copy_pages(state.target, src, dst),
+            draft=None if state.draft is None else copy_pages(state.draft, src, dst),
+            cursor=move(state.cursor), pending=move(state.pending),
+            last_hidden=move(state.last_hidden), temperature=move(state.temperature),
+            top_p=move(state.top_p), top_k=move(state.top_k), rng=move(state.rng),
+            generated=move(state.generated),
+        )
+        return state, None
+
+    return copy
+
+
+BUILDERS: dict[GraphKind, Callable[[ModelConfig, ProgramShape, Impl], ProgramFn]] = {
+    GraphKind.PREFILL: build_prefill,
+    GraphKind.SCORED_PREFILL: build_prefill,
+    GraphKind.DECODE: build_decode,
+    GraphKind.SPECULATIVE: build_speculative,
+    GraphKind.MIXED: build_mixed,
+    GraphKind.INITIALIZE: build_initialize,
+    GraphKind.SNAPSHOT: build_copy,
+    GraphKind.RESTORE: build_copy,
+}

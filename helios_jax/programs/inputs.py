@@ -1,0 +1,227 @@
+"""Per-frame program inputs and outputs (plain arrays), and the static shape of each program.
+
+Lanes. Batched programs take B lanes: `slots[b]` names the state row lane b works on, `active[b]`
+whether it works at all (inactive lanes read a clipped row and write nothing), and
+`page_tables[b]` the row's pages (one pool: the same ids index the target and the MTP cache). A
+page table must cover every position the frame may write: up to cursor + W - 1 for the target
+and cursor + D - 2 for provisional draft entries. The scheduler reserves the full execution
+ceiling at commit, so a queued frame's tables are known before its predecessor completes.
+
+Shapes below: B lanes, W width, D depth, P aggregate target rows, C prompt capacity,
+T = C + (B - 1) * W mixed packed extent, N = pages_per_row, R state rows, S request slots.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from helios_jax.catalog import Allocation, GraphDescriptor, GraphKind
+from helios_jax.engine_config import EngineConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class ProgramShape:
+    """Static extents of one prepared program: its descriptor plus the engine's sizes."""
+
+    kind: GraphKind
+    lanes: int  # B
+    width: int  # W target rows per decode lane (1 for prefill/decode); chunk C for prefill
+    depth: int  # D proposals
+    target_capacity: int  # P (speculative), B (decode), C (prefill), C + (B-1)W (mixed)
+    prefill_capacity: int  # C for mixed and prefill, else 0
+    allocation: Allocation | None
+    maintain_draft: bool  # absorb committed tokens into the MTP draft context
+    pages_per_row: int  # N
+    state_rows: int  # R
+    request_slots: int  # S
+    draft_capacity: int  # sidecar columns
+    total_pages: int
+
+    @classmethod
+    def of(cls, g: GraphDescriptor, engine: EngineConfig) -> "ProgramShape":
+        kind = g.kind
+        if kind.is_prefill:
+            width, packed, prompt = 1, g.token_capacity, g.token_capacity
+        elif kind is GraphKind.MIXED:
+            width, packed, prompt = g.token_capacity, g.max_packed_extent, g.prefill_capacity
+        elif kind is GraphKind.DECODE:
+            width, packed, prompt = 1, g.batch_capacity, 0
+        elif kind is GraphKind.SPECULATIVE:
+            width, packed, prompt = g.token_capacity, g.target_capacity, 0
+        elif kind in (GraphKind.INITIALIZE, GraphKind.SNAPSHOT, GraphKind.RESTORE):
+            width, packed, prompt = 0, 0, 0
+        else:
+            raise ValueError(f"graph {g.name}: no program builder for kind {kind.value!r}")
+        if kind is GraphKind.SPECULATIVE or (kind is GraphKind.MIXED and g.speculative):
+            maintain = True
+        elif kind.is_prefill:
+            maintain = engine.speculative
+        else:
+            maintain = False
+        return cls(
+            kind=kind,
+            lanes=g.batch_capacity,
+            width=width,
+            depth=g.proposal_depth,
+            target_capacity=packed,
+            prefill_capacity=prompt,
+            allocation=g.allocation,
+            maintain_draft=maintain,
+            pages_per_row=engine.pages_per_row,
+            state_rows=engine.state_rows,
+            request_slots=engine.request_slots,
+            draft_capacity=engine.draft_capacity,
+            total_pages=engine.kv_pages,
+        )
+
+    @property
+    def device_allocation(self) -> bool:
+        return self.allocation is Allocation.PREFIX_LIMIT
+
+
+# -- inputs ------------------------------------------------------------------------------------
+
+@struct.dataclass
+class PrefillInputs:
+    """One request's prompt chunk (prefill and scored prefill)."""
+
+    slot: jax.Array  # i32[1] state row
+    tokens: jax.Array  # i32[C] chunk tokens; entries >= length are ignored
+    length: jax.Array  # i32[1] valid tokens, 0..C (0: the program changes nothing)
+    prompt_ends: jax.Array  # bool[1] the chunk finishes the prompt: sample the first output
+    page_table: jax.Array  # i32[1, N]
+
+
+@struct.dataclass
+class DecodeInputs:
+    """Ordinary decode: one token per active lane; tokens and cursors come from the state."""
+
+    slots: jax.Array  # i32[B]
+    active: jax.Array  # bool[B]
+    page_tables: jax.Array  # i32[B, N]
+
+
+@struct.dataclass
+class SpeculativeInputs:
+    """Complete speculative generation.
+
+    `lane_rows` is the binding's value source: exact query lengths (QueryLength, 1..W, summing
+    within P) or immutable lane ceilings (SpeculativePrefixLimit, 1..min(D + 1, W); they may sum
+    above P). Copy lanes (copy_lengths >= 0) verify supplied proposals instead of drawing.
+    """
+
+    slots: jax.Array  # i32[B]
+    active: jax.Array  # bool[B]
+    page_tables: jax.Array  # i32[B, N]
+    lane_rows: jax.Array  # i32[B] query lengths or ceilings, per the program's allocation
+    copy_tokens: jax.Array  # i32[B, D]
+    copy_lengths: jax.Array  # i32[B]; -1: learned proposals
+
+
+@struct.dataclass
+class MixedInputs:
+    """Mixed prefill/verification: at most one prompt row plus decode rows at width W.
+
+    `query_lengths` is the one length upload: the prompt row's chunk length and each decode
+    row's target rows (1..W). Packed offsets are its exclusive prefix sums over the lanes, so the
+    prompt tokens sit in `tokens` at the prompt row's offset; decode rows' tokens (pending and
+    proposals) come from the device.
+    """
+
+    slots: jax.Array  # i32[B]
+    active: jax.Array  # bool[B]
+    page_tables: jax.Array  # i32[B, N]
+    prefill_row: jax.Array  # i32[1] index of the prompt row in the dense active lane list; -1 none
+    query_lengths: jax.Array  # i32[B]
+    tokens: jax.Array  # i32[T] packed; the prompt at its row's offset, anything elsewhere
+    prompt_ends: jax.Array  # bool[1]
+    copy_tokens: jax.Array  # i32[B, W-1]
+    copy_lengths: jax.Array  # i32[B]
+
+
+@struct.dataclass
+class InitializeInputs:
+    """Reset rows for new requests: cursor 0, sampling settings, a PRNG key from the seed."""
+
+    slots: jax.Array  # i32[B]
+    active: jax.Array  # bool[B]
+    temperature: jax.Array  # f32[B] (0: greedy)
+    top_p: jax.Array  # f32[B] in (0, 1]
+    top_k: jax.Array  # i32[B] (0: off)
+    seed: jax.Array  # u32[B]
+
+
+@struct.dataclass
+class CopyInputs:
+    """Snapshot, restore and copy: per lane, one state row to another plus page contents.
+
+    Page j of lane b copies src_pages[b, j] -> dst_pages[b, j] for j < page_counts[b] in both
+    KV pools (whole pages, so a partial last page is preserved); the row's small state
+    (cursor, pending token, draft context, sampling settings, PRNG key, counters) follows.
+    """
+
+    src_rows: jax.Array  # i32[B]
+    dst_rows: jax.Array  # i32[B]
+    active: jax.Array  # bool[B]
+    src_pages: jax.Array  # i32[B, N]
+    dst_pages: jax.Array  # i32[B, N]
+    page_counts: jax.Array  # i32[B]
+
+
+# -- outputs -----------------------------------------------------------------------------------
+
+@struct.dataclass
+class RoundOutputs:
+    """What a generation program (decode, speculative, mixed) reports.
+
+    `tokens[b, :counts[b]]` are lane b's new output tokens (accepted proposals, then the
+    replacement or bonus token; a mixed prompt row reports its first output token, count 1, only
+    when the chunk ends the prompt). `query_lengths` are the target rows each lane used (the
+    device allocation's result under prefix_limit). Sidecar (f32[2, S, draft_capacity], indexed
+    by request slot; zeros for lanes not in the cohort and for columns >= D):
+      sidecar[0, s, k]  draft confidence of proposal k (the draft model's probability of the
+                        produced token at temperature T, T = 1 for greedy lanes)
+      sidecar[1, s, k]  joint prefix probability: the product of sidecar[0, s, :k + 1]
+    `survival[b, j]` is completion_speculative_survival for the j + 1 evaluated proposals,
+    valid for j < query_lengths[b] - 1 (0 beyond).
+    """
+
+    tokens: jax.Array  # i32[B, W]
+    counts: jax.Array  # i32[B]
+    query_lengths: jax.Array  # i32[B]
+    sidecar: jax.Array  # f32[2, S, draft_capacity]
+    survival: jax.Array  # f32[B, W-1]
+
+
+@struct.dataclass
+class PrefillOutputs:
+    tokens: jax.Array  # i32[1] the first output token when the chunk ends the prompt, else 0
+    counts: jax.Array  # i32[1] 1 or 0
+    prompt_logprobs: jax.Array | None  # f32[C] scored prefill: log p(token j | prefix); NaN for
+    #                                    the request's first token and past the chunk length
+
+
+def input_spec(shape: ProgramShape):
+    """The program's input pytree as `jax.ShapeDtypeStruct`s."""
+    i32, f32, b8, u32 = jnp.int32, jnp.float32, jnp.bool_, jnp.uint32
+    s = jax.ShapeDtypeStruct
+    b, n = shape.lanes, shape.pages_per_row
+    kind = shape.kind
+    if kind.is_prefill:
+        c = shape.prefill_capacity
+        return PrefillInputs(s((1,), i32), s((c,), i32), s((1,), i32), s((1,), b8), s((1, n), i32))
+    if kind is GraphKind.DECODE:
+        return DecodeInputs(s((b,), i32), s((b,), b8), s((b, n), i32))
+    if kind is GraphKind.SPECULATIVE:
+        return SpeculativeInputs(s((b,), i32), s((b,), b8), s((b, n), i32), s((b,), i32),
+                                 s((b, shape.depth), i32), s((b,), i32))
+    if kind is GraphKind.MIXED:
+        return MixedInputs(s((b,), i32), s((b,), b8), s((b, n), i32), s((1,), i32), s((b,), i32),
+                           s((shape.target_capacity,), i32), s((1,), b8),
+                           s((b, shape.width - 1), i32), s((b,), i32))
+    if kind is GraphKind.INITIALIZE:
+        return InitializeInputs(s((b,), i32), s((b,), b8), s((b,), f32), s((b,), f32), s((b,), i32), s((b,), u32))
+    return CopyInputs(s((b,), i32), s((b,), i32), s((b,), b8), s((b, n), i32), s((b, n), i32), s((b,), i32))

@@ -1,0 +1,310 @@
+"""Host input packing: plain host data -> the arrays a program takes, with role validation.
+
+Pure numpy, no jax: the runtime calls these per frame with the scheduler's frozen plan (slots,
+page reservations, query lengths, the prompt row and its tokens). Each function validates before
+building anything and raises `InputError` (a ValueError) naming the lane and the field.
+
+Contract highlights (spec "Mixed execution contract", "Speculative graph coverage"):
+- lanes are given densely, in order: lane i of the lists is lane i of the program; lanes past the
+  lists are inactive padding (slot 0, zero lengths, all page entries out of range);
+- one length upload: a single i32[B] `query_lengths` from which the device derives packed
+  offsets (exclusive prefix sums), positions and context lengths;
+- the prompt row (`prefill_row`, an index into the dense lane list, -1 for none) gets its tokens
+  at its packed offset in the packed token array;
+- page tables are padded with `total_pages`, an out-of-range id: a write outside the row's
+  reservation is dropped on the device instead of landing in another request's page.
+
+Worked example (mixed, B = 4, W = 2, C = 64, T = 70): lanes [decode, prompt(5 tokens), decode],
+query_lengths [2, 5, 1] -> offsets [0, 2, 7]; the prompt occupies tokens[2:7]; lane 3 is padding.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from helios_jax.catalog import Allocation, GraphKind
+from helios_jax.programs.inputs import (
+    CopyInputs,
+    DecodeInputs,
+    InitializeInputs,
+    MixedInputs,
+    PrefillInputs,
+    ProgramShape,
+    SpeculativeInputs,
+)
+
+
+class InputError(ValueError):
+    """Host data that breaks a program's input contract."""
+
+
+def packed_offsets(query_lengths: Sequence[int]) -> np.ndarray:
+    """Exclusive prefix sums: lane i's packed tokens start at offsets[i]."""
+    lengths = np.asarray(query_lengths, np.int64)
+    return (np.cumsum(lengths) - lengths).astype(np.int32)
+
+
+def _lanes(shape: ProgramShape, slots: Sequence[int], *, allow_snapshot_rows: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    slots = [int(s) for s in slots]
+    if len(slots) > shape.lanes:
+        raise InputError(f"{len(slots)} lanes exceed the program's batch capacity {shape.lanes}")
+    limit = shape.state_rows if allow_snapshot_rows else shape.request_slots
+    for i, s in enumerate(slots):
+        if not 0 <= s < limit:
+            raise InputError(f"lane {i}: slot {s} outside 0..{limit - 1}")
+    if len(set(slots)) != len(slots):
+        raise InputError(f"slots repeat: {slots}")
+    out = np.zeros((shape.lanes,), np.int32)
+    out[: len(slots)] = slots
+    active = np.zeros((shape.lanes,), bool)
+    active[: len(slots)] = True
+    return out, active
+
+
+def page_table_array(shape: ProgramShape, tables: Sequence[Sequence[int]], rows: int | None = None) -> np.ndarray:
+    """i32[rows, N] page tables padded with total_pages (out of range: writes are dropped)."""
+    rows = shape.lanes if rows is None else rows
+    out = np.full((rows, shape.pages_per_row), shape.total_pages, np.int32)
+    if len(tables) > rows:
+        raise InputError(f"{len(tables)} page tables for {rows} lanes")
+    for i, pages in enumerate(tables):
+        pages = [int(p) for p in pages]
+        if len(pages) > shape.pages_per_row:
+            raise InputError(f"lane {i}: {len(pages)} pages exceed pages_per_row {shape.pages_per_row}")
+        if any(not 0 <= p < shape.total_pages for p in pages):
+            raise InputError(f"lane {i}: page ids outside 0..{shape.total_pages - 1}: {pages}")
+        out[i, : len(pages)] = pages
+    return out
+
+
+def _copy_arrays(shape: ProgramShape, depth: int, copies, lanes: int):
+    tokens = np.zeros((shape.lanes, depth), np.int32)
+    lengths = np.full((shape.lanes,), -1, np.int32)
+    if copies is None:
+        return tokens, lengths
+    if len(copies) != lanes:
+        raise InputError(f"copy_proposals has {len(copies)} entries for {lanes} lanes")
+    for i, prefix in enumerate(copies):
+        if prefix is None:
+            continue
+        prefix = [int(t) for t in prefix]
+        if len(prefix) > depth:
+            raise InputError(f"lane {i}: {len(prefix)} copy proposals exceed D={depth}")
+        tokens[i, : len(prefix)] = prefix
+        lengths[i] = len(prefix)
+    return tokens, lengths
+
+
+def _check_kind(shape: ProgramShape, *kinds: GraphKind) -> None:
+    if shape.kind not in kinds:
+        raise InputError(f"a {shape.kind.value} program cannot take these inputs")
+
+
+def pack_prefill(shape: ProgramShape, *, slot: int, tokens: Sequence[int], page_table: Sequence[int],
+                 prompt_ends: bool) -> PrefillInputs:
+    """One chunk of 1..C prompt tokens for request slot `slot`."""
+    _check_kind(shape, GraphKind.PREFILL, GraphKind.SCORED_PREFILL)
+    tokens = np.asarray(tokens, np.int32).reshape(-1)
+    if not 1 <= tokens.size <= shape.prefill_capacity:
+        raise InputError(f"chunk of {tokens.size} tokens outside 1..{shape.prefill_capacity}")
+    slots, _ = _lanes(shape, [slot])
+    chunk = np.zeros((shape.prefill_capacity,), np.int32)
+    chunk[: tokens.size] = tokens
+    return PrefillInputs(
+        slot=slots, tokens=chunk, length=np.array([tokens.size], np.int32),
+        prompt_ends=np.array([bool(prompt_ends)]), page_table=page_table_array(shape, [page_table], rows=1),
+    )
+
+
+def pack_decode(shape: ProgramShape, *, slots: Sequence[int], page_tables: Sequence[Sequence[int]]) -> DecodeInputs:
+    _check_kind(shape, GraphKind.DECODE)
+    if len(page_tables) != len(slots):
+        raise InputError(f"{len(page_tables)} page tables for {len(slots)} lanes")
+    lane_slots, active = _lanes(shape, slots)
+    return DecodeInputs(slots=lane_slots, active=active, page_tables=page_table_array(shape, page_tables))
+
+
+def pack_speculative(shape: ProgramShape, *, slots: Sequence[int], page_tables: Sequence[Sequence[int]],
+                     query_lengths: Sequence[int] | None = None, ceilings: Sequence[int] | None = None,
+                     copy_proposals: Sequence[Sequence[int] | None] | None = None) -> SpeculativeInputs:
+    """A complete speculative round.
+
+    Args:
+      query_lengths: QueryLength binding: each lane's exact target rows, 1..W, summing within P;
+        a copy lane also needs rows <= its supplied prefix + 1.
+      ceilings: SpeculativePrefixLimit binding: immutable lane ceilings, 1..min(D + 1, W); they
+        may sum above P (the device allocates within P).
+      copy_proposals: per lane None (learned proposals) or a supplied prefix of <= D tokens.
+    """
+    _check_kind(shape, GraphKind.SPECULATIVE)
+    n = len(slots)
+    if len(page_tables) != n:
+        raise InputError(f"{len(page_tables)} page tables for {n} lanes")
+    lane_slots, active = _lanes(shape, slots)
+    copy_tokens, copy_lengths = _copy_arrays(shape, shape.depth, copy_proposals, n)
+    rows = np.zeros((shape.lanes,), np.int32)
+    if shape.allocation is Allocation.PREFIX_LIMIT:
+        if ceilings is None or query_lengths is not None:
+            raise InputError("a prefix_limit program takes ceilings, not query lengths")
+        values, top = ceilings, min(shape.depth + 1, shape.width)
+        field = "ceiling"
+    else:
+        if query_lengths is None or ceilings is not None:
+            raise InputError("a query_length program takes query lengths, not ceilings")
+        values, top = query_lengths, shape.width
+        field = "query length"
+    if len(values) != n:
+        raise InputError(f"{len(values)} {field}s for {n} lanes")
+    for i, v in enumerate(values):
+        if not 1 <= int(v) <= top:
+            raise InputError(f"lane {i}: {field} {int(v)} outside 1..{top}")
+        rows[i] = int(v)
+    if shape.allocation is not Allocation.PREFIX_LIMIT:
+        if rows.sum() > shape.target_capacity:
+            raise InputError(f"query lengths sum to {int(rows.sum())} > P={shape.target_capacity}")
+        for i in range(n):
+            if copy_lengths[i] >= 0 and rows[i] > copy_lengths[i] + 1:
+                raise InputError(f"lane {i}: query length {rows[i]} needs {rows[i] - 1} proposals; "
+                                 f"the copy prefix has {copy_lengths[i]}")
+    return SpeculativeInputs(slots=lane_slots, active=active, page_tables=page_table_array(shape, page_tables),
+                             lane_rows=rows, copy_tokens=copy_tokens, copy_lengths=copy_lengths)
+
+
+def validate_mixed_roles(shape: ProgramShape, query_lengths: Sequence[int], prefill_row: int | None,
+                         prompt_length: int) -> None:
+    """Role validation of a mixed frame: at most one prompt row (a single index), inside the
+    dense lane list; the prompt row's length equals its uploaded tokens and fits C; every decode
+    row verifies 1..W rows; the lengths sum within the packed extent C + (B - 1) * W."""
+    n = len(query_lengths)
+    if n > shape.lanes:
+        raise InputError(f"{n} lanes exceed the program's batch capacity {shape.lanes}")
+    if prefill_row is not None and not 0 <= prefill_row < n:
+        raise InputError(f"prefill_row {prefill_row} outside the dense lane list 0..{n - 1}")
+    for i, q in enumerate(query_lengths):
+        q = int(q)
+        if i == prefill_row:
+            if q != prompt_length or not 1 <= q <= shape.prefill_capacity:
+                raise InputError(f"prompt row {i}: query length {q} must equal its {prompt_length} "
+                                 f"prompt tokens, within 1..{shape.prefill_capacity}")
+        elif not 1 <= q <= shape.width:
+            raise InputError(f"decode row {i}: query length {q} outside 1..{shape.width}")
+    total = sum(int(q) for q in query_lengths)
+    if total > shape.target_capacity:
+        raise InputError(f"query lengths sum to {total} > packed extent {shape.target_capacity}")
+
+
+def pack_mixed(shape: ProgramShape, *, slots: Sequence[int], page_tables: Sequence[Sequence[int]],
+               query_lengths: Sequence[int], prefill_row: int | None = None,
+               prompt_tokens: Sequence[int] = (), prompt_ends: bool = False,
+               copy_proposals: Sequence[Sequence[int] | None] | None = None) -> MixedInputs:
+    """A mixed frame: `slots` is the dense active lane list; `prefill_row` indexes it (None: a
+    decode-only population); `prompt_tokens` are the prompt row's chunk."""
+    _check_kind(shape, GraphKind.MIXED)
+    n = len(slots)
+    if len(page_tables) != n or len(query_lengths) != n:
+        raise InputError(f"{len(page_tables)} page tables and {len(query_lengths)} query lengths for {n} lanes")
+    prompt = np.asarray(prompt_tokens, np.int32).reshape(-1)
+    if prefill_row is None and prompt.size:
+        raise InputError("prompt tokens without a prompt row")
+    validate_mixed_roles(shape, query_lengths, prefill_row, prompt.size)
+    lane_slots, active = _lanes(shape, slots)
+    lengths = np.zeros((shape.lanes,), np.int32)
+    lengths[:n] = [int(q) for q in query_lengths]
+    copy_tokens, copy_lengths = _copy_arrays(shape, shape.width - 1, copy_proposals, n)
+    for i in range(n):
+        if i != prefill_row and copy_lengths[i] >= 0 and lengths[i] > copy_lengths[i] + 1:
+            raise InputError(f"lane {i}: query length {lengths[i]} exceeds its copy prefix + 1")
+    tokens = np.zeros((shape.target_capacity,), np.int32)
+    if prefill_row is not None:
+        offset = int(packed_offsets(lengths)[prefill_row])
+        tokens[offset : offset + prompt.size] = prompt
+    return MixedInputs(
+        slots=lane_slots, active=active, page_tables=page_table_array(shape, page_tables),
+        prefill_row=np.array([-1 if prefill_row is None else prefill_row], np.int32),
+        query_lengths=lengths, tokens=tokens, prompt_ends=np.array([bool(prompt_ends)]),
+        copy_tokens=copy_tokens, copy_lengths=copy_lengths,
+    )
+
+
+def sampling_mask(shape: ProgramShape, lanes: int, *, prefill_row: int | None = None,
+                  prompt_ends: bool = False) -> np.ndarray:
+    """bool[B]: which lanes emit output tokens in this frame. Decode rows always do; the prompt
+    row only when its chunk ends the prompt (its first output token); padding lanes never."""
+    mask = np.zeros((shape.lanes,), bool)
+    mask[:lanes] = True
+    if shape.kind.is_prefill:
+        mask[:lanes] = prompt_ends
+    elif prefill_row is not None:
+        mask[prefill_row] = prompt_ends
+    return mask
+
+
+def pack_initialize(shape: ProgramShape, *, slots: Sequence[int], temperature: Sequence[float],
+                    top_p: Sequence[float], top_k: Sequence[int], seeds: Sequence[int]) -> InitializeInputs:
+    _check_kind(shape, GraphKind.INITIALIZE)
+    n = len(slots)
+    if not len(temperature) == len(top_p) == len(top_k) == len(seeds) == n:
+        raise InputError("one temperature, top_p, top_k and seed per lane")
+    for i in range(n):
+        if not (np.isfinite(temperature[i]) and temperature[i] >= 0):
+            raise InputError(f"lane {i}: temperature {temperature[i]} must be finite and >= 0")
+        if not 0 < top_p[i] <= 1:
+            raise InputError(f"lane {i}: top_p {top_p[i]} outside (0, 1]")
+        if top_k[i] < 0:
+            raise InputError(f"lane {i}: top_k {top_k[i]} must be >= 0")
+    lane_slots, active = _lanes(shape, slots)
+
+    def column(values, dtype, fill):
+        out = np.full((shape.lanes,), fill, dtype)
+        out[:n] = values
+        return out
+
+    return InitializeInputs(
+        slots=lane_slots, active=active, temperature=column(temperature, np.float32, 0),
+        top_p=column(top_p, np.float32, 1), top_k=column(top_k, np.int32, 0),
+        seed=column(np.asarray(seeds, np.int64) % (1 << 32), np.uint32, 0),
+    )
+
+
+def pack_copy(shape: ProgramShape, *, src_rows: Sequence[int], dst_rows: Sequence[int],
+              src_pages: Sequence[Sequence[int]], dst_pages: Sequence[Sequence[int]], role: str = "copy") -> CopyInputs:
+    """Row-and-page copies. Roles: "snapshot" (request slot -> snapshot row), "restore"
+    (snapshot row -> request slot), "copy" (any rows). Each lane copies whole pages, the
+    partial last page included; destination pages must be distinct and not read by any lane."""
+    _check_kind(shape, GraphKind.SNAPSHOT, GraphKind.RESTORE)
+    n = len(src_rows)
+    if not len(dst_rows) == len(src_pages) == len(dst_pages) == n:
+        raise InputError("one destination row and one page list pair per lane")
+    request = range(shape.request_slots)
+    snapshot = range(shape.request_slots, shape.state_rows)
+    for i, (s, d) in enumerate(zip(src_rows, dst_rows)):
+        if role == "snapshot" and (s not in request or d not in snapshot):
+            raise InputError(f"lane {i}: a snapshot copies a request slot into a snapshot row, got {s} -> {d}")
+        if role == "restore" and (s not in snapshot or d not in request):
+            raise InputError(f"lane {i}: a restore copies a snapshot row into a request slot, got {s} -> {d}")
+        if role not in ("snapshot", "restore", "copy"):
+            raise InputError(f"unknown copy role {role!r}")
+        if len(src_pages[i]) != len(dst_pages[i]):
+            raise InputError(f"lane {i}: {len(src_pages[i])} source pages for {len(dst_pages[i])} destinations")
+    _, active = _lanes(shape, dst_rows, allow_snapshot_rows=True)
+    sources, _ = _lanes(shape, src_rows, allow_snapshot_rows=True)
+    written = [int(p) for pages in dst_pages for p in pages]
+    read = {int(p) for pages in src_pages for p in pages}
+    if len(set(written)) != len(written) or read & set(written):
+        raise InputError("destination pages must be distinct and disjoint from the source pages")
+    dst = np.zeros((shape.lanes,), np.int32)
+    dst[:n] = dst_rows
+    return CopyInputs(
+        src_rows=sources, dst_rows=dst, active=active,
+        src_pages=page_table_array(shape, src_pages), dst_pages=page_table_array(shape, dst_pages),
+        page_counts=np.array([len(p) for p in src_pages] + [0] * (shape.lanes - n), np.int32),
+    )
+
+
+def pack_snapshot(shape: ProgramShape, **kwargs) -> CopyInputs:
+    return pack_copy(shape, role="snapshot", **kwargs)
+
+
+def pack_restore(shape: ProgramShape, **kwargs) -> CopyInputs:
+    return pack_copy(shape, role="restore", **kwargs)

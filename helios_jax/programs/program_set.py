@@ -1,0 +1,158 @@
+"""Prepared programs keyed by catalog cost key: jitted, lowerable and compiled ahead of time.
+
+    programs = build_programs(model_config, param_shapes(model_config), engine, engine.catalog())
+    programs.compile_all()                      # AOT: lower + compile every program
+    state = programs.init_state()
+    prefill = programs[key]                     # key: a catalog CostKey (or use .find(...))
+    state, out = prefill(params, state, prefill.pack(slot=0, tokens=..., page_table=...))
+
+The state argument is donated: the caller must use the returned state (the old buffers are
+deleted after the call). `Program.pack` forwards to `packing.py` with the program's shape.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any, Callable
+
+import jax
+
+from helios_jax.catalog import Catalog, CostKey, GraphDescriptor, GraphKind
+from helios_jax.engine_config import EngineConfig
+from helios_jax.model import ModelConfig
+from helios_jax.programs import packing
+from helios_jax.programs.builders import BUILDERS
+from helios_jax.programs.impls import DEFAULT_IMPL, Impl
+from helios_jax.programs.inputs import ProgramShape, input_spec
+from helios_jax.programs.state import DeviceState, init_state, state_shapes
+
+_PACKERS: dict[GraphKind, Callable[..., Any]] = {
+    GraphKind.PREFILL: packing.pack_prefill,
+    GraphKind.SCORED_PREFILL: packing.pack_prefill,
+    GraphKind.DECODE: packing.pack_decode,
+    GraphKind.SPECULATIVE: packing.pack_speculative,
+    GraphKind.MIXED: packing.pack_mixed,
+    GraphKind.INITIALIZE: packing.pack_initialize,
+    GraphKind.SNAPSHOT: packing.pack_snapshot,
+    GraphKind.RESTORE: packing.pack_restore,
+}
+
+
+@dataclasses.dataclass
+class Program:
+    """One prepared program: descriptor, static shape, jitted function and its compiled form."""
+
+    descriptor: GraphDescriptor
+    shape: ProgramShape
+    fn: Any  # jax.jit(pure_fn, donate_argnums=1): (params, state, inputs) -> (state, outputs)
+    input_spec: Any  # the inputs pytree as ShapeDtypeStructs
+    compiled: Any = None  # jax.stages.Compiled after compile()
+    compile_seconds: float | None = None
+
+    @property
+    def key(self) -> CostKey:
+        return self.descriptor.key
+
+    @property
+    def name(self) -> str:
+        return self.descriptor.name
+
+    @property
+    def confidence_width(self) -> int:
+        """Columns of the sidecar this program writes: its actual D."""
+        return self.shape.depth if self.shape.kind in (GraphKind.SPECULATIVE, GraphKind.MIXED) else 0
+
+    def lower(self, params_spec, state_spec):
+        return self.fn.lower(params_spec, state_spec, self.input_spec)
+
+    def compile(self, params_spec, state_spec):
+        start = time.perf_counter()
+        self.compiled = self.lower(params_spec, state_spec).compile()
+        self.compile_seconds = time.perf_counter() - start
+        return self.compiled
+
+    def pack(self, **host_data):
+        """Host data -> this program's inputs (see `packing.py` for each kind's arguments)."""
+        return _PACKERS[self.shape.kind](self.shape, **host_data)
+
+    def __call__(self, params, state: DeviceState, inputs):
+        run = self.compiled if self.compiled is not None else self.fn
+        return run(params, state, inputs)
+
+
+@dataclasses.dataclass
+class ProgramSet(Mapping):
+    """Every program of a catalog, keyed by CostKey."""
+
+    model_config: ModelConfig
+    engine_config: EngineConfig
+    catalog: Catalog
+    params_spec: Any
+    programs: dict[CostKey, Program]
+    impl: Impl = DEFAULT_IMPL
+
+    def __getitem__(self, key: CostKey) -> Program:
+        return self.programs[key]
+
+    def __iter__(self) -> Iterator[CostKey]:
+        return iter(self.programs)
+
+    def __len__(self) -> int:
+        return len(self.programs)
+
+    @property
+    def state_spec(self) -> DeviceState:
+        return state_shapes(self.model_config, self.engine_config)
+
+    def init_state(self, *, fill: float = 0.0) -> DeviceState:
+        return init_state(self.model_config, self.engine_config, fill=fill)
+
+    def find(self, kind: GraphKind | str, **extents) -> Program:
+        """The one program of `kind` whose descriptor matches `extents` (descriptor field names)."""
+        kind = GraphKind(kind)
+        found = [p for p in self.programs.values() if p.descriptor.kind is kind
+                 and all(getattr(p.descriptor, f) == v for f, v in extents.items())]
+        if len(found) != 1:
+            raise KeyError(f"{len(found)} programs of kind {kind.value} match {extents}")
+        return found[0]
+
+    def compile_all(self, progress: Callable[[int, int, Program], None] | None = None) -> None:
+        """Lowers and compiles every program ahead of time, in catalog order."""
+        state_spec = self.state_spec
+        for i, program in enumerate(self.programs.values()):
+            program.compile(self.params_spec, state_spec)
+            if progress is not None:
+                progress(i + 1, len(self.programs), program)
+
+
+def build_program(model_config: ModelConfig, engine_config: EngineConfig, descriptor: GraphDescriptor,
+                  impl: Impl = DEFAULT_IMPL) -> Program:
+    shape = ProgramShape.of(descriptor, engine_config)
+    if shape.depth and not model_config.has_mtp:
+        raise ValueError(f"graph {descriptor.name}: proposals need a model with an MTP draft head")
+    fn = BUILDERS[descriptor.kind](model_config, shape, impl)
+    jitted = jax.jit(fn, donate_argnums=1)
+    return Program(descriptor=descriptor, shape=shape, fn=jitted, input_spec=input_spec(shape))
+
+
+def build_programs(model_config: ModelConfig, params_shapes, engine_config: EngineConfig, catalog: Catalog,
+                   *, impl: Impl = DEFAULT_IMPL) -> ProgramSet:
+    """One program per catalog descriptor (vision graphs have no builder and are refused).
+
+    Args:
+      model_config: the model (its dtype must equal the engine's).
+      params_shapes: the parameter tree (arrays or ShapeDtypeStructs) used to lower.
+      engine_config: the engine the catalog was planned for.
+      catalog: the graphs to build; its request_slots must equal the engine's.
+    """
+    if model_config.dtype != engine_config.dtype:
+        raise ValueError(f"model dtype {model_config.dtype} differs from the engine's {engine_config.dtype}")
+    if catalog.request_slots != engine_config.request_slots:
+        raise ValueError(f"catalog request_slots {catalog.request_slots} differs from the engine's "
+                         f"{engine_config.request_slots}")
+    if engine_config.speculative and not model_config.has_mtp:
+        raise ValueError("speculation needs a model with an MTP draft head (mtp_num_layers > 0)")
+    params_spec = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params_shapes)
+    programs = {g.key: build_program(model_config, engine_config, g, impl) for g in catalog.graphs}
+    return ProgramSet(model_config, engine_config, catalog, params_spec, programs, impl)

@@ -1,0 +1,101 @@
+"""D sequential proposals per lane from the MTP head: learned draws or supplied copy prefixes.
+
+This is `helios_jax.model.mtp.propose` generalised in three ways that complete speculative
+generation needs (tests check that greedy learned proposals equal `propose` token for token):
+  - per-lane sampling settings: greedy lanes take the argmax, sampled lanes draw from their own
+    tempered, top-k/top-p filtered draft distribution q (`sampling.sampling_probs`), so rejection
+    sampling can compare against the distribution each proposal was really drawn from;
+  - copy lanes (copy_lengths[b] >= 0): proposal k is the supplied copy_tokens[b, k] for
+    k < copy_lengths[b] (q is the point mass; the draft head is teacher-forced along the copied
+    path so that its confidence and provisional entries follow it); a copy lane draws nothing;
+  - the draft confidence of every produced proposal (`sampling.confidence_probs`).
+
+Step k of lane b runs the pair (g_{k-1}, d_{k-1}) at position c - 1 + k (step 0: the carried pair
+(h_{c-1}, x_c) from the state) and drafts the token at c + k + 1. Entry c - 1 is final (x_c is
+committed); the entries the later steps write are provisional and are overwritten when accepted
+tokens are absorbed with the target's hidden states.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from helios_jax.model import ModelConfig, PackedBatch, PagedKVCache, compute_logits, draft_forward_packed
+from helios_jax.programs.sampling import confidence_probs, sample_inverse_cdf, sampling_probs
+
+
+@struct.dataclass
+class DraftProposals:
+    tokens: jax.Array  # i32[B, D] proposal k drafts the token at cursor + k + 1; 0 when absent
+    probs: jax.Array  # f32[B, D, V] q_k, the distribution proposal k was drawn from
+    confidence: jax.Array  # f32[B, D] draft confidence of each produced proposal; 0 when absent
+    available: jax.Array  # i32[B] proposals produced: D for learned lanes, copy length for copy
+    cache: PagedKVCache  # the MTP cache with the carried entry and the provisional ones
+
+
+def draft_proposals(
+    config: ModelConfig,
+    params,
+    cache: PagedKVCache,
+    *,
+    hidden: jax.Array,  # [B, H] h_{c-1} per lane
+    pending: jax.Array,  # i32[B] x_c
+    cursor: jax.Array,  # i32[B] c (>= 1 for an active lane)
+    page_tables: jax.Array,  # i32[B, pages_per_row]
+    active: jax.Array,  # bool[B] lanes that propose
+    temperature: jax.Array,  # f32[B]
+    top_k: jax.Array,  # i32[B]
+    top_p: jax.Array,  # f32[B]
+    key: jax.Array,  # typed keys [B]; step k draws with fold_in(key[b], k)
+    copy_tokens: jax.Array,  # i32[B, D]
+    copy_lengths: jax.Array,  # i32[B]; -1 for a learned lane
+    depth: int,
+    attention=None,
+) -> DraftProposals:
+    lanes = hidden.shape[0]
+    vocab = config.vocab_size
+    query_lens = active.astype(jnp.int32)
+    query_starts = (jnp.cumsum(query_lens) - query_lens).astype(jnp.int32)
+    packed_index = jnp.where(active, query_starts, lanes)  # dense packing, inactive dropped
+    is_copy = active & (copy_lengths >= 0)
+    available = jnp.where(active, jnp.where(is_copy, jnp.minimum(copy_lengths, depth), depth), 0)
+
+    def pack(values, fill):
+        base = jnp.full((lanes,) + values.shape[1:], fill, values.dtype)
+        return base.at[packed_index].set(values, mode="drop")
+
+    def step(carry, k):
+        cache, h, x = carry
+        pos = cursor - 1 + k
+        batch = PackedBatch(
+            tokens=pack(x, 0),
+            positions=pack(pos, 0),
+            page_tables=page_tables,
+            context_lens=jnp.where(active, pos + 1, 0).astype(jnp.int32),
+            query_starts=query_starts,
+            query_lens=query_lens,
+        )
+        packed_hidden, cache = draft_forward_packed(config, params, cache, pack(h, 0), batch,
+                                                    attention=attention)
+        g = packed_hidden[jnp.clip(query_starts, 0, lanes - 1)]  # back to lane order
+        logits = compute_logits(config, params, g)
+        q = sampling_probs(logits, temperature, top_k, top_p)
+        uniform = jax.vmap(lambda kk: jax.random.uniform(jax.random.fold_in(kk, k)))(key)
+        drawn = sample_inverse_cdf(q, uniform)
+        present = k < available
+        token = jnp.where(present, jnp.where(is_copy, copy_tokens[:, k], drawn), 0).astype(jnp.int32)
+        q = jnp.where(is_copy[:, None], jax.nn.one_hot(token, vocab, dtype=jnp.float32), q)
+        conf = jnp.take_along_axis(confidence_probs(logits, temperature), token[:, None], axis=-1)[:, 0]
+        conf = jnp.where(present, conf, 0.0)
+        return (cache, g.astype(hidden.dtype), token), (token, q, conf)
+
+    carry = (cache, hidden, pending.astype(jnp.int32))
+    (cache, _, _), (tokens, probs, conf) = jax.lax.scan(step, carry, jnp.arange(depth, dtype=jnp.int32))
+    return DraftProposals(
+        tokens=tokens.T.reshape(lanes, depth),
+        probs=jnp.swapaxes(probs, 0, 1).reshape(lanes, depth, vocab),
+        confidence=conf.T.reshape(lanes, depth),
+        available=available.astype(jnp.int32),
+        cache=cache,
+    )

@@ -1,0 +1,279 @@
+"""One packed round: the shared body of prefill, decode, speculative and mixed programs.
+
+Every generation program is the same sequence of stages over B lanes; the program kinds differ
+only in static extents and in which lanes carry a prompt:
+
+  1. gather     each lane's row: cursor c, pending x_c, h_{c-1}, sampling settings, PRNG key
+  2. propose    D > 0: D sequential MTP proposals for decode lanes (`proposals.py`), with
+                their draft confidence -> the sidecar rows (confidence, joint prefix prob.)
+  3. allocate   target rows L_b: host query lengths, or the device prefix allocation from the
+                joint prefix probabilities within the lane ceilings and P (`impls.Impl.allocate`)
+  4. verify     one packed target forward over all lanes; offsets are the exclusive prefix sums
+                of L. A decode lane feeds [x_c, d_0, .., d_{L-2}] at positions c..c+L-1; the prompt
+                lane feeds its chunk (uploaded by the host at its packed offset)
+  5. accept     target distributions at each decode lane's rows and at the prompt's last token;
+                greedy/rejection acceptance (`acceptance.py`); the prompt lane just samples
+  6. commit     m committed tokens per lane (a + 1 for a decode lane, the chunk for the prompt):
+                cursor += m, pending = last emitted token, h = target hidden at c + m - 1.
+                Rejected rows' KV stays past the cursor and never becomes visible context
+  7. absorb     (draft maintenance) one packed MTP forward over the committed pairs
+                (h_{i}, x_{i+1}) at i = c-1 .. c+m-2, taken from the same packed layout: packed
+                token t carries hidden[t - 1] (the lane's carried h_{c-1} at its first token)
+  8. scatter    rows of active lanes only; inactive lanes and unused capacity write nothing
+                (their packed tokens belong to no row, so the KV scatters drop them)
+
+Worked packing example, B = 3, W = 4, one prompt lane (mixed), lanes [decode, prompt, decode]:
+  L = [2, 5, 4]  starts = [0, 2, 7]: 11 tokens of the packed extent C + (B-1)W = 5 + 2*4 = 13
+  packed tokens: [x_c0, d0_0 | p0 p1 p2 p3 p4 | x_c2, d2_0, d2_1, d2_2 | pad pad]
+  sample rows:   lane 0 at 0, 1; lane 1 at 6 (its last prompt token); lane 2 at 7..10
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from helios_jax.model import ModelConfig, PackedBatch, compute_logits, draft_forward_packed, forward_packed
+from helios_jax.model.cache import packed_token_rows
+from helios_jax.programs.acceptance import accept_proposals
+from helios_jax.programs.impls import Impl
+from helios_jax.programs.inputs import RoundOutputs
+from helios_jax.programs.proposals import draft_proposals
+from helios_jax.programs.sampling import sampling_probs
+from helios_jax.programs.state import DeviceState, wrap_keys
+
+
+@dataclasses.dataclass(frozen=True)
+class RoundPlan:
+    """Static extents of one round."""
+
+    lanes: int  # B
+    width: int  # W
+    depth: int  # D (W - 1 <= D)
+    packed: int  # T packed target capacity
+    prompt_capacity: int  # C, 0 when no lane can carry a prompt
+    maintain_draft: bool
+    device_allocation: bool
+    scored: bool = False  # also return the prompt tokens' log-probabilities
+
+
+@struct.dataclass
+class RoundInputs:
+    slots: jax.Array  # i32[B]
+    active: jax.Array  # bool[B]
+    page_tables: jax.Array  # i32[B, N]
+    prompt_lane: jax.Array  # bool[B] at most one True
+    lane_rows: jax.Array  # i32[B] query lengths (prompt lane: chunk length) or ceilings
+    tokens: jax.Array  # i32[T] packed prompt tokens
+    prompt_ends: jax.Array  # bool[] the prompt chunk is the prompt's last
+    copy_tokens: jax.Array  # i32[B, D]
+    copy_lengths: jax.Array  # i32[B]
+
+
+@struct.dataclass
+class _Lanes:
+    """Stage 1's gathered rows, lane order."""
+
+    slots: jax.Array  # i32[B] clipped row ids
+    active: jax.Array  # bool[B]
+    is_prompt: jax.Array  # bool[B] the lane consumes a prompt chunk
+    is_decode: jax.Array  # bool[B] the lane verifies its pending token (and proposals)
+    cursor: jax.Array  # i32[B] c
+    pending: jax.Array  # i32[B] x_c
+    last_hidden: jax.Array  # [B, H] h_{c-1}
+    temperature: jax.Array  # f32[B]
+    top_k: jax.Array  # i32[B]
+    top_p: jax.Array  # f32[B]
+    keys: jax.Array  # typed keys [B, 4]: kept by the row, proposals, acceptance tests, final draw
+
+
+def _gather(state: DeviceState, x: RoundInputs, plan: RoundPlan) -> _Lanes:
+    slots = jnp.clip(x.slots, 0, state.rows - 1)
+    active = x.active.astype(bool)
+    if plan.prompt_capacity:
+        is_prompt = active & x.prompt_lane & (x.lane_rows > 0)  # an empty chunk does nothing
+        is_decode = active & ~x.prompt_lane
+    else:
+        is_prompt, is_decode = jnp.zeros_like(active), active
+    # Draws are indexed by position (fold_in) under per-purpose keys, so a lane's randomness
+    # depends neither on the program's width nor on the other lanes: a mixed frame samples
+    # exactly what the separate programs sample.
+    keys = jax.vmap(lambda k: jax.random.split(k, 4))(wrap_keys(state.rng[slots]))
+    return _Lanes(slots=slots, active=active, is_prompt=is_prompt, is_decode=is_decode,
+                  cursor=state.cursor[slots], pending=state.pending[slots], last_hidden=state.last_hidden[slots],
+                  temperature=state.temperature[slots], top_k=state.top_k[slots], top_p=state.top_p[slots],
+                  keys=keys)
+
+
+def _allocate(lanes: _Lanes, x: RoundInputs, plan: RoundPlan, impl: Impl, joint, available) -> jax.Array:
+    """i32[B] target rows: host lengths or the device prefix allocation for decode lanes (never
+    beyond W or the lane's produced proposals + 1), the chunk length for the prompt lane."""
+    decode_limit = jnp.minimum(plan.width, available + 1)
+    if plan.device_allocation:
+        ceilings = jnp.where(lanes.is_decode, jnp.clip(x.lane_rows, 1, decode_limit), 0).astype(jnp.int32)
+        decode_rows = impl.allocate(joint, ceilings, lanes.is_decode, plan.packed)
+    else:
+        decode_rows = jnp.clip(x.lane_rows, 1, decode_limit)
+    lens = jnp.where(lanes.is_decode, decode_rows, 0)
+    if plan.prompt_capacity:
+        lens = jnp.where(lanes.is_prompt, jnp.clip(x.lane_rows, 0, plan.prompt_capacity), lens)
+    return lens.astype(jnp.int32)
+
+
+def _pack_target(lanes: _Lanes, x: RoundInputs, plan: RoundPlan, proposals, lens) -> PackedBatch:
+    """The packed verification batch: decode lanes' [x_c, d_0, ..] scattered at their offsets
+    into the host's packed prompt tokens; positions from each covering lane's cursor."""
+    t_cap = plan.packed
+    starts = (jnp.cumsum(lens) - lens).astype(jnp.int32)
+    column = jnp.arange(plan.width, dtype=jnp.int32)[None, :]
+    grid = jnp.concatenate([lanes.pending[:, None], proposals], axis=1)  # [B, W]
+    index = jnp.where(lanes.is_decode[:, None] & (column < lens[:, None]), starts[:, None] + column, t_cap)
+    tokens = x.tokens.astype(jnp.int32).at[index].set(grid, mode="drop")
+    token_lane, covered = packed_token_rows(starts, lens, t_cap)
+    offset = jnp.arange(t_cap, dtype=jnp.int32) - starts[token_lane]
+    positions = jnp.where(covered, lanes.cursor[token_lane] + offset, 0).astype(jnp.int32)
+    return PackedBatch(tokens=tokens, positions=positions, page_tables=x.page_tables,
+                       context_lens=jnp.where(lens > 0, lanes.cursor + lens, 0).astype(jnp.int32),
+                       query_starts=starts, query_lens=lens)
+
+
+def _absorb(config, params, draft_cache, lanes: _Lanes, batch: PackedBatch, hidden, committed, attention):
+    """Writes the committed pairs (h_i, x_{i+1}), i = c-1 .. c+m-2, into the MTP cache, reusing the
+    target's packed layout shifted by one position: packed token t (x_{c+j}) pairs with
+    hidden[t - 1] = h_{c+j-1}, or with the carried h_{c-1} at the lane's first token."""
+    t_cap = hidden.shape[0]
+    first = (lanes.cursor == 0).astype(jnp.int32)  # a first chunk has no pair at position -1
+    d_lens = jnp.where(committed > 0, committed - first, 0).astype(jnp.int32)
+    token_lane, _ = packed_token_rows(batch.query_starts, batch.query_lens, t_cap)
+    carried = jnp.arange(t_cap) == batch.query_starts[token_lane]
+    previous = jnp.concatenate([jnp.zeros_like(hidden[:1]), hidden[:-1]], axis=0)
+    hidden_in = jnp.where(carried[:, None], lanes.last_hidden[token_lane].astype(hidden.dtype), previous)
+    d_batch = PackedBatch(
+        tokens=batch.tokens, positions=jnp.maximum(batch.positions - 1, 0), page_tables=batch.page_tables,
+        context_lens=jnp.where(d_lens > 0, lanes.cursor + committed - 1, 0).astype(jnp.int32),
+        query_starts=(batch.query_starts + first).astype(jnp.int32), query_lens=d_lens,
+    )
+    _, draft_cache = draft_forward_packed(config, params, draft_cache, hidden_in, d_batch, attention=attention)
+    return draft_cache
+
+
+def _sidecar(lanes: _Lanes, confidence, joint, shape: tuple[int, int]) -> jax.Array:
+    """f32[2, S, draft_capacity]: rows of the cohort's decode lanes, zeros elsewhere."""
+    slots_total, draft_capacity = shape
+    sidecar = jnp.zeros((2, slots_total, draft_capacity), jnp.float32)
+    d = confidence.shape[1]
+    if d == 0:
+        return sidecar
+    rows = jnp.where(lanes.is_decode & (lanes.slots < slots_total), lanes.slots, slots_total)
+    sidecar = sidecar.at[0, rows, :d].set(confidence, mode="drop")
+    return sidecar.at[1, rows, :d].set(joint, mode="drop")
+
+
+def _scatter_rows(array: jax.Array, rows: jax.Array, values: jax.Array) -> jax.Array:
+    return array.at[rows].set(values.astype(array.dtype), mode="drop")
+
+
+def packed_round(config: ModelConfig, params, state: DeviceState, x: RoundInputs, plan: RoundPlan,
+                 impl: Impl, *, sidecar_shape: tuple[int, int]):
+    """Runs one round (module docstring).
+
+    Returns:
+      (state, RoundOutputs, prompt log-probabilities f32[T] when plan.scored else None).
+    """
+    b, w, d, t_cap = plan.lanes, plan.width, plan.depth, plan.packed
+    attention = impl.attention_kernel()
+    lanes = _gather(state, x, plan)  # 1
+    next_key, propose_key, accept_key, sample_key = (lanes.keys[:, i] for i in range(4))
+
+    draft_cache = state.draft  # 2. propose
+    if d > 0:
+        props = draft_proposals(
+            config, params, draft_cache, hidden=lanes.last_hidden, pending=lanes.pending, cursor=lanes.cursor,
+            page_tables=x.page_tables, active=lanes.is_decode, temperature=lanes.temperature, top_k=lanes.top_k,
+            top_p=lanes.top_p, key=propose_key, copy_tokens=x.copy_tokens, copy_lengths=x.copy_lengths,
+            depth=d, attention=attention,
+        )
+        draft_cache = props.cache
+        confidence = jnp.where(lanes.is_decode[:, None], props.confidence, 0.0)
+        proposals, q, available = props.tokens[:, : w - 1], props.probs[:, : w - 1], props.available
+    else:
+        confidence = jnp.zeros((b, 0), jnp.float32)
+        proposals = jnp.zeros((b, w - 1), jnp.int32)
+        q = jnp.zeros((b, w - 1, config.vocab_size), jnp.float32)
+        available = jnp.zeros((b,), jnp.int32)
+    joint = jnp.cumprod(confidence, axis=1)
+
+    lens = _allocate(lanes, x, plan, impl, joint, available)  # 3
+    batch = _pack_target(lanes, x, plan, proposals, lens)  # 4. one packed target forward
+    hidden, target_cache = forward_packed(config, params, state.target, batch, attention=attention)
+    starts = batch.query_starts
+
+    # 5. accept: decode lanes at their W rows, the prompt lane at its last token.
+    column = jnp.arange(w, dtype=jnp.int32)[None, :]
+    sample_index = jnp.where(lanes.is_prompt[:, None], starts[:, None] + lens[:, None] - 1, starts[:, None] + column)
+    logits = compute_logits(config, params, hidden[jnp.clip(sample_index, 0, t_cap - 1)])  # f32[B, W, V]
+    def per_row(values):  # a lane's setting for each of its W rows
+        return jnp.broadcast_to(values[:, None], (b, w))
+
+    p = sampling_probs(logits, per_row(lanes.temperature), per_row(lanes.top_k), per_row(lanes.top_p))
+    accept_u = jax.vmap(lambda k: jax.vmap(lambda j: jax.random.uniform(jax.random.fold_in(k, j)))(
+        jnp.arange(w - 1)))(accept_key).reshape(b, w - 1)
+    sample_u = jax.vmap(jax.random.uniform)(sample_key)
+    acc = accept_proposals(p, q, proposals, jnp.where(lanes.is_decode, lens, 1), accept_u, sample_u)
+    counts = jnp.where(lanes.is_decode, acc.counts, 0)
+    if plan.prompt_capacity:
+        counts = jnp.where(lanes.is_prompt & x.prompt_ends, 1, counts)
+    counts = counts.astype(jnp.int32)
+
+    # 6. commit
+    committed = jnp.where(lanes.is_decode, acc.accepted + 1, jnp.where(lanes.is_prompt, lens, 0)).astype(jnp.int32)
+    new_hidden = hidden[jnp.clip(starts + committed - 1, 0, t_cap - 1)]
+    new_hidden = jnp.where((committed > 0)[:, None], new_hidden, lanes.last_hidden)
+    last_token = jnp.take_along_axis(acc.tokens, jnp.clip(counts - 1, 0, w - 1)[:, None], axis=1)[:, 0]
+    new_pending = jnp.where(counts > 0, last_token, lanes.pending)
+
+    if plan.maintain_draft and draft_cache is not None:  # 7
+        draft_cache = _absorb(config, params, draft_cache, lanes, batch, hidden, committed, attention)
+
+    rows = jnp.where(lanes.active, lanes.slots, state.rows)  # 8. only active lanes write
+    new_state = state.replace(
+        target=target_cache,
+        draft=draft_cache,
+        cursor=_scatter_rows(state.cursor, rows, lanes.cursor + committed),
+        pending=_scatter_rows(state.pending, rows, new_pending),
+        last_hidden=_scatter_rows(state.last_hidden, rows, new_hidden),
+        rng=_scatter_rows(state.rng, rows, jax.random.key_data(next_key)),
+        generated=_scatter_rows(state.generated, rows, state.generated[lanes.slots] + counts),
+    )
+    outputs = RoundOutputs(
+        tokens=jnp.where(column < counts[:, None], acc.tokens, 0).astype(jnp.int32),
+        counts=counts,
+        query_lengths=lens,
+        sidecar=_sidecar(lanes, confidence, joint, sidecar_shape),
+        survival=jnp.where(lanes.is_decode[:, None], acc.survival, 0.0),
+    )
+    logprobs = None
+    if plan.scored:
+        logprobs = _prompt_logprobs(config, params, hidden, batch.tokens, lanes.last_hidden, lanes.cursor,
+                                    lanes.is_prompt, starts, lens)
+    return new_state, outputs, logprobs
+
+
+def _prompt_logprobs(config, params, hidden, tokens, last_hidden, cursor, is_prompt, starts, lens):
+    """f32[T]: log p(tokens[t] | prefix) for the prompt lane's packed tokens, NaN elsewhere and for
+    a request's very first token (nothing predicts it). Raw logits (temperature 1)."""
+    t_cap = hidden.shape[0]
+    lane = jnp.argmax(is_prompt)
+    start, length, has_prompt = starts[lane], lens[lane], jnp.any(is_prompt)
+    previous = jnp.concatenate([last_hidden[lane][None].astype(hidden.dtype), hidden[:-1]], axis=0)
+    t_index = jnp.arange(t_cap)
+    # Packed token t is predicted by the hidden state one position earlier: the carried
+    # h_{c-1} for the lane's first token, hidden[t - 1] otherwise.
+    predictor = jnp.where((t_index == start)[:, None], previous[0], previous)
+    log_probs = jax.nn.log_softmax(compute_logits(config, params, predictor), axis=-1)
+    picked = jnp.take_along_axis(log_probs, tokens[:, None], axis=-1)[:, 0]
+    inside = has_prompt & (t_index >= start) & (t_index < start + length)
+    defined = inside & ~((t_index == start) & (cursor[lane] == 0))
+    return jnp.where(defined, picked, jnp.nan)

@@ -1,0 +1,73 @@
+"""Per-row sampling distributions and draws, vectorised and free of host round trips.
+
+A row's sampling settings (temperature, top_k, top_p) turn logits into the distribution that is
+actually sampled. The same transformation serves the target (p) and the draft (q), so that
+rejection sampling compares the distributions the tokens were really drawn from:
+
+  temperature == 0  greedy: the one-hot distribution of the first argmax. Greedy decoding is then
+                    the special case of the acceptance rule where p and q are point masses
+                    (accept iff the proposal is the target argmax; replacement = the argmax).
+  temperature > 0   softmax(logits / temperature), then
+                    top_k > 0: keep tokens whose probability is >= the k-th largest,
+                    top_p < 1: keep the smallest most-probable set whose mass reaches top_p
+                    (the token that crosses top_p is kept),
+                    renormalised. Ties at a threshold keep every tied token.
+
+Draws use the inverse CDF with an explicit uniform u in [0, 1): the token is the first index
+whose cumulative mass exceeds u * total. Zero-probability tokens are never drawn, and the same
+uniform gives the same token in the numpy oracle (reference/sampling.py).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+
+def sampling_probs(logits: jax.Array, temperature: jax.Array, top_k: jax.Array, top_p: jax.Array) -> jax.Array:
+    """The distribution a row samples from.
+
+    Args:
+      logits: f32[..., V].
+      temperature, top_p: f32[...] per row (broadcast against logits' leading axes).
+      top_k: i32[...] per row.
+    Returns:
+      f32[..., V] probabilities (one-hot where temperature == 0).
+    """
+    logits = logits.astype(jnp.float32)
+    vocab = logits.shape[-1]
+    temperature = temperature[..., None]
+    greedy = temperature <= 0
+    onehot = jax.nn.one_hot(jnp.argmax(logits, axis=-1), vocab, dtype=jnp.float32)
+    probs = jax.nn.softmax(logits / jnp.where(greedy, 1.0, temperature), axis=-1)
+    # top-k: threshold at the k-th largest probability.
+    descending = -jnp.sort(-probs, axis=-1)
+    k = jnp.clip(top_k[..., None], 1, vocab)
+    kth = jnp.take_along_axis(descending, k - 1, axis=-1)
+    probs = jnp.where((top_k[..., None] > 0) & (probs < kth), 0.0, probs)
+    probs = probs / jnp.sum(probs, axis=-1, keepdims=True)
+    # top-p: keep the sorted prefix up to and including the token whose mass crosses top_p.
+    descending = -jnp.sort(-probs, axis=-1)
+    before = jnp.cumsum(descending, axis=-1) - descending  # mass strictly before each entry
+    keep_count = jnp.maximum(jnp.sum(before < top_p[..., None], axis=-1, keepdims=True), 1)
+    threshold = jnp.take_along_axis(descending, keep_count - 1, axis=-1)
+    probs = jnp.where((top_p[..., None] < 1.0) & (probs < threshold), 0.0, probs)
+    probs = probs / jnp.sum(probs, axis=-1, keepdims=True)
+    return jnp.where(greedy, onehot, probs)
+
+
+def confidence_probs(logits: jax.Array, temperature: jax.Array) -> jax.Array:
+    """The draft confidence distribution: softmax(logits / T), T = 1 for greedy rows.
+
+    Untruncated (no top-k/top-p) and never one-hot, so a greedy proposal's confidence is the
+    draft model's probability of its argmax rather than a meaningless 1.
+    """
+    t = temperature[..., None]
+    return jax.nn.softmax(logits.astype(jnp.float32) / jnp.where(t <= 0, 1.0, t), axis=-1)
+
+
+def sample_inverse_cdf(probs: jax.Array, uniform: jax.Array) -> jax.Array:
+    """i32[...] draws from f32[..., V] (unnormalised is fine) with uniforms f32[...] in [0, 1)."""
+    cdf = jnp.cumsum(probs, axis=-1)
+    target = uniform[..., None] * cdf[..., -1:]
+    index = jnp.sum(cdf <= target, axis=-1)
+    return jnp.minimum(index, probs.shape[-1] - 1).astype(jnp.int32)

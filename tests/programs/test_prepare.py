@@ -1,0 +1,78 @@
+"""prepare compiles a small catalog ahead of time end to end, measures it and exports it."""
+import json
+
+import jax
+import numpy as np
+import pytest
+from absl import flags
+
+from helios_jax.catalog import Catalog, GraphKind
+from helios_jax.engine_config import EngineConfig
+from helios_jax.model import save_checkpoint
+from helios_jax.prepare import define_flags, engine_from_flags, load_model, prepare
+
+spec = pytest.mark.spec
+ENGINE = EngineConfig(request_slots=1, prefill_chunks=(16,), speculation="adaptive", draft_tokens=1,
+                      speculative_token_capacity=4, max_model_len=32, page_size=8, snapshot_rows=1)
+
+
+@pytest.fixture(scope="module")
+def prepared():
+    config, params = load_model(None)
+    return config, params, prepare(config, params, ENGINE, name="tiny", do_measure=True, runs=2, progress=None)
+
+
+@spec("mixed-execution/planning-same-catalog", "mixed-execution/headroom-extent", "intro/stages-not-scheduled")
+def test_prepare_compiles_measures_and_exports(prepared, tmp_path):
+    config, params, out = prepared
+    planned = ENGINE.catalog("tiny")
+    assert [g.key for g in out.catalog.graphs] == [g.key for g in planned.graphs]  # planning == preparation
+    assert all(p.compiled is not None and p.compile_seconds > 0 for p in out.programs.values())
+    assert all(g.duration_ms and g.duration_ms > 0 for g in out.catalog.graphs)
+    # Headroom: params, KV pool (target + MTP), a workspace, and the largest packed extent.
+    h = out.headroom
+    assert h.params_bytes == sum(x.nbytes for x in jax.tree_util.tree_leaves(params))
+    layers = config.num_layers + config.mtp_num_layers
+    assert h.kv_pool_bytes == 2 * layers * config.num_kv_heads * ENGINE.kv_pages * ENGINE.page_size * config.head_dim * 4
+    assert h.max_packed_extent == 16  # the prefill chunk; speculative programs pack at most P = 2
+    assert h.workspace_bytes >= 0 and h.lines()
+    path = tmp_path / "measured.json"
+    out.catalog.save(path)
+    loaded = Catalog.load(path)
+    assert loaded == out.catalog and json.loads(path.read_text())["graphs"][0]["duration_ms"] > 0
+
+
+def test_compiled_programs_donate_the_state(prepared):
+    config, params, out = prepared
+    program = out.programs.find(GraphKind.PREFILL)
+    state = out.programs.init_state()
+    old = state.target.k
+    inputs = program.pack(slot=0, tokens=[1, 2, 3], page_table=list(range(4)), prompt_ends=True)
+    state, result = program(params, state, inputs)
+    assert old.is_deleted()  # the cache was updated in place
+    assert int(state.cursor[0]) == 3 and int(result.counts[0]) == 1
+    again = out.programs.init_state()
+    again, jitted = program.fn(params, again, inputs)  # the traced path agrees with the AOT one
+    np.testing.assert_array_equal(np.asarray(jitted.tokens), np.asarray(result.tokens))
+
+
+def test_flags_mirror_the_engine_config():
+    fv = flags.FlagValues()
+    define_flags(fv)
+    fv(["prepare", "--concurrency=16", "--draft_tokens=7", "--proposal_depths=3,7", "--mixed_prefill",
+        "--prefill_chunks=64,128", "--max_model_len=4096", "--speculation=fixed"])
+    engine = engine_from_flags(fv)
+    assert engine == EngineConfig(request_slots=16, draft_tokens=7, proposal_depths=(3, 7), mixed_prefill=True,
+                                  prefill_chunks=(64, 128), max_model_len=4096, speculation="fixed", page_size=16)
+    fv.unparse_flags()
+    fv(["prepare", "--speculation=off"])
+    assert engine_from_flags(fv).catalog().mode == "ordinary"
+
+
+def test_load_model_reads_a_checkpoint_folder(tmp_path):
+    config, params = load_model(None, seed=3)
+    save_checkpoint(tmp_path, config, params)
+    loaded_config, loaded = load_model(str(tmp_path))
+    assert loaded_config == config
+    for a, b in zip(jax.tree_util.tree_leaves(params), jax.tree_util.tree_leaves(loaded)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

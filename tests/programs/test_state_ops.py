@@ -1,0 +1,93 @@
+"""State operations: initialize, snapshot, restore (one row-and-page copy body).
+
+Snapshot at token t, restore into a fresh slot, and continuing there equals continuing the
+original uninterrupted: same tokens (sampled, so the PRNG key and sampling settings travel with
+the row), same draft confidences (so the MTP draft context travelled too), and the prompt's
+length leaves a partial last page, which must be preserved.
+"""
+import numpy as np
+import pytest
+
+from helios_jax.catalog import GraphKind
+
+from .helpers import PAGE_SIZE, RECT, SPECULATIVE_ENGINE, Driver, emitted
+
+spec = pytest.mark.spec
+PROMPT = [40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52]  # 13 tokens: 3 pages + 1 token
+SNAPSHOT_ROW = SPECULATIVE_ENGINE.request_slots  # the first snapshot row
+
+
+def _continue(d, slot, rounds=4):
+    """Learned speculative rounds (they read the draft context) in lane 0; tokens and sidecars."""
+    tokens, confidences = [], []
+    for _ in range(rounds):
+        out = d.run(RECT, slots=[slot], page_tables=d.tables([slot]), query_lengths=[4])
+        tokens.extend(emitted(out, 0))
+        confidences.append(np.asarray(out.sidecar)[:, slot])
+    return tokens, np.stack(confidences)
+
+
+@spec("prerequisites/snapshot-preserves", "prerequisites/restore-fresh-generation",
+      "prerequisites/logical-request-kept", "prerequisites/enabling-kinds")
+def test_snapshot_restore_continues_like_uninterrupted_decoding(spec_programs, params):
+    d = Driver(spec_programs, params, seed=3)
+    d.initialize(0, temperature=1.0, top_k=20, seed=123)
+    d.prefill(0, PROMPT)
+    for _ in range(2):
+        d.run(RECT, slots=[0], page_tables=d.tables([0]), query_lengths=[3])
+    cursor = d.row(0)["cursor"]
+    if cursor % PAGE_SIZE == 0:  # keep the partial-page case
+        d.run(RECT, slots=[0], page_tables=d.tables([0]), query_lengths=[1])
+        cursor = d.row(0)["cursor"]
+    assert cursor % PAGE_SIZE
+    used = -(-cursor // PAGE_SIZE)
+    d.run(_snapshot(d), src_rows=[0], dst_rows=[SNAPSHOT_ROW],
+          src_pages=[d.pages[0][:used]], dst_pages=[d.pages[SNAPSHOT_ROW][:used]])
+    saved = {k: np.array(getattr(d.state, k)[SNAPSHOT_ROW]) for k in ("cursor", "pending", "rng", "last_hidden")}
+    assert saved["cursor"] == cursor
+    # Uninterrupted continuation in slot 0.
+    want_tokens, want_conf = _continue(d, 0)
+    # A fresh slot (initialized for some other request first) receives the snapshot.
+    d.initialize(2, temperature=0.0, seed=999)
+    d.run(_restore(d), src_rows=[SNAPSHOT_ROW], dst_rows=[2], src_pages=[d.pages[SNAPSHOT_ROW][:used]],
+          dst_pages=[d.pages[2][:used]])
+    assert d.row(2)["cursor"] == cursor
+    np.testing.assert_array_equal(np.asarray(d.state.rng[2]), saved["rng"])
+    got_tokens, got_conf = _continue(d, 2)
+    assert got_tokens == want_tokens
+    np.testing.assert_allclose(got_conf, want_conf, atol=1e-6)
+    # Snapshot rows are untouched by the continuation.
+    assert int(d.state.cursor[SNAPSHOT_ROW]) == cursor
+
+
+def _snapshot(d):
+    return d.programs.find(GraphKind.SNAPSHOT).descriptor
+
+
+def _restore(d):
+    return d.programs.find(GraphKind.RESTORE).descriptor
+
+
+@spec("prerequisites/snapshot-preserves")
+def test_copy_moves_whole_pages_of_both_pools_and_nothing_else(spec_programs, params):
+    d = Driver(spec_programs, params, seed=4)
+    d.initialize(1)
+    d.prefill(1, PROMPT)
+    before = {name: np.array(getattr(d.state, name).k) for name in ("target", "draft")}
+    src, dst = d.pages[1][:4], d.pages[SNAPSHOT_ROW][:4]
+    d.run(_snapshot(d), src_rows=[1], dst_rows=[SNAPSHOT_ROW], src_pages=[src], dst_pages=[dst])
+    for name in ("target", "draft"):
+        after = np.asarray(getattr(d.state, name).k)
+        np.testing.assert_array_equal(after[:, :, dst], before[name][:, :, src])  # NaN tails included
+        others = np.setdiff1d(np.arange(after.shape[2]), dst)
+        np.testing.assert_array_equal(after[:, :, others].view(np.uint32), before[name][:, :, others].view(np.uint32))
+
+
+def test_initialize_resets_the_row(spec_programs, params):
+    d = Driver(spec_programs, params, seed=5)
+    d.initialize(3, temperature=0.5, top_p=0.8, top_k=7, seed=42)
+    d.prefill(3, PROMPT[:5])
+    assert d.row(3)["cursor"] == 5 and d.row(3)["generated"] == 1
+    d.initialize(3, temperature=0.0, seed=1)
+    assert d.row(3) == dict(cursor=0, pending=0, generated=0)
+    assert float(d.state.temperature[3]) == 0.0 and int(d.state.top_k[3]) == 0
