@@ -1,0 +1,327 @@
+"""The engine: one background loop joining the scheduler, the prepared programs and the server.
+
+A request's life here (numbers match ARCHITECTURE.md, "A request's life"):
+
+1. ``submit`` (any thread) queues a :class:`GenerationRequest` and returns its stream.
+2. The loop admits waiting requests in arrival order while a request slot and the KV pages of
+   their whole execution ceiling are free (the scheduler reserves them). Every request starts
+   with an ``initialize`` program that loads its sampling settings into its state row.
+3. ``advance_to(now)``, ``plan()``, ``commit(plan, fence)``, then the executor packs the frame's
+   inputs and dispatches the prepared program. Up to two frames are in flight: ordinary decode
+   and complete speculative generation may be queued behind another; everything else, and every
+   plan that needs completion feedback, waits for an empty window.
+4. A waiter thread observes completion; the loop turns the outputs into completion records, calls
+   the scheduler's completion (the packed-round and survival variants where the program produced
+   a sidecar or survival rows), detokenizes, applies stop strings, and reports each visible burst
+   with ``published_output`` before the next completion is processed.
+5. Finished, stopped and cancelled requests end their streams; the scheduler returns their slot
+   and pages after their last submitted fence.
+
+The loop thread is the only one touching the scheduler and the device state.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import queue
+import threading
+import time
+from typing import Callable
+
+import numpy as np
+
+from helios_jax.catalog import Allocation, DecodeMode, GraphKind
+from helios_jax.engine_config import EngineConfig
+from helios_jax.runtime.api import GenerationRequest, RequestStream, StreamEvent
+from helios_jax.runtime.detokenize import TextStream
+from helios_jax.runtime.executor import Executor, Frame, RequestInputs, completion_records, survival_rows
+from helios_jax.runtime.tokenizer import HFTokenizer
+from helios_jax.scheduler.config import PolicyConfig
+from helios_jax.scheduler.core import NS_PER_MS, Scheduler
+
+log = logging.getLogger("helios_jax.engine")
+
+MODES = {"off": DecodeMode.ORDINARY, "fixed": DecodeMode.FIXED, "adaptive": DecodeMode.ADAPTIVE}
+
+
+@dataclasses.dataclass
+class _Active:
+    request: GenerationRequest
+    stream: RequestStream
+    text: TextStream
+    handle: object = None
+    inputs: RequestInputs | None = None
+    completion_tokens: int = 0
+    prompt_logprobs: list | None = None
+    prompt_logprobs_sent: bool = False
+    done: bool = False
+
+
+class HeliosEngine:
+    """Serves one model with one prepared catalog (``helios_jax.runtime.api.Engine``)."""
+
+    def __init__(self, *, model_config, params, tokenizer: HFTokenizer, engine_config: EngineConfig,
+                 policy_config: PolicyConfig | None = None, model_name: str = "helios-default",
+                 programs=None, progress: Callable[[str], None] | None = None, start: bool = True):
+        self.model_name = model_name
+        self.tokenizer = tokenizer
+        self.config = engine_config
+        self.catalog = engine_config.catalog(model_name)
+        draft = max(engine_config.proposal_depths, default=0) if engine_config.speculative else 0
+        # The scheduler's context leaves room for the draft storage a speculative round writes.
+        self.max_model_len = engine_config.max_model_len - draft
+        fixed_width = max(engine_config.proposal_depths) + 1 if engine_config.speculation == "fixed" else None
+        self.scheduler = Scheduler(self.catalog, mode=MODES[engine_config.speculation],
+                                   policy_config=policy_config or PolicyConfig(), fixed_width=fixed_width,
+                                   page_size=engine_config.page_size, kv_pages=engine_config.kv_pages,
+                                   max_model_len=self.max_model_len, draft_storage=draft, initialize_requests=True)
+        if programs is None:
+            programs = self._compile(model_config, params, progress)
+        self.executor = Executor(programs, params, programs.init_state(),
+                                 on_ready=lambda frame: self._events.put(("ready", frame)))
+        self._events: queue.Queue = queue.Queue()
+        self._waiting: list[_Active] = []
+        self._by_id: dict[str, _Active] = {}
+        self._by_rid: dict[int, _Active] = {}
+        self._fence = 0
+        self._seed = int.from_bytes(os.urandom(4), "little")
+        self._failed: str | None = None
+        self._ready = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="helios-engine", daemon=True)
+        if start:
+            self.start()
+
+    def _compile(self, model_config, params, progress):
+        from helios_jax.programs import build_programs
+
+        programs = build_programs(model_config, params, self.config, self.catalog)
+
+        def report(i, n, program):
+            if progress:
+                progress(f"compiled {i}/{n} {program.name} ({program.compile_seconds:.1f} s)")
+
+        programs.compile_all(report)
+        return programs
+
+    # == the Engine interface =================================================================
+    def start(self) -> None:
+        self._thread.start()
+        self._ready.set()
+
+    def ready(self) -> bool:
+        return self._ready.is_set() and self._failed is None and not self._stop.is_set()
+
+    def submit(self, request: GenerationRequest) -> RequestStream:
+        if len(request.prompt_tokens) + request.sampling.max_tokens > self.max_model_len:
+            raise ValueError(f"prompt ({len(request.prompt_tokens)}) plus max_tokens "
+                             f"({request.sampling.max_tokens}) exceeds the context of {self.max_model_len}")
+        stream = RequestStream(request.request_id, cancel_callback=lambda rid: self._events.put(("cancel", rid)))
+        if self._failed is not None:
+            stream.put(StreamEvent("", (), finish_reason="error", error=self._failed))
+            return stream
+        active = _Active(request, stream, TextStream(self.tokenizer.decode, request.sampling.stop))
+        self._events.put(("submit", active))
+        return stream
+
+    def metrics_text(self) -> str:
+        lines = [self.scheduler.metrics_text(),
+                 "# HELP helios_graph_executions_total Completed executions per prepared program.",
+                 "# TYPE helios_graph_executions_total counter"]
+        for name, n in sorted(self.executor.graph_counts.items()):
+            lines.append(f'helios_graph_executions_total{{graph="{name}"}} {n}')
+        lines += ["# HELP helios_graph_device_seconds_total Device time per prepared program.",
+                  "# TYPE helios_graph_device_seconds_total counter"]
+        for name, ns in sorted(self.executor.graph_ns.items()):
+            lines.append(f'helios_graph_device_seconds_total{{graph="{name}"}} {ns / 1e9:.6f}')
+        lines += ["# TYPE helios_engine_waiting_requests gauge", f"helios_engine_waiting_requests {len(self._waiting)}",
+                  "# TYPE helios_engine_resident_requests gauge",
+                  f"helios_engine_resident_requests {len(self.scheduler.requests)}"]
+        return "\n".join(lines) + "\n"
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        self._events.put(("stop", None))
+        if self._thread.is_alive():
+            self._thread.join(timeout=30)
+
+    # == the loop ===============================================================================
+    def _now(self) -> int:
+        return time.perf_counter_ns()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            busy = bool(self.executor.inflight) or bool(self._waiting)
+            try:
+                try:
+                    event = self._events.get(timeout=0.05 if busy else 1.0)
+                    self._handle(event)
+                    while True:
+                        self._handle(self._events.get_nowait())
+                except queue.Empty:
+                    pass
+                if not self._stop.is_set():
+                    self._step()
+            except Exception as e:  # a broken frame or program: fail everything, stop serving
+                log.exception("engine loop failed")
+                self._fail(f"engine failure: {e}")
+
+    def _handle(self, event) -> None:
+        kind, payload = event
+        if kind == "submit":
+            self._by_id[payload.request.request_id] = payload
+            self._waiting.append(payload)
+        elif kind == "cancel":
+            self._cancel(payload)
+        elif kind == "ready":
+            self._complete_ready()
+
+    def _step(self) -> None:
+        self._admit()
+        self.scheduler.advance_to(self._now())
+        while len(self.executor.inflight) < 2:
+            plan = self.scheduler.plan()
+            if plan is None or (plan.needs_empty_window and self.executor.inflight):
+                return
+            self._fence += 1
+            self.scheduler.commit(plan, self._fence)
+            self.executor.dispatch(plan, self._fence, self._inputs_of(plan))
+
+    def _inputs_of(self, plan):
+        return {lane.handle.rid: self._by_rid[lane.handle.rid].inputs for lane in plan.lanes}
+
+    def _admit(self) -> None:
+        while self._waiting:
+            active = self._waiting[0]
+            req = active.request
+            if not self.scheduler.can_admit(len(req.prompt_tokens), req.sampling.max_tokens):
+                return
+            self._waiting.pop(0)
+            s = req.sampling
+            handle = self.scheduler.admit(
+                req.prompt_tokens, max_output=s.max_tokens, message_endpoints=req.message_endpoints,
+                stop_token_ids=self.tokenizer.eos_token_ids, needs_scores=s.prompt_logprobs,
+                host_stops=bool(s.stop), sampling=s)
+            seed = s.seed if s.seed is not None else (self._seed + handle.rid) % (1 << 31)
+            active.handle = handle
+            active.inputs = RequestInputs(tuple(req.prompt_tokens), tuple(self.scheduler.page_table(handle)),
+                                          temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, seed=seed)
+            if s.prompt_logprobs:
+                active.prompt_logprobs = [None] * len(req.prompt_tokens)
+            self._by_rid[handle.rid] = active
+
+    def _cancel(self, request_id: str) -> None:
+        active = self._by_id.pop(request_id, None)
+        if active is None or active.done:
+            return
+        if active in self._waiting:
+            self._waiting.remove(active)
+        elif active.handle is not None:
+            try:
+                self.scheduler.cancel(active.handle)
+            except KeyError:
+                pass
+        self._finish(active, "cancelled")
+
+    # == completions ============================================================================
+    def _complete_ready(self) -> None:
+        """Process completed frames in fence order (a later frame never completes first)."""
+        while self.executor.inflight and self.executor.inflight[0].done.is_set():
+            self._complete(self.executor.inflight[0])
+
+    def _complete(self, frame: Frame) -> None:
+        if frame.error is not None:
+            raise RuntimeError(f"fence {frame.fence} ({frame.plan.graph.name}) failed: {frame.error}")
+        plan = frame.plan
+        self.scheduler.advance_to(self._now())
+        outputs = frame.outputs
+        records = completion_records(plan, outputs)
+        timing = frame.timing()
+        graph = plan.graph
+        depth = graph.proposal_depth if graph.kind in (GraphKind.SPECULATIVE, GraphKind.MIXED) else 0
+        if depth > 0:
+            sidecar = np.asarray(outputs.sidecar)
+            survival = survival_rows(plan, outputs, self.catalog.request_slots, depth)
+            generated = self.scheduler.complete_packed_round_with_survival(frame.fence, records, timing, sidecar,
+                                                                           survival)
+        else:
+            generated = self.scheduler.complete(frame.fence, records, timing)
+        self.executor.retire(frame)
+        if graph.kind is GraphKind.SCORED_PREFILL:
+            self._collect_prompt_logprobs(plan, outputs)
+        for g in generated:
+            active = self._by_rid.get(g.handle.rid)
+            if active is None or active.done:
+                continue
+            self._publish(active, g, frame.fence)
+
+    def _collect_prompt_logprobs(self, plan, outputs) -> None:
+        lane = plan.lanes[0]
+        active = self._by_rid.get(lane.handle.rid)
+        if active is None or active.prompt_logprobs is None or outputs.prompt_logprobs is None:
+            return
+        values = np.asarray(outputs.prompt_logprobs)[: lane.prompt_tokens]
+        for i, v in enumerate(values):
+            pos = lane.prompt_start + i
+            if 0 < pos < len(active.prompt_logprobs) and np.isfinite(v):
+                active.prompt_logprobs[pos] = float(v)
+
+    def _publish(self, active: _Active, generated, fence: int) -> None:
+        tokens = generated.tokens
+        active.completion_tokens += len(tokens)
+        text = active.text.feed(tokens, final=generated.finished)
+        first = None
+        if active.prompt_logprobs is not None and not active.prompt_logprobs_sent:
+            first = tuple(active.prompt_logprobs)
+            active.prompt_logprobs_sent = True
+        if text or tokens:
+            # A visible burst (or tokens swallowed by a stop string) is reported before the
+            # next completion is processed; an entirely buffered burst publishes nothing.
+            if text:
+                self.scheduler.published_output(active.handle, fence)
+            active.stream.put(StreamEvent(text, tuple(tokens), None, len(active.request.prompt_tokens),
+                                          active.completion_tokens, prompt_logprobs=first))
+        if active.text.stopped and not generated.finished:
+            self.scheduler.finish(active.handle, "stop")  # a host stop string
+            self._finish(active, "stop")
+        elif generated.finished:
+            reason = generated.finish_reason or "stop"
+            self._finish(active, "stop" if active.text.stopped else reason)
+
+    def _finish(self, active: _Active, reason: str) -> None:
+        active.done = True
+        active.stream.put(StreamEvent("", (), reason, len(active.request.prompt_tokens), active.completion_tokens))
+        self._by_id.pop(active.request.request_id, None)
+
+    def _fail(self, message: str) -> None:
+        self._failed = message
+        for active in list(self._by_id.values()):
+            if not active.done:
+                active.done = True
+                active.stream.put(StreamEvent("", (), "error", len(active.request.prompt_tokens),
+                                              active.completion_tokens, error=message))
+        self._by_id.clear()
+        self._waiting.clear()
+        self._stop.set()
+
+
+def build_engine(options, progress: Callable[[str], None] | None = print) -> HeliosEngine:
+    """The engine `python -m helios_jax.serve` runs (``helios_jax.serve.flags.EngineOptions``)."""
+    from helios_jax.model import load_checkpoint
+    from helios_jax.model.default import default_model_path
+
+    path = options.model or str(default_model_path())
+    if progress:
+        progress(f"loading model from {path}")
+    model = load_checkpoint(path)
+    if model.tokenizer is None:
+        raise ValueError(f"{path} has no tokenizer.json")
+    tokenizer = HFTokenizer(model.tokenizer)
+    max_len = options.max_model_len or min(model.config.max_position_embeddings, 4096)
+    speculation = options.speculation if model.config.has_mtp else "off"
+    config = options.engine_config(max_model_len=max_len, dtype=model.config.dtype, speculation=speculation,
+                                   **({"draft_tokens": 0} if speculation == "off" else {}))
+    name = os.path.basename(os.path.normpath(path)) if options.model else "helios-default"
+    return HeliosEngine(model_config=model.config, params=model.params, tokenizer=tokenizer, engine_config=config,
+                        policy_config=options.policy_config(), model_name=name, progress=progress)
