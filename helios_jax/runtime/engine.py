@@ -308,9 +308,15 @@ class HeliosEngine:
 
 def build_engine(options, progress: Callable[[str], None] | None = print) -> HeliosEngine:
     """The engine `python -m helios_jax.serve` runs (``helios_jax.serve.flags.EngineOptions``)."""
+    import jax
+
     from helios_jax.model import load_checkpoint
     from helios_jax.model.default import default_model_path
 
+    # Restarts reuse compiled programs: the persistent compilation cache, unless configured.
+    if not os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+        jax.config.update("jax_compilation_cache_dir",
+                          os.path.join(os.path.expanduser("~"), ".cache", "helios_jax", "xla"))
     path = options.model or str(default_model_path())
     if progress:
         progress(f"loading model from {path}")
