@@ -63,7 +63,8 @@ class HeliosEngine:
 
     def __init__(self, *, model_config, params, tokenizer: HFTokenizer, engine_config: EngineConfig,
                  policy_config: PolicyConfig | None = None, model_name: str = "helios-default",
-                 programs=None, progress: Callable[[str], None] | None = None, start: bool = True):
+                 programs=None, progress: Callable[[str], None] | None = None, start: bool = True,
+                 check_invariants: bool = False):
         self.model_name = model_name
         self.tokenizer = tokenizer
         self.config = engine_config
@@ -87,6 +88,7 @@ class HeliosEngine:
         self._fence = 0
         self._seed = int.from_bytes(os.urandom(4), "little")
         self._failed: str | None = None
+        self.check_invariants = check_invariants  # tests: verify the page pool after every step
         self._ready = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="helios-engine", daemon=True)
@@ -183,10 +185,27 @@ class HeliosEngine:
         while len(self.executor.inflight) < 2:
             plan = self.scheduler.plan()
             if plan is None or (plan.needs_empty_window and self.executor.inflight):
-                return
+                break
             self._fence += 1
             self.scheduler.commit(plan, self._fence)
             self.executor.dispatch(plan, self._fence, self._inputs_of(plan))
+        if self.check_invariants:
+            self._verify_pool()
+
+    def _verify_pool(self) -> None:
+        """The pool's occupancy equals the scheduler's reservations, and every frame in flight
+        addresses only pages reserved for its lanes' requests."""
+        owned = self.scheduler.owned_pages()
+        reserved = {}
+        for rid, req in self.scheduler.requests.items():
+            reserved.update({p: rid for p in req.pages})
+        if owned != reserved:
+            raise AssertionError(f"page pool {len(owned)} owned != {len(reserved)} reserved")
+        for frame in self.executor.inflight:
+            for lane in frame.plan.lanes:
+                active = self._by_rid.get(lane.handle.rid)
+                if active is not None and any(owned.get(p) != lane.handle.rid for p in active.inputs.page_table):
+                    raise AssertionError(f"fence {frame.fence}: {lane.handle} addresses pages it does not own")
 
     def _inputs_of(self, plan):
         return {lane.handle.rid: self._by_rid[lane.handle.rid].inputs for lane in plan.lanes}
@@ -248,6 +267,8 @@ class HeliosEngine:
         else:
             generated = self.scheduler.complete(frame.fence, records, timing)
         self.executor.retire(frame)
+        if self.check_invariants:
+            self._verify_pool()
         if graph.kind is GraphKind.SCORED_PREFILL:
             self._collect_prompt_logprobs(plan, outputs)
         for g in generated:

@@ -22,7 +22,8 @@ def engine():
     config, params = model()
     ec = EngineConfig(request_slots=4, prefill_chunks=(64, 256), speculation="adaptive", draft_tokens=3,
                       max_model_len=512)
-    eng = HeliosEngine(model_config=config, params=params, tokenizer=tokenizer(), engine_config=ec)
+    eng = HeliosEngine(model_config=config, params=params, tokenizer=tokenizer(), engine_config=ec,
+                       check_invariants=True)
     yield eng
     eng.shutdown()
 
@@ -53,8 +54,9 @@ def run(engine, rid, prompt, **sampling):
     return events, [t for e in events for t in e.token_ids]
 
 
-@spec("verification/runtime-phase-coverage", "intro/speculative-graph-stages")
+@spec("verification/runtime-phase-coverage", "intro/speculative-graph-stages", "planning-queue/page-reservation")
 def test_concurrent_greedy_requests_equal_offline_greedy_decoding(engine):
+    """The engine verifies after every step that the page pool equals the reservations."""
     tok = tokenizer()
     prompts = [tok.encode("def f(x):\n    return x + 1\n") * k for k in (1, 3, 9)]
     streams = [engine.submit(GenerationRequest(f"g{i}", tuple(p), SamplingParams(max_tokens=24, temperature=0.0)))

@@ -17,7 +17,7 @@ from helios_jax.engine_config import EngineConfig
 from helios_jax.runtime.engine import HeliosEngine
 
 from ..runtime.helpers import model, tokenizer
-from .helpers import get, live_server, open_stream
+from .helpers import get, live_server, open_stream, post
 
 spec = pytest.mark.spec
 MODES = ["off", "fixed", "adaptive"]
@@ -29,7 +29,8 @@ def server(request):
     mode = request.param
     engine = HeliosEngine(model_config=config, params=params, tokenizer=tokenizer(), model_name="tiny",
                           engine_config=EngineConfig(request_slots=4, prefill_chunks=(4096,), speculation=mode,
-                                                     draft_tokens=0 if mode == "off" else 3, max_model_len=4608))
+                                                     draft_tokens=0 if mode == "off" else 3, max_model_len=4608),
+                          check_invariants=True)
     with live_server(engine) as srv:
         srv.mode = mode
         yield srv
@@ -133,3 +134,17 @@ def test_cancellation_then_slot_reuse(server):
         time.sleep(0.1)
     assert not engine.scheduler.requests and not engine.scheduler.owned_pages()
     scenario(server, [(SHORT, 8) for _ in range(4)])
+
+
+def test_greedy_output_over_http_equals_offline_greedy_decoding(server):
+    """The HTTP path (tokenize, schedule, speculate, detokenize) returns plain greedy tokens."""
+    from ..runtime.test_engine import offline_greedy
+
+    tok = tokenizer()
+    prompt = tok.encode("def f(x):\n    return x + 1\n" * 3)
+    resp = post(server, "/v1/completions", {"model": "tiny", "prompt": prompt, "max_tokens": 24, "temperature": 0,
+                                            "logprobs": 0}, timeout=600)
+    assert resp.status == 200
+    choice = resp.json()["choices"][0]
+    expect = offline_greedy(prompt, resp.json()["usage"]["completion_tokens"])
+    assert choice["text"] == tok.decode(expect)
