@@ -933,6 +933,9 @@ class Scheduler:
                 self.acceptance_priors[req.proposal_source].observe(obs)
                 self.speculative["drafts_offered"] += offered
                 self.speculative["drafts_accepted"] += rec.accepted
+                if req.proposal_source == SOURCE_LEARNED:
+                    # Learned-proposal draws (sampling metrics); copy proposals draw nothing.
+                    self.speculative["learned_drafts"] += offered
                 for d in range(offered):
                     self.offered_by_position[d + 1] += 1
                     if d < rec.accepted:
@@ -1052,6 +1055,8 @@ class Scheduler:
                   f"helios_speculative_programs_total {self.speculative['programs']}",
                   "# TYPE helios_speculative_drafts_offered_total counter",
                   f"helios_speculative_drafts_offered_total {self.speculative['drafts_offered']}",
+                  "# TYPE helios_speculative_learned_draws_total counter",
+                  f"helios_speculative_learned_draws_total {self.speculative['learned_drafts']}",
                   "# TYPE helios_speculative_drafts_accepted_total counter",
                   f"helios_speculative_drafts_accepted_total {self.speculative['drafts_accepted']}",
                   "# TYPE helios_speculative_accepted_by_position_total counter"]
