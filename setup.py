@@ -25,6 +25,6 @@ _packages_list, _package_dir = _packages()
 setup(
     packages=_packages_list,
     package_dir=_package_dir,
-    package_data={"helios_jax": ["catalogs/*.json", "assets/**/*"]},
+    package_data={"helios_jax": ["catalogs/*.json", "assets/**/*", "conformance/*.md"]},
     include_package_data=True,
 )

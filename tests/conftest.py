@@ -1,32 +1,24 @@
-"""Suite-wide configuration: spec rule markers are checked against docs/spec/RULES.md.
+"""Suite-wide configuration: spec rule markers are checked against the rule catalog.
 
 Every test marks the rule ids it checks with ``@pytest.mark.spec("section/rule", ...)``. An id
-that RULES.md does not define is a collection error, so the traceability table cannot drift.
+that the catalog (helios_jax/conformance/RULES.md, the copy of docs/spec/RULES.md that ships
+with the package) does not define is a collection error, so the traceability cannot drift.
 """
 import os
 import pathlib
-import re
 
 import pytest
 
+from helios_jax.conformance.rules import rule_ids
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-RULES = ROOT / "docs" / "spec" / "RULES.md"
 
 # Compile-heavy sessions reuse XLA executables across runs.
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(ROOT / ".jax_cache"))
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 
-def _rule_ids() -> set[str]:
-    ids = set()
-    for line in RULES.read_text().splitlines():
-        m = re.match(r"\|\s*([a-z0-9-]+/[a-z0-9-]+)\s*\|", line)
-        if m:
-            ids.add(m.group(1))
-    return ids
-
-
-RULE_IDS = _rule_ids()
+RULE_IDS = rule_ids()
 
 
 def pytest_collection_modifyitems(config, items):
