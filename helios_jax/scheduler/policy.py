@@ -34,6 +34,7 @@ stays near a millisecond with 64 resident requests (``scripts/bench/scheduler_se
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Callable, Iterable, Sequence
 
@@ -77,6 +78,17 @@ class PreparedGraphs:
         self.smaller_prefill = {
             g: [h for h in self.prefill if h.kind is g.kind and h.token_capacity < g.token_capacity]
             for g in self.prefill}
+        # A decode-only population on a mixed shape is the same work on every prompt capacity of
+        # that (B, W, D): only the smallest capacity can survive the dominance filter.
+        smallest = {}
+        for g in self.mixed:
+            shape = (g.batch_capacity, g.token_capacity, g.proposal_depth)
+            if shape not in smallest or g.prefill_capacity < smallest[shape].prefill_capacity:
+                smallest[shape] = g
+        self.mixed_decode_only = {id(g) for g in smallest.values()}
+        self.largest_smaller_chunk = {
+            id(g): max((h.token_capacity for h in self.dominators[g]), default=None) for g in self.prefill}
+        self.largest_smaller_chunk = {k: v for k, v in self.largest_smaller_chunk.items() if v is not None}
         self.smaller_mixed = {
             g: [h for h in self.mixed if h.batch_capacity == g.batch_capacity
                 and h.token_capacity == g.token_capacity and h.prefill_capacity < g.prefill_capacity]
@@ -129,11 +141,18 @@ def better(a: Candidate, b: Candidate, recency: dict[int, int]) -> bool:
 class ScoredRow:
     """A scored candidate whose lanes are built on demand (``build()``)."""
 
-    graph: GraphDescriptor
-    score: float
-    duration_ms: float | None
-    signature: tuple | None  # dominance group (None: never compared)
-    build: Callable[[], Candidate]
+    __slots__ = ("graph", "score", "duration_ms", "signature", "_build")
+
+    def __init__(self, graph: GraphDescriptor, score: float, duration_ms: float | None, signature: tuple | None,
+                 build: Callable[[], Candidate]):
+        self.graph = graph
+        self.score = score
+        self.duration_ms = duration_ms
+        self.signature = signature  # dominance group (None: never compared)
+        self._build = build
+
+    def build(self) -> Candidate:
+        return self._build()
 
     @property
     def indeterminate(self) -> bool:
@@ -159,6 +178,8 @@ def _prune(rows: list[ScoredRow], prepared: "PreparedGraphs") -> list[ScoredRow]
 # -- lane tables -------------------------------------------------------------------------------
 
 def _padded(rows: list, depth: int) -> np.ndarray:
+    if rows and depth and all(getattr(r, "shape", (0,))[-1:] == (depth,) for r in rows):
+        return monotone(np.array(rows, dtype=np.float64))  # the common case: one stack
     out = np.zeros((len(rows), depth))
     for i, r in enumerate(rows):
         r = np.asarray(r, dtype=np.float64).reshape(-1)[:depth]
@@ -342,24 +363,22 @@ class _Selection:
             t = self._durations[id(g)] = self.costs.estimate_ms(g.key)
             return t
 
-    def score(self, numerator_at_zero: float, per_ms: float, t: float | None) -> tuple[float, float]:
-        """(score, useful value) for a numerator that grows by per_ms * T (age terms)."""
-        if t is None:
-            return numerator_at_zero, numerator_at_zero
-        value = numerator_at_zero + per_ms * t
-        return self.dec.rate(value, t), value
-
     def row(self, g: GraphDescriptor, numerator_at_zero: float, per_ms: float, signature,
-            lanes: Callable[[], list[Lane]], *, padding: Callable[[list[Lane]], int] | None = None) -> ScoredRow:
-        t = self.duration(g)
-        score, value = self.score(numerator_at_zero, per_ms, t)
+            lanes: Callable[[], list[Lane]]) -> ScoredRow:
+        """Score one candidate whose numerator grows by per_ms * T (the age terms); an unknown
+        duration gets the optimistic work score, its useful value."""
+        t = self._durations[id(g)]
+        if t is None:
+            score = value = numerator_at_zero
+        else:
+            value = numerator_at_zero + per_ms * t
+            score = self.dec.rate(value, t)
+        return ScoredRow(g, float(score), t, signature,
+                         functools.partial(self._candidate, g, t, float(score), float(value), lanes))
 
-        def build() -> Candidate:
-            return Candidate(graph=g, lanes=tuple(lanes()), duration_ms=t, score=float(score),
-                             useful_value=float(value), log_scale=self.dec.log_scale,
-                             stale=self.costs.is_stale(g.key, self.inp.now_ns))
-
-        return ScoredRow(g, float(score), t, signature, build)
+    def _candidate(self, g: GraphDescriptor, t, score: float, value: float, lanes) -> Candidate:
+        return Candidate(graph=g, lanes=tuple(lanes()), duration_ms=t, score=score, useful_value=value,
+                         log_scale=self.dec.log_scale, stale=self.costs.is_stale(g.key, self.inp.now_ns))
 
     # -- generation -------------------------------------------------------------------------
     def generation(self) -> list[ScoredRow]:
@@ -432,8 +451,9 @@ class _Selection:
             cap = g.token_capacity
             work = pr.work(cap)
             allowed = (pr.scores_wanted == (g.kind is GraphKind.SCORED_PREFILL)) & (work > 0)
-            for h in self.prepared.dominators[g]:  # same work on a smaller shape
-                allowed &= pr.work(h.token_capacity) != work
+            smaller = self.prepared.largest_smaller_chunk.get(id(g))
+            if smaller is not None:  # the same work on a smaller chunk (work grows with the chunk)
+                allowed &= pr.work(smaller) != work
             if not self.costs.is_known(g.key):
                 allowed &= ~self._explore_excluded(self.prepared.smaller_prefill[g], work, lambda h: h.token_capacity)
             i = pr.pick(allowed, cap)
@@ -460,7 +480,7 @@ class _Selection:
         for g in self.prepared.mixed:
             b = g.batch_capacity
             widths, vals, order, prefix, key = d.table(g.token_capacity, g.proposal_depth)
-            if d.n:
+            if d.n and id(g) in self.prepared.mixed_decode_only:
                 m = min(b, d.n)
                 sig = (g.kind, -1, 0, g.proposal_depth, key, m)
                 rows.append(self.row(g, float(prefix[m]), m * d.age_rate, sig,
