@@ -211,7 +211,10 @@ class EngineConfig:
                 speculative_token_capacity=self.speculative_token_capacity,
             )
             graphs.extend(s.descriptor() for s in shapes)
-        for kind in (GraphKind.INITIALIZE, GraphKind.SNAPSHOT, GraphKind.RESTORE):
+        # Requests often start together: initialize at every request bucket, so a burst of
+        # arrivals loads its sampling state in one program instead of one program each.
+        graphs.extend(GraphDescriptor(GraphKind.INITIALIZE, b) for b in batch_buckets(self.request_slots))
+        for kind in (GraphKind.SNAPSHOT, GraphKind.RESTORE):
             graphs.append(GraphDescriptor(kind, 1))
         return Catalog(
             name=name,

@@ -35,10 +35,20 @@ def sampling_probs(logits: jax.Array, temperature: jax.Array, top_k: jax.Array, 
     """
     logits = logits.astype(jnp.float32)
     vocab = logits.shape[-1]
+    truncated = jnp.any((temperature > 0) & ((top_k > 0) | (top_p < 1.0)))
     temperature = temperature[..., None]
     greedy = temperature <= 0
     onehot = jax.nn.one_hot(jnp.argmax(logits, axis=-1), vocab, dtype=jnp.float32)
     probs = jax.nn.softmax(logits / jnp.where(greedy, 1.0, temperature), axis=-1)
+    # The two full-vocabulary sorts below are the cost of truncation: skip them (same result)
+    # when no sampled row truncates.
+    probs = jax.lax.cond(truncated, lambda p: _truncate(p, top_k, top_p), lambda p: p, probs)
+    return jnp.where(greedy, onehot, probs)
+
+
+def _truncate(probs: jax.Array, top_k: jax.Array, top_p: jax.Array) -> jax.Array:
+    """top-k, then top-p, each renormalised (rows with top_k == 0 and top_p == 1 are unchanged)."""
+    vocab = probs.shape[-1]
     # top-k: threshold at the k-th largest probability.
     descending = -jnp.sort(-probs, axis=-1)
     k = jnp.clip(top_k[..., None], 1, vocab)
@@ -51,8 +61,7 @@ def sampling_probs(logits: jax.Array, temperature: jax.Array, top_k: jax.Array, 
     keep_count = jnp.maximum(jnp.sum(before < top_p[..., None], axis=-1, keepdims=True), 1)
     threshold = jnp.take_along_axis(descending, keep_count - 1, axis=-1)
     probs = jnp.where((top_p[..., None] < 1.0) & (probs < threshold), 0.0, probs)
-    probs = probs / jnp.sum(probs, axis=-1, keepdims=True)
-    return jnp.where(greedy, onehot, probs)
+    return probs / jnp.sum(probs, axis=-1, keepdims=True)
 
 
 def confidence_probs(logits: jax.Array, temperature: jax.Array) -> jax.Array:

@@ -105,7 +105,22 @@ class HeliosEngine:
                 progress(f"compiled {i}/{n} {program.name} ({program.compile_seconds:.1f} s)")
 
         programs.compile_all(report)
+        self._warm_up(programs, params, progress)
         return programs
+
+    def _warm_up(self, programs, params, progress) -> None:
+        """Run every program once on a scratch state, so that no request pays (and no duration
+        estimate records) a program's one-time first-execution costs."""
+        import jax
+
+        from helios_jax.prepare import measurement_inputs
+
+        state = programs.init_state()
+        for program in programs.values():
+            state, outputs = program(params, state, measurement_inputs(program, self.config, 1))
+            jax.block_until_ready(outputs)
+        if progress:
+            progress(f"warmed up {len(programs)} programs")
 
     # == the Engine interface =================================================================
     def start(self) -> None:
@@ -341,7 +356,10 @@ def build_engine(options, progress: Callable[[str], None] | None = print) -> Hel
     path = options.model or str(default_model_path())
     if progress:
         progress(f"loading model from {path}")
-    model = load_checkpoint(path)
+    # CPUs without bfloat16 arithmetic run float32 much faster (2.9x at concurrency 1 for the
+    # default model, docs/benchmarks-engine.md); accelerators keep the checkpoint's dtype.
+    dtype = "float32" if jax.default_backend() == "cpu" else None
+    model = load_checkpoint(path, dtype=dtype)
     if model.tokenizer is None:
         raise ValueError(f"{path} has no tokenizer.json")
     tokenizer = HFTokenizer(model.tokenizer)

@@ -144,7 +144,7 @@ class Driver:
         return out
 
     def initialize(self, slot, temperature=0.0, top_p=1.0, top_k=0, seed=0):
-        init = self.programs.find(GraphKind.INITIALIZE)
+        init = self.programs.find(GraphKind.INITIALIZE, batch_capacity=1)
         self.state, _ = init(self.params, self.state, init.pack(
             slots=[slot], temperature=[temperature], top_p=[top_p], top_k=[top_k], seeds=[seed]))
 

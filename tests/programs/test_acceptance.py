@@ -188,3 +188,17 @@ def test_sampling_distribution_matches_the_naive_oracle(temperature, top_k, top_
         np.testing.assert_allclose(got[i], sampling_probs_naive(logits[i], temperature, top_k, top_p), atol=2e-6)
     draws = np.asarray(sample_inverse_cdf(jnp.asarray(got), jnp.linspace(0, 0.999, n)))
     assert all(got[i, draws[i]] > 0 for i in range(n))
+
+
+def test_sampling_rows_with_different_settings_match_the_oracle_row_by_row():
+    """A batch mixing greedy, plain sampling and truncated rows: truncation (the sorts) runs for
+    the whole batch when any sampled row truncates, and leaves the other rows unchanged."""
+    rng = np.random.default_rng(11)
+    logits = (2 * rng.standard_normal((5, 13))).astype(np.float32)
+    settings = [(0.0, 5, 0.5), (1.0, 0, 1.0), (0.8, 3, 1.0), (1.2, 0, 0.7), (0.9, 0, 1.0)]
+    for rows in (settings, [s for s in settings if s[0] == 0 or (s[1] == 0 and s[2] == 1.0)]):
+        t, k, p = (np.array(c) for c in zip(*rows))
+        got = np.asarray(sampling_probs(jnp.asarray(logits[:len(rows)]), jnp.asarray(t, jnp.float32),
+                                        jnp.asarray(k, jnp.int32), jnp.asarray(p, jnp.float32)))
+        for i, (ti, ki, pi) in enumerate(rows):
+            np.testing.assert_allclose(got[i], sampling_probs_naive(logits[i], ti, ki, pi), atol=2e-6)
