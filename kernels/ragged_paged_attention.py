@@ -38,9 +38,11 @@ consecutive query tokens; a tile is one work item (row, first token). With sum(q
 there are at most min(T, ceil(T / block_q) + R) items (every tile holds a token, every row at
 most one partial tile), a static bound, so the whole computation has static shapes. block_q follows the packing density: T / R rounded up to a power of two, capped
 by the tile table, so decode-only programs use 1-token tiles and prefill chunks wide ones.
-Each item attends to its row's full page window with the causal mask above; the XLA path does
-this with gathers and einsums under `lax.map`, the Pallas path with one program per
-(item, kv head) and an online softmax over key blocks, stopping at the tile's last position.
+Both paths run an online softmax over key blocks of whole pages and stop at the last key a
+tile needs (its last token's position), not at the end of the row's page window: the XLA
+path steps every work item together through as many blocks as the longest item needs
+(gathers and einsums in a `fori_loop` with a traced trip count), the Pallas path runs one
+program per (item, kv head) with its own trip count.
 Softmax is float32 throughout; products take their inputs in q's dtype with float32 results.
 """
 from __future__ import annotations
@@ -69,7 +71,7 @@ class RaggedAttentionTiles:
     """Tile sizes. Untuned defaults: no GPU measured them (see docs/kernels.md)."""
 
     xla_block_q: int = 32  # most query tokens per XLA work item
-    xla_items_per_step: int = 8  # work items per lax.map step (bounds the gathered K/V)
+    xla_block_k: int = 128  # keys per XLA online-softmax step (rounded down to whole pages)
     pallas_block_rows: int = 64  # most (query token x q head) rows per Pallas program
     pallas_min_rows: int = 16  # tl.dot needs >= 16 rows
     pallas_block_k: int = 64  # keys per inner step, a whole number of pages
@@ -174,41 +176,61 @@ def _scatter_tiles(tiles, index, num_tokens, dtype):
 
 
 def _xla_attention(q, k_pages, v_pages, page_tables, context_lens, query_starts, query_lens, *, sm_scale, tiles):
+    """All work items at once, an online softmax over key blocks of whole pages.
+
+    The loop runs only as many key blocks as the longest item needs (its last token's
+    position, not the row's page window), so a decode step over short contexts reads a few
+    pages however long the prepared window is.
+    """
     num_tokens, num_q_heads, head_dim = q.shape
     num_kv_heads, total_pages, page_size, _ = k_pages.shape
     num_rows, pages_per_row = page_tables.shape
     group = num_q_heads // num_kv_heads
-    window = pages_per_row * page_size
     block_q = _block_q(num_tokens, num_rows, 1, tiles.xla_block_q)
     items = _work_items(
         page_tables, context_lens, query_starts, query_lens,
         num_tokens=num_tokens, block_q=block_q, total_pages=total_pages, page_size=page_size,
     )
     index = _token_index(items, block_q, num_tokens)
-    q_tiles = _gather_query_tiles(q, index)
-    key_pos = jnp.arange(window, dtype=jnp.int32)
+    num_items = index.shape[0]
+    qg = _gather_query_tiles(q, index).reshape(num_items, block_q, num_kv_heads, group, head_dim)
 
-    def attend(args):
-        q_tile, page_ids, first_pos, context_len = args  # [bq, H, D], i32[pages_per_row], (), ()
-        key_ok = key_pos < context_len  # [S]; past the context the pages may hold NaN
-        k = k_pages[:, page_ids].reshape(num_kv_heads, window, head_dim)
-        v = v_pages[:, page_ids].reshape(num_kv_heads, window, head_dim)
-        k = jnp.where(key_ok[None, :, None], k, 0)
-        v = jnp.where(key_ok[None, :, None], v, 0)
-        qg = q_tile.reshape(block_q, num_kv_heads, group, head_dim)
-        logits = jnp.einsum("qkgd,ksd->kgqs", qg, k, precision=_EXACT, preferred_element_type=jnp.float32)
-        logits = logits * sm_scale
-        q_pos = first_pos + jnp.arange(block_q, dtype=jnp.int32)
-        causal = (key_pos[None, :] <= q_pos[:, None]) & key_ok[None, :]  # [bq, S]
-        logits = jnp.where(causal[None, None], logits, _MASK_VALUE)
-        weights = jax.nn.softmax(logits, axis=-1)
-        out = jnp.einsum("kgqs,ksd->qkgd", weights, v.astype(jnp.float32), precision=_EXACT)
-        return out.reshape(block_q, num_q_heads, head_dim)
+    pages_per_block = max(1, min(tiles.xla_block_k // page_size, pages_per_row))
+    block_k = pages_per_block * page_size
+    num_blocks = -(-pages_per_row // pages_per_block)
+    page_ids = jnp.pad(items.page_ids, ((0, 0), (0, num_blocks * pages_per_block - pages_per_row)))
+    q_pos = items.first_pos[:, None] + jnp.arange(block_q, dtype=jnp.int32)[None, :]  # [N, bq]
+    # Keys an item needs: up to its last real token (a padding item needs none).
+    n_keys = jnp.where(items.n_valid > 0, jnp.minimum(items.context_len, items.first_pos + items.n_valid), 0)
+    blocks_needed = (jnp.max(n_keys) + block_k - 1) // block_k
 
-    outs = lax.map(
-        attend, (q_tiles, items.page_ids, items.first_pos, items.context_len), batch_size=tiles.xla_items_per_step
-    )
-    return _scatter_tiles(outs, index, num_tokens, q.dtype)
+    def key_block(j, carry):
+        acc, row_max, row_sum = carry  # f32[N, K, G, bq, D], f32[N, K, G, bq] twice
+        ids = lax.dynamic_slice_in_dim(page_ids, j * pages_per_block, pages_per_block, axis=1)  # [N, ppb]
+        key_pos = j * block_k + jnp.arange(block_k, dtype=jnp.int32)  # [bk]
+        key_ok = key_pos[None, :] < items.context_len[:, None]  # [N, bk]; past it pages may hold NaN
+        k = k_pages[:, ids].reshape(num_kv_heads, num_items, block_k, head_dim)
+        v = v_pages[:, ids].reshape(num_kv_heads, num_items, block_k, head_dim)
+        k = jnp.where(key_ok[None, :, :, None], k, 0)
+        v = jnp.where(key_ok[None, :, :, None], v, 0)
+        logits = jnp.einsum("nqkgd,knsd->nkgqs", qg, k, precision=_EXACT, preferred_element_type=jnp.float32)
+        causal = (key_pos[None, None, :] <= q_pos[:, :, None]) & key_ok[:, None, :]  # [N, bq, bk]
+        logits = jnp.where(causal[:, None, None], logits * sm_scale, _MASK_VALUE)
+        new_max = jnp.maximum(row_max, jnp.max(logits, axis=-1))
+        rescale = jnp.exp(row_max - new_max)
+        weights = jnp.where(causal[:, None, None], jnp.exp(logits - new_max[..., None]), 0.0)
+        row_sum = rescale * row_sum + jnp.sum(weights, axis=-1)
+        acc = rescale[..., None] * acc + jnp.einsum(
+            "nkgqs,knsd->nkgqd", weights, v.astype(jnp.float32), precision=_EXACT)
+        return acc, new_max, row_sum
+
+    shape = (num_items, num_kv_heads, group, block_q)
+    init = (jnp.zeros(shape + (head_dim,), jnp.float32), jnp.full(shape, _MASK_VALUE, jnp.float32),
+            jnp.zeros(shape, jnp.float32))
+    acc, _, row_sum = lax.fori_loop(0, blocks_needed, key_block, init)
+    out = acc / jnp.where(row_sum > 0, row_sum, 1.0)[..., None]  # padding tokens: 0, dropped below
+    out = jnp.transpose(out, (0, 3, 1, 2, 4)).reshape(num_items, block_q, num_q_heads, head_dim)
+    return _scatter_tiles(out, index, num_tokens, q.dtype)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -385,6 +407,7 @@ def _check_values(q, k_pages, page_tables, context_lens, query_starts, query_len
 def ragged_paged_attention(
     q, k_pages, v_pages, page_tables, context_lens, query_starts, query_lens,
     *, sm_scale: float, impl: str = "auto", interpret: bool = False,
+    tiles: RaggedAttentionTiles = DEFAULT_TILES,
 ) -> jax.Array:
     """Causal attention of packed ragged query rows over a paged KV cache (module docstring).
 
@@ -400,6 +423,7 @@ def ragged_paged_attention(
       sm_scale: logit scale, usually head_dim ** -0.5 (static).
       impl: "pallas", "xla", or "auto" (`select_impl`: Pallas on a GPU, XLA elsewhere).
       interpret: run the Pallas kernel in interpret mode (CPU tests); ignored by "xla".
+      tiles: tile sizes (static; each distinct value compiles its own program).
 
     Returns:
       [T, num_q_heads, head_dim] in q's dtype; positions that no row covers are 0.
@@ -416,7 +440,7 @@ def ragged_paged_attention(
         if problem:
             raise ValueError(problem)
     return _ragged_paged_attention_jit(
-        *args, sm_scale=float(sm_scale), impl=resolved, interpret=interpret, tiles=DEFAULT_TILES
+        *args, sm_scale=float(sm_scale), impl=resolved, interpret=interpret, tiles=tiles
     )
 
 

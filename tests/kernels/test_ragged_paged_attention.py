@@ -26,6 +26,7 @@ import pytest
 from jax import export
 
 from helios_jax.kernels.ragged_paged_attention import (
+    RaggedAttentionTiles,
     ragged_paged_attention,
     ragged_paged_attention_reference,
     select_impl,
@@ -200,6 +201,33 @@ def test_xla_random_packings(dtype):
     for i, scenario in enumerate(random_packings(60, seed=17)):
         args = make_case(scenario, 2, dtype, seed=100 + i)
         check_against_reference(run(*args), args, dtype)
+
+
+@pytest.mark.parametrize("block_k", [1, 4, 8, 12])
+def test_xla_key_blocks_of_every_size(block_k):
+    """Small key blocks make the online softmax step through many blocks (and one page per
+    block at page size 4, with the last block partial): the result does not depend on them."""
+    tiles = RaggedAttentionTiles(xla_block_k=block_k)
+    run = jax.jit(lambda *a: ragged_paged_attention(*a, sm_scale=0.25, impl="xla", tiles=tiles))
+    for i, scenario in enumerate(random_packings(12, seed=23 + block_k)):
+        args = make_case(scenario, 2, jnp.float32, seed=200 + i)
+        check_against_reference(run(*args), args, jnp.float32)
+    for i in (1, 5, 8):
+        args = make_case(SCENARIOS[i], 2, jnp.float32, seed=i)
+        out = ragged_paged_attention(*args, sm_scale=args[0].shape[2] ** -0.5, impl="xla", tiles=tiles)
+        check_against_reference(out, args, jnp.float32)
+
+
+def test_xla_long_window_short_contexts():
+    """A 1024-key window over contexts of a few tokens to the whole window: the loop stops at
+    the longest row's last key, and rows far shorter than the window are still exact."""
+    scenario = Scenario("long_window", ((3, 1), (130, 1), (1024, 1), (700, 9), (64, 64)),
+                        page_size=16, pages_per_row=64, head_dim=32)
+    args = make_case(scenario, 2, jnp.float32, seed=5)
+    check_against_reference(ragged_paged_attention(*args, sm_scale=32 ** -0.5, impl="xla"), args, jnp.float32)
+    short = Scenario("long_window_short_rows", ((3, 1), (17, 2), (5, 5)), page_size=16, pages_per_row=64, head_dim=32)
+    args = make_case(short, 2, jnp.float32, seed=6)
+    check_against_reference(ragged_paged_attention(*args, sm_scale=32 ** -0.5, impl="xla"), args, jnp.float32)
 
 
 class TestRaggedPagedAttentionKernel:
