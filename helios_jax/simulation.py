@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import heapq
 import math
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -194,11 +193,15 @@ def preseeded_history(config: SimConfig, depth: int) -> dict:
     return {SOURCE_LEARNED: PrefixEstimate(mean.copy(), np.full(depth, 64.0), 0)}
 
 
-def run(config: SimConfig) -> SimResult:
-    """Simulate until every request finished, the measured rounds ran, or the horizon passed."""
+def run(config: SimConfig, scheduler_factory: Callable[..., Scheduler] = Scheduler) -> SimResult:
+    """Simulate until every request finished, the measured rounds ran, or the horizon passed.
+
+    `scheduler_factory` takes `Scheduler`'s arguments; a subclass with another selection rule
+    (the baselines of scripts/scheduling_sim) runs on the same loop, executor and statistics.
+    """
     rng = np.random.default_rng(config.seed)
     mode = config.mode or (DecodeMode.ORDINARY if config.catalog.mode == "ordinary" else DecodeMode.ADAPTIVE)
-    sched = Scheduler(config.catalog, mode=mode, policy_config=config.policy, fixed_width=config.fixed_width,
+    sched = scheduler_factory(config.catalog, mode=mode, policy_config=config.policy, fixed_width=config.fixed_width,
                       max_model_len=1 << 19)
     if config.costs == "measured":
         sched.seed_costs(0)

@@ -1,0 +1,212 @@
+"""Time the whole ``Scheduler.plan()`` path at 1, 4, 16 and 64 resident requests.
+
+    python scripts/bench/plan_path.py [--catalog=FILE] [--requests=1,4,16,64] [--decisions=200]
+        [--subsets=all,no_wide_mixed,no_mixed,core] [--mode=adaptive] [--json_out=FILE] [--profile]
+
+``scripts/bench/scheduler_select.py`` times ``policy.select`` on synthetic views; this times what
+an engine pays per decision: ``plan()`` on a live Scheduler (projected service histories and
+prices for every resident, normalisers, selection, the timing-refresh and acceptance-probe
+checks, freezing the plan). The catalog JSON is loaded with ``request_slots`` raised to 64 (a
+copy; every program is unchanged), so 64 requests can be resident.
+
+Population: a closed loop of N resident requests (prompts drawn from 64/512/2048/6000 tokens,
+outputs from 16/128/512; a finished request is replaced at once), driven by the simulator's fake
+executor (per-position acceptance 0.8..0.2) one plan at a time: each decision is timed right
+after the previous completion, as in serving. After ``--warmup`` decisions, ``--decisions`` are
+timed. Beside each ``plan()`` the same state's ``views()`` and ``policy.select`` are timed on
+their own (both are pure), which splits the cost; "other" is plan minus the two (ledger checks,
+a refresh alternative or an acceptance probe when funded, freezing).
+
+Wall time is what a caller sees; process CPU time is reported beside it because this machine is
+shared. Catalog size: ``--subsets`` drop program families (``all``: every program;
+``no_wide_mixed``: mixed programs of width one only; ``no_mixed``: no mixed programs; ``core``:
+prefill and speculative programs only).
+"""
+from __future__ import annotations
+
+import cProfile
+import dataclasses
+import importlib.resources
+import io
+import json
+import math
+import pstats
+import statistics
+import time
+
+import numpy as np
+from absl import app, flags
+
+from helios_jax import simulation
+from helios_jax.catalog import Catalog, DecodeMode, GraphKind
+from helios_jax.scheduler import policy
+from helios_jax.scheduler.core import NS_PER_MS, Scheduler
+from helios_jax.scheduler.plan import ExecutionTiming
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("catalog", None, "catalog JSON (default: the shipped synthetic-h200)")
+flags.DEFINE_list("requests", ["1", "4", "16", "64"], "resident requests")
+flags.DEFINE_list("subsets", ["all", "no_wide_mixed", "no_mixed", "core"], "catalog subsets")
+flags.DEFINE_enum("mode", "adaptive", ["ordinary", "fixed", "adaptive"], "loaded decode mode")
+flags.DEFINE_integer("decisions", 200, "timed decisions per population and subset")
+flags.DEFINE_integer("warmup", 40, "untimed decisions first")
+flags.DEFINE_integer("slots", 64, "request_slots of the loaded copy")
+flags.DEFINE_integer("seed", 0, "workload seed")
+flags.DEFINE_string("json_out", None, "write results as JSON here")
+flags.DEFINE_bool("profile", False, "then cProfile plan() (untimed pass) at the largest population, first subset")
+
+PROMPTS = (64, 512, 2048, 6000)
+OUTPUTS = (16, 128, 512)
+ACCEPTANCE = (0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2)
+
+SUBSETS = {
+    "all": lambda g: True,
+    "no_wide_mixed": lambda g: not (g.kind is GraphKind.MIXED and g.token_capacity > 1),
+    "no_mixed": lambda g: g.kind is not GraphKind.MIXED,
+    "core": lambda g: g.kind in (GraphKind.PREFILL, GraphKind.SPECULATIVE, GraphKind.DECODE),
+}
+
+
+def catalog_json() -> dict:
+    if FLAGS.catalog:
+        with open(FLAGS.catalog) as f:
+            return json.load(f)
+    return json.loads(importlib.resources.files("helios_jax.catalogs").joinpath("synthetic-h200.json").read_text())
+
+
+def subset_catalog(obj: dict, slots: int, subset: str) -> Catalog:
+    """A copy of the catalog JSON with `slots` request slots and only the subset's programs."""
+    full = Catalog.from_json(dict(obj, request_slots=slots))
+    return dataclasses.replace(full, graphs=tuple(g for g in full.graphs if SUBSETS[subset](g)))
+
+
+def _p99(samples: list[float]) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)]
+
+
+class Loop:
+    """A closed loop of `n` resident requests on a live Scheduler, one frame at a time."""
+
+    def __init__(self, catalog: Catalog, mode: DecodeMode, n: int, seed: int):
+        self.sched = Scheduler(catalog, mode=mode)
+        self.sched.seed_costs(0)
+        self.rng = np.random.default_rng(seed)
+        config = simulation.SimConfig(catalog, accepted_drafts=None, acceptance_probs=ACCEPTANCE, seed=seed)
+        self.executor = simulation.FakeExecutor(config, self.sched, self.rng)
+        self.n = n
+        self.fence = 0
+        self.now_ms = 0.0
+        self.fill()
+
+    def fill(self) -> None:
+        while len(self.sched.requests) < self.n:
+            p, o = int(self.rng.choice(PROMPTS)), int(self.rng.choice(OUTPUTS))
+            self.sched.admit([simulation.TOKEN] * p, max_output=o, stop_token_ids=(simulation.EOS,))
+
+    def step(self, plan) -> None:
+        """Commit `plan`, run it on the fake executor, complete and publish, refill."""
+        s = self.sched
+        self.fence += 1
+        s.commit(plan, self.fence)
+        device = self.executor.duration_ms(plan)
+        self.now_ms += device
+        s.advance_to(int(self.now_ms * NS_PER_MS))
+        records, sidecar = self.executor.run(plan)
+        timing = ExecutionTiming((device * NS_PER_MS,), device * NS_PER_MS)
+        if sidecar is not None:
+            generated = s.complete_packed_round(self.fence, records, timing, sidecar)
+        else:
+            generated = s.complete(self.fence, records, timing)
+        for g in generated:
+            s.published_output(g.handle, self.fence)
+        self.fill()
+
+
+def profile_plan(catalog: Catalog, mode: DecodeMode, n: int) -> str:
+    """cProfile of plan() alone over the same closed loop (a separate, untimed pass)."""
+    loop = Loop(catalog, mode, n, FLAGS.seed)
+    s = loop.sched
+    for _ in range(FLAGS.warmup):
+        loop.step(s.plan())
+    profiler = cProfile.Profile()
+    for _ in range(FLAGS.decisions):
+        profiler.enable()
+        plan = s.plan()
+        profiler.disable()
+        loop.step(plan)
+    out = io.StringIO()
+    stats = pstats.Stats(profiler, stream=out)
+    stats.sort_stats("cumulative").print_stats("helios_jax", 22)
+    stats.sort_stats("tottime").print_stats(12)
+    return out.getvalue()
+
+
+def measure(catalog: Catalog, mode: DecodeMode, n: int) -> dict:
+    loop = Loop(catalog, mode, n, FLAGS.seed)
+    s = loop.sched
+    for _ in range(FLAGS.warmup):
+        loop.step(s.plan())
+    wall, cpu, views_ms, select_ms = [], [], [], []
+    kinds = {}
+    for _ in range(FLAGS.decisions):
+        w0, c0 = time.perf_counter(), time.process_time()
+        plan = s.plan()
+        c1, w1 = time.process_time(), time.perf_counter()
+        wall.append((w1 - w0) * 1e3)
+        cpu.append((c1 - c0) * 1e3)
+        # The split, on the same (unchanged) state: both calls are pure.
+        t0 = time.perf_counter()
+        start = s._planning_start_ns()
+        views = s.views(start)
+        t1 = time.perf_counter()
+        policy.select(policy.SelectionInput(views, s.graphs, s.costs, s.now_ns, s.policy, s.mode))
+        t2 = time.perf_counter()
+        views_ms.append((t1 - t0) * 1e3)
+        select_ms.append((t2 - t1) * 1e3)
+        kinds[plan.graph.kind.value] = kinds.get(plan.graph.kind.value, 0) + 1
+        loop.step(plan)
+    phases = {}
+    for r in s.requests.values():
+        phases[r.phase.value] = phases.get(r.phase.value, 0) + 1
+    row = {
+        "requests": n, "programs": len(s.graphs.graphs),
+        "median_ms": statistics.median(wall), "p99_ms": _p99(wall),
+        "cpu_median_ms": statistics.median(cpu), "cpu_p99_ms": _p99(cpu),
+        "views_median_ms": statistics.median(views_ms), "select_median_ms": statistics.median(select_ms),
+        "other_median_ms": statistics.median([w - v - x for w, v, x in zip(wall, views_ms, select_ms)]),
+        "select_p99_ms": _p99(select_ms), "views_p99_ms": _p99(views_ms),
+        "plans_by_kind": kinds, "phases_at_end": phases,
+    }
+    return row
+
+
+def main(argv):
+    del argv
+    obj = catalog_json()
+    mode = DecodeMode(FLAGS.mode)
+    sizes = [int(x) for x in FLAGS.requests]
+    results = []
+    print(f"{'subset':14s} {'progs':>5s} {'reqs':>4s} {'median':>8s} {'p99':>8s} {'cpu med':>8s} {'cpu p99':>8s} "
+          f"{'views':>7s} {'select':>7s} {'other':>7s}   (ms)")
+    for subset in FLAGS.subsets:
+        catalog = subset_catalog(obj, FLAGS.slots, subset)
+        for n in sizes:
+            row = measure(catalog, mode, n)
+            row["subset"] = subset
+            results.append(row)
+            print(f"{subset:14s} {row['programs']:5d} {n:4d} {row['median_ms']:8.3f} {row['p99_ms']:8.3f} "
+                  f"{row['cpu_median_ms']:8.3f} {row['cpu_p99_ms']:8.3f} {row['views_median_ms']:7.3f} "
+                  f"{row['select_median_ms']:7.3f} {row['other_median_ms']:7.3f}", flush=True)
+    profile = None
+    if FLAGS.profile:
+        profile = profile_plan(subset_catalog(obj, FLAGS.slots, FLAGS.subsets[0]), mode, max(sizes))
+        print(profile)
+    if FLAGS.json_out:
+        with open(FLAGS.json_out, "w") as f:
+            json.dump({"catalog": obj["name"], "mode": mode.value, "slots": FLAGS.slots, "results": results,
+                       "profile": profile}, f, indent=1)
+
+
+if __name__ == "__main__":
+    app.run(main)
