@@ -529,16 +529,21 @@ class Scheduler:
     def _projected_histories(self, start_ns: int) -> tuple[dict, dict]:
         """Copies of service histories after the queued frames' frozen expected service, and the
         expected delivery time of each request with a queued delivery."""
-        histories = {rid: r.history.copy() for rid, r in self.requests.items()}
+        # Shared with the requests (read-only) except where a queued frame projects them.
+        histories = {rid: r.history for rid, r in self.requests.items()}
+        projected = set()
         delivered_at = {}
         for f in self.frames:
             if f.plan.expected_duration_ms is None:
                 continue
             dt = f.plan.expected_duration_ms
             for h in f.participants:
-                hist = histories.get(h.rid)
-                if hist is None:
+                if h.rid not in histories:
                     continue
+                if h.rid not in projected:
+                    histories[h.rid] = histories[h.rid].copy()
+                    projected.add(h.rid)
+                hist = histories[h.rid]
                 tokens, deliveries = f.expected_service.get(h.rid, (0.0, 0.0))
                 prior = self._missing_rate(self.requests[h.rid], f.committed_ns, f.normalizers, histories)
                 service.update_token_history(hist, tokens, dt, self.policy, prior)
@@ -568,10 +573,14 @@ class Scheduler:
         norm = self._normalizers()
         residents = [r for r in self.requests.values() if r.active]
         prior_z = service.prior_log_delivery_rate(norm, max(1, sum(1 for r in residents if r.phase is Phase.DECODE)))
+        known = [histories[r.rid].log_x for r in residents]
         out = []
         for r in residents:
             hist = histories[r.rid]
-            log_x = self._missing_rate(r, start, norm, histories) if hist.log_x is None else hist.log_x
+            log_x = hist.log_x
+            if log_x is None:  # as _missing_rate, with the residents' rates gathered once
+                log_x = service.missing_log_token_rate(norm, len(residents), known, (start - r.admitted_ns) / NS_PER_MS,
+                                                       self.policy.adaptation_ms)
             log_z = hist.log_z
             if r.phase is Phase.DECODE and log_z is None:
                 log_z = prior_z
@@ -639,8 +648,9 @@ class Scheduler:
             if alternative is not None:
                 chosen, reason, credit = alternative, ExecutionClass.TIMING_REFRESH, self.timing_ledger.balance_ms
         if reason is ExecutionClass.ORDINARY and self.acceptance_ledger.can_start():
-            probe = learning.probe(inp, ordinary, [dataclasses.replace(v, survival=v.optimistic) for v in views],
-                                   self._information)
+            optimistic = [v if v.survival.size == 0 and v.optimistic.size == 0 else
+                          dataclasses.replace(v, survival=v.optimistic) for v in views]
+            probe = learning.probe(inp, ordinary, optimistic, self._information)
             if probe is not None:
                 chosen, reason, credit = probe, ExecutionClass.ACCEPTANCE_LEARNING, self.acceptance_ledger.balance_ms
         return self._freeze(chosen, reason, credit, start)

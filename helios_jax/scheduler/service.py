@@ -32,8 +32,6 @@ from __future__ import annotations
 import dataclasses
 import math
 
-import numpy as np
-
 from helios_jax.catalog import Catalog, GraphKind
 from helios_jax.scheduler.config import PolicyConfig
 from helios_jax.scheduler.cost import CostModel
@@ -58,7 +56,7 @@ def decayed_log_rate(log_rate: float, served: float, interval_ms: float, tau_ms:
     if served == 0:
         return kept
     log_one_minus_a = math.log(-math.expm1(log_a))
-    return float(np.logaddexp(kept, log_one_minus_a + math.log(served / interval_ms)))
+    return _logaddexp(kept, log_one_minus_a + math.log(served / interval_ms))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,11 +137,23 @@ class LogPrices:
     delivery: float
 
 
+def _logaddexp(a: float, b: float) -> float:
+    """log(e^a + e^b) for Python floats (numpy's ufunc costs microseconds per scalar call)."""
+    if a == NEG_INF:
+        return b
+    if b == NEG_INF:
+        return a
+    if a == b:
+        return a + math.log(2.0)
+    big, small = (a, b) if a >= b else (b, a)
+    return big + math.log1p(math.exp(small - big))
+
+
 def log_prices(policy: PolicyConfig, log_x: float, log_z: float | None) -> LogPrices:
     """Prices as logs: 1 + f/x, beta + f/x, g/z (delivery -inf when there is no coordinate)."""
     log_f_over_x = _log(policy.token_fairness) - log_x
-    prefill = float(np.logaddexp(0.0, log_f_over_x))
-    output = float(np.logaddexp(_log(policy.output_token_value), log_f_over_x))
+    prefill = _logaddexp(0.0, log_f_over_x)
+    output = _logaddexp(_log(policy.output_token_value), log_f_over_x)
     delivery = NEG_INF if log_z is None else _log(policy.delivery_fairness) - log_z
     return LogPrices(prefill, output, delivery)
 

@@ -92,11 +92,16 @@ def _fit(values: np.ndarray | Sequence[float], depth: int) -> np.ndarray:
 
 @dataclasses.dataclass
 class PrefixEstimate:
-    """Per-depth means and weights with token-based aging."""
+    """Per-depth means and weights with token-based aging.
+
+    `means()` and `optimistic(tokens)` are read for every resident at every decision and change
+    only when a round is observed: both are cached until `observe`, and returned read-only.
+    """
 
     mean: np.ndarray  # f64[depth]
     weight: np.ndarray  # f64[depth], as of `tokens_at`
     tokens_at: int = 0  # the request's generated-token count when weights were last aged
+    _cache: dict = dataclasses.field(default_factory=dict, init=False, repr=False, compare=False)
 
     @classmethod
     def from_prior(cls, prior: np.ndarray, tokens: int = 0) -> "PrefixEstimate":
@@ -122,16 +127,29 @@ class PrefixEstimate:
         w[seen] = np.minimum(w[seen] + 1.0, WEIGHT_CAP)
         self.weight = w
         self.tokens_at = max(self.tokens_at, tokens)
+        self._cache.clear()
 
     def means(self) -> np.ndarray:
-        return monotone(self.mean)
+        cached = self._cache.get("means")
+        if cached is None:
+            cached = self._cache["means"] = _frozen(monotone(self.mean))
+        return cached
 
     def optimistic(self, tokens: int) -> np.ndarray:
-        bonus = np.sqrt(OPTIMISM_NUMERATOR / (2.0 * self.aged_weight(tokens)))
-        return monotone(np.minimum(1.0, self.mean + bonus))
+        cached = self._cache.get("optimistic")
+        if cached is None or cached[0] != tokens:
+            bonus = np.sqrt(OPTIMISM_NUMERATOR / (2.0 * self.aged_weight(tokens)))
+            cached = self._cache["optimistic"] = (tokens, _frozen(monotone(np.minimum(1.0, self.mean + bonus))))
+        return cached[1]
 
     def copy(self) -> "PrefixEstimate":
         return PrefixEstimate(self.mean.copy(), self.weight.copy(), self.tokens_at)
+
+
+def _frozen(a: np.ndarray) -> np.ndarray:
+    a = np.array(a, dtype=np.float64)
+    a.setflags(write=False)
+    return a
 
 
 class AcceptanceHistory:
