@@ -175,15 +175,20 @@ def _scatter_tiles(tiles, index, num_tokens, dtype):
 # XLA implementation (the CPU path).
 
 
-def _xla_attention(q, k_pages, v_pages, page_tables, context_lens, query_starts, query_lens, *, sm_scale, tiles):
+def _xla_attention(q, k_pages, v_pages, page_tables, context_lens, query_starts, query_lens, *, sm_scale, tiles, layer):
     """All work items at once, an online softmax over key blocks of whole pages.
 
     The loop runs only as many key blocks as the longest item needs (its last token's
     position, not the row's page window), so a decode step over short contexts reads a few
-    pages however long the prepared window is.
+    pages however long the prepared window is. `k_pages` and `v_pages` hold every layer
+    ([L, K, pages, page_size, D]); the gathers index layer `layer` of the whole stack, because
+    a slice of it would be copied (a whole layer of cache per call) before the gather.
     """
     num_tokens, num_q_heads, head_dim = q.shape
-    num_kv_heads, total_pages, page_size, _ = k_pages.shape
+    num_layers, num_kv_heads, total_pages, page_size, _ = k_pages.shape
+    k_flat = k_pages.reshape(num_layers * num_kv_heads * total_pages, page_size, head_dim)
+    v_flat = v_pages.reshape(k_flat.shape)
+    head_base = (layer * num_kv_heads + jnp.arange(num_kv_heads, dtype=jnp.int32)) * total_pages  # [K]
     num_rows, pages_per_row = page_tables.shape
     group = num_q_heads // num_kv_heads
     block_q = _block_q(num_tokens, num_rows, 1, tiles.xla_block_q)
@@ -207,10 +212,11 @@ def _xla_attention(q, k_pages, v_pages, page_tables, context_lens, query_starts,
     def key_block(j, carry):
         acc, row_max, row_sum = carry  # f32[N, K, G, bq, D], f32[N, K, G, bq] twice
         ids = lax.dynamic_slice_in_dim(page_ids, j * pages_per_block, pages_per_block, axis=1)  # [N, ppb]
+        flat_ids = head_base[:, None, None] + ids[None]  # [K, N, ppb]
         key_pos = j * block_k + jnp.arange(block_k, dtype=jnp.int32)  # [bk]
         key_ok = key_pos[None, :] < items.context_len[:, None]  # [N, bk]; past it pages may hold NaN
-        k = k_pages[:, ids].reshape(num_kv_heads, num_items, block_k, head_dim)
-        v = v_pages[:, ids].reshape(num_kv_heads, num_items, block_k, head_dim)
+        k = k_flat[flat_ids].reshape(num_kv_heads, num_items, block_k, head_dim)
+        v = v_flat[flat_ids].reshape(num_kv_heads, num_items, block_k, head_dim)
         k = jnp.where(key_ok[None, :, :, None], k, 0)
         v = jnp.where(key_ok[None, :, :, None], v, 0)
         logits = jnp.einsum("nqkgd,knsd->nkgqs", qg, k, precision=_EXACT, preferred_element_type=jnp.float32)
@@ -289,10 +295,10 @@ def ragged_paged_attention_kernel(
 
 
 def _pallas_attention(
-    q, k_pages, v_pages, page_tables, context_lens, query_starts, query_lens, *, sm_scale, tiles, interpret
+    q, k_pages, v_pages, page_tables, context_lens, query_starts, query_lens, *, sm_scale, tiles, interpret, layer
 ):
     num_tokens, num_q_heads, head_dim = q.shape
-    num_kv_heads, total_pages, page_size, _ = k_pages.shape
+    _, num_kv_heads, total_pages, page_size, _ = k_pages.shape
     num_rows, pages_per_row = page_tables.shape
     group = num_q_heads // num_kv_heads
     group_p = _next_power_of_two(group)
@@ -320,7 +326,8 @@ def _pallas_attention(
     kernel = functools.partial(
         ragged_paged_attention_kernel, sm_scale=sm_scale, group_p=group_p, pages_per_block=pages_per_block
     )
-    pages_spec = pl.BlockSpec((None, total_pages, page_size, head_dim), lambda i, h: (h, 0, 0, 0))
+    # Layer `layer` of the stacked pages, selected by the block index (no slice outside).
+    pages_spec = pl.BlockSpec((None, None, total_pages, page_size, head_dim), lambda i, h: (layer, h, 0, 0, 0))
     tile_spec = pl.BlockSpec((None, None, rows, head_dim), lambda i, h: (i, h, 0, 0))
     out = pl.pallas_call(
         kernel,
@@ -343,14 +350,18 @@ def _pallas_attention(
     return _scatter_tiles(out, index, num_tokens, q.dtype)
 
 
-@functools.partial(jax.jit, static_argnames=("sm_scale", "impl", "interpret", "tiles"))
+@functools.partial(jax.jit, static_argnames=("sm_scale", "impl", "interpret", "tiles", "layer"))
 def _ragged_paged_attention_jit(
-    q, k_pages, v_pages, page_tables, context_lens, query_starts, query_lens, *, sm_scale, impl, interpret, tiles
+    q, k_pages, v_pages, page_tables, context_lens, query_starts, query_lens, *, sm_scale, impl, interpret, tiles,
+    layer,
 ):
     ints = [x.astype(jnp.int32) for x in (page_tables, context_lens, query_starts, query_lens)]
+    if layer is None:  # one layer's pages: a stack of one (a free reshape)
+        k_pages, v_pages, layer = k_pages[None], v_pages[None], 0
     if impl == "pallas":
-        return _pallas_attention(q, k_pages, v_pages, *ints, sm_scale=sm_scale, tiles=tiles, interpret=interpret)
-    return _xla_attention(q, k_pages, v_pages, *ints, sm_scale=sm_scale, tiles=tiles)
+        return _pallas_attention(q, k_pages, v_pages, *ints, sm_scale=sm_scale, tiles=tiles, interpret=interpret,
+                                 layer=layer)
+    return _xla_attention(q, k_pages, v_pages, *ints, sm_scale=sm_scale, tiles=tiles, layer=layer)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -407,7 +418,7 @@ def _check_values(q, k_pages, page_tables, context_lens, query_starts, query_len
 def ragged_paged_attention(
     q, k_pages, v_pages, page_tables, context_lens, query_starts, query_lens,
     *, sm_scale: float, impl: str = "auto", interpret: bool = False,
-    tiles: RaggedAttentionTiles = DEFAULT_TILES,
+    tiles: RaggedAttentionTiles = DEFAULT_TILES, layer: int | None = None,
 ) -> jax.Array:
     """Causal attention of packed ragged query rows over a paged KV cache (module docstring).
 
@@ -417,37 +428,53 @@ def ragged_paged_attention(
 
     Args:
       q: [T, num_q_heads, head_dim] packed queries (float32 or bfloat16).
-      k_pages, v_pages: [num_kv_heads, total_pages, page_size, head_dim].
+      k_pages, v_pages: [num_kv_heads, total_pages, page_size, head_dim]; with `layer`, every
+        layer's pages, [num_layers, num_kv_heads, total_pages, page_size, head_dim].
       page_tables: i32[R, pages_per_row].
       context_lens, query_starts, query_lens: i32[R].
       sm_scale: logit scale, usually head_dim ** -0.5 (static).
       impl: "pallas", "xla", or "auto" (`select_impl`: Pallas on a GPU, XLA elsewhere).
       interpret: run the Pallas kernel in interpret mode (CPU tests); ignored by "xla".
       tiles: tile sizes (static; each distinct value compiles its own program).
+      layer: the layer of stacked pages to read (a Python int). Pass the whole stacked cache
+        and the layer rather than `k_pages[layer]`: on the CPU that slice is a copy of the
+        layer's whole cache at every call, which dominated decode steps with long windows.
 
     Returns:
       [T, num_q_heads, head_dim] in q's dtype; positions that no row covers are 0.
     """
     args = tuple(map(jnp.asarray, (q, k_pages, v_pages, page_tables, context_lens, query_starts, query_lens)))
-    _check_shapes(*args, impl)
     q, k_pages, v_pages, page_tables, context_lens, query_starts, query_lens = args
+    one_layer = k_pages, v_pages  # what the checks see: one layer's pages (shapes only)
+    if layer is not None:
+        if k_pages.ndim != 5 or k_pages.shape != v_pages.shape:
+            raise ValueError(f"with layer, k_pages and v_pages must share one 5-d [num_layers, num_kv_heads, "
+                             f"total_pages, page_size, head_dim] shape, got {k_pages.shape} and {v_pages.shape}")
+        if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)) or not 0 <= layer < k_pages.shape[0]:
+            raise ValueError(f"layer must be an int in [0, {k_pages.shape[0]}), got {layer!r}")
+        layer = int(layer)
+        one_layer = tuple(jax.ShapeDtypeStruct(x.shape[1:], x.dtype) for x in (k_pages, v_pages))
+    _check_shapes(q, *one_layer, page_tables, context_lens, query_starts, query_lens, impl)
     if not any(isinstance(x, jax.core.Tracer) for x in (page_tables, context_lens, query_starts, query_lens)):
-        _check_values(q, k_pages, page_tables, context_lens, query_starts, query_lens)
-    shape = dict(head_dim=q.shape[2], page_size=k_pages.shape[2], pages_per_row=page_tables.shape[1])
+        _check_values(q, one_layer[0], page_tables, context_lens, query_starts, query_lens)
+    shape = dict(head_dim=q.shape[2], page_size=k_pages.shape[-2], pages_per_row=page_tables.shape[1])
     resolved = select_impl(impl, **shape)
     if resolved == "pallas" and not interpret:
         problem = pallas_shape_problem(**shape)
         if problem:
             raise ValueError(problem)
     return _ragged_paged_attention_jit(
-        *args, sm_scale=float(sm_scale), impl=resolved, interpret=interpret, tiles=tiles
+        *args, sm_scale=float(sm_scale), impl=resolved, interpret=interpret, tiles=tiles, layer=layer
     )
 
 
 def ragged_paged_attention_reference(
-    q, k_pages, v_pages, page_tables, context_lens, query_starts, query_lens, *, sm_scale: float
+    q, k_pages, v_pages, page_tables, context_lens, query_starts, query_lens, *, sm_scale: float,
+    layer: int | None = None,
 ) -> np.ndarray:
     """Deliberately naive: per row, per query token, float64 numpy. Returns float32 [T, H, D]."""
+    if layer is not None:
+        k_pages, v_pages = k_pages[layer], v_pages[layer]
     q = np.asarray(jnp.asarray(q, jnp.float32), np.float64)
     k_pages = np.asarray(jnp.asarray(k_pages, jnp.float32), np.float64)
     v_pages = np.asarray(jnp.asarray(v_pages, jnp.float32), np.float64)

@@ -8,9 +8,10 @@
 The kernel contract (owned by kernels/ragged_paged_attention.py):
 
     ragged_paged_attention(q, k_pages, v_pages, page_tables, context_lens, query_starts,
-                           query_lens, *, sm_scale, impl="auto", interpret=False)
+                           query_lens, *, sm_scale, layer, impl="auto", interpret=False)
       q        [T, num_q_heads, head_dim]
-      k_pages  [num_kv_heads, total_pages, page_size, head_dim] (and v_pages)
+      k_pages  [num_layers, num_kv_heads, total_pages, page_size, head_dim] (and v_pages):
+               the whole stacked cache; the kernel reads layer `layer` (a Python int)
       returns  [T, num_q_heads, head_dim], zeros where no row covers the token.
 
 Any callable with that signature can stand in for it (`attention=` on the packed forwards).
@@ -90,15 +91,18 @@ def paged_attend(
     def attend(layer: int, q, k, v, cache: PagedKVCache):
         # Write first: the kernel's context_lens count this call's tokens as context.
         cache = write_kv(cache, layer, pages, slots, k, v)
+        # The whole stacked cache and the layer: slicing cache.k[layer] here would copy a
+        # layer's entire cache at every call on the CPU.
         out = kernel(
             q,
-            cache.k[layer],
-            cache.v[layer],
+            cache.k,
+            cache.v,
             page_tables,
             context_lens,
             query_starts,
             query_lens,
             sm_scale=sm_scale,
+            layer=layer,
         )
         return out, cache
 

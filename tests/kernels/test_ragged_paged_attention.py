@@ -218,6 +218,33 @@ def test_xla_key_blocks_of_every_size(block_k):
         check_against_reference(out, args, jnp.float32)
 
 
+@pytest.mark.parametrize("impl", ["xla", "pallas"])
+def test_stacked_layers_read_the_named_layer(impl):
+    """With `layer`, the pages are every layer's ([L, K, pages, page_size, D]); the result equals
+    the same call on that layer alone, and the other layers (NaN here) are never read."""
+    args = make_case(SCENARIOS[5], 2, jnp.float32, seed=31)
+    q, k_pages, v_pages, *rest = args
+    poison = jnp.full_like(k_pages, jnp.nan)
+    for layer in range(3):
+        k_stack = jnp.stack([k_pages if i == layer else poison for i in range(3)])
+        v_stack = jnp.stack([v_pages if i == layer else poison for i in range(3)])
+        out = ragged_paged_attention(q, k_stack, v_stack, *rest, sm_scale=0.25, impl=impl,
+                                     interpret=impl == "pallas", layer=layer)
+        check_against_reference(out, args, jnp.float32)
+        want = ragged_paged_attention_reference(q, k_stack, v_stack, *rest, sm_scale=0.25, layer=layer)
+        np.testing.assert_allclose(np.asarray(out), want, atol=2e-5, rtol=2e-5)
+
+
+def test_stacked_layers_reject_bad_layers():
+    q, k_pages, v_pages, *rest = make_case(SCENARIOS[0], 2, jnp.float32, seed=1)
+    stack = jnp.stack([k_pages, k_pages])
+    for layer in (2, -1, 0.5, True):
+        with pytest.raises(ValueError, match="layer must be an int"):
+            ragged_paged_attention(q, stack, stack, *rest, sm_scale=0.25, impl="xla", layer=layer)
+    with pytest.raises(ValueError, match="5-d"):
+        ragged_paged_attention(q, k_pages, v_pages, *rest, sm_scale=0.25, impl="xla", layer=0)
+
+
 def test_xla_long_window_short_contexts():
     """A 1024-key window over contexts of a few tokens to the whole window: the loop stops at
     the longest row's last key, and rows far shorter than the window are still exact."""

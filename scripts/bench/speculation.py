@@ -1,0 +1,404 @@
+"""Speculative decoding on the embedded default model: off, fixed and adaptive, in one process.
+
+    python scripts/bench/speculation.py [--modes=off,fixed,adaptive] [--concurrency=1,16]
+        [--draft_tokens=3] [--prompt_tokens=64] [--new_tokens=128] [--requests_at_one=2]
+        [--repeats=3] [--dtype=float32] [--max_model_len=512] [--seed=0]
+        [--json_out=FILE] [--plot_dir=DIR]
+
+One `HeliosEngine` per mode (16 request slots, the same catalog planning the server uses, the
+persistent compilation cache on), all alive at once. Prompts are --prompt_tokens-token windows of
+the held-out standard-library files (training_info.json), greedy, --new_tokens new tokens each.
+At concurrency 1 the engine serves --requests_at_one requests one after another; at concurrency
+16 it serves 16 submitted at once. Modes are interleaved within every repeat (their order
+alternates), and speedups are taken per repeat against `off` at the same concurrency, then
+summarised by their median.
+
+Measured per run, from the engine's own counters (deltas over the run):
+  - tokens per target forward: output tokens after the first (which prefill emits) divided by
+    decode lane-rounds (one per request per frame, counted from the stream's events);
+  - acceptance per draft position k from `scheduler.accepted_by_position` /
+    `scheduler.offered_by_position` (the fraction of rounds that offered position k whose first
+    k drafts were all accepted), the conditional acceptance alpha_k = reached_k / reached_{k-1},
+    the pooled alpha = sum_k accepted_k / sum_k accepted_{k-1} (the estimate of a constant
+    per-position acceptance), and the prediction (1 - alpha^(gamma+1)) / (1 - alpha) for
+    gamma drafts against the measured 1 + sum_k reached_k;
+  - what the adaptive selector chose: `scheduler.selections`, `executor.graph_counts`,
+    `scheduler.speculative`, and the plans of the scheduler's trace by (program, reason), with
+    the lanes they served; the mean device time of each program as the executor measured it and
+    the scheduler's current duration estimates.
+"""
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import json
+import os
+import platform
+import statistics
+import sys
+import sysconfig
+import threading
+import time
+
+import numpy as np
+from absl import app, flags
+
+FLAGS = flags.FLAGS
+flags.DEFINE_list("modes", ["off", "fixed", "adaptive"], "speculation modes")
+flags.DEFINE_list("concurrency", ["1", "16"], "concurrent requests")
+flags.DEFINE_integer("draft_tokens", 3, "gamma: drafts per speculative round (the catalog's depth)")
+flags.DEFINE_integer("prompt_tokens", 64, "tokens per prompt")
+flags.DEFINE_integer("new_tokens", 128, "new tokens per request")
+flags.DEFINE_integer("requests_at_one", 2, "requests served one after another per run at concurrency 1")
+flags.DEFINE_integer("repeats", 3, "interleaved repeats")
+flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "compute dtype (the same bf16-rounded weights)")
+flags.DEFINE_integer("max_model_len", 512, "engine context length (the CPU attention window)")
+flags.DEFINE_integer("seed", 0, "seed of the prompt windows")
+flags.DEFINE_string("json_out", None, "write the results as JSON here")
+flags.DEFINE_string("plot_dir", None, "write PNG plots here (e.g. docs/img)")
+flags.DEFINE_string("compilation_cache_dir", os.path.join(os.path.expanduser("~"), ".cache", "helios_jax", "xla"),
+                    "persistent compilation cache (the server's default); empty disables it")
+
+import jax  # noqa: E402
+
+EOS_TEXTS = ("<|endoftext|>", "<|im_end|>")
+
+
+def percentile(values, q):
+    return float(np.percentile(np.asarray(values, float), q)) if len(values) else None
+
+
+def machine() -> dict:
+    cpu = ""
+    with contextlib.suppress(OSError):
+        cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "")
+    return dict(cpus=os.cpu_count(), cpu=cpu, python=platform.python_version(), jax=jax.__version__,
+                backend=jax.default_backend(), loadavg_at_start=os.getloadavg())
+
+
+def held_out_windows(tokenizer, count: int, length: int, seed: int) -> list[dict]:
+    """`count` windows of `length` tokens at seeded offsets of the held-out stdlib files."""
+    from helios_jax.model.default import default_model_path
+
+    info = json.loads((default_model_path() / "training_info.json").read_text())
+    stdlib = sysconfig.get_paths()["stdlib"]
+    files = []
+    for rel in info["data"]["held_out_files"]:
+        with contextlib.suppress(OSError, UnicodeDecodeError):
+            ids = tokenizer.encode(open(os.path.join(stdlib, rel), encoding="utf-8").read()).ids
+            if len(ids) > length + 1:
+                files.append((rel, ids))
+    if not files:
+        raise FileNotFoundError(f"none of the held-out files exist under {stdlib}")
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(count):
+        rel, ids = files[int(rng.integers(len(files)))]
+        start = int(rng.integers(0, len(ids) - length))
+        out.append(dict(file=rel, offset=start, tokens=[int(t) for t in ids[start:start + length]]))
+    return out
+
+
+def build(model, tokenizer, mode: str):
+    from helios_jax.engine_config import EngineConfig
+    from helios_jax.runtime.engine import HeliosEngine
+    from helios_jax.runtime.tokenizer import HFTokenizer
+
+    chunks = tuple(c for c in (64, 128) if c <= FLAGS.max_model_len and c >= FLAGS.prompt_tokens)[:1] or (
+        FLAGS.max_model_len,)
+    ec = EngineConfig(request_slots=16, prefill_chunks=chunks, speculation=mode,
+                      draft_tokens=FLAGS.draft_tokens if mode != "off" else 0,
+                      max_model_len=FLAGS.max_model_len, dtype=FLAGS.dtype)
+    t = time.perf_counter()
+    engine = HeliosEngine(model_config=model.config, params=model.params, tokenizer=HFTokenizer(tokenizer),
+                          engine_config=ec, model_name="helios-default")
+    return engine, ec, time.perf_counter() - t
+
+
+def counters(engine) -> dict:
+    s, ex = engine.scheduler, engine.executor
+    return dict(selections=collections.Counter(s.selections), speculative=collections.Counter(s.speculative),
+                offered=collections.Counter(s.offered_by_position), accepted=collections.Counter(s.accepted_by_position),
+                graph_counts=collections.Counter(ex.graph_counts), graph_ns=collections.Counter(ex.graph_ns),
+                executions=collections.Counter(s.executions),
+                last_fence=s.trace[-1].fence if s.trace else 0)
+
+
+def delta(after: dict, before: dict) -> dict:
+    return {k: (after[k] - before[k]) if isinstance(after[k], collections.Counter) else after[k]
+            for k in after}
+
+
+def serve_requests(engine, prompts, new_tokens, concurrent: bool):
+    """Runs the prompts (all at once, or one after another). Returns per-request records."""
+    from helios_jax.runtime.api import GenerationRequest, SamplingParams
+
+    records = [None] * len(prompts)
+
+    def consume(i, stream, submitted):
+        tokens, events, stamps = [], [], []
+        for event in stream:
+            if event.finish_reason == "error":
+                raise RuntimeError(event.error)
+            if event.token_ids:
+                stamps.append(time.perf_counter())
+                events.append(len(event.token_ids))
+                tokens.extend(event.token_ids)
+        records[i] = dict(tokens=tokens, events=events, ttft_ms=(stamps[0] - submitted) * 1e3,
+                          gaps_ms=list(np.diff(stamps) * 1e3))
+
+    def submit(i, p):
+        req = GenerationRequest(f"spec-{time.perf_counter_ns()}-{i}", tuple(p),
+                                SamplingParams(max_tokens=new_tokens, temperature=0.0))
+        now = time.perf_counter()
+        t = threading.Thread(target=consume, args=(i, engine.submit(req), now), daemon=True)
+        t.start()
+        return t
+
+    start = time.perf_counter()
+    if concurrent:
+        for t in [submit(i, p) for i, p in enumerate(prompts)]:
+            t.join()
+    else:
+        for i, p in enumerate(prompts):
+            submit(i, p).join()
+    return time.perf_counter() - start, records
+
+
+def acceptance(d: dict, gamma: int) -> dict:
+    offered = [d["offered"][k] for k in range(1, gamma + 1)]
+    accepted = [d["accepted"][k] for k in range(1, gamma + 1)]
+    if not offered[0]:
+        return dict(rounds_with_drafts=0)
+    reached = [a / o if o else None for a, o in zip(accepted, offered)]
+    conditional = []
+    previous = 1.0
+    for r in reached:
+        conditional.append(r / previous if r is not None and previous else None)
+        previous = r if r is not None else previous
+    below = [offered[0]] + accepted[:-1]
+    alpha = sum(accepted) / sum(below) if sum(below) else None
+    predicted = (1 - alpha ** (gamma + 1)) / (1 - alpha) if alpha is not None and alpha < 1 else gamma + 1
+    measured = 1 + sum(r for r in reached if r is not None)
+    return dict(rounds_with_drafts=offered[0], offered_by_position=offered, accepted_by_position=accepted,
+                reached=reached, conditional=conditional, alpha=alpha,
+                predicted_tokens_per_round=predicted, measured_tokens_per_round=measured)
+
+
+def trace_summary(engine, after_fence: int) -> dict:
+    """Plans committed after `after_fence`: (program, reason) -> plans, lanes."""
+    out = collections.defaultdict(lambda: [0, 0])
+    for r in engine.scheduler.trace:
+        if r.fence <= after_fence or r.kind.value not in ("speculative", "decode"):
+            continue
+        key = f"{r.kind.value}[B={r.batch_capacity},W={r.token_capacity}] {r.reason.value}"
+        out[key][0] += 1
+        out[key][1] += r.served
+    return {k: dict(plans=v[0], lanes=v[1]) for k, v in sorted(out.items())}
+
+
+def run_once(name, engine, prompts, c, gamma):
+    before = counters(engine)
+    wall, records = serve_requests(engine, prompts, FLAGS.new_tokens, concurrent=c > 1)
+    d = delta(counters(engine), before)
+    tokens = sum(len(r["tokens"]) for r in records)
+    lane_rounds = sum(len(r["events"]) - 1 for r in records)
+    return dict(
+        mode=name, concurrency=c, wall_s=wall, output_tokens=tokens, tokens_per_s=tokens / wall,
+        tokens_per_target_forward=(tokens - len(records)) / max(lane_rounds, 1), lane_rounds=lane_rounds,
+        ttft_ms=[r["ttft_ms"] for r in records], gaps_ms=[g for r in records for g in r["gaps_ms"]],
+        outputs=[r["tokens"] for r in records], acceptance=acceptance(d, gamma),
+        selections=dict(d["selections"]), graph_counts={k: v for k, v in d["graph_counts"].items() if v},
+        speculative=dict(d["speculative"]), executions={k: v for k, v in d["executions"].items() if v},
+        plans=trace_summary(engine, before["last_fence"]),
+    )
+
+
+def program_costs(engine) -> dict:
+    ex, s = engine.executor, engine.scheduler
+    out = {}
+    for name in sorted(ex.graph_counts):
+        if not name.startswith(("decode", "speculative")):
+            continue
+        key = next((g.key for g in engine.catalog.graphs if g.name == name), None)
+        est = s.costs.estimate_ms(key) if key is not None else None
+        out[name] = dict(executions=ex.graph_counts[name], device_ms_mean=ex.graph_ns[name] / 1e6 / ex.graph_counts[name],
+                         scheduler_estimate_ms=est)
+    return out
+
+
+def main(argv) -> int:
+    del argv
+    if FLAGS.compilation_cache_dir:
+        jax.config.update("jax_compilation_cache_dir", FLAGS.compilation_cache_dir)
+    started = time.perf_counter()
+    from helios_jax.model.default import load_default_model
+
+    model = load_default_model(FLAGS.dtype)
+    tokenizer = model.tokenizer
+    gamma = FLAGS.draft_tokens
+    concurrencies = [int(c) for c in FLAGS.concurrency]
+    prompts = held_out_windows(tokenizer, 32, FLAGS.prompt_tokens, FLAGS.seed)
+    token_lists = [p["tokens"] for p in prompts]
+    results = dict(command=" ".join(sys.argv), machine=machine(),
+                   flags={k: FLAGS[k].value for k in ("modes", "concurrency", "draft_tokens", "prompt_tokens",
+                                                       "new_tokens", "requests_at_one", "repeats", "dtype",
+                                                       "max_model_len", "seed")},
+                   prompts=[dict(file=p["file"], offset=p["offset"]) for p in prompts])
+    engines, setup = {}, {}
+    names = list(FLAGS.modes)
+    for name in names:
+        engine, ec, seconds = build(model, tokenizer, name)
+        engines[name] = engine
+        setup[name] = dict(build_and_compile_s=round(seconds, 1), programs=len(ec.catalog().graphs),
+                           engine_config=dataclasses.asdict(ec))
+        print(f"{name}: built in {seconds:.1f} s ({len(ec.catalog().graphs)} programs)", flush=True)
+    results["setup"] = setup
+    # Warm-up (untimed): allocators and the scheduler's first duration estimates / exploration.
+    for name, engine in engines.items():
+        for c in concurrencies:
+            n = c if c > 1 else FLAGS.requests_at_one
+            serve_requests(engine, token_lists[:n], FLAGS.new_tokens, concurrent=c > 1)
+    print("warm", flush=True)
+    runs = []
+    for rep in range(FLAGS.repeats):
+        for c in concurrencies:
+            n = c if c > 1 else FLAGS.requests_at_one
+            chosen = [token_lists[(rep * n + i) % len(token_lists)] for i in range(n)]
+            order = names if rep % 2 == 0 else names[::-1]
+            for name in order:
+                r = run_once(name, engines[name], chosen, c, gamma)
+                r["repeat"] = rep
+                runs.append(r)
+                a = r["acceptance"]
+                print(f"rep {rep} c={c:2d} {name:16s} {r['tokens_per_s']:8.1f} tok/s  tokens/forward "
+                      f"{r['tokens_per_target_forward']:.3f}  spec rounds {a.get('rounds_with_drafts', 0):5d}  "
+                      f"graphs {r['graph_counts']}", flush=True)
+    # Summaries.
+    table = []
+    for c in concurrencies:
+        base = {r["repeat"]: r for r in runs if r["mode"] == "off" and r["concurrency"] == c}
+        for name in names:
+            mine = [r for r in runs if r["mode"] == name and r["concurrency"] == c]
+            pooled = collections.Counter()
+            for r in mine:
+                a = r["acceptance"]
+                if a.get("rounds_with_drafts"):
+                    for k in range(gamma):
+                        pooled[("o", k + 1)] += a["offered_by_position"][k]
+                        pooled[("a", k + 1)] += a["accepted_by_position"][k]
+            acc = acceptance(dict(offered={k: pooled[("o", k)] for k in range(1, gamma + 1)},
+                                  accepted={k: pooled[("a", k)] for k in range(1, gamma + 1)}), gamma)
+            row = dict(mode=name, concurrency=c,
+                       tokens_per_s=statistics.median(r["tokens_per_s"] for r in mine),
+                       tokens_per_target_forward=statistics.median(r["tokens_per_target_forward"] for r in mine),
+                       ttft_ms_p50=percentile([x for r in mine for x in r["ttft_ms"]], 50),
+                       gap_ms_p50=percentile([x for r in mine for x in r["gaps_ms"]], 50),
+                       gap_ms_p90=percentile([x for r in mine for x in r["gaps_ms"]], 90),
+                       acceptance=acc)
+            if base:
+                sp = [r["tokens_per_s"] / base[r["repeat"]]["tokens_per_s"] for r in mine if r["repeat"] in base]
+                row["speedup_vs_off"] = dict(median=statistics.median(sp), per_repeat=sp)
+            plans = collections.Counter()
+            lanes = collections.Counter()
+            graphs = collections.Counter()
+            for r in mine:
+                graphs.update(r["graph_counts"])
+                for k, v in r["plans"].items():
+                    plans[k] += v["plans"]
+                    lanes[k] += v["lanes"]
+            row["graph_counts"] = dict(sorted(graphs.items()))
+            row["plans"] = {k: dict(plans=plans[k], lanes=lanes[k]) for k in sorted(plans)}
+            table.append(row)
+    results["table"] = table
+    # Greedy outputs should not depend on the mode (speculation preserves greedy decoding; float
+    # differences between verification widths may flip near-ties).
+    agreement = {}
+    for name in names:
+        same = total = 0
+        for r in runs:
+            if r["mode"] != name:
+                continue
+            ref = next(x for x in runs if x["mode"] == "off" and x["repeat"] == r["repeat"]
+                       and x["concurrency"] == r["concurrency"]) if "off" in names else None
+            if ref is None:
+                continue
+            for a, b in zip(r["outputs"], ref["outputs"]):
+                same += a == b
+                total += 1
+        agreement[name] = dict(identical_to_off=same, of=total)
+    results["greedy_agreement"] = agreement
+    results["counters_at_end"] = {name: dict(selections=dict(e.scheduler.selections),
+                                             speculative=dict(e.scheduler.speculative),
+                                             graph_counts=dict(sorted(e.executor.graph_counts.items())),
+                                             executions=dict(e.scheduler.executions))
+                                  for name, e in engines.items()}
+    results["program_costs"] = {name: program_costs(e) for name, e in engines.items()}
+    for r in runs:
+        del r["outputs"]
+    results["runs"] = runs
+    for e in engines.values():
+        e.shutdown()
+    results["wall_s"] = round(time.perf_counter() - started, 1)
+    print_tables(results)
+    if FLAGS.plot_dir:
+        results["plots"] = plots(results, FLAGS.plot_dir)
+    if FLAGS.json_out:
+        with open(FLAGS.json_out, "w") as f:
+            json.dump(results, f, indent=1, default=float)
+            f.write("\n")
+    return 0
+
+
+def print_tables(results):
+    print()
+    print(f"{'mode':16s} {'c':>3s} {'tok/s':>8s} {'speedup':>8s} {'tok/fwd':>8s} {'alpha':>6s} {'pred':>6s} "
+          f"{'meas':>6s}  conditional acceptance")
+    for row in results["table"]:
+        a = row["acceptance"]
+        sp = row.get("speedup_vs_off", {}).get("median")
+        print(f"{row['mode']:16s} {row['concurrency']:3d} {row['tokens_per_s']:8.1f} "
+              f"{(f'{sp:.2f}x' if sp else '-'):>8s} {row['tokens_per_target_forward']:8.3f} "
+              f"{(a.get('alpha') or 0):6.3f} {(a.get('predicted_tokens_per_round') or 0):6.3f} "
+              f"{(a.get('measured_tokens_per_round') or 0):6.3f}  {a.get('conditional')}")
+    print()
+    for name, costs in results["program_costs"].items():
+        print(name)
+        for prog, c in costs.items():
+            est = c["scheduler_estimate_ms"]
+            print(f"  {prog:44s} runs {c['executions']:6d} device {c['device_ms_mean']:8.2f} ms  "
+                  f"estimate {est if est is None else round(est, 2)}")
+    print(f"wall {results['wall_s']} s")
+
+
+def plots(results, folder):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    os.makedirs(folder, exist_ok=True)
+    table = results["table"]
+    names = list(dict.fromkeys(r["mode"] for r in table))
+    cs = sorted({r["concurrency"] for r in table})
+    fig, axes = plt.subplots(1, 2, figsize=(8.5, 3.2))
+    width = 0.8 / len(names)
+    for j, name in enumerate(names):
+        rows = [next(r for r in table if r["mode"] == name and r["concurrency"] == c) for c in cs]
+        xs = np.arange(len(cs)) + j * width
+        axes[0].bar(xs, [r["tokens_per_s"] for r in rows], width, label=name)
+        axes[1].bar(xs, [r["tokens_per_target_forward"] for r in rows], width, label=name)
+    for ax, title in zip(axes, ("output tokens/s", "tokens per target forward")):
+        ax.set_xticks(np.arange(len(cs)) + width * (len(names) - 1) / 2, [f"c={c}" for c in cs])
+        ax.set_title(title, fontsize=10)
+    axes[1].legend(fontsize=7)
+    fig.tight_layout()
+    path = os.path.join(folder, "speculation.png")
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    return [path]
+
+
+if __name__ == "__main__":
+    app.run(lambda argv: sys.exit(main(argv)))
