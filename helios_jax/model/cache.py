@@ -138,6 +138,14 @@ def write_kv(
     Out-of-range pages are dropped. With the cache donated to the enclosing jit the scatter
     updates the buffer in place.
     """
+    if pages.shape[0] == 1:
+        # A one-token write would be simplified to a dynamic-update-slice, which the CPU
+        # compiler then guards with copies of the whole cache (the attention loop reads the
+        # same buffer): add a second, dropped, update so it stays an in-place scatter.
+        pages = jnp.concatenate([pages, jnp.full((1,), cache.k.shape[2], pages.dtype)])
+        slots = jnp.concatenate([slots, jnp.zeros((1,), slots.dtype)])
+        k = jnp.concatenate([k, jnp.zeros_like(k)])
+        v = jnp.concatenate([v, jnp.zeros_like(v)])
     # Advanced indices (layer, pages, slots) around a slice put the token axis first, so the
     # indexed view has shape [T, num_kv_heads, head_dim], exactly k's.
     return PagedKVCache(
