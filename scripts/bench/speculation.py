@@ -2,7 +2,7 @@
 
     python scripts/bench/speculation.py [--modes=off,fixed,adaptive] [--concurrency=1,16]
         [--draft_tokens=3] [--prompt_tokens=64] [--new_tokens=128] [--requests_at_one=2]
-        [--repeats=3] [--dtype=float32] [--max_model_len=512] [--seed=0]
+        [--repeats=3] [--dtype=float32] [--max_model_len=512] [--policy=balanced] [--seed=0]
         [--json_out=FILE] [--plot_dir=DIR]
 
 One `HeliosEngine` per mode (16 request slots, the same catalog planning the server uses, the
@@ -54,6 +54,7 @@ flags.DEFINE_integer("requests_at_one", 2, "requests served one after another pe
 flags.DEFINE_integer("repeats", 3, "interleaved repeats")
 flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "compute dtype (the same bf16-rounded weights)")
 flags.DEFINE_integer("max_model_len", 512, "engine context length (the CPU attention window)")
+flags.DEFINE_enum("policy", "balanced", ["balanced", "throughput"], "scheduler policy preset of every engine")
 flags.DEFINE_integer("seed", 0, "seed of the prompt windows")
 flags.DEFINE_string("json_out", None, "write the results as JSON here")
 flags.DEFINE_string("plot_dir", None, "write PNG plots here (e.g. docs/img)")
@@ -111,8 +112,10 @@ def build(model, tokenizer, mode: str):
                       draft_tokens=FLAGS.draft_tokens if mode != "off" else 0,
                       max_model_len=FLAGS.max_model_len, dtype=FLAGS.dtype)
     t = time.perf_counter()
+    from helios_jax.scheduler.config import PolicyConfig
+
     engine = HeliosEngine(model_config=model.config, params=model.params, tokenizer=HFTokenizer(tokenizer),
-                          engine_config=ec, model_name="helios-default")
+                          engine_config=ec, policy_config=PolicyConfig.preset(FLAGS.policy), model_name="helios-default")
     return engine, ec, time.perf_counter() - t
 
 
@@ -244,7 +247,7 @@ def main(argv) -> int:
     results = dict(command=" ".join(sys.argv), machine=machine(),
                    flags={k: FLAGS[k].value for k in ("modes", "concurrency", "draft_tokens", "prompt_tokens",
                                                        "new_tokens", "requests_at_one", "repeats", "dtype",
-                                                       "max_model_len", "seed")},
+                                                       "max_model_len", "policy", "seed")},
                    prompts=[dict(file=p["file"], offset=p["offset"]) for p in prompts])
     engines, setup = {}, {}
     names = list(FLAGS.modes)
@@ -394,7 +397,7 @@ def plots(results, folder):
         ax.set_title(title, fontsize=10)
     axes[1].legend(fontsize=7)
     fig.tight_layout()
-    path = os.path.join(folder, "speculation.png")
+    path = os.path.join(folder, "speculation.png" if FLAGS.policy == "balanced" else f"speculation_{FLAGS.policy}.png")
     fig.savefig(path, dpi=80)
     plt.close(fig)
     return [path]
