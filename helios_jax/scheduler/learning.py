@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable, Sequence
 
-from helios_jax.catalog import DecodeMode, GraphKind
+from helios_jax.catalog import DecodeMode
 from helios_jax.scheduler import policy, utility
 from helios_jax.scheduler.view import Candidate, LaneRole, RequestView
 
@@ -43,16 +43,18 @@ def probe(
     if inp.mode is not DecodeMode.ADAPTIVE or ordinary.indeterminate:
         return None
     prepared = inp.graphs if isinstance(inp.graphs, policy.PreparedGraphs) else policy.PreparedGraphs(inp.graphs)
-    speculative = [g for g in prepared.graphs if g.kind is GraphKind.SPECULATIVE and g.proposal_depth > 0]
-    if not speculative:
+    speculative = prepared.drafted()
+    if not speculative.graphs:
         return None
     ordinary_width = {l.rid: lane_width(l) for l in ordinary.lanes if l.role is LaneRole.DECODE}
     remaining = {v.rid: v.output_remaining for v in inp.views}
     opt_inp = dataclasses.replace(inp, views=list(optimistic_views), graphs=speculative)
     best, best_key = None, None
-    for c in policy.candidates(opt_inp):
-        if c.indeterminate or not c.score > ordinary.score:
+    # Only rows that beat the ordinary winner are materialised (building lanes is the cost).
+    for row in policy.scored(opt_inp):
+        if row.indeterminate or not row.score > ordinary.score:
             continue
+        c = row.build()
         added = [(l.rid, ordinary_width.get(l.rid, 1), lane_width(l)) for l in c.lanes
                  if l.role is LaneRole.DECODE and lane_width(l) > ordinary_width.get(l.rid, 1)
                  and remaining.get(l.rid, 0) > lane_width(l)]

@@ -64,6 +64,14 @@ def _dominates(small: GraphDescriptor, big: GraphDescriptor) -> bool:
 class PreparedGraphs:
     """The eligible programs of one loaded mode, grouped once for repeated selection."""
 
+    def drafted(self) -> "PreparedGraphs":
+        """The speculative programs with proposals (what acceptance probes choose among), grouped
+        once and kept."""
+        if self._drafted is None:
+            self._drafted = PreparedGraphs(
+                g for g in self.graphs if g.kind is GraphKind.SPECULATIVE and g.proposal_depth > 0)
+        return self._drafted
+
     def __init__(self, graphs: Iterable[GraphDescriptor]):
         self.graphs = tuple(graphs)
         self.generation = [g for g in self.graphs if g.kind in (GraphKind.DECODE, GraphKind.SPECULATIVE)]
@@ -86,6 +94,7 @@ class PreparedGraphs:
             if shape not in smallest or g.prefill_capacity < smallest[shape].prefill_capacity:
                 smallest[shape] = g
         self.mixed_decode_only = {id(g) for g in smallest.values()}
+        self._drafted: PreparedGraphs | None = None
         self.largest_smaller_chunk = {
             id(g): max((h.token_capacity for h in self.dominators[g]), default=None) for g in self.prefill}
         self.largest_smaller_chunk = {k: v for k, v in self.largest_smaller_chunk.items() if v is not None}
