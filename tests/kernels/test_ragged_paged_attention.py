@@ -203,7 +203,7 @@ def test_xla_random_packings(dtype):
         check_against_reference(run(*args), args, dtype)
 
 
-@pytest.mark.parametrize("block_k", [1, 4, 8, 12])
+@pytest.mark.parametrize("block_k", [1, 12])
 def test_xla_key_blocks_of_every_size(block_k):
     """Small key blocks make the online softmax step through many blocks (and one page per
     block at page size 4, with the last block partial): the result does not depend on them."""
