@@ -45,15 +45,15 @@ import contextlib
 import dataclasses
 import json
 import os
-import platform
 import statistics
 import sys
-import sysconfig
 import threading
 import time
 
 import numpy as np
 from absl import app, flags
+from bench_common import (DEFAULT_CACHE_DIR, EOS_TEXTS, machine, percentile, prompt_windows,
+                          set_compilation_cache, summary)
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("dtypes", ["float32", "bfloat16"], "compute dtypes to compare (same bf16-rounded weights)")
@@ -74,75 +74,11 @@ flags.DEFINE_bool("decode", True, "run part 2")
 flags.DEFINE_integer("seed", 0, "seed of the prompt windows and random weights")
 flags.DEFINE_string("json_out", None, "write the results as JSON here")
 flags.DEFINE_string("plot_dir", None, "write PNG plots here (e.g. docs/img)")
-flags.DEFINE_string("compilation_cache_dir", os.path.join(os.path.expanduser("~"), ".cache", "helios_jax", "xla"),
+flags.DEFINE_string("compilation_cache_dir", DEFAULT_CACHE_DIR,
                     "persistent compilation cache (the server's default); empty disables it")
 
 import jax  # noqa: E402  (after absl flags so that --help stays fast to read)
 import jax.numpy as jnp  # noqa: E402
-
-EOS_TEXTS = ("<|endoftext|>", "<|im_end|>")
-
-
-# ---------------------------------------------------------------------------------------------
-# Shared helpers (speculation.py and load.py carry their own copies of the small ones)
-
-
-def percentile(values, q):
-    return float(np.percentile(np.asarray(values, float), q)) if len(values) else None
-
-
-def summary(values) -> dict:
-    v = [float(x) for x in values]
-    if not v:
-        return dict(n=0)
-    return dict(n=len(v), mean=float(np.mean(v)), p50=percentile(v, 50), p90=percentile(v, 90),
-                p99=percentile(v, 99), max=float(np.max(v)))
-
-
-def machine() -> dict:
-    load = os.getloadavg() if hasattr(os, "getloadavg") else None
-    cpu = ""
-    with contextlib.suppress(OSError):
-        cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "")
-    return dict(cpus=os.cpu_count(), cpu=cpu, python=platform.python_version(), jax=jax.__version__,
-                backend=jax.default_backend(), loadavg_at_start=load)
-
-
-def held_out_texts() -> list[tuple[str, str]]:
-    """(relative path, text) of the held-out stdlib files named by training_info.json."""
-    from helios_jax.model.default import default_model_path
-
-    info = json.loads((default_model_path() / "training_info.json").read_text())
-    stdlib = sysconfig.get_paths()["stdlib"]
-    out = []
-    for rel in info["data"]["held_out_files"]:
-        path = os.path.join(stdlib, rel)
-        with contextlib.suppress(OSError, UnicodeDecodeError):
-            out.append((rel, open(path, encoding="utf-8").read()))
-    if not out:
-        raise FileNotFoundError(f"none of the held-out files exist under {stdlib}")
-    return out
-
-
-def prompt_windows(tokenizer, count: int, length: int, seed: int) -> list[dict]:
-    """`count` windows of `length` tokens at seeded offsets of seeded held-out files."""
-    rng = np.random.default_rng(seed)
-    files = [(rel, tokenizer.encode(text).ids) for rel, text in held_out_texts()]
-    files = [(rel, ids) for rel, ids in files if len(ids) > length + 1]
-    out = []
-    for _ in range(count):
-        rel, ids = files[int(rng.integers(len(files)))]
-        start = int(rng.integers(0, len(ids) - length))
-        out.append(dict(file=rel, offset=start, tokens=[int(t) for t in ids[start:start + length]]))
-    return out
-
-
-def set_compilation_cache():
-    if FLAGS.compilation_cache_dir:
-        jax.config.update("jax_compilation_cache_dir", FLAGS.compilation_cache_dir)
-    else:
-        jax.config.update("jax_enable_compilation_cache", False)
-
 
 # ---------------------------------------------------------------------------------------------
 # The naive baseline: a dense-cache jitted step over the model's own modules
@@ -715,7 +651,7 @@ def plots(results: dict, folder: str) -> list[str]:
 
 def main(argv) -> int:
     del argv
-    set_compilation_cache()
+    set_compilation_cache(FLAGS.compilation_cache_dir)
     started = time.perf_counter()
     results = dict(command=" ".join(sys.argv), machine=machine(),
                    flags={k: FLAGS[k].value for k in ("dtypes", "concurrency", "systems", "prompt_tokens",

@@ -31,13 +31,13 @@ import shlex
 import socket
 import subprocess
 import sys
-import sysconfig
 import threading
 import time
 import urllib.request
 
 import numpy as np
 from absl import app, flags
+from bench_common import held_out_texts, percentile, summary
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("concurrency", ["1", "4", "8", "16"], "concurrent client tasks per level")
@@ -57,32 +57,6 @@ flags.DEFINE_string("tag", "", "suffix of the plot's file name (load_<tag>.png)"
 MODEL = "helios-default"  # replaced by the id /v1/models reports
 
 
-def percentile(values, q):
-    return float(np.percentile(np.asarray(values, float), q)) if len(values) else None
-
-
-def summary(values) -> dict:
-    v = [float(x) for x in values]
-    if not v:
-        return dict(n=0)
-    return dict(n=len(v), mean=float(np.mean(v)), p50=percentile(v, 50), p90=percentile(v, 90),
-                p99=percentile(v, 99), max=float(np.max(v)))
-
-
-def held_out_files() -> list[tuple[str, str]]:
-    from helios_jax.model.default import default_model_path
-
-    info = json.loads((default_model_path() / "training_info.json").read_text())
-    stdlib = sysconfig.get_paths()["stdlib"]
-    out = []
-    for rel in info["data"]["held_out_files"]:
-        with contextlib.suppress(OSError, UnicodeDecodeError):
-            out.append((rel, open(os.path.join(stdlib, rel), encoding="utf-8").read()))
-    if not out:
-        raise FileNotFoundError(f"none of the held-out files exist under {stdlib}")
-    return out
-
-
 def request_specs(count: int, seed: int) -> list[dict]:
     """Alternating completion and chat requests from held-out text (seeded)."""
     from tokenizers import Tokenizer
@@ -91,7 +65,7 @@ def request_specs(count: int, seed: int) -> list[dict]:
 
     tokenizer = Tokenizer.from_file(str(default_model_path() / "tokenizer.json"))
     rng = np.random.default_rng(seed)
-    files = held_out_files()
+    files = held_out_texts()
     functions = []
     for rel, text in files:
         module = rel[:-3].replace("/", ".")

@@ -30,19 +30,17 @@ Measured per run, from the engine's own counters (deltas over the run):
 from __future__ import annotations
 
 import collections
-import contextlib
 import dataclasses
 import json
 import os
-import platform
 import statistics
 import sys
-import sysconfig
 import threading
 import time
 
 import numpy as np
 from absl import app, flags
+from bench_common import DEFAULT_CACHE_DIR, machine, percentile, prompt_windows, set_compilation_cache
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("modes", ["off", "fixed", "adaptive"], "speculation modes")
@@ -58,48 +56,8 @@ flags.DEFINE_enum("policy", "balanced", ["balanced", "throughput"], "scheduler p
 flags.DEFINE_integer("seed", 0, "seed of the prompt windows")
 flags.DEFINE_string("json_out", None, "write the results as JSON here")
 flags.DEFINE_string("plot_dir", None, "write PNG plots here (e.g. docs/img)")
-flags.DEFINE_string("compilation_cache_dir", os.path.join(os.path.expanduser("~"), ".cache", "helios_jax", "xla"),
+flags.DEFINE_string("compilation_cache_dir", DEFAULT_CACHE_DIR,
                     "persistent compilation cache (the server's default); empty disables it")
-
-import jax  # noqa: E402
-
-EOS_TEXTS = ("<|endoftext|>", "<|im_end|>")
-
-
-def percentile(values, q):
-    return float(np.percentile(np.asarray(values, float), q)) if len(values) else None
-
-
-def machine() -> dict:
-    cpu = ""
-    with contextlib.suppress(OSError):
-        cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "")
-    return dict(cpus=os.cpu_count(), cpu=cpu, python=platform.python_version(), jax=jax.__version__,
-                backend=jax.default_backend(), loadavg_at_start=os.getloadavg())
-
-
-def held_out_windows(tokenizer, count: int, length: int, seed: int) -> list[dict]:
-    """`count` windows of `length` tokens at seeded offsets of the held-out stdlib files."""
-    from helios_jax.model.default import default_model_path
-
-    info = json.loads((default_model_path() / "training_info.json").read_text())
-    stdlib = sysconfig.get_paths()["stdlib"]
-    files = []
-    for rel in info["data"]["held_out_files"]:
-        with contextlib.suppress(OSError, UnicodeDecodeError):
-            ids = tokenizer.encode(open(os.path.join(stdlib, rel), encoding="utf-8").read()).ids
-            if len(ids) > length + 1:
-                files.append((rel, ids))
-    if not files:
-        raise FileNotFoundError(f"none of the held-out files exist under {stdlib}")
-    rng = np.random.default_rng(seed)
-    out = []
-    for _ in range(count):
-        rel, ids = files[int(rng.integers(len(files)))]
-        start = int(rng.integers(0, len(ids) - length))
-        out.append(dict(file=rel, offset=start, tokens=[int(t) for t in ids[start:start + length]]))
-    return out
-
 
 def build(model, tokenizer, mode: str):
     from helios_jax.engine_config import EngineConfig
@@ -233,8 +191,7 @@ def program_costs(engine) -> dict:
 
 def main(argv) -> int:
     del argv
-    if FLAGS.compilation_cache_dir:
-        jax.config.update("jax_compilation_cache_dir", FLAGS.compilation_cache_dir)
+    set_compilation_cache(FLAGS.compilation_cache_dir)
     started = time.perf_counter()
     from helios_jax.model.default import load_default_model
 
@@ -242,7 +199,7 @@ def main(argv) -> int:
     tokenizer = model.tokenizer
     gamma = FLAGS.draft_tokens
     concurrencies = [int(c) for c in FLAGS.concurrency]
-    prompts = held_out_windows(tokenizer, 32, FLAGS.prompt_tokens, FLAGS.seed)
+    prompts = prompt_windows(tokenizer, 32, FLAGS.prompt_tokens, FLAGS.seed)
     token_lists = [p["tokens"] for p in prompts]
     results = dict(command=" ".join(sys.argv), machine=machine(),
                    flags={k: FLAGS[k].value for k in ("modes", "concurrency", "draft_tokens", "prompt_tokens",

@@ -1,0 +1,83 @@
+"""Pieces the engine, speculation and load benchmarks share: statistics, the machine record,
+held-out prompts, and the persistent compilation cache.
+
+The scripts run as `python scripts/bench/<name>.py`, so this folder is on `sys.path` and they
+import this module by name.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import platform
+import sysconfig
+
+import numpy as np
+
+# Where the server keeps its compiled programs; the benchmarks share it by default.
+DEFAULT_CACHE_DIR = os.path.join(os.path.expanduser("~"), ".cache", "helios_jax", "xla")
+EOS_TEXTS = ("<|endoftext|>", "<|im_end|>")
+
+
+def percentile(values, q):
+    return float(np.percentile(np.asarray(values, float), q)) if len(values) else None
+
+
+def summary(values) -> dict:
+    v = [float(x) for x in values]
+    if not v:
+        return dict(n=0)
+    return dict(n=len(v), mean=float(np.mean(v)), p50=percentile(v, 50), p90=percentile(v, 90),
+                p99=percentile(v, 99), max=float(np.max(v)))
+
+
+def machine() -> dict:
+    import jax
+
+    cpu = ""
+    with contextlib.suppress(OSError):
+        cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "")
+    load = os.getloadavg() if hasattr(os, "getloadavg") else None
+    return dict(cpus=os.cpu_count(), cpu=cpu, python=platform.python_version(), jax=jax.__version__,
+                backend=jax.default_backend(), loadavg_at_start=load)
+
+
+def set_compilation_cache(folder: str | None) -> None:
+    """Use `folder` as the persistent compilation cache; empty or None disables the cache."""
+    import jax
+
+    if folder:
+        jax.config.update("jax_compilation_cache_dir", folder)
+    else:
+        jax.config.update("jax_enable_compilation_cache", False)
+
+
+def held_out_texts() -> list[tuple[str, str]]:
+    """(relative path, text) of the held-out stdlib files named by the default model's
+    training_info.json: text the embedded model never saw."""
+    from helios_jax.model.default import default_model_path
+
+    info = json.loads((default_model_path() / "training_info.json").read_text())
+    stdlib = sysconfig.get_paths()["stdlib"]
+    out = []
+    for rel in info["data"]["held_out_files"]:
+        with contextlib.suppress(OSError, UnicodeDecodeError):
+            out.append((rel, open(os.path.join(stdlib, rel), encoding="utf-8").read()))
+    if not out:
+        raise FileNotFoundError(f"none of the held-out files exist under {stdlib}")
+    return out
+
+
+def prompt_windows(tokenizer, count: int, length: int, seed: int) -> list[dict]:
+    """`count` windows of `length` tokens at seeded offsets of seeded held-out files."""
+    rng = np.random.default_rng(seed)
+    files = [(rel, tokenizer.encode(text).ids) for rel, text in held_out_texts()]
+    files = [(rel, ids) for rel, ids in files if len(ids) > length + 1]
+    if not files:
+        raise ValueError(f"no held-out file is longer than {length + 1} tokens")
+    out = []
+    for _ in range(count):
+        rel, ids = files[int(rng.integers(len(files)))]
+        start = int(rng.integers(0, len(ids) - length))
+        out.append(dict(file=rel, offset=start, tokens=[int(t) for t in ids[start:start + length]]))
+    return out
