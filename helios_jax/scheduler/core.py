@@ -559,12 +559,21 @@ class Scheduler:
             self._normalizer_cache = (version, service.Normalizers.measure(self.catalog, self.costs))
         return self._normalizer_cache[1]
 
-    def _missing_rate(self, req: Request, at_ns: int, norm: service.Normalizers, histories: dict) -> float:
-        """The priced token rate of a request not served yet (``service.missing_log_token_rate``)."""
-        residents = [r for r in self.requests.values() if r.active]
-        known = [histories[r.rid].log_x for r in residents if r.rid in histories]
-        return service.missing_log_token_rate(norm, len(residents), known, (at_ns - req.admitted_ns) / NS_PER_MS,
+    def _missing_rate(self, req: Request, at_ns: int, norm: service.Normalizers, histories: dict,
+                      known: list | None = None) -> float:
+        """The priced token rate of a request not served yet (``service.missing_log_token_rate``).
+
+        `known`: the residents' token rates from `histories`, when the caller already gathered
+        them (`_resident_rates`) for many requests at once.
+        """
+        if known is None:
+            known = self._resident_rates(histories)
+        return service.missing_log_token_rate(norm, len(known), known, (at_ns - req.admitted_ns) / NS_PER_MS,
                                               self.policy.adaptation_ms)
+
+    def _resident_rates(self, histories: dict) -> list:
+        """Every active resident's token rate (log, or None while missing) in `histories`."""
+        return [histories[r.rid].log_x for r in self.requests.values() if r.active and r.rid in histories]
 
     def views(self, start_ns: int | None = None) -> list[RequestView]:
         """Request views with prices and ages projected to the planning start."""
@@ -573,14 +582,11 @@ class Scheduler:
         norm = self._normalizers()
         residents = [r for r in self.requests.values() if r.active]
         prior_z = service.prior_log_delivery_rate(norm, max(1, sum(1 for r in residents if r.phase is Phase.DECODE)))
-        known = [histories[r.rid].log_x for r in residents]
+        known = self._resident_rates(histories)
         out = []
         for r in residents:
             hist = histories[r.rid]
-            log_x = hist.log_x
-            if log_x is None:  # as _missing_rate, with the residents' rates gathered once
-                log_x = service.missing_log_token_rate(norm, len(residents), known, (start - r.admitted_ns) / NS_PER_MS,
-                                                       self.policy.adaptation_ms)
+            log_x = self._missing_rate(r, start, norm, histories, known) if hist.log_x is None else hist.log_x
             log_z = hist.log_z
             if r.phase is Phase.DECODE and log_z is None:
                 log_z = prior_z
