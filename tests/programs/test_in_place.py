@@ -13,7 +13,7 @@ import pytest
 
 from helios_jax.catalog import GraphDescriptor, GraphKind
 from helios_jax.programs.program_set import build_program
-from helios_jax.programs.state import init_state
+from helios_jax.programs.state import state_shapes
 
 from .helpers import MIXED_W1, MODEL, PREFILLS, SPECULATIVE_ENGINE, spec_graph
 
@@ -35,7 +35,7 @@ def _cache_shapes(state) -> set[str]:
     """HLO spellings of the caches' shapes, e.g. 'f32[2,2,88,4,16]'."""
     out = set()
     for leaf in jax.tree_util.tree_leaves(state):
-        if leaf.ndim == 5:
+        if len(leaf.shape) == 5:
             dtype = {"float32": "f32", "bfloat16": "bf16"}[str(leaf.dtype)]
             out.add(f"{dtype}[{','.join(map(str, leaf.shape))}]")
     return out
@@ -48,13 +48,13 @@ ENGINE = SPECULATIVE_ENGINE.replace(page_size=16, max_model_len=512, kv_pages=No
 
 @pytest.fixture(scope="module")
 def state():
-    return init_state(MODEL, ENGINE)
+    return state_shapes(MODEL, ENGINE)
 
 
 @pytest.mark.parametrize("name", list(SHAPES))
 def test_no_program_copies_a_cache(name, params, state):
     program = build_program(MODEL, ENGINE, SHAPES[name])
-    hlo = program.compile(_spec(params), _spec(state)).as_text()
+    hlo = program.compile(_spec(params), state).as_text()
     shapes = _cache_shapes(state)
     assert shapes, "the state has no cache-shaped arrays"
     copies = [line.strip()[:160] for line in hlo.splitlines()
