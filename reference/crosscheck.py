@@ -49,8 +49,8 @@ def random_population(rng: np.random.Generator, catalog: Catalog, max_requests: 
     n_dec = 0
     for i in range(n):
         phase = (Phase.DECODE, Phase.PREFILL, Phase.TERMINAL)[int(rng.choice(3, p=[0.6, 0.32, 0.08]))]
-        log_x = service.prior_log_token_rate(normalizers, n) + rng.normal(0.0, 1.5)
-        log_z = service.prior_log_delivery_rate(normalizers, n) + rng.normal(0.0, 1.5)
+        log_x = normalizers.share_log_rate(n) + rng.normal(0.0, 1.5)
+        log_z = normalizers.share_log_rate(n) + rng.normal(0.0, 1.5)
         prices = service.log_prices(policy_config, log_x, log_z if phase is Phase.DECODE else None)
         common = dict(rid=100 + i, slot=int(rng.permutation(64)[i]), phase=phase,
                       runnable=bool(rng.random() > 0.05), last_selected_ns=int(rng.integers(0, 5)),
@@ -125,7 +125,7 @@ def run(catalog: Catalog, cases: int, seed: int, max_requests: int = 5, noise: f
             if g.duration_ms is not None:
                 factor = float(np.exp(rng.uniform(-noise, noise))) if noise else 1.0
                 costs.observe(g.key, [g.duration_ms * 1e6 * factor], 0)
-        normalizers = service.Normalizers.measure(catalog, costs)
+        normalizers = service.Normalizers.measure(catalog.graphs, costs)
         views = random_population(rng, catalog, max_requests, policy_config, normalizers)
         inp = policy.SelectionInput(views, graphs, costs, 0, policy_config, mode)
         production: dict = {}

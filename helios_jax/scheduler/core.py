@@ -553,10 +553,10 @@ class Scheduler:
         return histories, delivered_at
 
     def _normalizers(self) -> service.Normalizers:
-        """Capacity normalisers of the measured catalog, recomputed when an estimate changes."""
+        """The loaded catalog's measured generation programs, recomputed when an estimate changes."""
         version = self.costs.version
         if self._normalizer_cache is None or self._normalizer_cache[0] != version:
-            self._normalizer_cache = (version, service.Normalizers.measure(self.catalog, self.costs))
+            self._normalizer_cache = (version, service.Normalizers.measure(self.graphs.delivery, self.costs))
         return self._normalizer_cache[1]
 
     def _missing_rate(self, req: Request, at_ns: int, norm: service.Normalizers, histories: dict,
@@ -581,7 +581,7 @@ class Scheduler:
         histories, delivered_at = self._projected_histories(start)
         norm = self._normalizers()
         residents = [r for r in self.requests.values() if r.active]
-        prior_z = service.prior_log_delivery_rate(norm, max(1, sum(1 for r in residents if r.phase is Phase.DECODE)))
+        prior_z = norm.share_log_rate(sum(1 for r in residents if r.phase is Phase.DECODE))
         known = self._resident_rates(histories)
         out = []
         for r in residents:

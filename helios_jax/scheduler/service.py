@@ -20,25 +20,28 @@ and waiting is bounded (the entropic dual update). Prices are kept in physical u
 and deliveries per ms).
 
 Missing histories: a request that has not been served yet has no token history. It is priced
-as never better served than the uniform share X/K of the token normaliser X (the catalog's
-highest measured token throughput) over the K residents, nor than the worst-served resident
-with a history, decaying from admission like any unserved participant
+as never better served than its share of the fastest *batch-feasible* generation rate over the
+K residents, 1/sigma(K) with sigma(K) = K * T / min(B, K) minimised over the measured generation
+programs (a program larger than K cannot serve more than K streams), nor than the worst-served
+resident with a history, decaying from admission like any unserved participant
 (:func:`missing_log_token_rate`); its first service starts the history from that rate. A
-delivery history starts at one delivery over the measured frame duration of the request's first
-published burst.
+delivering stream without a delivery history is priced at the same share 1/sigma(K) of the K
+decoders until its first published burst, which starts its history at one delivery over that
+frame's measured duration.
 """
 from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Iterable
 
-from helios_jax.catalog import Catalog, GraphKind
+from helios_jax.catalog import GraphDescriptor
 from helios_jax.scheduler.config import PolicyConfig
 from helios_jax.scheduler.cost import CostModel
 
 NEG_INF = -math.inf
-# Token throughput assumed when no program is measured yet (cold start), tokens/ms.
-COLD_TOKEN_NORMALIZER = 1.0
+# Stream rate assumed when no generation program is measured yet (cold start), per ms.
+COLD_RATE = 1.0
 
 
 def _log(x: float) -> float:
@@ -59,34 +62,43 @@ def decayed_log_rate(log_rate: float, served: float, interval_ms: float, tau_ms:
     return _logaddexp(kept, log_one_minus_a + math.log(served / interval_ms))
 
 
+def batch_feasible_interval(k: int, programs) -> float:
+    """sigma = k * T / min(B, k) over the program minimising T / min(B, k); 0.0 when none.
+
+    `programs`: (batch capacity, measured duration ms) pairs. A program larger than the stream
+    count serves only k of its rows, so its rate is min(B, k) / T, never B / T.
+    """
+    if k <= 0:
+        return 0.0
+    best = min((t / min(b, k) for b, t in programs), default=math.inf)
+    return k * best if math.isfinite(best) else 0.0
+
+
 @dataclasses.dataclass(frozen=True)
 class Normalizers:
-    """Capacity figures of the measured catalog, used only to start missing histories."""
+    """The measured generation programs as (batch capacity, duration ms), frozen at commit.
 
-    token_per_ms: float | None  # highest measured token throughput
-    delivery_per_ms: float | None  # highest measured delivery throughput
+    They give the batch-feasible per-stream rate that starts missing histories: with K streams,
+    the fastest program serving min(B, K) of them per T ms delivers K / sigma streams per ms in
+    all, 1 / sigma to each (sigma: :func:`batch_feasible_interval`).
+    """
+
+    generation: tuple[tuple[int, float], ...]
 
     @classmethod
-    def measure(cls, catalog: Catalog, costs: CostModel) -> "Normalizers":
-        tok, dlv = None, None
-        for g in catalog.graphs:
-            t_ms = costs.estimate_ms(g.key)
-            if t_ms is None:
-                continue
-            if g.kind.is_prefill:
-                tokens = g.batch_capacity * g.token_capacity
-            elif g.kind is GraphKind.DECODE:
-                tokens = g.batch_capacity
-            elif g.kind is GraphKind.SPECULATIVE:
-                tokens = g.target_capacity
-            elif g.kind is GraphKind.MIXED:
-                tokens = g.max_packed_extent
-            else:
-                continue
-            tok = max(tok or 0.0, tokens / t_ms)
-            if g.kind.is_generation:
-                dlv = max(dlv or 0.0, g.batch_capacity / t_ms)
-        return cls(tok, dlv)
+    def measure(cls, graphs: Iterable[GraphDescriptor], costs: CostModel) -> "Normalizers":
+        """From the loaded programs' current estimates (stale ones count; unknown never invented)."""
+        return cls(tuple((g.batch_capacity, t) for g in graphs
+                         if g.kind.is_generation and (t := costs.estimate_ms(g.key)) is not None))
+
+    def share_log_rate(self, k: int) -> float:
+        """log(1 / sigma(k)): each of k streams' share of the fastest batch-feasible rate.
+
+        With nothing measured (cold start) the share is COLD_RATE / k.
+        """
+        k = max(1, k)
+        sigma = batch_feasible_interval(k, self.generation)
+        return -math.log(sigma) if sigma > 0 else math.log(COLD_RATE / k)
 
 
 @dataclasses.dataclass
@@ -100,32 +112,21 @@ class ServiceHistory:
         return dataclasses.replace(self)
 
 
-def prior_log_token_rate(normalizers: Normalizers, participants: int) -> float:
-    """log(X / K): the uniform share of the token normaliser."""
-    x = normalizers.token_per_ms or COLD_TOKEN_NORMALIZER
-    return math.log(x / max(1, participants))
-
-
 def missing_log_token_rate(normalizers: Normalizers, residents: int, known_log_rates, waited_ms: float,
                            tau_ms: float) -> float:
     """log of the token rate a request without a token history is priced at.
 
-    It has received nothing yet, so it is never better served than the uniform share X/K of the
-    token normaliser, nor than the worst-served resident that has a history; and like any
-    unserved participant its rate decays from admission:
+    It has received nothing yet, so it is never better served than its share 1/sigma(K) of the
+    fastest batch-feasible rate over the K residents, nor than the worst-served resident that has
+    a history; and like any unserved participant its rate decays from admission:
 
-        log x0 = min(log(X/K), min_i log x_i) - waited/tau
+        log x0 = min(-log sigma(K), min_i log x_i) - waited/tau
     """
-    base = prior_log_delivery_rate(normalizers, residents)
+    base = normalizers.share_log_rate(residents)
     known = [x for x in known_log_rates if x is not None]
     if known:
         base = min(base, min(known))
     return base - max(0.0, waited_ms) / tau_ms
-
-
-def prior_log_delivery_rate(normalizers: Normalizers, participants: int) -> float:
-    z = normalizers.delivery_per_ms or COLD_TOKEN_NORMALIZER
-    return math.log(z / max(1, participants))
 
 
 @dataclasses.dataclass(frozen=True)

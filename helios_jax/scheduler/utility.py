@@ -33,6 +33,7 @@ import math
 import numpy as np
 
 from helios_jax.catalog import GraphDescriptor
+from helios_jax.scheduler import service
 from helios_jax.scheduler.config import PolicyConfig
 from helios_jax.scheduler.cost import CostModel
 from helios_jax.scheduler.view import Phase, RequestView
@@ -50,14 +51,8 @@ def reference_interval(k: int, graphs: list[GraphDescriptor], costs: CostModel) 
     With one decode mode loaded there is one family, so k = K (RESOLUTIONS.md, 5). Stale
     estimates stay usable; unknown ones are never invented.
     """
-    if k <= 0:
-        return 0.0
-    best = math.inf
-    for g in graphs:
-        t = costs.estimate_ms(g.key)
-        if t is not None:
-            best = min(best, t / min(g.batch_capacity, k))
-    return k * best if math.isfinite(best) else 0.0
+    return service.batch_feasible_interval(
+        k, [(g.batch_capacity, t) for g in graphs if (t := costs.estimate_ms(g.key)) is not None])
 
 
 @dataclasses.dataclass(frozen=True)

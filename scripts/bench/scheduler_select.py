@@ -42,9 +42,9 @@ def population(n: int, catalog: Catalog, rng: np.random.Generator, normalizers, 
     depth = max(catalog.max_proposal_depth, 1)
     views = []
     for i in range(n):
-        log_x = service.prior_log_token_rate(normalizers, n) + rng.normal(0, 1)
+        log_x = normalizers.share_log_rate(n) + rng.normal(0, 1)
         if rng.random() < 0.6:
-            log_z = service.prior_log_delivery_rate(normalizers, n) + rng.normal(0, 1)
+            log_z = normalizers.share_log_rate(n) + rng.normal(0, 1)
             p = service.log_prices(config, log_x, log_z)
             views.append(RequestView(
                 rid=i, slot=i, phase=Phase.DECODE, log_prefill_price=p.prefill_token,
@@ -73,7 +73,7 @@ def main(argv):
     config = PolicyConfig()
     costs = CostModel(config.estimate_ttl_ns)
     costs.seed_from_catalog(catalog, 0)
-    normalizers = service.Normalizers.measure(catalog, costs)
+    normalizers = service.Normalizers.measure(catalog.graphs, costs)
     graphs = policy.PreparedGraphs(catalog.eligible(mode))
     rng = np.random.default_rng(FLAGS.seed)
     results = []

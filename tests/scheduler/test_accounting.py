@@ -63,7 +63,7 @@ def test_participants_are_the_residents_at_commit():
     late = s.admit([1] * 8, max_output=5)
     frame = s.frames[-1]
     assert set(frame.participants) == set(handles) and late not in frame.participants
-    assert frame.normalizers.token_per_ms > 0  # the measured catalog's normalisers, frozen
+    assert frame.normalizers.generation  # the measured generation programs, frozen
     s.advance_to(int((t + 4) * MS))
     s.complete(fence, records(plan), timing(3.6))
     assert s.requests[late.rid].history.log_x is None  # not charged for the interval

@@ -6,9 +6,10 @@ import math
 
 import pytest
 
-from helios_jax.catalog import shipped_catalog
+from helios_jax.catalog import DecodeMode, shipped_catalog
 from helios_jax.scheduler import service
 from helios_jax.scheduler.config import PolicyConfig
+from helios_jax.scheduler.core import Scheduler
 from helios_jax.scheduler.cost import CostModel
 
 spec = pytest.mark.spec
@@ -58,20 +59,28 @@ def test_zero_fairness_removes_the_rate_term():
     assert p.delivery == -math.inf
 
 
-@spec("service-accounting/first-burst-history")
+@spec("service-accounting/first-burst-history", "useful-service/sigma-fastest", "useful-service/sigma-formula")
 def test_missing_histories():
-    """Token: never better served than Z/K or the worst-served resident, decaying from admission;
-    it stays missing while unserved. Delivery: one delivery over the first burst's frame."""
+    """Token: never better served than its share 1/sigma(K) of the fastest batch-feasible
+    generation rate or the worst-served resident, decaying from admission; it stays missing
+    while unserved. Delivery: one delivery over the first burst's frame."""
     costs = CostModel()
     cat = shipped_catalog()
     costs.seed_from_catalog(cat, 0)
-    norm = service.Normalizers.measure(cat, costs)
-    assert norm.token_per_ms == pytest.approx(4096 / 89.526)  # the 4096-token prefill
-    assert norm.delivery_per_ms == pytest.approx(16 / 4.046)  # width-one B=16 speculative
-    share = math.log(norm.delivery_per_ms / 4)
+    norm = service.Normalizers.measure(cat.eligible(DecodeMode.ADAPTIVE), costs)
+    # Four streams: the width-one B=4 program (3.674 ms) serves all four fastest; the B=16 one
+    # (4.046 ms) would deliver 16 per round only with 16 streams, which K = 4 cannot reach.
+    assert service.batch_feasible_interval(4, norm.generation) == pytest.approx(4 * 3.674 / 4)
+    share = -math.log(3.674)
+    assert norm.share_log_rate(4) == pytest.approx(share)
+    # One stream: the B=1 width-one program, 3.581 ms; sixteen: the B=16 one, 16 * 4.046 / 16.
+    assert norm.share_log_rate(1) == pytest.approx(-math.log(3.581))
+    assert norm.share_log_rate(16) == pytest.approx(-math.log(4.046))
     assert service.missing_log_token_rate(norm, 4, [], 0.0, 100.0) == pytest.approx(share)
     assert service.missing_log_token_rate(norm, 4, [None, -3.0], 0.0, 100.0) == pytest.approx(min(share, -3.0))
     assert service.missing_log_token_rate(norm, 4, [], 50.0, 100.0) == pytest.approx(share - 0.5)
+    cold = service.Normalizers.measure(cat.graphs, CostModel())
+    assert cold.share_log_rate(4) == pytest.approx(math.log(service.COLD_RATE / 4))
     h = service.ServiceHistory()
     service.update_token_history(h, 0, 10.0, P, prior_log_x=share)
     assert h.log_x is None  # unserved: still missing, its wait is priced by the decay
@@ -79,6 +88,20 @@ def test_missing_histories():
     assert math.exp(h.log_x) == pytest.approx(math.exp(share) * math.exp(-0.1) + (1 - math.exp(-0.1)) * 6.4)
     assert service.delivery_update(None, 0, 10.0, P) is None
     assert math.exp(service.first_delivery_log_rate(8.0)) == pytest.approx(1 / 8)
+
+
+@spec("useful-service/sigma-fastest")
+def test_waiting_prompts_are_priced_at_a_batch_feasible_share():
+    """Two resident prompts are priced at 1/sigma(2) each: the B=2 width-one program's 3.612 ms
+    for two streams, not the B=16 program's 16 deliveries per 4.046 ms that two streams cannot
+    use (an unreachable rate would make them look well served)."""
+    s = Scheduler(shipped_catalog())
+    s.seed_costs(0)
+    s.admit([1] * 64, max_output=8)
+    s.admit([1] * 64, max_output=8)
+    x = 1 / 3.612
+    for v in s.views():
+        assert math.exp(v.log_prefill_price) == pytest.approx(1 + P.token_fairness / x)
 
 
 def test_invalid_intervals():
