@@ -371,6 +371,10 @@ class Catalog:
           one included only when the fixed width is one, and speculative mixed graphs of that
           width; device allocation requires adaptive selection;
         - adaptive: every speculative program and speculative mixed graph.
+
+        A mixed graph is eligible only in the variant matching the mode (its ``speculative``
+        flag: draft-state maintenance), so a speculative mode never runs a mixed graph that
+        would lose the draft context, and ordinary decoding never pays for one.
         """
         mode = DecodeMode(mode)
         if mode is not DecodeMode.ORDINARY and self.mode != "speculative":
@@ -394,6 +398,10 @@ class Catalog:
                                                  or g.token_capacity != fixed_width):
                     continue
             elif g.kind is GraphKind.MIXED:
+                # The variant matching the loaded mode: draft-state maintenance in fixed and
+                # adaptive speculation (width one included), none in ordinary decoding.
+                if g.speculative != (mode is not DecodeMode.ORDINARY):
+                    continue
                 if mode is DecodeMode.FIXED and g.token_capacity != fixed_width:
                     continue
             out.append(g)

@@ -942,7 +942,9 @@ class Scheduler:
             tokens = self._commit_tokens(req, list(rec.tokens))
             offered = rec.offered
             if offered > 0:
-                terminated = len(tokens) - 1 if req.finished and len(tokens) <= rec.accepted else None
+                # A stop or limit at accepted proposal j ends the request: depths 1..j were
+                # accepted (observed), the suffix after j is censored.
+                terminated = len(tokens) if req.finished and len(tokens) <= rec.accepted else None
                 obs = acceptance_observations(self.depth, offered, rec.accepted, terminated_after=terminated,
                                               survival=None if surv is None else surv[lane.slot, :offered])
                 req.acceptance.get(req.proposal_source).observe(obs, len(req.output))

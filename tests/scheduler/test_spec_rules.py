@@ -1,0 +1,75 @@
+"""Rules checked at the line that implements them, on the Scheduler and the selector.
+
+Each test states the rule's behaviour with figures derived by hand from the spec and fails when
+the implementing line is changed (docs/mutation.md lists the mutations).
+"""
+import math
+
+import numpy as np
+import pytest
+
+from helios_jax.catalog import DecodeMode, GraphKind
+from helios_jax.scheduler.core import NS_PER_MS
+from helios_jax.scheduler.plan import CompletionRecord
+from helios_jax.scheduler.speculation import PrefixEstimate, SOURCE_LEARNED
+from helios_jax.scheduler.view import LaneRole
+
+from .helpers import SPEC
+from .test_core import records, run_once, scheduler, timing
+
+spec = pytest.mark.spec
+MS = NS_PER_MS
+nan = np.nan
+
+
+def _decoding(catalog=SPEC, n=1, max_output=500, stop=(), **kw):
+    """A scheduler with n requests past their prefill, the time (ms) and the next fence."""
+    s = scheduler(catalog, **kw)
+    handles = [s.admit([1] * 8, max_output=max_output, stop_token_ids=stop) for _ in range(n)]
+    t, fence = 0.0, 1
+    while any(s.requests[h.rid].phase.value != "decode" for h in handles):
+        _, _, t = run_once(s, fence, t)
+        fence += 1
+    s.advance_to(int(t * MS))
+    return s, handles, t, fence
+
+
+@spec("confidence-acceptance/termination-censors", "confidence-acceptance/accepted-positive")
+def test_a_stop_inside_the_accepted_prefix_censors_only_what_follows_it():
+    """Four proposals offered, three accepted, the second accepted proposal is the stop token:
+    depths 1 and 2 were accepted (two positive observations), depths 3.. are censored. With the
+    estimate at 0.5 and weight 2 (aged over the two committed tokens: w = 2 * 0.5**(2/128)), a
+    positive observation moves a depth to 0.5 + 0.5/(w + 1)."""
+    s, (h,), t, fence = _decoding(stop=(9,))
+    req = s.requests[h.rid]
+    est = req.acceptance.get(SOURCE_LEARNED)
+    est.mean[:] = 0.5
+    est.weight[:] = 2.0
+    est.tokens_at = len(req.output)
+    est._cache.clear()
+    plan = s.plan()
+    lane = plan.lanes[0]
+    assert plan.kind is GraphKind.SPECULATIVE and max(lane.query_length, lane.ceiling) >= 5
+    s.commit(plan, fence)
+    s.advance_to(int((t + 6) * MS))
+    rows = lane.query_length or lane.ceiling
+    rec = CompletionRecord(h, lane.epoch, tokens=(5, 9, 5, 5), offered=rows - 1, accepted=3)
+    gen = s.complete(fence, [rec], timing(6.0))
+    assert gen[0].tokens == (5, 9) and gen[0].finish_reason == "stop"
+    moved = 0.5 + 0.5 / (2 * 0.5 ** (2 / 128) + 1)
+    np.testing.assert_allclose(est.mean[:4], [moved, moved, 0.5, 0.5])
+
+
+@spec("mixed-execution/variant-matches-mode")
+def test_speculative_modes_never_load_a_mixed_graph_without_draft_state():
+    """A hand-built speculative catalog whose width-one mixed graphs lack draft-state
+    maintenance: adaptive and fixed-width-one loading leave them out, the maintaining wider
+    ones stay."""
+    import dataclasses
+
+    graphs = tuple(dataclasses.replace(g, speculative=False) if g.kind is GraphKind.MIXED and g.token_capacity == 1
+                   else g for g in SPEC.graphs)
+    plain = dataclasses.replace(SPEC, graphs=graphs)
+    adaptive = [g for g in plain.eligible(DecodeMode.ADAPTIVE) if g.kind is GraphKind.MIXED]
+    assert adaptive and all(g.speculative and g.token_capacity > 1 for g in adaptive)
+    assert not [g for g in plain.eligible(DecodeMode.FIXED, fixed_width=1) if g.kind is GraphKind.MIXED]
