@@ -67,7 +67,7 @@ class Completed:
     """The most recent completion, kept until the next one for publication reports."""
 
     fence: int
-    interval_ms: float
+    interval_ms: float | None  # the measured service interval; None: no device interval
     frame_ms: float
     delivery_before: dict  # rid -> log z before the interval's zero-delivery update
     publishable: set  # rids that received tokens in this completion
@@ -919,7 +919,7 @@ class Scheduler:
                                              priors.get(req.rid, 0.0))
                 delivery_before[req.rid] = req.history.log_z
                 req.history.log_z = service.delivery_update(req.history.log_z, 0.0, raw_ms, self.policy)
-        self._last_completed = Completed(fence, raw_ms, device_ms or raw_ms, delivery_before,
+        self._last_completed = Completed(fence, raw_ms if valid_timing else None, device_ms, delivery_before,
                                          {g.handle.rid for g in generated})
         for req in list(self.requests.values()):
             self._maybe_release(req)
@@ -1033,7 +1033,9 @@ class Scheduler:
 
         The first publication for the fence replaces the interval's delivery update with one
         served delivery; a missing delivery history starts at one delivery over the frame.
-        Output age resets at the current (publication) time.
+        A frame without a device interval added no measured interval to service history, so
+        its publication changes no delivery history. Output age resets at the current
+        (publication) time in every case.
         """
         last = self._last_completed
         if last is None or last.fence != fence:
@@ -1044,7 +1046,7 @@ class Scheduler:
         req = self.requests.get(handle.rid)
         if req is None or req.handle != handle:
             return  # retired since (its final burst): nothing left to price
-        if handle.rid not in last.published:
+        if handle.rid not in last.published and last.interval_ms is not None:
             last.published.add(handle.rid)
             before = last.delivery_before.get(handle.rid, req.history.log_z)
             if before is None:

@@ -73,3 +73,37 @@ def test_speculative_modes_never_load_a_mixed_graph_without_draft_state():
     adaptive = [g for g in plain.eligible(DecodeMode.ADAPTIVE) if g.kind is GraphKind.MIXED]
     assert adaptive and all(g.speculative and g.token_capacity > 1 for g in adaptive)
     assert not [g for g in plain.eligible(DecodeMode.FIXED, fixed_width=1) if g.kind is GraphKind.MIXED]
+
+
+@spec("service-accounting/one-interval", "service-accounting/first-burst-history")
+@pytest.mark.parametrize("queued", [False, True])
+def test_a_frame_without_a_device_interval_adds_no_service_interval(queued):
+    """Only a successful frame with a positive device interval adds a measured interval. Without
+    one (an isolated frame reporting only wall time, or a queued frame), completion leaves token
+    and delivery histories as they were, its publication neither raises nor applies a delivery
+    update, and output age still resets at the publication."""
+    from .helpers import ORDINARY
+    from helios_jax.scheduler.plan import ExecutionTiming
+
+    s, (h, other), t, fence = _decoding(ORDINARY, n=2)
+    req = s.requests[h.rid]
+    if queued:  # a frame in flight ahead of the one without a device interval
+        first = s.plan()
+        s.commit(first, fence)
+        fence += 1
+    plan = s.plan()
+    assert plan is not None and not plan.needs_empty_window
+    s.commit(plan, fence)
+    if queued:
+        s.advance_to(int((t + 4) * MS))
+        for g in s.complete(fence - 1, records(first), timing(4.0)):
+            s.published_output(g.handle, fence - 1)
+        t += 4
+    before = (req.history.log_x, req.history.log_z)
+    s.advance_to(int((t + 5) * MS))
+    gen = s.complete(fence, records(plan), ExecutionTiming((0.0,), 5.0 * MS, queued=queued))
+    assert (req.history.log_x, req.history.log_z) == before
+    for g in gen:
+        s.published_output(g.handle, fence)
+    assert (req.history.log_x, req.history.log_z) == before
+    assert req.last_publication_ns == int((t + 5) * MS)
