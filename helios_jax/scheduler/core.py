@@ -524,7 +524,9 @@ class Scheduler:
         return bool(req.inflight) and req.host_stops
 
     def _queued_advance(self, req: Request) -> int:
-        return sum(l.max_advance for f in self.frames for l in f.plan.lanes if l.handle == req.handle)
+        """Committed tokens the request's queued lanes can still add: each at most
+        min(lane ceiling, P) (``ScheduledPlan.max_advance``)."""
+        return sum(f.plan.max_advance(l) for f in self.frames for l in f.plan.lanes if l.handle == req.handle)
 
     def _projected_histories(self, start_ns: int) -> tuple[dict, dict]:
         """Copies of service histories after the queued frames' frozen expected service, and the

@@ -49,14 +49,6 @@ class PlanLane:
     images: tuple[int, ...] = ()  # VISION: the request's image indices this execution encodes
     feature_offset: int = 0  # VISION: where they go in the window's compact feature storage
 
-    @property
-    def max_advance(self) -> int:
-        """Upper bound on committed tokens (a queued lane advances by at most this)."""
-        if self.role is LaneRole.PROMPT:
-            return 1 if self.finishes_prompt else 0
-        if self.role is LaneRole.DECODE:
-            return max(self.query_length, self.ceiling)
-        return 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,6 +91,15 @@ class ScheduledPlan:
     @property
     def handles(self) -> tuple[Handle, ...]:
         return tuple(l.handle for l in self.lanes)
+
+    def max_advance(self, lane: PlanLane) -> int:
+        """Upper bound on the tokens `lane` commits: a queued speculative lane advances by at
+        most min(lane ceiling, P), a prompt lane by its first output token when it finishes."""
+        if lane.role is LaneRole.PROMPT:
+            return 1 if lane.finishes_prompt else 0
+        if lane.role is LaneRole.DECODE:
+            return min(max(lane.query_length, lane.ceiling), max(self.graph.target_capacity, 1))
+        return 0
 
 
 @dataclasses.dataclass(frozen=True)

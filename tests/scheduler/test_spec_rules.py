@@ -107,3 +107,35 @@ def test_a_frame_without_a_device_interval_adds_no_service_interval(queued):
         s.published_output(g.handle, fence)
     assert (req.history.log_x, req.history.log_z) == before
     assert req.last_publication_ns == int((t + 5) * MS)
+
+
+def _narrow_device_catalog():
+    """SPEC's prefill programs plus one width-one program and one device-allocated program whose
+    P = 4 is below its width W = 8 (B = 1)."""
+    import dataclasses
+
+    from helios_jax.catalog import Allocation, GraphDescriptor
+
+    keep = tuple(g for g in SPEC.graphs if g.kind.is_prefill)
+    narrow = (GraphDescriptor(GraphKind.SPECULATIVE, 1, token_capacity=1, target_capacity=1,
+                              allocation=Allocation.QUERY_LENGTH, duration_ms=3.6),
+              GraphDescriptor(GraphKind.SPECULATIVE, 1, token_capacity=8, proposal_depth=7, target_capacity=4,
+                              allocation=Allocation.PREFIX_LIMIT, duration_ms=4.0))
+    return dataclasses.replace(SPEC, name="narrow-device", graphs=keep + narrow)
+
+
+@spec("planning-queue/queued-lane-bound", "planning-queue/limits-use-bound")
+def test_a_queued_device_lane_advances_by_at_most_p():
+    """Ceiling 8 (D + 1 = W = 8) but P = 4 rows: the queued lane can commit at most 4 tokens, so
+    the projected output and context limits drop by 4, not 8."""
+    s, (h,), t, fence = _decoding(_narrow_device_catalog(), max_output=100)
+    req = s.requests[h.rid]
+    req.acceptance.estimates[SOURCE_LEARNED] = PrefixEstimate(np.full(7, 0.95), np.full(7, 64.0), len(req.output))
+    plan = s.plan()
+    lane = plan.lanes[0]
+    assert plan.graph.target_capacity == 4 and lane.ceiling == 8
+    s.commit(plan, fence)
+    view = next(v for v in s.views() if v.rid == h.rid)
+    assert view.output_remaining == 100 - len(req.output) - 4
+    assert view.context_remaining == s.max_model_len - (req.cursor + 4)
+    assert plan.max_advance(lane) == 4
