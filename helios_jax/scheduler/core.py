@@ -28,7 +28,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from helios_jax.catalog import Catalog, DecodeMode, GraphKind
+from helios_jax.catalog import Allocation, Catalog, DecodeMode, GraphKind
 from helios_jax.scheduler import learning, policy, service
 from helios_jax.scheduler.checkpoints import CheckpointStore, Role, capture_endpoints
 from helios_jax.scheduler.config import PolicyConfig
@@ -702,6 +702,10 @@ class Scheduler:
         needs_empty = (not c.graph.kind.may_share_window or c.indeterminate or c.stale
                        or reason is not ExecutionClass.ORDINARY
                        or any(self._needs_feedback(self.requests[l.rid]) for l in c.lanes))
+        if c.graph.allocation is Allocation.PREFIX_LIMIT:
+            # The device breaks frontier ties by lane position: lanes in slot order make that
+            # the original request slot, the order the host priced the allocation with.
+            lanes.sort(key=lambda lane: lane.slot)
         return ScheduledPlan(graph=c.graph, lanes=tuple(lanes), decode_mode=self.mode,
                              expected_duration_ms=c.duration_ms, value_rate=c.score, log_scale=c.log_scale,
                              reason=reason, exploration_credit_ms=credit, needs_empty_window=needs_empty,

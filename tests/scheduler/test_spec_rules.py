@@ -139,3 +139,44 @@ def test_a_queued_device_lane_advances_by_at_most_p():
     assert view.output_remaining == 100 - len(req.output) - 4
     assert view.context_remaining == s.max_model_len - (req.cursor + 4)
     assert plan.max_advance(lane) == 4
+
+
+@spec("speculative-coverage/frontier-ties", "speculative-coverage/prefix-limit-ceilings")
+def test_device_plans_order_lanes_by_slot_so_ties_go_where_the_host_priced_them():
+    """After slot reuse request ids and slots disagree (rid 1 in slot 1, rid 2 in slot 0). Equal
+    confidence forecasts tie at every frontier; the device gives ties to the lower lane
+    position, the spec to the lower original slot. Plan lanes come in slot order, and the rows
+    the host priced each lane with (its expected tokens) are the rows the device allocates."""
+    import dataclasses
+
+    from helios_jax.catalog import Allocation, GraphDescriptor
+    from helios_jax.scheduler.rounds import allocate_prefix_rows
+
+    graphs = tuple(g for g in SPEC.graphs if g.kind.is_prefill) + (
+        GraphDescriptor(GraphKind.SPECULATIVE, 2, token_capacity=1, target_capacity=2,
+                        allocation=Allocation.QUERY_LENGTH, duration_ms=3.6),
+        GraphDescriptor(GraphKind.SPECULATIVE, 2, token_capacity=4, proposal_depth=3, target_capacity=5,
+                        allocation=Allocation.PREFIX_LIMIT, duration_ms=4.0))
+    s = scheduler(dataclasses.replace(SPEC, name="tie", graphs=graphs))
+    first = s.admit([1] * 8, max_output=500)
+    s.admit([1] * 8, max_output=500)
+    s.cancel(first)
+    s.admit([1] * 8, max_output=500)
+    t, fence = 0.0, 1
+    while any(r.phase.value != "decode" for r in s.requests.values()):
+        _, _, t = run_once(s, fence, t)
+        fence += 1
+    survival = np.array([0.9, 0.8, 0.7])
+    for r in s.requests.values():
+        r.acceptance.estimates[SOURCE_LEARNED] = PrefixEstimate(survival.copy(), np.full(3, 64.0), len(r.output))
+        r.forecast = PrefixEstimate(np.array([0.5, 0.25, 0.125]), np.full(3, 64.0), len(r.output))
+    assert sorted((r.rid, r.slot) for r in s.requests.values()) == [(1, 1), (2, 0)]
+    s.advance_to(int(t * MS))
+    plan = s.plan()
+    assert plan.graph.allocation is Allocation.PREFIX_LIMIT
+    assert [lane.slot for lane in plan.lanes] == sorted(lane.slot for lane in plan.lanes)
+    joint = np.tile([0.5, 0.25, 0.125], (len(plan.lanes), 1))
+    rows = allocate_prefix_rows(joint, [lane.ceiling for lane in plan.lanes], [True] * len(plan.lanes),
+                                plan.graph.target_capacity)
+    for lane, r in zip(plan.lanes, rows):
+        assert lane.expected_tokens == pytest.approx(1 + survival[: r - 1].sum())
