@@ -122,6 +122,8 @@ def _lane_limit(v: RequestView, g: GraphDescriptor) -> int:
     limit = min(g.token_capacity, g.proposal_depth + 1, v.output_remaining, v.context_remaining)
     if v.copy_limit is not None:
         limit = min(limit, v.copy_limit + 1)
+    if v.width_limit is not None:
+        limit = min(limit, v.width_limit)
     return max(1, limit)
 
 

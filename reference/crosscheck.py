@@ -64,6 +64,7 @@ def random_population(rng: np.random.Generator, catalog: Catalog, max_requests: 
                 output_remaining=int(rng.choice([1, 2, 3, 5, 20, 400])),
                 context_remaining=int(rng.choice([2, 4, 1 << 20], p=[0.1, 0.1, 0.8])),
                 copy_limit=None if rng.random() < 0.8 else int(rng.integers(0, depth + 1)),
+                width_limit=None if rng.random() < 0.85 else int(rng.integers(1, depth + 2)),
                 survival=_monotone_probs(rng, depth, rng.uniform(0.05, 0.95)),
                 forecast=_monotone_probs(rng, depth, rng.uniform(0.05, 0.95)),
             ))

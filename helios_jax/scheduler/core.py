@@ -45,6 +45,12 @@ from helios_jax.scheduler.view import Candidate, LaneRole, Phase, RequestView
 NS_PER_MS = 1_000_000
 
 
+def _check_width_limit(width_limit) -> None:
+    if width_limit is not None and (isinstance(width_limit, bool) or not isinstance(width_limit, int)
+                                    or width_limit < 1):
+        raise ValueError(f"width_limit must be a positive integer or None, got {width_limit!r}")
+
+
 class PlanRejected(RuntimeError):
     """commit() refused a plan: stale epochs, lost ownership, a full window or a dependency."""
 
@@ -177,6 +183,7 @@ class Scheduler:
         sampling: Any = None,
         proposal_source: str = SOURCE_LEARNED,
         acceptance_history: dict[str, PrefixEstimate] | None = None,
+        width_limit: int | None = None,
     ) -> Handle:
         """Make a request resident; raises ResourceError when no slot or pages are free.
 
@@ -191,6 +198,8 @@ class Scheduler:
           sampling: the engine's sampling settings (opaque here).
           proposal_source: "learned" or "copy".
           acceptance_history: optional preseeded estimates per source.
+          width_limit: grammar or stop restrictions on one round: at most this many target rows
+            (pending token included); None for none. :meth:`restrict_width` changes it later.
 
         A prompt that extends a stored checkpoint starts with a RESTORE of it and is charged only
         its uncached tokens.
@@ -207,6 +216,7 @@ class Scheduler:
                              f"context of {self.max_model_len} tokens")
         if proposal_source not in SOURCES:
             raise ValueError(f"unknown proposal source {proposal_source!r}")
+        _check_width_limit(width_limit)
         endpoints = tuple(sorted(int(e) for e in message_endpoints))
         if any(not 0 < e <= len(prompt) for e in endpoints):
             raise ValueError("message endpoints must lie within the prompt")
@@ -236,7 +246,7 @@ class Scheduler:
             sampling=sampling, proposal_source=proposal_source, pages=pages, admitted_ns=self.now_ns,
             history=service.ServiceHistory(),
             acceptance=AcceptanceHistory(self.acceptance_priors, preseeded=acceptance_history),
-            forecast=PrefixEstimate.from_prior(self.forecast_prior.mean),
+            forecast=PrefixEstimate.from_prior(self.forecast_prior.mean), width_limit=width_limit,
         )
         hit = self.checkpoints.lookup(prompt) if self.captures_enabled and not spans else None
         if windows:
@@ -257,6 +267,16 @@ class Scheduler:
         self.requests[rid] = req
         self._admitted_any = True
         return handle
+
+    def restrict_width(self, handle: Handle, width_limit: int | None) -> None:
+        """Set a request's grammar or stop restriction: later rounds give it at most
+        `width_limit` target rows (pending token included); None lifts the restriction.
+
+        The engine uses it when it knows that tokens past a point are useless this round (a
+        grammar state that admits one continuation, a stop string matched up to its last
+        token); selection then prices and sizes the request's lanes within it."""
+        _check_width_limit(width_limit)
+        self._lookup(handle).width_limit = width_limit
 
     def cancel(self, handle: Handle) -> None:
         """Stop selecting the request now; its resources stay owned through its last fence."""
@@ -583,26 +603,21 @@ class Scheduler:
         histories, delivered_at = self._projected_histories(start)
         norm = self._normalizers()
         residents = [r for r in self.requests.values() if r.active]
-        prior_z = norm.share_log_rate(sum(1 for r in residents if r.phase is Phase.DECODE))
+        prior_z = norm.share_log_rate(sum(1 for r in residents if r.delivery_bearing))
         known = self._resident_rates(histories)
         out = []
         for r in residents:
             hist = histories[r.rid]
             log_x = self._missing_rate(r, start, norm, histories, known) if hist.log_x is None else hist.log_x
-            log_z = hist.log_z
-            if r.phase is Phase.DECODE and log_z is None:
-                log_z = prior_z
-            prices = service.log_prices(self.policy, log_x, log_z if r.phase is Phase.DECODE else None)
+            log_z = None
+            if r.delivery_bearing:  # decoding, or blocked before decoding: a delivery coordinate
+                log_z = prior_z if hist.log_z is None else hist.log_z
+            prices = service.log_prices(self.policy, log_x, log_z)
             common = dict(rid=r.rid, slot=r.slot, runnable=self._runnable(r), last_selected_ns=r.last_selected_ns,
                           log_prefill_price=prices.prefill_token, log_output_price=prices.output_token,
                           log_delivery_price=prices.delivery)
             if r.phase is Phase.PREFILL:
-                stops = [x for x in (self._next_capture(r), self._window_stop(r)) if x is not None]
-                stop = min(stops) if stops else None
-                out.append(RequestView(phase=Phase.PREFILL, prompt_remaining=r.prompt_remaining,
-                                       prompt_limit=None if stop is None else stop - r.consumed,
-                                       atomic_spans=r.spans_from_cursor(), endpoint=r.next_endpoint(),
-                                       needs_scores=r.needs_scores, **common))
+                out.append(RequestView(phase=Phase.PREFILL, **self._prompt_fields(r), **common))
             elif r.phase is Phase.DECODE:
                 queued = self._queued_advance(r)
                 remaining = r.max_output - len(r.output) - queued
@@ -615,7 +630,7 @@ class Scheduler:
                 common["runnable"] = common["runnable"] and remaining > 0
                 out.append(RequestView(
                     phase=Phase.DECODE, age_ms=age, output_remaining=max(remaining, 0),
-                    context_remaining=self.max_model_len - (r.cursor + queued),
+                    context_remaining=self.max_model_len - (r.cursor + queued), width_limit=r.width_limit,
                     survival=est.means(), optimistic=est.optimistic(tokens), forecast=r.forecast.means(),
                     **common))
             elif r.phase is Phase.TERMINAL:
@@ -623,13 +638,25 @@ class Scheduler:
                 out.append(RequestView(phase=Phase.TERMINAL, terminal_age_ms=max(0.0, (start - since) / NS_PER_MS),
                                        **common))
             else:
+                # Blocked: priced like the phase it enables, with the same logical limits, so
+                # that lookahead values only work the following program can really do.
                 last = r.last_publication_ns if r.last_publication_ns is not None else r.admitted_ns
                 est = r.acceptance.get(r.proposal_source)
                 out.append(RequestView(phase=Phase.BLOCKED, prerequisites=tuple(r.prerequisites), enables=r.enables,
-                                       prompt_remaining=r.prompt_remaining, age_ms=max(0.0, (start - last) / NS_PER_MS),
-                                       output_remaining=r.max_output - len(r.output), survival=est.means(),
-                                       forecast=r.forecast.means(), needs_scores=r.needs_scores, **common))
+                                       age_ms=max(0.0, (start - last) / NS_PER_MS),
+                                       output_remaining=r.max_output - len(r.output),
+                                       context_remaining=self.max_model_len - r.cursor, width_limit=r.width_limit,
+                                       survival=est.means(), forecast=r.forecast.means(), **self._prompt_fields(r),
+                                       **common))
         return out
+
+    def _prompt_fields(self, r: Request) -> dict:
+        """A request's uncached prompt work and what restricts a chunk of it: the next capture
+        or image-window stop, atomic image spans and the next message endpoint."""
+        stops = [x for x in (self._next_capture(r), self._window_stop(r)) if x is not None]
+        return dict(prompt_remaining=r.prompt_remaining,
+                    prompt_limit=min(stops) - r.consumed if stops else None,
+                    atomic_spans=r.spans_from_cursor(), endpoint=r.next_endpoint(), needs_scores=r.needs_scores)
 
     def plan(self) -> ScheduledPlan | None:
         """The next program to submit, or None when nothing is runnable or the window is blocked.

@@ -209,10 +209,7 @@ class _Decoders:
         self.po = dec.scaled(np.array([v.log_output_price for v in views], dtype=np.float64))
         self.pd = dec.scaled(np.array([v.log_delivery_price for v in views], dtype=np.float64))
         age = np.array([v.age_ms for v in views], dtype=np.float64)
-        copy = np.array([math.inf if v.copy_limit is None else v.copy_limit + 1 for v in views])
-        out_rem = np.array([v.output_remaining for v in views], dtype=np.float64)
-        ctx_rem = np.array([v.context_remaining for v in views], dtype=np.float64)
-        self.limit = np.minimum(np.minimum(out_rem, ctx_rem), copy) if n else np.zeros(0)
+        self.limit = np.array([v.row_limit for v in views], dtype=np.float64)
         self.survival = _padded([v.survival for v in views], depth)
         self.forecast = _padded([v.forecast for v in views], depth)
         self.expected = (expected_output_table(self.survival, max_width, dec.alpha) if n
@@ -615,9 +612,7 @@ class _Selection:
         length of the sequence that delivers to it.
         """
         surv = _padded([v.survival], self.prepared.max_depth)
-        limit = min(v.output_remaining, v.context_remaining,
-                    math.inf if v.copy_limit is None else v.copy_limit + 1)
-        w = int(max(1, min(limit, g2.token_capacity, g2.proposal_depth + 1)))
+        w = int(max(1, min(v.row_limit, g2.token_capacity, g2.proposal_depth + 1)))
         expected = float(expected_output_table(surv, w, self.dec.alpha)[0, w])
         po, pd = float(self.dec.scaled(v.log_output_price)), float(self.dec.scaled(v.log_delivery_price))
         value = po * expected + pd + self.dec.decode_age * until_ms * (v.age_ms + until_ms)

@@ -103,6 +103,7 @@ class Request:
     window_images_done: int = 0  # images of the active window already encoded
     window_row: int | None = None  # the private snapshot row of a multi-window request
     generation: int = 0  # bumped when a restore binds the state to a fresh request generation
+    width_limit: int | None = None  # grammar or stop restrictions: target rows per round, pending token included
 
     @property
     def rid(self) -> int:
@@ -127,6 +128,11 @@ class Request:
         if self.cancelled or self.retired:
             return False
         return not self.finished or self.phase is Phase.TERMINAL
+
+    @property
+    def delivery_bearing(self) -> bool:
+        """Decoding, or blocked on a prerequisite that enables decoding (a delivery coordinate)."""
+        return self.phase is Phase.DECODE or (self.phase is Phase.BLOCKED and self.enables is Phase.DECODE)
 
     @property
     def cursor(self) -> int:

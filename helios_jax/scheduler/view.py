@@ -59,6 +59,7 @@ class RequestView:
     output_remaining: int = 0
     context_remaining: int = 1 << 30
     copy_limit: int | None = None  # copy proposals: supplied prefix length; None: learned
+    width_limit: int | None = None  # grammar or stop restrictions: target rows per round (None: none)
     survival: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0))
     optimistic: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0))
     forecast: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0))
@@ -72,6 +73,18 @@ class RequestView:
     def delivery_bearing(self) -> bool:
         """Counts toward K and the common waiting cost: decoders, and streams blocked before decode."""
         return self.phase is Phase.DECODE or (self.phase is Phase.BLOCKED and self.enables is Phase.DECODE)
+
+    @property
+    def row_limit(self) -> float:
+        """Target rows one round may give this request, pending token included: its output and
+        context left, a copy prefix plus the pending token, and grammar or stop restrictions
+        (``width_limit``); conditional acceptance is request-local and respects all of them."""
+        limit = min(self.output_remaining, self.context_remaining)
+        if self.copy_limit is not None:
+            limit = min(limit, self.copy_limit + 1)
+        if self.width_limit is not None:
+            limit = min(limit, self.width_limit)
+        return limit
 
     def prompt_work(self, capacity: int) -> int:
         """Prompt tokens a chunk of `capacity` may consume: prompt length, stops, atomic spans."""

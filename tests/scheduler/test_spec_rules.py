@@ -180,3 +180,80 @@ def test_device_plans_order_lanes_by_slot_so_ties_go_where_the_host_priced_them(
                                 plan.graph.target_capacity)
     for lane, r in zip(plan.lanes, rows):
         assert lane.expected_tokens == pytest.approx(1 + survival[: r - 1].sum())
+
+
+@spec("prerequisites/sequence-score", "prerequisites/continuation-value", "useful-service/delivery-price")
+def test_a_stream_blocked_before_decoding_keeps_its_delivery_price():
+    """With retention on, a prompt ending at its anchor snapshots before decoding: the stream
+    is blocked behind SNAPSHOT and enables DECODE. It counts in K and in the waiting cost, so it
+    keeps its delivery coordinate: price g/z from its first published burst (one delivery over
+    that frame: z = 1/T)."""
+    s = scheduler(SPEC, checkpoints=True)
+    h = s.admit([1] * 64, max_output=50, message_endpoints=[64])
+    plan, gen, t = run_once(s, 1, 0.0)
+    req = s.requests[h.rid]
+    assert req.phase.value == "blocked" and req.enables.value == "decode"
+    view = next(v for v in s.views() if v.rid == h.rid)
+    assert view.delivery_bearing
+    assert math.exp(view.log_delivery_price) == pytest.approx(s.policy.delivery_fairness * plan.expected_duration_ms)
+
+
+@spec("prerequisites/sequence-score")
+def test_a_blocked_stream_without_delivery_history_is_priced_at_the_feasible_share():
+    """A stream blocked before decoding with no published burst yet gets the decoders' missing
+    delivery price g * sigma(K) with K counting it (one stream: the width-one B=1 program)."""
+    s = scheduler(SPEC, checkpoints=True)
+    h = s.admit([1] * 64, max_output=50, message_endpoints=[64])
+    run_once(s, 1, 0.0, publish=False)
+    req = s.requests[h.rid]
+    assert req.phase.value == "blocked" and req.history.log_z is None
+    view = next(v for v in s.views() if v.rid == h.rid)
+    sigma = min(g.duration_ms / min(g.batch_capacity, 1) for g in SPEC.eligible(DecodeMode.ADAPTIVE)
+                if g.kind.is_generation)
+    assert math.exp(view.log_delivery_price) == pytest.approx(s.policy.delivery_fairness * sigma)
+
+
+@spec("useful-service/prefill-logical-limits")
+def test_lookahead_prices_only_the_chunk_the_real_prefill_may_take():
+    """A request blocked behind INITIALIZE whose anchor (its last message end, 100 of 300
+    tokens) is a capture stop: its view carries the stop, and the INITIALIZE -> PREFILL sequence
+    prices a chunk of at most 100 tokens, the work that prefill can really do."""
+    s = scheduler(SPEC, checkpoints=True, initialize_requests=True)
+    h = s.admit([1] * 300, max_output=50, message_endpoints=[100])
+    view = next(v for v in s.views() if v.rid == h.rid)
+    assert view.phase.value == "blocked" and view.prompt_limit == 100 and view.endpoint == 100
+    plan = s.plan()
+    assert plan.kind is GraphKind.INITIALIZE and plan.following is not None
+    prompt_lanes = [lane for lane in plan.following.lanes if lane.role is LaneRole.PROMPT]
+    assert prompt_lanes and all(lane.prompt_tokens <= 100 for lane in prompt_lanes)
+
+
+@spec("useful-service/conditional-acceptance")
+def test_grammar_and_stop_restrictions_bound_each_lane():
+    """A request restricted to two target rows a round (say a stop string matched up to its last
+    token) gets at most two rows in every candidate, priced at E(2); lifting the restriction
+    lets it use the program's width again."""
+    from helios_jax.scheduler import policy
+
+    s, (h, other), t, fence = _decoding(n=2)
+    for r in s.requests.values():
+        r.acceptance.estimates[SOURCE_LEARNED] = PrefixEstimate(np.full(7, 0.95), np.full(7, 64.0), len(r.output))
+    s.restrict_width(h, 2)
+    inp = policy.SelectionInput(s.views(), s.graphs, s.costs, s.now_ns, s.policy, s.mode)
+    widest = 1
+    for c in policy.candidates(inp):
+        for lane in c.lanes:
+            rows = max(lane.query_length, lane.ceiling)
+            if lane.rid == h.rid and lane.role is LaneRole.DECODE:
+                assert rows <= 2 and lane.expected_tokens <= 1.95 + 1e-9
+            elif lane.role is LaneRole.DECODE:
+                widest = max(widest, rows)
+    assert widest == 8
+    s.restrict_width(h, None)
+    inp = policy.SelectionInput(s.views(), s.graphs, s.costs, s.now_ns, s.policy, s.mode)
+    assert any(lane.rid == h.rid and max(lane.query_length, lane.ceiling) == 8
+               for c in policy.candidates(inp) for lane in c.lanes)
+    with pytest.raises(ValueError):
+        s.restrict_width(h, 0)
+    with pytest.raises(ValueError):
+        scheduler(SPEC).admit([1] * 8, max_output=5, width_limit=0)
