@@ -42,13 +42,15 @@ def probe(
     """
     if inp.mode is not DecodeMode.ADAPTIVE or ordinary.indeterminate:
         return None
-    prepared = inp.graphs if isinstance(inp.graphs, policy.PreparedGraphs) else policy.PreparedGraphs(inp.graphs)
+    prepared = policy.as_prepared(inp.graphs)
     speculative = prepared.drafted()
     if not speculative.graphs:
         return None
     ordinary_width = {l.rid: lane_width(l) for l in ordinary.lanes if l.role is LaneRole.DECODE}
     remaining = {v.rid: v.output_remaining for v in inp.views}
-    opt_inp = dataclasses.replace(inp, views=list(optimistic_views), graphs=speculative)
+    # Scored on the ordinary decision's scale: the same sigma (from every loaded program) and
+    # waiting cost, so that "beats the ordinary choice" compares like with like.
+    opt_inp = dataclasses.replace(inp, views=list(optimistic_views), graphs=speculative, reference=prepared)
     best, best_key = None, None
     # Only rows that beat the ordinary winner are materialised (building lanes is the cost).
     for row in policy.scored(opt_inp):

@@ -115,6 +115,10 @@ class PreparedGraphs:
         self.max_depth = max([g.proposal_depth for g in self.delivery] + [0])
 
 
+def as_prepared(graphs) -> PreparedGraphs:
+    return graphs if isinstance(graphs, PreparedGraphs) else PreparedGraphs(graphs)
+
+
 @dataclasses.dataclass(frozen=True)
 class SelectionInput:
     views: Sequence[RequestView]
@@ -123,6 +127,9 @@ class SelectionInput:
     now_ns: int
     policy: PolicyConfig
     mode: DecodeMode = DecodeMode.ADAPTIVE
+    # The loaded programs that set decision-wide references (sigma), when `graphs` is a subset
+    # to score (acceptance probes score only drafted programs on the ordinary decision's scale).
+    reference: Sequence[GraphDescriptor] | PreparedGraphs | None = None
 
 
 # -- comparison -------------------------------------------------------------------------------
@@ -341,7 +348,8 @@ class _Selection:
         if len(inp.views) > MAX_REQUEST_SLOTS:
             raise ValueError(f"selection is bounded to {MAX_REQUEST_SLOTS} request slots, got {len(inp.views)}")
         self.inp = inp
-        self.prepared = inp.graphs if isinstance(inp.graphs, PreparedGraphs) else PreparedGraphs(inp.graphs)
+        self.prepared = as_prepared(inp.graphs)
+        reference = self.prepared if inp.reference is None else as_prepared(inp.reference)
         costs = inp.costs
         self.costs = costs
         views = list(inp.views)
@@ -350,8 +358,8 @@ class _Selection:
         k_term = sum(1 for v in views if v.phase is Phase.TERMINAL)
         self.dec = utility.Decision.build(
             views, inp.policy,
-            sigma_decode=utility.reference_interval(k, self.prepared.delivery, costs),
-            sigma_terminal=utility.reference_interval(k_term, self.prepared.snapshots, costs))
+            sigma_decode=utility.reference_interval(k, reference.delivery, costs),
+            sigma_terminal=utility.reference_interval(k_term, reference.snapshots, costs))
         runnable = [v for v in views if v.runnable]
         self.decoders = _Decoders([v for v in runnable if v.phase is Phase.DECODE], self.dec,
                                   self.prepared.max_width, self.prepared.max_depth)

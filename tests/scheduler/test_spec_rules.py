@@ -257,3 +257,30 @@ def test_grammar_and_stop_restrictions_bound_each_lane():
         s.restrict_width(h, 0)
     with pytest.raises(ValueError):
         scheduler(SPEC).admit([1] * 8, max_output=5, width_limit=0)
+
+
+@spec("acceptance-learning/probe-can-beat", "acceptance-learning/rank-gain-rate")
+def test_probes_are_scored_on_the_ordinary_decisions_scale():
+    """A probe must beat the ordinary choice on the same scale: its score is the score the full
+    selector gives that program and cohort under the optimistic estimates (sigma from every
+    loaded program, width one included), and its gain per ms is measured against it. Here the
+    width-one programs set sigma; the drafted programs alone would give a larger one."""
+    import dataclasses
+
+    from helios_jax.scheduler import learning, policy, utility
+
+    from .helpers import decoder, inputs
+
+    views = [decoder(i, survival=np.full(7, 0.05), age_ms=40.0 + 10 * i) for i in range(3)]
+    inp = inputs(views)
+    ordinary = policy.select(inp)
+    assert max(max(lane.query_length, lane.ceiling) for lane in ordinary.lanes) == 1
+    optimistic = [dataclasses.replace(v, survival=np.full(7, 0.9)) for v in views]
+    probe = learning.probe(inp, ordinary, optimistic, lambda rid, a, b: 2.0)
+    assert probe is not None
+    full = {(r.graph, r.build().lanes): r.score for r in policy.scored(dataclasses.replace(inp, views=optimistic))}
+    assert probe.score == pytest.approx(full[(probe.graph, probe.lanes)], rel=1e-12)
+    prepared = policy.PreparedGraphs(inp.graphs)
+    k = len(views)
+    assert utility.reference_interval(k, prepared.drafted().delivery, inp.costs) > \
+        utility.reference_interval(k, prepared.delivery, inp.costs)
