@@ -608,10 +608,16 @@ class _Selection:
         return rows
 
     def _following_graphs(self, enables: Phase) -> list[GraphDescriptor]:
+        """Every prepared inference shape that can follow: prefill, scored prefill and mixed
+        programs for an enabled prompt; every generation program, ragged ones included, for an
+        enabled decoder."""
         if enables is Phase.PREFILL:
-            return [g for g in self.prepared.graphs if g.kind in (GraphKind.PREFILL, GraphKind.MIXED)]
-        return [g for g in self.prepared.delivery
-                if g.kind is not GraphKind.SPECULATIVE or g.token_capacity == 1 or g.is_rectangular]
+            return [g for g in self.prepared.graphs if g.kind.is_prefill or g.kind is GraphKind.MIXED]
+        return list(self.prepared.delivery)
+
+    @staticmethod
+    def _is_ragged(g: GraphDescriptor) -> bool:
+        return g.kind is GraphKind.SPECULATIVE and g.token_capacity > 1 and not g.is_rectangular
 
     def _new_decoder(self, v: RequestView, g2: GraphDescriptor, until_ms: float):
         """A newly ready decoder's lane in the following graph, with an individual reference.
@@ -627,18 +633,20 @@ class _Selection:
         return value, Lane(v.rid, v.slot, LaneRole.DECODE, query_length=w, expected_tokens=expected,
                            value=value)
 
-    def _prompt_value(self, v: RequestView, capacity: int) -> float:
+    def _prompt_value(self, v: RequestView, capacity: int, scored: bool = False) -> float:
+        """A prompt lane's value in a chunk of `capacity`; zero in the wrong prefill family
+        (a request that needs prompt scores runs only scored prefill, and no other does)."""
         n = v.prompt_work(capacity)
-        if n <= 0 or v.needs_scores:
+        if n <= 0 or v.needs_scores != scored:
             return 0.0
         value = float(self.dec.scaled(v.log_prefill_price)) * n
         if n == v.prompt_remaining:
             value += float(self.dec.scaled(v.log_output_price))
         return value
 
-    def _prompt_lane(self, v: RequestView, capacity: int) -> Lane:
+    def _prompt_lane(self, v: RequestView, capacity: int, scored: bool = False) -> Lane:
         n = v.prompt_work(capacity)
-        return Lane(v.rid, v.slot, LaneRole.PROMPT, prompt_tokens=n, value=self._prompt_value(v, capacity),
+        return Lane(v.rid, v.slot, LaneRole.PROMPT, prompt_tokens=n, value=self._prompt_value(v, capacity, scored),
                     expected_tokens=1.0 if n == v.prompt_remaining else 0.0)
 
     def _populations(self, g2: GraphDescriptor, new_views: list[RequestView], u: float) -> list[_Population]:
@@ -653,11 +661,11 @@ class _Selection:
         d, pr = self.decoders, self.prompts
         b2 = g2.batch_capacity
         if g2.kind.is_prefill:
-            cap = g2.token_capacity
-            new = [(self._prompt_value(v, cap), self._prompt_lane(v, cap)) for v in new_views
+            cap, scored = g2.token_capacity, g2.kind is GraphKind.SCORED_PREFILL
+            new = [(self._prompt_value(v, cap, scored), self._prompt_lane(v, cap, scored)) for v in new_views
                    if v.enables is Phase.PREFILL]
             ready = [(float(pr.values(cap)[i]), pr.lane(i, cap)) for i in range(pr.n)
-                     if not pr.scores_wanted[i] and pr.work(cap)[i] > 0]
+                     if pr.scores_wanted[i] == scored and pr.work(cap)[i] > 0]
             return [_Population.of([x for x in new if x[0] > 0], ready, b2)]
         new_dec = [self._new_decoder(v, g2, u) for v in new_views if v.enables is Phase.DECODE]
         ready_dec = []
@@ -694,6 +702,11 @@ class _Selection:
                     # Terminal rows finish at T: their age stops there, saving the waiting cost
                     # they would otherwise accrue over the rest of the sequence.
                     term_vals = term_vals + self.dec.terminal_age * (t_ages * f + 0.5 * (u * u - t1 * t1))
+                if self._is_ragged(g2):
+                    row = self._ragged_pair_row(g1, g2, group, new_views, terminals, term_vals, t1, f, u, unknown)
+                    if row is not None:
+                        rows.append(row)
+                    continue
                 for pop in self._populations(g2, new_views, u):
                     row = self._pair_row(g1, g2, group, terminals, term_vals, pop, t1, f, u, unknown)
                     if row is not None:
@@ -710,12 +723,85 @@ class _Selection:
         new_lanes = [pop.new_lanes[i] for i in np.argsort(-pop.new_vals, kind="stable")[:k]]
         ready_lanes = [pop.ready_lanes[i] for i in np.argsort(-pop.ready_vals, kind="stable")[:jr]]
         enabled = {l.rid for l in new_lanes} | ({l.rid for l in pop.fixed} if pop.fixed_new else set())
+        return self._sequence_row(g1, g2, group, enabled, terminals, term_vals, jt, pop.fixed + new_lanes + ready_lanes,
+                                  total + pop.fixed_value, t1, f, u, unknown)
+
+    def _ragged_pair_row(self, g1, g2, group, new_views, terminals, term_vals, t1, f, u, unknown):
+        """A prerequisite followed by a ragged speculative program, whose aggregate rows P bind
+        the cohort as well as B: exact for host allocation in fixed mode (``best_ragged_pair``),
+        the adaptive orderings priced by the resulting causal allocation otherwise, in both
+        cases with at least one newly ready row and the prerequisite's rows shared with terminal
+        rows."""
+        views = [v for v in new_views if v.enables is Phase.DECODE]
+        if not views:
+            return None
+        d = self.decoders
+        new = _Decoders(views, self.dec, self.prepared.max_width, self.prepared.max_depth)
+        # Newly ready streams use their individual future-delivery reference sigma_i = U; every
+        # served age resets at U.
+        new_rest = new.pd + self.dec.decode_age * u * (np.array([v.age_ms for v in views]) + u)
+        ready_rest = d.base + d.age_rate * u if d.n else np.zeros(0)
+        width, depth = g2.token_capacity, g2.proposal_depth
+        w_new = new.widths(width, depth)
+        w_ready = d.widths(width, depth) if d.n else np.zeros(0, dtype=np.int64)
+        room1 = g1.batch_capacity
+        device = g2.allocation is Allocation.PREFIX_LIMIT
+        if self.inp.mode is DecodeMode.FIXED:
+            v_new = new.po * new.expected[np.arange(new.n), w_new] + new_rest
+            v_ready = d.po * d.expected[np.arange(d.n), w_ready] + ready_rest if d.n else np.zeros(0)
+            res = utility.best_ragged_pair(v_new, w_new, v_ready, w_ready, term_vals, room1, g2.batch_capacity,
+                                           g2.target_capacity)
+            if res is None:
+                return None
+            _, new_idx, ready_idx, jt = res
+            rows_new, rows_ready = w_new, w_ready
+        else:
+            n_new = new.n
+            base = np.concatenate([new.po + new_rest, d.po + ready_rest]) if d.n else new.po + new_rest
+            ext = np.vstack([new.extension, d.extension]) if d.n else new.extension
+            ceil = np.concatenate([w_new, w_ready])
+            key = (np.vstack([new.forecast, d.forecast]) if d.n else new.forecast) if device else ext
+            slots = np.concatenate([new.slot, d.slot]) if d.n else new.slot
+            by_slot = np.argsort(slots, kind="stable")
+            lanes_order, depths_order = prefix_allocation_order(key[by_slot],
+                                                                np.minimum(ceil[by_slot], ext.shape[1] + 1))
+            term_sorted = np.sort(term_vals)[::-1]
+            pt = np.concatenate([[0.0], np.cumsum(term_sorted)])
+            ks = np.arange(min(room1, n_new) + 1)
+            bonus = pt[np.minimum(room1 - ks, term_sorted.size)]
+            bonus[0] = -np.inf  # at least one newly ready row
+            is_new = np.arange(ceil.size) < n_new
+            _, cohort, alloc = utility.adaptive_ragged(base, ext, ceil, by_slot[lanes_order], depths_order,
+                                                       g2.batch_capacity, g2.target_capacity, new=is_new,
+                                                       new_bonus=bonus)
+            if not cohort:
+                return None
+            new_idx = [i for i in cohort if i < n_new]
+            ready_idx = [i - n_new for i in cohort if i >= n_new]
+            jt = int(min(room1 - len(new_idx), term_sorted.size))
+            rows_new, rows_ready = alloc[:n_new], alloc[n_new:]
+
+        def lane(group_: _Decoders, rest, i, rows, ceiling) -> Lane:
+            expected = float(group_.expected[i, int(rows)])
+            return Lane(int(group_.rid[i]), int(group_.slot[i]), LaneRole.DECODE,
+                        query_length=0 if device else int(rows), ceiling=int(ceiling) if device else 0,
+                        expected_tokens=expected, value=float(group_.po[i] * expected + rest[i]))
+
+        new_lanes = [lane(new, new_rest, i, rows_new[i], w_new[i]) for i in new_idx]
+        ready_lanes = [lane(d, ready_rest, i, rows_ready[i], w_ready[i]) for i in ready_idx]
+        total = sum(l.value for l in new_lanes + ready_lanes) + float(np.sort(term_vals)[::-1][:jt].sum())
+        return self._sequence_row(g1, g2, group, {l.rid for l in new_lanes}, terminals, term_vals, jt,
+                                  new_lanes + ready_lanes, total, t1, f, u, unknown)
+
+    def _sequence_row(self, g1, g2, group, enabled: set, terminals, term_vals, jt: int, follow: list,
+                      numerator: float, t1, f, u, unknown) -> ScoredRow:
+        """The prerequisite's lanes (the rows it enables, the jt best terminal rows, then free
+        rows) and the two-stage score over U = T + F."""
         first = [Lane(v.rid, v.slot, LaneRole.PREREQUISITE) for v in group if v.rid in enabled]
         first += [Lane(terminals[i].rid, terminals[i].slot, LaneRole.TERMINAL, value=float(term_vals[i]))
                   for i in np.argsort(-term_vals, kind="stable")[:jt]]
         first += self._free_rows(group, g1.batch_capacity - len(first), enabled)
-        numerator = total + pop.fixed_value
-        follow_lanes = tuple(pop.fixed + new_lanes + ready_lanes)
+        follow_lanes = tuple(follow)
         score = numerator if unknown else self.dec.sequence_rate(numerator, u)
         sig = (g1.kind, tuple(sorted(l.work for l in first)), g2.key, tuple(sorted(l.work for l in follow_lanes)))
 
@@ -770,7 +856,8 @@ class _Selection:
             further += min(known)
         if v.enables is Phase.PREFILL:
             # The best measured chunk by value rate; with none measured, the most valuable one.
-            options = [(self._prompt_value(v, g.token_capacity), self.duration(g)) for g in self.prepared.prefill]
+            options = [(self._prompt_value(v, g.token_capacity, g.kind is GraphKind.SCORED_PREFILL), self.duration(g))
+                       for g in self.prepared.prefill]
             known = [(val / t, val, t) for val, t in options if val > 0 and t is not None]
             if known:
                 _, val, t = max(known)

@@ -121,14 +121,12 @@ def top_prefix(values: np.ndarray):
     return order, prefix
 
 
-def fixed_ragged(values: np.ndarray, weights: np.ndarray, batch: int, rows: int):
-    """Best cohort of at most `batch` lanes whose weights sum to at most `rows`.
+def ragged_table(values: np.ndarray, weights: np.ndarray, batch: int, rows: int) -> "RaggedTable":
+    """Best totals of cohorts of exactly j lanes using exactly r target rows, for every j and r.
 
     Exact: lanes are grouped by weight (target rows), each group contributes its best j lanes,
     and a dynamic programme over (lanes used, rows used) combines the groups. Weights are
     bounded by the program width, so the table is at most (B + 1) x (P + 1) per weight class.
-
-    Returns (total value, chosen lane indices) with an empty cohort when nothing fits.
     """
     values = np.asarray(values, dtype=np.float64)
     weights = np.asarray(weights, dtype=np.int64)
@@ -154,19 +152,85 @@ def fixed_ragged(values: np.ndarray, weights: np.ndarray, batch: int, rows: int)
             pick[better] = j
         choices.append(pick)
         dp = best
-    flat = int(np.argmax(dp))
-    total = float(dp.flat[flat])
+    return RaggedTable(dp, groups, choices)
+
+
+@dataclasses.dataclass(frozen=True)
+class RaggedTable:
+    """``ragged_table``'s result: ``best[j, r]`` (-inf where no cohort) and how to rebuild it."""
+
+    best: np.ndarray
+    groups: list
+    choices: list
+
+    def cohort(self, count: int, used: int) -> list[int]:
+        """The lane indices behind ``best[count, used]``."""
+        chosen = []
+        for (w, idx, _), pick in zip(reversed(self.groups), reversed(self.choices)):
+            j = int(pick[count, used])
+            chosen.extend(idx[:j].tolist())
+            count, used = count - j, used - j * w
+        return sorted(chosen)
+
+
+def fixed_ragged(values: np.ndarray, weights: np.ndarray, batch: int, rows: int):
+    """Best cohort of at most `batch` lanes whose weights sum to at most `rows` (exact).
+
+    Returns (total value, chosen lane indices) with an empty cohort when nothing fits.
+    """
+    table = ragged_table(values, weights, batch, rows)
+    flat = int(np.argmax(table.best))
     count, used = divmod(flat, rows + 1)
-    chosen = []
-    for (w, idx, _), pick in zip(reversed(groups), reversed(choices)):
-        j = int(pick[count, used])
-        chosen.extend(idx[:j].tolist())
-        count, used = count - j, used - j * w
-    return total, sorted(chosen)
+    return float(table.best.flat[flat]), table.cohort(count, used)
+
+
+def best_ragged_pair(new_vals, new_weights, ready_vals, ready_weights, terminal, prereq_batch: int,
+                     follow_batch: int, rows: int, *, min_new: int = 1):
+    """Exact cohorts for a prerequisite followed by a host-allocated ragged program.
+
+    As :func:`best_pair`, with the following program's aggregate row capacity `rows` binding
+    too: for each k newly ready rows (at least `min_new`, at most the prerequisite's batch), the
+    best k newly ready lanes using r1 rows, plus the best already ready lanes within the batch
+    left and P - r1 rows, plus the best terminal rows filling the prerequisite.
+
+    Returns (total, new lane indices, ready lane indices, j_terminal) or None.
+    """
+    k_max = min(len(new_vals), prereq_batch, follow_batch)
+    if k_max < min_new:
+        return None
+    new_t = ragged_table(new_vals, new_weights, k_max, rows)
+    ready_t = ragged_table(ready_vals, ready_weights, follow_batch, rows)
+    term_s = np.sort(np.asarray(terminal, dtype=np.float64))[::-1]
+    pt = np.concatenate([[0.0], np.cumsum(term_s)])
+    best = None
+    for k in range(min_new, k_max + 1):
+        jr_max = follow_batch - k
+        ready = ready_t.best[: jr_max + 1]  # [j, r]
+        j_at = np.argmax(ready, axis=0)
+        by_rows = ready[j_at, np.arange(rows + 1)]
+        # the best ready total using at most r rows, and where it is attained
+        r_at = np.zeros(rows + 1, dtype=np.int64)
+        run = np.full(rows + 1, -np.inf)
+        for r in range(rows + 1):
+            if r and run[r - 1] >= by_rows[r]:
+                run[r], r_at[r] = run[r - 1], r_at[r - 1]
+            else:
+                run[r], r_at[r] = by_rows[r], r
+        totals = new_t.best[k] + run[::-1]
+        r1 = int(np.argmax(totals))
+        total = float(totals[r1]) + float(pt[min(prereq_batch - k, len(term_s))])
+        if not np.isfinite(total):
+            continue
+        if best is None or total > best[0] + REL_TIE * max(1.0, abs(best[0])):
+            r2 = int(r_at[rows - r1])
+            best = (total, new_t.cohort(k, r1), ready_t.cohort(int(j_at[r2]), r2),
+                    int(min(prereq_batch - k, len(term_s))))
+    return best
 
 
 def adaptive_ragged(base: np.ndarray, extension: np.ndarray, ceilings: np.ndarray,
-                    alloc_lanes: np.ndarray, alloc_depths: np.ndarray, batch: int, rows: int):
+                    alloc_lanes: np.ndarray, alloc_depths: np.ndarray, batch: int, rows: int, *,
+                    new: np.ndarray | None = None, new_bonus: np.ndarray | None = None):
     """Adaptive ragged cohort selection under the three bounded orderings.
 
     Args:
@@ -176,8 +240,12 @@ def adaptive_ragged(base: np.ndarray, extension: np.ndarray, ceilings: np.ndarra
       alloc_lanes, alloc_depths: the extension rows in allocation order (the device's causal
         frontier, or the host's marginal value), see ``rounds.prefix_allocation_order``.
       batch, rows: the program's B and P.
+      new, new_bonus: for a program following a prerequisite: which lanes the prerequisite
+        makes ready (bool[n]), and the value added when a cohort holds k of them
+        (``new_bonus[k]``: the prerequisite's own rows; -inf where k is not allowed, e.g. k = 0).
 
-    Returns (total value, cohort lane indices, per-lane allocated rows).
+    Returns (total value, cohort lane indices, per-lane allocated rows); the cohort is empty
+    when no prefix is allowed.
     """
     n = base.shape[0]
     if n == 0:
@@ -200,12 +268,19 @@ def adaptive_ragged(base: np.ndarray, extension: np.ndarray, ceilings: np.ndarra
         member = rank[alloc_lanes][None, :] < ms[:, None]  # [m, items]
         taken = member & (np.cumsum(member, axis=1) <= (rows - ms)[:, None])
         totals = base_prefix[ms] + taken @ ext_vals
+        if new is not None:
+            k = np.cumsum(new[order])[ms - 1]
+            totals = totals + np.where(k < len(new_bonus), new_bonus[np.minimum(k, len(new_bonus) - 1)], -np.inf)
         i = int(np.argmax(totals))
+        if not np.isfinite(totals[i]):
+            continue
         if best[1] is None or totals[i] > best[0] + REL_TIE * max(1.0, abs(best[0])):
             alloc = np.zeros(n, dtype=np.int64)
             alloc[order[: ms[i]]] = 1
             np.add.at(alloc, alloc_lanes[taken[i]], 1)
             best = (float(totals[i]), sorted(order[: ms[i]].tolist()), alloc)
+    if best[1] is None:
+        return 0.0, [], np.zeros(n, dtype=np.int64)
     return best
 
 

@@ -284,3 +284,86 @@ def test_probes_are_scored_on_the_ordinary_decisions_scale():
     k = len(views)
     assert utility.reference_interval(k, prepared.drafted().delivery, inp.costs) > \
         utility.reference_interval(k, prepared.delivery, inp.costs)
+
+
+@spec("prerequisites/all-shape-pairs", "prerequisites/pair-exact", "prerequisites/one-newly-ready")
+def test_best_ragged_pair_equals_enumeration():
+    """The exact two-stage cohort for a host-allocated ragged follower (B and P bind), against
+    every subset: at least one newly ready row, at most the prerequisite's batch of them, the
+    prerequisite's other rows to the best terminal rows."""
+    import itertools
+
+    from helios_jax.scheduler import utility
+
+    rng = np.random.default_rng(5)
+    for _ in range(150):
+        n_new, n_ready, n_term = rng.integers(1, 4), rng.integers(0, 4), rng.integers(0, 3)
+        new_v, ready_v = rng.uniform(0, 10, n_new), rng.uniform(0, 10, n_ready)
+        new_w, ready_w = rng.integers(1, 5, n_new), rng.integers(1, 5, n_ready)
+        term = rng.uniform(0, 10, n_term)
+        b1, b2, rows = int(rng.integers(1, 4)), int(rng.integers(1, 5)), int(rng.integers(1, 10))
+        best = None
+        items = [("n", i) for i in range(n_new)] + [("r", i) for i in range(n_ready)]
+        for size in range(1, b2 + 1):
+            for cohort in itertools.combinations(items, size):
+                k = sum(1 for g, _ in cohort if g == "n")
+                weight = sum((new_w if g == "n" else ready_w)[i] for g, i in cohort)
+                if not 1 <= k <= b1 or weight > rows:
+                    continue
+                value = sum((new_v if g == "n" else ready_v)[i] for g, i in cohort)
+                value += np.sort(term)[::-1][: b1 - k].sum()
+                best = value if best is None else max(best, value)
+        got = utility.best_ragged_pair(new_v, new_w, ready_v, ready_w, term, b1, b2, rows)
+        if best is None:
+            assert got is None
+            continue
+        total, ni, ri, jt = got
+        assert total == pytest.approx(best)
+        assert 1 <= len(ni) <= b1 and len(ni) + len(ri) <= b2 and jt == min(b1 - len(ni), n_term)
+        assert new_w[ni].sum() + ready_w[ri].sum() <= rows
+        assert new_v[ni].sum() + ready_v[ri].sum() + np.sort(term)[::-1][:jt].sum() == pytest.approx(total)
+
+
+@spec("prerequisites/all-shape-pairs")
+def test_ragged_speculative_programs_follow_a_prerequisite():
+    """Streams blocked behind RESTORE (enabling decode): the pair search offers every
+    generation program as the following program, device-allocated ragged ones included."""
+    import dataclasses
+
+    from helios_jax.catalog import Allocation
+    from helios_jax.scheduler import policy
+    from helios_jax.scheduler.view import Phase
+
+    from .helpers import decoder, inputs
+
+    blocked = [dataclasses.replace(decoder(i, survival=np.full(7, 0.9)), phase=Phase.BLOCKED,
+                                   prerequisites=(GraphKind.RESTORE,), enables=Phase.DECODE) for i in range(2)]
+    ready = [decoder(10 + i, survival=np.full(7, 0.9)) for i in range(14)]
+    cands = policy.candidates(inputs(blocked + ready))
+    followers = {c.following.graph for c in cands if c.following is not None}
+    ragged = [g for g in followers if g.kind is GraphKind.SPECULATIVE and not g.is_rectangular and g.token_capacity > 1]
+    assert any(g.allocation is Allocation.PREFIX_LIMIT for g in ragged)
+    for c in cands:
+        if c.following is not None and c.following.graph in ragged:
+            lanes = c.following.lanes
+            assert len(lanes) <= c.following.graph.batch_capacity
+            assert any(lane.rid < 10 for lane in lanes)  # at least one newly ready row
+            assert all(1 <= lane.ceiling <= 8 and lane.query_length == 0 for lane in lanes)
+
+
+@spec("prerequisites/all-shape-pairs", "intro/native-catalog-kinds")
+def test_a_scored_prompt_behind_initialize_gets_a_plan():
+    """A request that needs prompt scores (echo + logprobs) behind INITIALIZE: the pair search
+    pairs INITIALIZE with scored prefill, so an idle scheduler plans it (and runs it through)."""
+    s = scheduler(SPEC, initialize_requests=True)
+    h = s.admit([1] * 40, max_output=3, needs_scores=True)
+    plan = s.plan()
+    assert plan is not None and plan.kind is GraphKind.INITIALIZE
+    assert plan.following.graph.kind is GraphKind.SCORED_PREFILL
+    t, fence = 0.0, 1
+    kinds = []
+    while h.rid in s.requests:
+        p, _, t = run_once(s, fence, t)
+        kinds.append(p.kind)
+        fence += 1
+    assert kinds[:2] == [GraphKind.INITIALIZE, GraphKind.SCORED_PREFILL]
