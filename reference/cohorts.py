@@ -237,6 +237,16 @@ def _decoder_numerators(obj: Objective, g: GraphDescriptor, cohort, mode: Decode
     (rows: the aggregate limit P, None for mixed rows).
     """
     limits = [_lane_limit(v, g) for v in cohort]
+    if g.kind is GraphKind.SPECULATIVE and g.allocation is Allocation.PREFIX_LIMIT and mode is DecodeMode.ADAPTIVE:
+        # Lane ceilings may be anything in 1..limit: with ceilings c summing to at most P the
+        # device allocates exactly c, and every allocation it can make sums to at most P, so
+        # the reachable allocations are exactly the width vectors fitting P.
+        if len(cohort) > g.target_capacity:
+            return
+        for widths in itertools.product(*[range(1, w + 1) for w in limits]):
+            if sum(widths) <= g.target_capacity:
+                yield sum(obj.decoder_value(v, w, t) for v, w in zip(cohort, widths)), list(widths)
+        return
     if g.kind is GraphKind.SPECULATIVE and g.allocation is Allocation.PREFIX_LIMIT:
         if len(cohort) > g.target_capacity:
             return

@@ -433,27 +433,48 @@ class _Selection:
         return self.row(g, float(vals[idx].sum()), len(idx) * d.age_rate, sig,
                         lambda: d.lanes(idx, widths, t))
 
-    def _adaptive_ragged(self, g: GraphDescriptor, ceilings: np.ndarray, device: bool) -> ScoredRow | None:
+    def _adaptive_ragged(self, g: GraphDescriptor, widths: np.ndarray, device: bool) -> ScoredRow | None:
+        """Adaptive ragged selection: cohort prefixes under the three orderings, each priced by
+        the allocation it gets.
+
+        The host ranks its own rows by marginal value. The device ranks its causal frontier by
+        joint prefix probability (the forecast), never by host prices, within the lane
+        ceilings; the ceilings are the only way prices reach its allocation. So a device program
+        is priced twice: with maximal ceilings (min(D + 1, W, request limit): the device's
+        confidence allocates) and with ceilings set to the allocation a price-aware frontier
+        would make, ranking each lane's forecast times its output price; those ceilings fit P,
+        so the device allocates exactly them. Equal prices rank like the device, and the
+        maximal ceilings stay; the priced ceilings are used only when they are worth strictly
+        more. Frozen prices never reorder the frontier the device itself ranks.
+        """
         d = self.decoders
         t = self.duration(g) or 0.0
         base = d.po + d.base + d.age_rate * t
-        # The device ranks its causal frontier by joint prefix probability (the forecast), never
-        # by host prices; the host ranks its own rows by marginal value. Either way the cohort is
-        # priced with acceptance estimates.
-        key = d.forecast if device else d.extension
         depth = d.extension.shape[1]
         by_slot = np.argsort(d.slot, kind="stable")
-        al, ad = prefix_allocation_order(key[by_slot], np.minimum(ceilings[by_slot], depth + 1))
-        al = by_slot[al]
-        _, cohort, alloc = utility.adaptive_ragged(base, d.extension, ceilings, al, ad,
-                                                   g.batch_capacity, g.target_capacity)
+
+        def solve(key):
+            al, ad = prefix_allocation_order(key[by_slot], np.minimum(widths[by_slot], depth + 1))
+            return utility.adaptive_ragged(base, d.extension, widths, by_slot[al], ad, g.batch_capacity,
+                                           g.target_capacity)
+
+        if not device:
+            total, cohort, alloc = solve(d.extension)
+            ceilings = None
+        else:
+            priced = solve(d.po[:, None] * d.forecast)
+            total, cohort, alloc = solve(d.forecast)
+            ceilings = widths
+            if priced[1] and (not cohort or priced[0] > total + utility.REL_TIE * max(1.0, abs(total))):
+                total, cohort, alloc = priced
+                ceilings = alloc
         if not cohort:
             return None
         numerator = float(sum(d.po[i] * d.expected[i, alloc[i]] + d.base[i] for i in cohort))
         work = tuple((int(d.rid[i]), int(ceilings[i] if device else alloc[i])) for i in cohort)
         sig = (g.kind, device, g.proposal_depth, work)
         return self.row(g, numerator, len(cohort) * d.age_rate, sig,
-                        lambda: d.lanes(cohort, alloc, t, ceilings=ceilings if device else None))
+                        lambda: d.lanes(cohort, alloc, t, ceilings=ceilings))
 
     # -- prefill ----------------------------------------------------------------------------
     def prefill(self) -> list[ScoredRow]:

@@ -141,23 +141,31 @@ def test_a_queued_device_lane_advances_by_at_most_p():
     assert plan.max_advance(lane) == 4
 
 
-@spec("speculative-coverage/frontier-ties", "speculative-coverage/prefix-limit-ceilings")
-def test_device_plans_order_lanes_by_slot_so_ties_go_where_the_host_priced_them():
-    """After slot reuse request ids and slots disagree (rid 1 in slot 1, rid 2 in slot 0). Equal
-    confidence forecasts tie at every frontier; the device gives ties to the lower lane
-    position, the spec to the lower original slot. Plan lanes come in slot order, and the rows
-    the host priced each lane with (its expected tokens) are the rows the device allocates."""
+def _two_lane_device_catalog():
+    """SPEC's prefill programs, a B=2 width-one program and a B=2, W=4, D=3 device-allocated
+    program with P = 5 rows (fewer than B x W = 8)."""
     import dataclasses
 
     from helios_jax.catalog import Allocation, GraphDescriptor
-    from helios_jax.scheduler.rounds import allocate_prefix_rows
 
     graphs = tuple(g for g in SPEC.graphs if g.kind.is_prefill) + (
         GraphDescriptor(GraphKind.SPECULATIVE, 2, token_capacity=1, target_capacity=2,
                         allocation=Allocation.QUERY_LENGTH, duration_ms=3.6),
         GraphDescriptor(GraphKind.SPECULATIVE, 2, token_capacity=4, proposal_depth=3, target_capacity=5,
                         allocation=Allocation.PREFIX_LIMIT, duration_ms=4.0))
-    s = scheduler(dataclasses.replace(SPEC, name="tie", graphs=graphs))
+    return dataclasses.replace(SPEC, name="two-lane-device", graphs=graphs)
+
+
+@spec("speculative-coverage/frontier-ties", "speculative-coverage/prefix-limit-ceilings")
+def test_device_plans_order_lanes_by_slot_so_ties_go_where_the_host_priced_them():
+    """After slot reuse request ids and slots disagree (rid 1 in slot 1, rid 2 in slot 0). Equal
+    confidence forecasts tie at every frontier; the device gives ties to the lower lane
+    position, the spec to the lower original slot. Plan lanes come in slot order, and the rows
+    the host priced each lane with (its expected tokens) are the rows the device allocates."""
+    from helios_jax.catalog import Allocation
+    from helios_jax.scheduler.rounds import allocate_prefix_rows
+
+    s = scheduler(_two_lane_device_catalog())
     first = s.admit([1] * 8, max_output=500)
     s.admit([1] * 8, max_output=500)
     s.cancel(first)
@@ -367,3 +375,34 @@ def test_a_scored_prompt_behind_initialize_gets_a_plan():
         kinds.append(p.kind)
         fence += 1
     assert kinds[:2] == [GraphKind.INITIALIZE, GraphKind.SCORED_PREFILL]
+
+
+@spec("speculative-coverage/prices-rank-cohorts", "speculative-coverage/ceiling-bound",
+      "speculative-coverage/ceilings-over-p", "speculative-coverage/price-full-program")
+def test_lane_ceilings_carry_prices_to_the_device_allocation():
+    """Equal survival (0.9, 0.8, 0.7) and equal forecasts (0.9, 0.81, 0.729), P = 5 rows for
+    two lanes. Rid 0 is behind (x = 0.5: output price 64 + 16/0.5 = 96), rid 1 ahead (x = 4:
+    68). The device splits tied forecasts by slot: rows 0.9 (rid 0), 0.9 (rid 1), 0.81 (rid 0)
+    -> [3, 2], worth 96 * 2.7 + 68 * 1.9 = 388.4 (delivery and age terms equal). A price-aware
+    frontier ranks 96 * (0.9, 0.81, 0.729) = 86.4, 77.8, 70.0 all above rid 1's 68 * 0.9 = 61.2
+    -> [4, 1], worth 96 * 3.4 + 68 = 394.4: the plan lowers the ceilings to [4, 1] (sum 5 <= P,
+    so the device allocates exactly that). With equal prices both rankings agree, and the
+    ceilings stay maximal, min(D + 1, W, request limit) = 4 each, summing above P."""
+    from helios_jax.scheduler import policy
+
+    from .helpers import decoder, inputs
+
+    survival, forecast = np.array([0.9, 0.8, 0.7]), np.array([0.9, 0.81, 0.729])
+    cat = _two_lane_device_catalog()
+    behind = [decoder(0, x=0.5, survival=survival, forecast=forecast),
+              decoder(1, x=4.0, survival=survival, forecast=forecast)]
+    best = max((c for c in policy.candidates(inputs(behind, catalog=cat)) if c.graph.target_capacity == 5),
+               key=lambda c: c.score)
+    assert {lane.rid: lane.ceiling for lane in best.lanes} == {0: 4, 1: 1}
+    assert {lane.rid: lane.expected_tokens for lane in best.lanes} == pytest.approx({0: 1 + 2.4, 1: 1.0})
+    equal = [decoder(0, x=2.0, survival=survival, forecast=forecast),
+             decoder(1, x=2.0, survival=survival, forecast=forecast)]
+    best = max((c for c in policy.candidates(inputs(equal, catalog=cat)) if c.graph.target_capacity == 5),
+               key=lambda c: c.score)
+    assert [lane.ceiling for lane in best.lanes] == [4, 4]
+    assert [lane.expected_tokens for lane in best.lanes] == pytest.approx([2.7, 1.9])
