@@ -39,7 +39,7 @@ from helios_jax.scheduler.refresh import acceptance_ledger, timing_ledger
 from helios_jax.scheduler.requests import Pool, Request, ResourceError, pages_for
 from helios_jax.scheduler.rounds import forecast_observations
 from helios_jax.scheduler.speculation import (SOURCE_LEARNED, SOURCES, AcceptanceHistory, PopulationPrior,
-                                              PrefixEstimate, acceptance_observations)
+                                              PrefixEstimate, acceptance_observations, initial_prior)
 from helios_jax.scheduler.view import Candidate, LaneRole, Phase, RequestView
 
 NS_PER_MS = 1_000_000
@@ -132,6 +132,9 @@ class Scheduler:
         self._next_rid = 0
         self.requests: dict[int, Request] = {}
         self.acceptance_priors = {s: PopulationPrior(self.depth) for s in SOURCES}
+        # Every completed observation per source, pooled (weight 2 at 0.5**d, cap 128): where a
+        # request's own evidence is thin, selection reads it hierarchically from this pool.
+        self.acceptance_pools = {s: PrefixEstimate.from_prior(initial_prior(self.depth)) for s in SOURCES}
         self.forecast_prior = PopulationPrior(self.depth)
         self.timing_ledger = timing_ledger()
         self.acceptance_ledger = acceptance_ledger()
@@ -625,13 +628,13 @@ class Scheduler:
                 age = 0.0 if last is None else max(0.0, (start - last) / NS_PER_MS)
                 if r.last_publication_ns is None and last is None:
                     age = max(0.0, (start - r.admitted_ns) / NS_PER_MS)
-                est = r.acceptance.get(r.proposal_source)
+                est, pool = r.acceptance.get(r.proposal_source), self.acceptance_pools[r.proposal_source]
                 tokens = len(r.output)
                 common["runnable"] = common["runnable"] and remaining > 0
                 out.append(RequestView(
                     phase=Phase.DECODE, age_ms=age, output_remaining=max(remaining, 0),
                     context_remaining=self.max_model_len - (r.cursor + queued), width_limit=r.width_limit,
-                    survival=est.means(), optimistic=est.optimistic(tokens), forecast=r.forecast.means(),
+                    survival=est.means(pool), optimistic=est.optimistic(tokens, pool), forecast=r.forecast.means(),
                     **common))
             elif r.phase is Phase.TERMINAL:
                 since = r.terminal_since_ns if r.terminal_since_ns is not None else start
@@ -641,12 +644,12 @@ class Scheduler:
                 # Blocked: priced like the phase it enables, with the same logical limits, so
                 # that lookahead values only work the following program can really do.
                 last = r.last_publication_ns if r.last_publication_ns is not None else r.admitted_ns
-                est = r.acceptance.get(r.proposal_source)
+                est, pool = r.acceptance.get(r.proposal_source), self.acceptance_pools[r.proposal_source]
                 out.append(RequestView(phase=Phase.BLOCKED, prerequisites=tuple(r.prerequisites), enables=r.enables,
                                        age_ms=max(0.0, (start - last) / NS_PER_MS),
                                        output_remaining=r.max_output - len(r.output),
                                        context_remaining=self.max_model_len - r.cursor, width_limit=r.width_limit,
-                                       survival=est.means(), forecast=r.forecast.means(), **self._prompt_fields(r),
+                                       survival=est.means(pool), forecast=r.forecast.means(), **self._prompt_fields(r),
                                        **common))
         return out
 
@@ -982,6 +985,7 @@ class Scheduler:
                                               survival=None if surv is None else surv[lane.slot, :offered])
                 req.acceptance.get(req.proposal_source).observe(obs, len(req.output))
                 self.acceptance_priors[req.proposal_source].observe(obs)
+                self.acceptance_pools[req.proposal_source].observe(obs, 0)
                 self.speculative["drafts_offered"] += offered
                 self.speculative["drafts_accepted"] += rec.accepted
                 if req.proposal_source == SOURCE_LEARNED:

@@ -94,19 +94,31 @@ def _fit(values: np.ndarray | Sequence[float], depth: int) -> np.ndarray:
 class PrefixEstimate:
     """Per-depth means and weights with token-based aging.
 
+    An estimate started from a prior (:meth:`from_prior`) remembers that starting point
+    (``origin``) and, per depth, the share of its mean the starting weight still carries
+    (``prior_share``: 1 at the start, times w/(w + 1) at each observation of aged weight w).
+    Selection reads the mean hierarchically (:meth:`means` with a ``pool``): the starting
+    share is moved from the origin to the pooled estimate of every request's completed
+    observations, so a request whose own evidence is thin is priced like the population rather
+    than like the prior it was admitted with (docs/spec/RESOLUTIONS.md, 17).
+
     `means()` and `optimistic(tokens)` are read for every resident at every decision and change
-    only when a round is observed: both are cached until `observe`, and returned read-only.
+    only when a round is observed or the pool moves: both are cached, and returned read-only.
     """
 
     mean: np.ndarray  # f64[depth]
     weight: np.ndarray  # f64[depth], as of `tokens_at`
     tokens_at: int = 0  # the request's generated-token count when weights were last aged
+    origin: np.ndarray | None = None  # the prior the estimate started from (None: all own evidence)
+    prior_share: np.ndarray | None = None  # f64[depth]: the share of `mean` that `origin` carries
+    revision: int = dataclasses.field(default=0, compare=False)  # bumped by every observation
     _cache: dict = dataclasses.field(default_factory=dict, init=False, repr=False, compare=False)
 
     @classmethod
     def from_prior(cls, prior: np.ndarray, tokens: int = 0) -> "PrefixEstimate":
         prior = np.asarray(prior, dtype=np.float64)
-        return cls(prior.copy(), np.full(prior.size, INITIAL_WEIGHT), tokens)
+        return cls(prior.copy(), np.full(prior.size, INITIAL_WEIGHT), tokens, origin=prior.copy(),
+                   prior_share=np.ones(prior.size))
 
     @property
     def depth(self) -> int:
@@ -124,26 +136,42 @@ class PrefixEstimate:
         w = self.aged_weight(tokens)
         seen = ~np.isnan(obs)
         self.mean[seen] += (obs[seen] - self.mean[seen]) / (w[seen] + 1.0)
+        if self.prior_share is not None:
+            self.prior_share[seen] *= w[seen] / (w[seen] + 1.0)
         w[seen] = np.minimum(w[seen] + 1.0, WEIGHT_CAP)
         self.weight = w
         self.tokens_at = max(self.tokens_at, tokens)
+        self.revision += 1
         self._cache.clear()
 
-    def means(self) -> np.ndarray:
-        cached = self._cache.get("means")
-        if cached is None:
-            cached = self._cache["means"] = _frozen(monotone(self.mean))
-        return cached
+    def _pooled_mean(self, pool: "PrefixEstimate | None") -> np.ndarray:
+        """The mean with its starting share moved from the origin to `pool`'s mean."""
+        if pool is None or self.origin is None:
+            return self.mean
+        return self.mean + self.prior_share * (pool.mean - self.origin)
 
-    def optimistic(self, tokens: int) -> np.ndarray:
-        cached = self._cache.get("optimistic")
-        if cached is None or cached[0] != tokens:
+    def means(self, pool: "PrefixEstimate | None" = None) -> np.ndarray:
+        """Prefix-survival means (made non-increasing); hierarchical when a `pool` is given."""
+        key = ("means", None if pool is None else (id(pool), pool.revision))
+        cached = self._cache.get(key[0])
+        if cached is None or cached[0] != key:
+            cached = self._cache[key[0]] = (key, _frozen(monotone(self._pooled_mean(pool))))
+        return cached[1]
+
+    def optimistic(self, tokens: int, pool: "PrefixEstimate | None" = None) -> np.ndarray:
+        """min(1, mean + sqrt(ln 20 / (2 * aged weight))), on the same (pooled) mean."""
+        key = ("optimistic", tokens, None if pool is None else (id(pool), pool.revision))
+        cached = self._cache.get(key[0])
+        if cached is None or cached[0] != key:
             bonus = np.sqrt(OPTIMISM_NUMERATOR / (2.0 * self.aged_weight(tokens)))
-            cached = self._cache["optimistic"] = (tokens, _frozen(monotone(np.minimum(1.0, self.mean + bonus))))
+            value = _frozen(monotone(np.minimum(1.0, self._pooled_mean(pool) + bonus)))
+            cached = self._cache[key[0]] = (key, value)
         return cached[1]
 
     def copy(self) -> "PrefixEstimate":
-        return PrefixEstimate(self.mean.copy(), self.weight.copy(), self.tokens_at)
+        return PrefixEstimate(self.mean.copy(), self.weight.copy(), self.tokens_at,
+                              origin=None if self.origin is None else self.origin.copy(),
+                              prior_share=None if self.prior_share is None else self.prior_share.copy())
 
 
 def _frozen(a: np.ndarray) -> np.ndarray:

@@ -406,3 +406,41 @@ def test_lane_ceilings_carry_prices_to_the_device_allocation():
                key=lambda c: c.score)
     assert [lane.ceiling for lane in best.lanes] == [4, 4]
     assert [lane.expected_tokens for lane in best.lanes] == pytest.approx([2.7, 1.9])
+
+
+@spec("confidence-acceptance/prior-init", "confidence-acceptance/ordinary-means")
+def test_thin_evidence_is_read_from_the_pooled_population_estimate():
+    """Two requests start from the prior 0.5**d (weight 2). Only rid 0 is served, a width-four
+    round accepting all three proposals. The pool of completed observations moves each depth to
+    (2 * 0.5**d + 1) / 3. Rid 0's own mean moves to the same value, all its starting share
+    (2/3) now read at the pool: (2/3) * pool + 1/3. Rid 1 has no evidence of its own, so
+    selection prices it at the pool, not at the prior it was admitted with; the stored estimate
+    keeps the spec's arithmetic."""
+    from helios_jax.scheduler.speculation import initial_prior
+
+    s = scheduler(SPEC)
+    served = s.admit([1] * 8, max_output=500)
+    idle = s.admit([1] * 8, max_output=500)
+    t, fence = 0.0, 1
+    while any(r.phase.value != "decode" for r in s.requests.values()):
+        _, _, t = run_once(s, fence, t)
+        fence += 1
+    tokens = len(s.requests[served.rid].output)
+    for r in s.requests.values():  # restart both at the prior, aged to now
+        r.acceptance.estimates[SOURCE_LEARNED] = PrefixEstimate.from_prior(initial_prior(7), len(r.output))
+    s.acceptance_pools[SOURCE_LEARNED] = PrefixEstimate.from_prior(initial_prior(7))
+    req = s.requests[served.rid]
+    from helios_jax.scheduler.speculation import acceptance_observations
+
+    obs = acceptance_observations(7, offered=3, accepted=3)
+    req.acceptance.get(SOURCE_LEARNED).observe(obs, tokens)
+    s.acceptance_pools[SOURCE_LEARNED].observe(obs, 0)
+    prior = initial_prior(7)
+    pool = prior.copy()
+    pool[:3] = (2 * prior[:3] + 1) / 3
+    views = {v.rid: v for v in s.views()}
+    np.testing.assert_allclose(views[idle.rid].survival, pool)
+    own = prior.copy()
+    own[:3] = 2 / 3 * pool[:3] + 1 / 3
+    np.testing.assert_allclose(views[served.rid].survival, own)
+    np.testing.assert_allclose(s.requests[idle.rid].acceptance.get(SOURCE_LEARNED).mean, prior)
