@@ -100,3 +100,33 @@ def test_cancellation_frees_the_slot_and_reservations_match_the_pool(engine):
     assert not engine.scheduler.requests and not engine.scheduler.owned_pages()
     events, tokens = run(engine, "c1", tok.encode("import os\n"), max_tokens=8, temperature=0.0)
     assert tokens == offline_greedy(tok.encode("import os\n"), len(tokens))  # the reused slot starts clean
+
+
+@spec("prerequisites/all-shape-pairs")
+def test_a_request_for_prompt_scores_runs_behind_initialize(engine):
+    """Echo + logprobs: the engine initializes every request, and the pair search must pair
+    INITIALIZE with scored prefill, or the request never runs. Its prompt log-probabilities
+    equal log-softmax of the full forward's logits (the first token has none), and its output
+    is plain greedy decoding."""
+    tok = tokenizer()
+    prompt = tok.encode("def add(a, b):\n    return a + b\n")
+    done = []
+
+    def consume():
+        done.append(run(engine, "p0", prompt, max_tokens=4, temperature=0.0, prompt_logprobs=True))
+
+    import threading
+
+    worker = threading.Thread(target=consume, daemon=True)
+    worker.start()
+    worker.join(timeout=120)
+    assert done, "the scored request never completed"
+    events, tokens = done[0]
+    assert tokens == offline_greedy(prompt, len(tokens))
+    scores = events[0].prompt_logprobs
+    assert scores is not None and len(scores) == len(prompt) and scores[0] is None
+    buf = np.zeros(BUFFER, np.int32)
+    buf[: len(prompt)] = prompt
+    logp = np.asarray(jax.nn.log_softmax(_logits(jnp.asarray(buf)), axis=-1))
+    want = [float(logp[i - 1, prompt[i]]) for i in range(1, len(prompt))]
+    np.testing.assert_allclose(scores[1:], want, atol=1e-4)
