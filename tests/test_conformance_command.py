@@ -38,13 +38,17 @@ def _catalog(**keywords):
     return Catalog.from_json(catalog_family.build(**keywords))
 
 
-def test_more_requests_than_slots_are_not_achievable_rather_than_failed():
+def test_more_requests_than_slots_are_not_achievable_rather_than_failed(monkeypatch):
     """Sixteen startup requests on eight request slots: eight are never admitted (no slot frees),
     which is the catalog's limit, not the scheduler's failure (it used to read "first output inf")."""
     eight = _catalog(slots=8, R=32)
     assert "request slots" in checks.startup_achievability(eight, 16)
     assert checks.startup_achievability(eight, 5) is None
+    ran = []
+    monkeypatch.setattr(checks, "startup_trace", lambda catalog, policy, n, *args: ran.append(n) or checks.Result(
+        "startup", "run", "pass", ""))
     rows = {r.check: r for r in checks.startup_checks(eight, PolicyConfig()) if r.check.startswith("16 requests")}
+    assert ran == [5] * 6  # only the five-request traces run
     assert len(rows) == 6 and all(r.verdict == "not achievable" for r in rows.values())
     assert "16 requests > 8 request slots" in rows["16 requests, 7 accepted drafts, preseeded"].figure
 
