@@ -150,7 +150,7 @@ def startup_trace(catalog: Catalog, policy: PolicyConfig, requests: int, accepte
               + (f" over {window['rounds']} rounds in {window['cycles']} cycles" if window else ""))
     if failed:
         figure = "; ".join(failed) + f" ({figure})"
-    details = {"first_output_ms": first, "largest_gap_ms": gap, "spread_tokens": spread,
+    details = {"first_output_ms": first if math.isfinite(first) else None, "largest_gap_ms": gap, "spread_tokens": spread,
                "spread_window": result.spread_window,
                "failed": [b for b, bad in (("first output", first > FIRST_OUTPUT_MS), ("gap", gap >= GAP_MS),
                                            ("spread", spread is None or spread > SPREAD_TOKENS)) if bad]}
