@@ -187,6 +187,7 @@ class Scheduler:
         proposal_source: str = SOURCE_LEARNED,
         acceptance_history: dict[str, PrefixEstimate] | None = None,
         width_limit: int | None = None,
+        forecast_history: PrefixEstimate | None = None,
     ) -> Handle:
         """Make a request resident; raises ResourceError when no slot or pages are free.
 
@@ -203,6 +204,7 @@ class Scheduler:
           acceptance_history: optional preseeded estimates per source.
           width_limit: grammar or stop restrictions on one round: at most this many target rows
             (pending token included); None for none. :meth:`restrict_width` changes it later.
+          forecast_history: an optional preseeded confidence forecast (copied).
 
         A prompt that extends a stored checkpoint starts with a RESTORE of it and is charged only
         its uncached tokens.
@@ -249,7 +251,8 @@ class Scheduler:
             sampling=sampling, proposal_source=proposal_source, pages=pages, admitted_ns=self.now_ns,
             history=service.ServiceHistory(),
             acceptance=AcceptanceHistory(self.acceptance_priors, preseeded=acceptance_history),
-            forecast=PrefixEstimate.from_prior(self.forecast_prior.mean), width_limit=width_limit,
+            forecast=(PrefixEstimate.from_prior(self.forecast_prior.mean) if forecast_history is None
+                      else forecast_history.copy()), width_limit=width_limit,
         )
         hit = self.checkpoints.lookup(prompt) if self.captures_enabled and not spans else None
         if windows:

@@ -5,9 +5,13 @@
 
 Durations come from the catalog (``--costs=measured`` feeds each entry one synthetic observation
 before the trace starts, as the spec's measured synthetic catalog traces assume; ``cold`` leaves
-them indeterminate so discovery runs). Prints a one-line summary; the JSON holds per-request
-first output, largest gap between visible outputs and output tokens, the progress spread over the
-final rounds, executions and time per class, and selections per graph kind.
+them indeterminate so discovery runs; ``--acceptance_history=preseeded`` starts every request's
+acceptance estimate and confidence forecast at the acceptance model's survival). Prints a one-line
+summary; the JSON holds per-request first output, largest gap between visible outputs (including
+the wait still open at the end) and output tokens, the progress spread over whole rotation cycles
+of at least ``--rounds`` generation rounds and its window, executions and time per class, each
+exploration episode's paid interval, and selections per graph kind (``helios_jax/simulation.py``
+defines each measurement).
 """
 from __future__ import annotations
 
@@ -28,7 +32,7 @@ flags.DEFINE_list("output_tokens", ["100000"], "output limits (cycled over reque
 flags.DEFINE_integer("accepted_drafts", 3, "accepted proposals per round (-1: use --acceptance_probs)")
 flags.DEFINE_list("acceptance_probs", [], "per-position conditional acceptance probabilities")
 flags.DEFINE_enum("acceptance_history", "untrained", ["untrained", "preseeded"], "initial acceptance estimates")
-flags.DEFINE_integer("rounds", 100, "generation rounds measured after every first output")
+flags.DEFINE_integer("rounds", 100, "generation rounds the spread window spans at least (whole cycles)")
 flags.DEFINE_enum("policy", "balanced", ["balanced", "throughput"], "scheduler policy preset")
 flags.DEFINE_enum("mode", None, ["ordinary", "fixed", "adaptive"], "decode mode (default: from the catalog)")
 flags.DEFINE_enum("costs", "measured", ["measured", "cold"], "start measured or indeterminate")
@@ -57,6 +61,7 @@ def main(argv):
     gaps = [r["max_gap_ms"] for r in out["requests"]]
     print(json.dumps({"requests": len(out["requests"]), "max_first_output_ms": max(firsts, default=None),
                       "max_gap_ms": max(gaps, default=None), "progress_spread_tokens": out["progress_spread_tokens"],
+                      "spread_window": out["spread_window"],
                       "virtual_ms": out["virtual_ms"], "executions": out["executions"],
                       "selections": out["selections"]}))
     if FLAGS.json_out:
