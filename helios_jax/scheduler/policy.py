@@ -45,7 +45,7 @@ from helios_jax.catalog import (MAX_REQUEST_SLOTS, Allocation, DecodeMode, Graph
 from helios_jax.scheduler import utility
 from helios_jax.scheduler.config import PolicyConfig
 from helios_jax.scheduler.cost import CostModel
-from helios_jax.scheduler.rounds import prefix_allocation_order
+from helios_jax.scheduler.rounds import allocate_prefix_rows, prefix_allocation_order
 from helios_jax.scheduler.speculation import expected_output_table, monotone
 from helios_jax.scheduler.view import Candidate, Lane, LaneRole, Phase, RequestView
 
@@ -439,42 +439,48 @@ class _Selection:
 
         The host ranks its own rows by marginal value. The device ranks its causal frontier by
         joint prefix probability (the forecast), never by host prices, within the lane
-        ceilings; the ceilings are the only way prices reach its allocation. So a device program
-        is priced twice: with maximal ceilings (min(D + 1, W, request limit): the device's
-        confidence allocates) and with ceilings set to the allocation a price-aware frontier
-        would make, ranking each lane's forecast times its output price; those ceilings fit P,
-        so the device allocates exactly them. Equal prices rank like the device, and the
-        maximal ceilings stay; the priced ceilings are used only when they are worth strictly
-        more. Frozen prices never reorder the frontier the device itself ranks.
+        ceilings, and the ceilings are the only way prices reach its allocation
+        (:meth:`_price_ceilings`).
         """
         d = self.decoders
         t = self.duration(g) or 0.0
         base = d.po + d.base + d.age_rate * t
         depth = d.extension.shape[1]
         by_slot = np.argsort(d.slot, kind="stable")
-
-        def solve(key):
-            al, ad = prefix_allocation_order(key[by_slot], np.minimum(widths[by_slot], depth + 1))
-            return utility.adaptive_ragged(base, d.extension, widths, by_slot[al], ad, g.batch_capacity,
-                                           g.target_capacity)
-
-        if not device:
-            total, cohort, alloc = solve(d.extension)
-            ceilings = None
-        else:
-            priced = solve(d.po[:, None] * d.forecast)
-            total, cohort, alloc = solve(d.forecast)
-            ceilings = widths
-            if priced[1] and (not cohort or priced[0] > total + utility.REL_TIE * max(1.0, abs(total))):
-                total, cohort, alloc = priced
-                ceilings = alloc
+        key = d.forecast if device else d.extension
+        al, ad = prefix_allocation_order(key[by_slot], np.minimum(widths[by_slot], depth + 1))
+        _, cohort, alloc = utility.adaptive_ragged(base, d.extension, widths, by_slot[al], ad, g.batch_capacity,
+                                                   g.target_capacity)
         if not cohort:
             return None
+        ceilings = self._price_ceilings(cohort, widths, alloc, g.target_capacity) if device else None
         numerator = float(sum(d.po[i] * d.expected[i, alloc[i]] + d.base[i] for i in cohort))
         work = tuple((int(d.rid[i]), int(ceilings[i] if device else alloc[i])) for i in cohort)
         sig = (g.kind, device, g.proposal_depth, work)
         return self.row(g, numerator, len(cohort) * d.age_rate, sig,
                         lambda: d.lanes(cohort, alloc, t, ceilings=ceilings))
+
+    def _price_ceilings(self, cohort: list[int], widths: np.ndarray, alloc: np.ndarray, rows: int) -> np.ndarray:
+        """Lane ceilings for a device-allocated cohort; updates `alloc` to the rows they give.
+
+        Maximal ceilings are min(D + 1, W, request limit). A price-aware frontier would rank each
+        lane's forecast times its output price; a lane to which it gives fewer rows than the
+        device's own frontier has its ceiling lowered to that many, so the rows it would take
+        go to the lanes prices favour, while those keep maximal ceilings and the device's
+        confidence still allocates among them. Equal prices rank like the device: every ceiling
+        stays maximal. (With equal confidences the device would otherwise give every tie to the
+        lowest slot, every round.)
+        """
+        d = self.decoders
+        idx = np.array(sorted(cohort, key=lambda i: d.slot[i]))
+        active = np.ones(idx.size, dtype=bool)
+        priced = allocate_prefix_rows(d.po[idx, None] * d.forecast[idx], widths[idx], active, rows)
+        ceilings = widths.copy()
+        ceilings[idx] = np.where(priced < alloc[idx], priced, widths[idx])
+        if np.array_equal(ceilings[idx], widths[idx]):
+            return ceilings
+        alloc[idx] = allocate_prefix_rows(d.forecast[idx], ceilings[idx], active, rows)
+        return ceilings
 
     # -- prefill ----------------------------------------------------------------------------
     def prefill(self) -> list[ScoredRow]:

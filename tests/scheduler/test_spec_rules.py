@@ -383,11 +383,11 @@ def test_lane_ceilings_carry_prices_to_the_device_allocation():
     """Equal survival (0.9, 0.8, 0.7) and equal forecasts (0.9, 0.81, 0.729), P = 5 rows for
     two lanes. Rid 0 is behind (x = 0.5: output price 64 + 16/0.5 = 96), rid 1 ahead (x = 4:
     68). The device splits tied forecasts by slot: rows 0.9 (rid 0), 0.9 (rid 1), 0.81 (rid 0)
-    -> [3, 2], worth 96 * 2.7 + 68 * 1.9 = 388.4 (delivery and age terms equal). A price-aware
-    frontier ranks 96 * (0.9, 0.81, 0.729) = 86.4, 77.8, 70.0 all above rid 1's 68 * 0.9 = 61.2
-    -> [4, 1], worth 96 * 3.4 + 68 = 394.4: the plan lowers the ceilings to [4, 1] (sum 5 <= P,
-    so the device allocates exactly that). With equal prices both rankings agree, and the
-    ceilings stay maximal, min(D + 1, W, request limit) = 4 each, summing above P."""
+    -> [3, 2]. A price-aware frontier ranks 96 * (0.9, 0.81, 0.729) = 86.4, 77.8, 70.0 all
+    above rid 1's 68 * 0.9 = 61.2 -> [4, 1]: rid 1 gets fewer rows there than from the device,
+    so its ceiling drops to 1 and the device gives rid 0 its full width: [4, 1]. With equal
+    prices both rankings agree and the ceilings stay maximal, min(D + 1, W, request limit) = 4
+    each, summing above P."""
     from helios_jax.scheduler import policy
 
     from .helpers import decoder, inputs
