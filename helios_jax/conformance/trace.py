@@ -14,7 +14,7 @@ import collections
 import pathlib
 import sys
 
-from helios_jax.conformance.open_rules import OPEN
+from helios_jax.conformance.open_rules import DEVIATIONS, OPEN, SCHEDULER_ONLY
 from helios_jax.conformance.rules import rules
 
 DOC = pathlib.Path("docs") / "conformance.md"
@@ -43,8 +43,10 @@ def collect(tests: str = "tests") -> dict[str, set[str]]:
 
 
 def status(rule, markers) -> str:
+    if rule.id in DEVIATIONS:
+        return "deviation"
     if markers.get(rule.id):
-        return "checked"
+        return "scheduler-only" if rule.id in SCHEDULER_ONLY else "checked"
     if rule.check == "doc":
         return "descriptive"
     if rule.id in OPEN:
@@ -63,8 +65,13 @@ def render(markers: dict[str, set[str]]) -> str:
         "rule, or when a checkable rule has no test and is not listed as open",
         "(`helios_jax/conformance/open_rules.py`). Rule texts: [spec/RULES.md](spec/RULES.md).",
         "",
-        f"{len(all_rules)} rules: {counts['checked']} checked by tests, {counts['descriptive']} descriptive "
-        f"(`doc`), {counts['open']} open.",
+        "Statuses: *checked* (a test carries the rule's id and fails when the implementing code",
+        "changes: [mutation.md](mutation.md)); *scheduler-only* (implemented and tested, but switched off",
+        "in serving); *deviation* (the implementation departs from the spec's text, with the reason);",
+        "*descriptive* (`doc` rules); *open* (no test, with the reason).",
+        "",
+        f"{len(all_rules)} rules: {counts['checked']} checked, {counts['scheduler-only']} scheduler-only, "
+        f"{counts['deviation']} deviation, {counts['descriptive']} descriptive (`doc`), {counts['open']} open.",
         "",
     ]
     section = None
@@ -73,8 +80,12 @@ def render(markers: dict[str, set[str]]) -> str:
             section = r.section
             lines += ["", f"## {section}", "", "| rule | check | status | tests |", "| --- | --- | --- | --- |"]
         st = status(r, markers)
-        if st == "checked":
+        if st in ("checked", "scheduler-only", "deviation") and markers.get(r.id):
             tests = "<br>".join(f"`{t}`" for t in sorted(markers[r.id]))
+            if st != "checked":
+                tests = f"{(SCHEDULER_ONLY if st == 'scheduler-only' else DEVIATIONS)[r.id]}<br>{tests}"
+        elif st == "deviation":
+            tests = DEVIATIONS[r.id]
         elif st == "open":
             tests = OPEN[r.id]
         elif st == "descriptive":
@@ -92,7 +103,9 @@ def problems(markers: dict[str, set[str]]) -> list[str]:
     out += [f"{rule_id}: listed as open but checked by {sorted(markers[rule_id])[0]}" for rule_id in OPEN
             if markers.get(rule_id)]
     known = {r.id for r in rules()}
-    out += [f"{rule_id}: open entry for an unknown rule" for rule_id in OPEN if rule_id not in known]
+    for name, table in (("open", OPEN), ("scheduler-only", SCHEDULER_ONLY), ("deviation", DEVIATIONS)):
+        out += [f"{rule_id}: {name} entry for an unknown rule" for rule_id in table if rule_id not in known]
+    out += [f"{rule_id}: scheduler-only but no test checks it" for rule_id in SCHEDULER_ONLY if not markers.get(rule_id)]
     return out
 
 
