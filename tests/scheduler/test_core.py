@@ -487,3 +487,43 @@ def test_metrics_exposition():
     assert 'helios_scheduler_executions_total{class="ordinary"} 3' in text
     assert "helios_speculative_programs_total 2" in text
     assert 'helios_speculative_accepted_by_position_total{position="1"} 2' in text
+
+
+@spec("confidence-acceptance/prior-update", "confidence-acceptance/half-life", "confidence-acceptance/initial-weight")
+def test_completed_rounds_move_the_population_priors_a_sixty_fourth():
+    """ragged-small's device program (B=4, W=4, D=3, P=8): four decoders, ceilings 4, each lane
+    offered 2 proposals and accepted 1, sidecar joint probabilities [0.9, 0.5, 0.2].
+
+    Each lane moves the learned-acceptance prior 1/64 toward its observation [1, 0, -] and the
+    forecast prior 1/64 toward [0.9, 0.5, 0.2]; four lanes: m = x - (x - 0.5**d) * (63/64)**4.
+    A request admitted afterwards starts from those priors with weight 2. The observing lanes
+    had generated 3 tokens (1 from the prefill, 2 now): their own weight 2 aged to
+    w = 2 * 0.5**(3/128) before the observation, so depth 1 holds (w*0.5 + 1)/(w + 1).
+    """
+    device_only = dataclasses.replace(RAGGED, graphs=tuple(
+        g for g in RAGGED.graphs if g.kind is GraphKind.PREFILL
+        or (g.allocation is not None and g.allocation.value == "prefix_limit")))
+    s = scheduler(device_only)
+    first = [s.admit([1] * 8, max_output=100) for _ in range(4)]
+    t = 0.0
+    for fence in range(1, 5):
+        _, _, t = run_once(s, fence, t)
+    s.advance_to(int(t * MS))
+    plan = s.plan()
+    assert plan.graph.allocation.value == "prefix_limit" and len(plan.lanes) == 4
+    s.commit(plan, 5)
+    recs = [CompletionRecord(l.handle, l.epoch, tokens=(5, 5), offered=2, accepted=1) for l in plan.lanes]
+    sidecar = np.zeros((2, RAGGED.request_slots, 3), np.float32)
+    sidecar[1, :, :] = [0.9, 0.5, 0.2]
+    s.complete_packed_round(5, recs, timing(4.7), sidecar)
+    keep = (63 / 64) ** 4
+    late = s.requests[s.admit([1] * 8, max_output=100).rid]
+    learned = late.acceptance.get(late.proposal_source)
+    np.testing.assert_allclose(learned.mean, [1 - 0.5 * keep, 0.25 * keep, 0.125])
+    np.testing.assert_allclose(learned.weight, [2, 2, 2])
+    x = np.array([0.9, 0.5, 0.2], np.float32).astype(float)
+    np.testing.assert_allclose(late.forecast.mean, x - (x - [0.5, 0.25, 0.125]) * keep)
+    w = 2 * 0.5 ** (3 / 128)
+    observed = s.requests[first[0].rid].acceptance.get(late.proposal_source)
+    np.testing.assert_allclose(observed.mean, [(w * 0.5 + 1) / (w + 1), w * 0.25 / (w + 1), 0.125])
+    np.testing.assert_allclose(observed.weight, [w + 1, w + 1, w])

@@ -302,3 +302,39 @@ def test_throughput_preset_drops_age_and_delivery_terms():
     c = choose([decoder(1, age_ms=1e6, policy_config=thr)], policy_config=thr, **ORD)
     # Without age and delivery, the value is the output token alone: (64 + 8) / 3.531 ms.
     assert c.score * math.exp(c.log_scale) == pytest.approx(72.0 / 3.531)
+
+
+@spec("confidence-acceptance/alpha-exponent")
+def test_alpha_raises_every_survival_estimate_in_the_score():
+    """adaptive_verification_alpha = 2, one decoder with survival 0.9**d, x = 2, z = 0.25, A = 10.
+
+    The host program B=1 W=8 (5.442 ms) expects E = 1 + sum_{d=1..7} 0.81**d = 4.287884 tokens
+    (alpha 1 would give 5.217031). K = 1 and sigma = 3.581 ms (B=1 W=1), so its score is
+    (72*E + 16 + 0.1*3.581*(10 + 5.442))/5.442 - 5.442/2*0.1 = 60.414676.
+    """
+    squared = PolicyConfig(adaptive_verification_alpha=2.0)
+    view = decoder(1, survival=geometric(0.9), policy_config=squared)
+    w8 = next(c for c in policy.candidates(inputs([view], policy_config=squared))
+              if c.graph.name == "speculative[B=1,W=8,D=7,C=0,P=8]")
+    assert w8.lanes[0].query_length == 8
+    assert w8.lanes[0].expected_tokens == pytest.approx(4.2878841, rel=1e-7)
+    assert w8.score * math.exp(w8.log_scale) == pytest.approx(60.414676, rel=1e-7)
+
+
+@spec("confidence-acceptance/alpha-exponent")
+def test_alpha_ranks_the_rows_of_a_host_ragged_program():
+    """ragged-small's host program B=4, W=4, P=6 in adaptive mode; alpha = 2; two decoders with
+    survival 0.8**d: lane 0 at x = 0.5 (output price 64 + 32 = 96), lane 1 at x = 2 (72).
+
+    Four extension rows fit beside the two pending rows. Their values are price * s_d**alpha:
+    lane 0: 61.44, 39.32, 25.17; lane 1: 46.08, 29.49, 18.87, so each lane gets two proposals
+    (3 rows, E = 1 + 0.64 + 0.4096 = 2.0496). With alpha 1 (76.8, 61.44, 49.15 against 57.6,
+    46.08, 36.86) lane 0 would take all three proposals and lane 1 one.
+    """
+    squared = PolicyConfig(adaptive_verification_alpha=2.0)
+    views = [decoder(0, x=0.5, survival=geometric(0.8, 3), policy_config=squared),
+             decoder(1, x=2.0, survival=geometric(0.8, 3), policy_config=squared)]
+    c = next(c for c in policy.candidates(inputs(views, catalog=RAGGED, policy_config=squared))
+             if c.graph.name == "speculative[B=4,W=4,D=3,C=0,P=6]")
+    assert sorted((l.rid, l.query_length) for l in c.lanes) == [(0, 3), (1, 3)]
+    assert [l.expected_tokens for l in c.lanes] == pytest.approx([2.0496, 2.0496])
