@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 
 from helios_jax.catalog import Allocation, DecodeMode, GraphKind
-from helios_jax.scheduler import policy
+from helios_jax.scheduler import policy, utility
 from helios_jax.scheduler.config import PolicyConfig
 from helios_jax.scheduler.cost import CostModel
+from helios_jax.scheduler.rounds import prefix_allocation_order
 from helios_jax.scheduler.view import LaneRole
 
 from .helpers import (ORDINARY, POLICY, RAGGED, SPEC, choose, decoder, geometric, inputs, measured,
@@ -338,3 +339,31 @@ def test_alpha_ranks_the_rows_of_a_host_ragged_program():
              if c.graph.name == "speculative[B=4,W=4,D=3,C=0,P=6]")
     assert sorted((l.rid, l.query_length) for l in c.lanes) == [(0, 3), (1, 3)]
     assert [l.expected_tokens for l in c.lanes] == pytest.approx([2.0496, 2.0496])
+
+
+def _adaptive(base, extension, ceilings, batch, rows):
+    """utility.adaptive_ragged with host allocation: extension rows by marginal value."""
+    base, extension, ceilings = np.array(base, float), np.array(extension, float), np.array(ceilings)
+    lanes, depths = prefix_allocation_order(extension, ceilings)
+    total, cohort, alloc = utility.adaptive_ragged(base, extension, ceilings, lanes, depths, batch, rows)
+    return total, cohort, alloc.tolist()
+
+
+@spec("useful-service/adaptive-orderings", "useful-service/adaptive-causal-pricing")
+@pytest.mark.parametrize("case, base, extension, ceilings, batch, rows, expect", [
+    # Total lane value: lane 1 is worth 1 + 3*3 = 10 alone; lane 0 has the higher pending value
+    # (5) and value per row (5 against 2.5), so only the total ordering reaches 10.
+    ("total", [5, 1], [[0, 0, 0], [3, 3, 3]], [1, 4], 1, 4, (10.0, [1], [0, 4])),
+    # Pending-token value: totals 20, 12, 16 and values per row 6.7, 4, 5.3 both start with
+    # lanes 0 and 2 (best 20: lane 0 with both proposals). By pending value lanes 1 and 0
+    # take the three rows: 9 + 6 + lane 0's first proposal 8 = 23.
+    ("pending", [6, 9, 3], [[8, 6], [3, 0], [8, 5]], [3, 3, 3], 2, 3, (23.0, [0, 1], [2, 1, 0])),
+    # Value per target row: lane 0 (3 per row, one row) and lane 1 (7 over 3 rows) fill P = 3
+    # best: 3 + 2 + 2.5 = 7.5. By total (7, 5.5, 3) the best prefix is 7 (lane 1 alone, or
+    # lanes 1 and 2: 4.5 + 2.5); by pending value (3, 2.5, 2) lanes 0 and 2 give 5.5 + 1.5 = 7.
+    ("per-row", [3, 2, 2.5], [[0, 0], [2.5, 2.5], [1.5, 1.5]], [1, 3, 3], 2, 3, (7.5, [0, 1], [1, 2, 0])),
+])
+def test_adaptive_ragged_searches_three_orderings(case, base, extension, ceilings, batch, rows, expect):
+    """Each case is won by exactly one of the three bounded orderings."""
+    total, cohort, alloc = _adaptive(base, extension, ceilings, batch, rows)
+    assert (total, cohort, alloc) == (pytest.approx(expect[0]), expect[1], expect[2])
