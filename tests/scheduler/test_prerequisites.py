@@ -128,11 +128,26 @@ def test_terminal_row_of_a_two_stage_sequence_by_hand():
     assert c.score * scale == pytest.approx(113.344627, rel=1e-7)
 
 
+def _sequence_score(snapshot_ms):
+    """Snapshot, then decode B=4 (3.624 ms) of all three streams, by hand. K = 3, so sigma =
+    3 * 3.624/3 (decode B=4 is the fastest per stream); U = snapshot + 3.624 ms. The newly ready
+    stream is priced with its own reference U: 88 + 0.1*U*(10 + U); each ready decoder
+    88 + 0.1*3.624*(10 + U). Score: sum / U - U/2 * 0.3."""
+    u = snapshot_ms + 3.624
+    return (88 + 0.1 * u * (10 + u) + 2 * (88 + 0.1 * 3.624 * (10 + u))) / u - u / 2 * 0.3
+
+
+# Decode B=2 of the two ready decoders, 3.562 ms: 2*(88 + 0.1*3.624*(10 + 3.562))/3.562 - 3.562/2*0.3.
+SHARED_DECODE_ALTERNATIVE = 2 * (88 + 0.1 * 3.624 * 13.562) / 3.562 - 3.562 / 2 * 0.3  # 51.635755
+
+
 @spec("verification/snapshot-cost-sweep")
-@pytest.mark.parametrize("snapshot_ms, shared_wins", [(0.3, True), (400.0, False)])
+@pytest.mark.parametrize("snapshot_ms, shared_wins", [(0.3, True), (1.73, True), (1.83, False), (400.0, False)])
 def test_snapshot_cost_decides_whether_enabling_a_shared_batch_wins(snapshot_ms, shared_wins):
-    """A stream blocked behind a window snapshot and two ready decoders: the sequence
-    (snapshot, then decode of all three) wins only when its whole value per time is higher."""
+    """A stream blocked behind a window snapshot and two ready decoders (x = 2, z = 0.25,
+    A = 10 each): the sequence (snapshot, then decode of all three) wins only while its whole
+    value per time beats decoding the two ready streams, which by the formulas above holds up to
+    a snapshot cost of 1.7814 ms; the sweep brackets that break-even point by 3%."""
     costs = CostModel()
     for g in ORDINARY.graphs:
         ms = snapshot_ms if g.kind is GraphKind.SNAPSHOT else g.duration_ms
@@ -140,8 +155,14 @@ def test_snapshot_cost_decides_whether_enabling_a_shared_batch_wins(snapshot_ms,
     views = [blocked(1, [GraphKind.SNAPSHOT], Phase.DECODE), decoder(2), decoder(3)]
     c = choose(views, costs=costs, **ORD)
     assert (c.kind is GraphKind.SNAPSHOT) == shared_wins
-    if not shared_wins:
+    assert (_sequence_score(snapshot_ms) > SHARED_DECODE_ALTERNATIVE) == shared_wins
+    score = c.score * math.exp(c.log_scale)
+    if shared_wins:
+        assert c.following.graph.name == "decode[B=4,W=1,D=0,C=0,P=4]" and sorted(c.following.rids) == [1, 2, 3]
+        assert score == pytest.approx(_sequence_score(snapshot_ms))
+    else:
         assert c.kind is GraphKind.DECODE and sorted(c.rids) == [2, 3]
+        assert score == pytest.approx(SHARED_DECODE_ALTERNATIVE)
 
 
 @spec("prerequisites/continuation-value", "prerequisites/continuation-images")
