@@ -22,7 +22,7 @@ def test_every_kind_the_spec_names_loads():
     assert kinds == set(GraphKind)
 
 
-@spec("speculative-coverage/bdwp-identity", "speculative-coverage/extents-explicit",
+@spec("speculative-coverage/bdwp-identity",
       "speculative-coverage/wp-not-imply-d", "duration-estimates/cost-key", "duration-estimates/no-relabel")
 def test_speculative_identity_is_all_four_extents():
     a = GraphDescriptor(GraphKind.SPECULATIVE, 4, token_capacity=4, proposal_depth=3, target_capacity=16,
@@ -31,6 +31,33 @@ def test_speculative_identity_is_all_four_extents():
     assert a.key != deeper.key
     check(**{f.name: getattr(deeper, f.name) for f in dataclasses.fields(deeper)})
     assert {a.key.batch_capacity, a.key.proposal_depth, a.key.token_capacity, a.key.target_capacity} == {4, 3, 16}
+
+
+@spec("speculative-coverage/extents-explicit")
+@pytest.mark.parametrize("width", [1, 4])
+@pytest.mark.parametrize("field", ["batch_capacity", "token_capacity", "proposal_depth", "target_capacity"])
+def test_a_speculative_entry_declares_all_four_extents(width, field):
+    """Loading refuses a speculative entry that leaves out B, W, D or P, naming the graph and the
+    field; even width one's D = 0 is declared, never defaulted."""
+    obj = shipped_catalog().to_json()
+    entry = next(g for g in obj["graphs"] if g["kind"] == "speculative" and g["batch_capacity"] == 2
+                 and g["token_capacity"] == width)
+    assert {"batch_capacity", "token_capacity", "proposal_depth", "target_capacity"} <= set(entry)
+    del entry[field]
+    with pytest.raises(ValueError, match=rf"graph speculative\[B=.*\]: field '{field}': .*all four extents"):
+        Catalog.from_json(obj)
+
+
+@spec("speculative-coverage/extents-explicit")
+def test_saved_catalogs_declare_every_speculative_extent(tmp_path):
+    width_one = GraphDescriptor(GraphKind.SPECULATIVE, 2, token_capacity=1, proposal_depth=0, target_capacity=2,
+                                allocation=Allocation.QUERY_LENGTH)
+    cat = Catalog("w1", "speculative", 8, 2, (width_one,))
+    cat.save(tmp_path / "w1.json")
+    entry = json.loads((tmp_path / "w1.json").read_text())["graphs"][0]
+    assert (entry["batch_capacity"], entry["token_capacity"], entry["proposal_depth"], entry["target_capacity"]) \
+        == (2, 1, 0, 2)
+    assert Catalog.load(tmp_path / "w1.json") == cat
 
 
 @spec("speculative-coverage/rectangular-p", "speculative-coverage/rectangular-envelope",
