@@ -455,22 +455,33 @@ def test_an_overrun_suspends_queueing_without_ineligibility():
     assert s.plan().graph == plan.graph  # the same program stays eligible
 
 
-@spec("duration-estimates/unknown-needs-empty", "duration-estimates/commit-freshness")
-def test_a_saved_plan_rechecks_freshness_at_commit():
-    s = scheduler()
+@spec("duration-estimates/commit-freshness")
+@pytest.mark.parametrize("commit_ms, fresh", [(5.9, True), (6.5, False)])
+def test_a_saved_plan_rechecks_freshness_at_commit(commit_ms, fresh):
+    """Estimates stay fresh for 6 ms here. Decode B=1 was measured at t = 0; the prefill ends at
+    4.854 ms, when a first decode frame is committed (expected end 8.385 ms) and a second one
+    planned behind it, fresh then, so it may be queued. Committing that saved plan at 5.9 ms
+    queues it; at 6.5 ms (before the first frame's expected end, so no overrun) its estimate has
+    gone stale and commit refuses it: a stale program needs an empty window."""
+    s = scheduler(policy_config=PolicyConfig(estimate_ttl_ns=6 * MS))
     s.admit([1] * 8, max_output=1000)
     _, _, t = run_once(s, 1, 0.0)
+    assert t == pytest.approx(4.854)
     s.advance_to(int(t * MS))
     first = s.plan()
     s.commit(first, 2)
-    saved = s.plan()  # a decode frame that may be queued behind the first
-    assert not saved.needs_empty_window
-    s.advance_to(int((t + 0.5) * MS) + POLICY_TTL)  # the saved plan outlives its estimate
-    with pytest.raises(PlanRejected, match="empty window|window"):
+    saved = s.plan()
+    assert saved.kind is GraphKind.DECODE and not saved.needs_empty_window
+    s.advance_to(int(commit_ms * MS))
+    if fresh:
         s.commit(saved, 3)
+        assert s.in_flight == (2, 3)
+    else:
+        with pytest.raises(PlanRejected, match="needs an empty window"):
+            s.commit(saved, 3)
+        assert s.in_flight == (2,)
 
 
-POLICY_TTL = PolicyConfig().estimate_ttl_ns
 
 
 @spec("acceptance-learning/execution-metrics", "confidence-acceptance/spec-counters")

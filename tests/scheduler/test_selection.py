@@ -14,7 +14,7 @@ from helios_jax.scheduler import policy, utility
 from helios_jax.scheduler.config import PolicyConfig
 from helios_jax.scheduler.cost import CostModel
 from helios_jax.scheduler.rounds import prefix_allocation_order
-from helios_jax.scheduler.view import LaneRole
+from helios_jax.scheduler.view import Candidate, Lane, LaneRole
 
 from .helpers import (ORDINARY, POLICY, RAGGED, SPEC, choose, decoder, geometric, inputs, measured,
                       prompt)
@@ -295,6 +295,44 @@ def test_tie_order():
     quick = dataclasses.replace(b, duration_ms=a.duration_ms - 1)
     assert policy.better(quick, a, {}) and not policy.better(a, quick, {})
     assert policy.better(dataclasses.replace(a, score=a.score + 1), quick, {})
+
+
+def _tied(batch, rids, duration_ms=3.6, score=10.0, width=None):
+    """A candidate on decode B=batch, or on speculative B=batch W=width with one row per lane."""
+    graph = next(g for g in (ORDINARY.graphs if width is None else SPEC.graphs) if g.batch_capacity == batch and (
+        g.kind is GraphKind.DECODE if width is None else g.kind is GraphKind.SPECULATIVE and g.token_capacity == width))
+    lanes = tuple(Lane(r, r, LaneRole.DECODE, query_length=1) for r in rids)
+    return Candidate(graph=graph, lanes=lanes, duration_ms=duration_ms, score=score, useful_value=score,
+                     log_scale=0.0)
+
+
+@spec("duration-estimates/tie-order")
+@pytest.mark.parametrize("case, winner, loser", [
+    # each winner loses every later criterion, so only its own criterion can decide
+    ("shorter known time", _tied(2, [1], duration_ms=3.5), _tied(4, [2, 3])),
+    ("more served requests", _tied(4, [1, 2, 3]), _tied(2, [4, 5])),
+    ("less recently used", _tied(4, [6, 7]), _tied(2, [4, 5])),
+    ("smaller padding", _tied(2, [4, 5]), _tied(4, [4, 5])),
+    # padding 2 of 4 rows against 6 of 8: the larger physical shape with less padding wins
+    ("smaller padding, larger shape", _tied(4, [4, 5], width=1), _tied(2, [4, 5], width=4)),
+    ("equal within rounding", _tied(2, [2], score=10.0), _tied(2, [1], score=10.0 * (1 + 1e-12))),
+])
+def test_each_tie_break_decides_in_its_order(case, winner, loser):
+    """Requests 6 and 7 were selected longest ago (recency 1, 2), request 1 most recently (9)."""
+    recency = {1: 9, 2: 8, 3: 8, 4: 5, 5: 5, 6: 1, 7: 2}
+    assert policy.better(winner, loser, recency) and not policy.better(loser, winner, recency)
+
+
+@spec("duration-estimates/tie-order")
+def test_equal_lane_values_take_the_least_recently_used_requests():
+    """Three identical decoders and only batch-two decode: the cohort is the two served longest
+    ago (recency 10 and 20), whatever their slots."""
+    views = [decoder(1, last_selected_ns=30, slot=0), decoder(2, last_selected_ns=10, slot=2),
+             decoder(3, last_selected_ns=20, slot=1)]
+    b2 = next(g for g in ORDINARY.graphs if g.kind is GraphKind.DECODE and g.batch_capacity == 2)
+    inp = inputs(views, **ORD)
+    c = policy.select(policy.SelectionInput(views, [b2], inp.costs, 0, POLICY, DecodeMode.ORDINARY))
+    assert sorted(c.rids) == [2, 3]
 
 
 @spec("policy/zero-removes", "useful-service/no-decoder-no-age")
