@@ -1,17 +1,18 @@
 """Queue projection, service accounting, duration samples and exploration credit, rule by rule."""
+import dataclasses
 import math
 
 import numpy as np
 import pytest
 
-from helios_jax.catalog import Allocation, DecodeMode, GraphKind
+from helios_jax.catalog import Allocation, CostKey, DecodeMode, GraphKind
 from helios_jax.scheduler import policy
 from helios_jax.scheduler.core import NS_PER_MS, PlanRejected, Scheduler
 from helios_jax.scheduler.plan import CompletionRecord, ExecutionClass, ExecutionTiming
 from helios_jax.scheduler.speculation import SOURCE_COPY, SOURCE_LEARNED
 from helios_jax.scheduler.view import LaneRole, Phase
 
-from .helpers import ORDINARY, SPEC, decoder, inputs, prompt
+from .helpers import ORDINARY, RAGGED, SPEC, decoder, inputs, prompt
 from .test_core import records, run_once, scheduler, timing
 
 spec = pytest.mark.spec
@@ -100,7 +101,7 @@ def test_rates_are_physical_and_only_service_changes_them():
     s.commit(saved, fence + 1)
 
 
-@spec("duration-estimates/speculative-bdwp", "duration-estimates/isolated-and-queued", "duration-estimates/no-host-time",
+@spec("duration-estimates/isolated-and-queued", "duration-estimates/no-host-time",
       "duration-estimates/service-raw", "confidence-acceptance/no-host-delay", "timing-refresh/queued-credit",
       "timing-refresh/isolated-credit", "acceptance-learning/budgets-raw")
 def test_samples_credit_and_service_use_the_right_intervals():
@@ -123,6 +124,37 @@ def test_samples_credit_and_service_use_the_right_intervals():
     assert s.timing_ledger.balance_ms - credit == pytest.approx(5.0 * 0.002 / 0.998)
     assert s.costs.samples(second.graph.key)[-1] == pytest.approx(5.0 * MS)
     assert second.graph.key.batch_capacity == second.graph.batch_capacity  # its actual B/D/W/P
+
+
+@spec("duration-estimates/speculative-bdwp", "duration-estimates/rows-not-key")
+def test_a_speculative_round_is_costed_under_its_actual_b_d_w_p():
+    """ragged-small's device program (B=4, W=4, D=3, P=8) serves three decoders; its host sibling
+    (B=4, W=4, D=3, P=6) differs only in P. The 4.2 ms sample joins the P=8 entry (seeded at
+    4.7 ms: median of the two 4.45), three active rows or not, and nothing else moves."""
+    catalog = dataclasses.replace(RAGGED, graphs=tuple(
+        g for g in RAGGED.graphs if g.kind is GraphKind.PREFILL or g.target_capacity in (6, 8)
+        and g.kind is GraphKind.SPECULATIVE and g.token_capacity == 4 and g.batch_capacity == 4))
+    s = scheduler(catalog)
+    for _ in range(3):
+        s.admit([1] * 8, max_output=100)
+    t = 0.0
+    for fence in range(1, 4):
+        _, _, t = run_once(s, fence, t)
+    s.advance_to(int(t * MS))
+    plan = s.plan()
+    assert plan.graph.allocation is Allocation.PREFIX_LIMIT and len(plan.lanes) == 3
+    s.commit(plan, 4)
+    recs = [CompletionRecord(l.handle, l.epoch, tokens=(5, 5), offered=1, accepted=1) for l in plan.lanes]
+    sidecar = np.full((2, RAGGED.request_slots, 3), 0.5, np.float32)
+    s.complete_packed_round(4, recs, timing(4.2), sidecar)
+    device = CostKey(GraphKind.SPECULATIVE, 4, 4, 3, 0, 8)
+    host = CostKey(GraphKind.SPECULATIVE, 4, 4, 3, 0, 6)
+    assert s.costs.samples(device) == pytest.approx((4.7 * MS, 4.2 * MS))
+    assert s.costs.estimate_ms(device) == pytest.approx(4.45)
+    assert s.costs.samples(host) == pytest.approx((4.5 * MS,))
+    assert set(s.costs.keys()) == {g.key for g in catalog.graphs}
+    rec = s.trace[-1]
+    assert (rec.batch_capacity, rec.proposal_depth, rec.token_capacity, rec.target_capacity) == (4, 3, 4, 8)
 
 
 @spec("timing-refresh/invalid-not-fresh", "timing-refresh/invalid-wall-pays", "timing-refresh/speculative-one-program",
