@@ -538,3 +538,92 @@ def test_completed_rounds_move_the_population_priors_a_sixty_fourth():
     observed = s.requests[first[0].rid].acceptance.get(late.proposal_source)
     np.testing.assert_allclose(observed.mean, [(w * 0.5 + 1) / (w + 1), w * 0.25 / (w + 1), 0.125])
     np.testing.assert_allclose(observed.weight, [w + 1, w + 1, w])
+
+
+def _stale_pair(catalog=ORDINARY, history=None):
+    """Two decoding requests 31 s after every estimate was last observed, the ordinary winner
+    re-measured (fresh) so only the alternatives are stale; returns (scheduler, winner, now_ms)."""
+    s = scheduler(catalog)
+    for _ in range(2):
+        s.admit([1] * 8, max_output=1000, acceptance_history=history)
+    t = 0.0
+    for fence in (1, 2):
+        _, _, t = run_once(s, fence, t)
+    later = 31_000.0
+    s.advance_to(int(later * MS))
+    winner = s.plan()
+    s.costs.observe(winner.graph.key, [winner.expected_duration_ms * MS], int(later * MS))
+    return s, winner, later
+
+
+@spec("timing-refresh/alternative-order")
+@pytest.mark.parametrize("attempts, chosen", [
+    # decode B=1 (value rate 43.5) was last observed at 0, mixed B=2 C=64 (62.9) at 9.739 ms: oldest first
+    ({}, "decode[B=1,W=1,D=0,C=0,P=1]"),
+    # an attempt at 20 ms makes decode B=1 the younger one: the later of observation and attempt counts
+    ({"decode[B=1,W=1,D=0,C=0,P=1]": 20.0}, "mixed[B=2,W=1,D=0,C=64,P=65]"),
+    # equally old (both attempted at 20 ms): the higher ordinary value rate goes first
+    ({"decode[B=1,W=1,D=0,C=0,P=1]": 20.0, "mixed[B=2,W=1,D=0,C=64,P=65]": 20.0}, "mixed[B=2,W=1,D=0,C=64,P=65]"),
+    ({"mixed[B=2,W=1,D=0,C=64,P=65]": 20.0}, "decode[B=1,W=1,D=0,C=0,P=1]"),
+])
+def test_refresh_takes_the_oldest_stale_alternative_then_the_most_valuable(attempts, chosen):
+    """Two decoders 31 s on: the winner decode B=2 is re-measured, the stale alternatives are
+    decode B=1 and the decode-only mixed B=2 C=64 (the second prefill ran on it at 9.739 ms)."""
+    s, winner, _ = _stale_pair()
+    assert winner.graph.name == "decode[B=2,W=1,D=0,C=0,P=2]"
+    by_name = {g.name: g for g in ORDINARY.graphs}
+    assert s.costs.last_valid_ns(by_name["mixed[B=2,W=1,D=0,C=64,P=65]"].key) == int(9.739 * MS)
+    for name, at_ms in attempts.items():
+        s.costs.note_attempt(by_name[name].key, int(at_ms * MS))
+    s.timing_ledger.earn(2495.0)
+    plan = s.plan()
+    assert plan.reason is ExecutionClass.TIMING_REFRESH and plan.graph.name == chosen
+
+
+@spec("timing-refresh/winners-free")
+def test_a_stale_ordinary_winner_refreshes_its_cost_without_spending_credit():
+    """Everything but the winner re-measured: with full refresh credit the stale winner still runs
+    as ordinary work (after the queue drains), its first valid sample replaces the estimate, and
+    the ledger keeps its 5 ms."""
+    s = scheduler()
+    for _ in range(2):
+        s.admit([1] * 8, max_output=1000)
+    t = 0.0
+    for fence in (1, 2):
+        _, _, t = run_once(s, fence, t)
+    later = 31_000.0
+    s.advance_to(int(later * MS))
+    winner = s.plan()
+    for g in ORDINARY.graphs:
+        if g != winner.graph:
+            s.costs.observe(g.key, [g.duration_ms * MS], int(later * MS))
+    s.timing_ledger.earn(2495.0)
+    plan = s.plan()
+    assert plan.reason is ExecutionClass.ORDINARY and plan.graph == winner.graph and plan.needs_empty_window
+    assert s.costs.is_stale(plan.graph.key, s.now_ns) and plan.exploration_credit_ms == 0
+    s.commit(plan, 3)
+    s.advance_to(int((later + 4) * MS))
+    s.complete(3, records(plan), timing(4.0))
+    assert s.costs.estimate_ms(plan.graph.key) == pytest.approx(4.0) and s.costs.is_fresh(plan.graph.key, s.now_ns)
+    assert s.timing_ledger.balance_ms == pytest.approx(5.0) and not s.timing_ledger.episode_active
+    assert s.executions["timing_refresh"] == 0 and s.executions["ordinary"] == 3
+
+
+@spec("timing-refresh/speculative-pays-once", "timing-refresh/speculative-one-program")
+def test_a_speculative_refresh_pays_its_whole_interval_once():
+    """A refresh of a two-lane speculative program, isolated, device intervals 6 and 5 ms on two
+    ranks and 7 ms of wall time: the episode pays max(6, 7) = 7 ms once (5 - 7 = -2 ms of credit),
+    the acceptance ledger is untouched, and the cost sample is the device's 6 ms."""
+    s, winner, later = _stale_pair(SPEC)
+    s.timing_ledger.earn(2495.0)
+    learning = s.acceptance_ledger.balance_ms
+    plan = s.plan()
+    assert plan.reason is ExecutionClass.TIMING_REFRESH and plan.kind is GraphKind.SPECULATIVE
+    assert plan.graph.proposal_depth > 0 and len(plan.lanes) == 2
+    s.commit(plan, 3)
+    s.advance_to(int((later + 7) * MS))
+    s.complete(3, records(plan, accepted=1), ExecutionTiming((6.0 * MS, 5.0 * MS), 7.0 * MS))
+    assert s.timing_ledger.balance_ms == pytest.approx(-2.0)
+    assert s.execution_ns["timing_refresh"] == 7 * MS and s.executions["timing_refresh"] == 1
+    assert s.acceptance_ledger.balance_ms == learning
+    assert s.costs.estimate_ms(plan.graph.key) == pytest.approx(6.0)
