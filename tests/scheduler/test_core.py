@@ -380,9 +380,8 @@ def test_stop_tokens_and_length_finish_requests():
     assert h.rid not in s.requests  # retired, resources returned
 
 
-@spec("timing-refresh/full-credit-displace", "timing-refresh/alternative-order", "timing-refresh/attempt-on-commit",
-      "timing-refresh/winners-free", "useful-service/refresh-separate", "planning-queue/gate-discovery-probe",
-      "duration-estimates/stale-needs-empty", "timing-refresh/speculative-pays-once")
+@spec("timing-refresh/full-credit-displace", "timing-refresh/attempt-on-commit",
+      "useful-service/refresh-separate", "planning-queue/gate-discovery-probe", "duration-estimates/stale-needs-empty")
 def test_full_refresh_credit_displaces_the_winner_with_the_oldest_stale_alternative():
     s = scheduler()
     for _ in range(2):
@@ -411,9 +410,9 @@ def test_full_refresh_credit_displaces_the_winner_with_the_oldest_stale_alternat
     assert s.executions["timing_refresh"] == 1
 
 
-@spec("acceptance-learning/probe-deeper", "acceptance-learning/probe-can-beat", "acceptance-learning/probe-future-output",
+@spec("acceptance-learning/probe-deeper", "acceptance-learning/probe-can-beat",
       "acceptance-learning/rank-gain-rate", "acceptance-learning/pays-interval", "acceptance-learning/ledgers-disjoint",
-      "acceptance-learning/fixed-no-probe", "acceptance-learning/timing-precedence")
+      "acceptance-learning/fixed-no-probe")
 @pytest.mark.parametrize("mode", [DecodeMode.ADAPTIVE, DecodeMode.FIXED])
 def test_acceptance_probe_offers_a_deeper_prefix(mode):
     s = Scheduler(SPEC, mode=mode, fixed_width=8 if mode is DecodeMode.FIXED else None)
@@ -627,3 +626,59 @@ def test_a_speculative_refresh_pays_its_whole_interval_once():
     assert s.execution_ns["timing_refresh"] == 7 * MS and s.executions["timing_refresh"] == 1
     assert s.acceptance_ledger.balance_ms == learning
     assert s.costs.estimate_ms(plan.graph.key) == pytest.approx(6.0)
+
+
+@spec("acceptance-learning/timing-precedence")
+def test_timing_refresh_takes_precedence_over_an_acceptance_probe():
+    """Both ledgers full, stale alternatives and a probe available (a pessimistic, uninformed
+    acceptance history): the refresh is chosen. With the timing credit gone, the same state
+    (plan() is pure) offers the probe."""
+    from helios_jax.scheduler.speculation import SOURCE_LEARNED, PrefixEstimate
+    low = {SOURCE_LEARNED: PrefixEstimate(np.full(7, 0.05), np.full(7, 2.0), 0)}
+    s, winner, later = _stale_pair(SPEC, history=low)
+    assert winner.reason is ExecutionClass.ORDINARY and all(l.query_length == 1 for l in winner.lanes)
+    s.timing_ledger.earn(2495.0)
+    s.acceptance_ledger.earn(495.0)
+    plan = s.plan()
+    assert plan.reason is ExecutionClass.TIMING_REFRESH and plan.exploration_credit_ms == pytest.approx(5.0)
+    s.timing_ledger.idle()  # no refresh credit: the probe is next in line
+    probe = s.plan()
+    assert probe.reason is ExecutionClass.ACCEPTANCE_LEARNING and any(l.query_length > 1 for l in probe.lanes)
+    s.commit(probe, 3)
+    assert s.acceptance_ledger.episode_active and not s.timing_ledger.episode_active
+
+
+@spec("timing-refresh/discovery-no-credit", "acceptance-learning/discovery-separate")
+def test_discovery_earns_no_credit_and_is_accounted_on_its_own():
+    """A cold catalog: the first prefill is discovery. Its 5 ms earn neither ledger anything and
+    are counted as discovery; with a full acceptance ledger it neither pays from it nor gives
+    way to a probe. The first ordinary round then earns its share."""
+    s = Scheduler(SPEC)
+    s.admit([1] * 8, max_output=100)
+    s.advance_to(0)
+    plan = s.plan()
+    assert plan.reason is ExecutionClass.DISCOVERY
+    s.commit(plan, 1)
+    s.advance_to(5 * MS)
+    s.complete(1, records(plan), timing(5.0))
+    assert (s.timing_ledger.balance_ms, s.acceptance_ledger.balance_ms) == (0.0, 0.0)
+    assert (s.timing_ledger.earned_from_ms, s.acceptance_ledger.earned_from_ms) == (0.0, 0.0)
+    assert s.executions["discovery"] == 1 and s.execution_ns["discovery"] == 5 * MS
+    assert s.executions["ordinary"] == 0 and s.executions["acceptance_learning"] == 0
+    s.acceptance_ledger.earn(495.0)
+    second = s.plan()  # the decode programs are unknown too: discovery again
+    assert second.reason is ExecutionClass.DISCOVERY
+    s.commit(second, 2)
+    s.advance_to(9 * MS)
+    s.complete(2, records(second), timing(4.0))
+    assert s.acceptance_ledger.balance_ms == pytest.approx(5.0) and not s.acceptance_ledger.episode_active
+    assert s.executions["acceptance_learning"] == 0 and s.execution_ns["discovery"] == 9 * MS
+    s.acceptance_ledger.idle()
+    s.seed_costs(9 * MS)
+    ordinary = s.plan()
+    assert ordinary.reason is ExecutionClass.ORDINARY
+    s.commit(ordinary, 3)
+    s.advance_to(13 * MS)
+    s.complete(3, records(ordinary), timing(4.0))
+    assert s.timing_ledger.balance_ms == pytest.approx(4.0 * 0.002 / 0.998)
+    assert s.acceptance_ledger.balance_ms == pytest.approx(4.0 * 0.01 / 0.99)
