@@ -316,3 +316,60 @@ def test_mixed_programs_in_the_window_and_the_references():
         g for g in ORDINARY.graphs if g.kind is not GraphKind.DECODE)})
     c = policy.select(inputs([decoder(1)], catalog=only_mixed, mode=DecodeMode.ORDINARY))
     assert c.kind is GraphKind.MIXED and c.score > 0
+
+
+@spec("service-accounting/unselected-zero")
+def test_unselected_participants_are_charged_zero_service():
+    """Only decode B=1 is loaded: of two decoding requests one is served per frame. Over an
+    isolated 5 ms interval the served one gets one token (x <- a*x + (1 - a)*1/5, a = e^-0.05)
+    and the other zero: its token and delivery rates decay by e^-0.05 (log -0.05)."""
+    catalog = dataclasses.replace(ORDINARY, graphs=tuple(
+        g for g in ORDINARY.graphs if g.kind is GraphKind.PREFILL or g.name == "decode[B=1,W=1,D=0,C=0,P=1]"))
+    s, handles, t, fence = decoding(catalog)
+    before = {h.rid: (s.requests[h.rid].history.log_x, s.requests[h.rid].history.log_z) for h in handles}
+    assert all(x is not None and z is not None for x, z in before.values())
+    plan = s.plan()
+    assert len(plan.lanes) == 1
+    served = plan.lanes[0].handle.rid
+    other = next(h.rid for h in handles if h.rid != served)
+    s.commit(plan, fence)
+    s.advance_to(int((t + 5) * MS))
+    s.complete(fence, records(plan), timing(5.0))
+    a = math.exp(-0.05)
+    x0, z0 = before[served]
+    assert math.exp(s.requests[served].history.log_x) == pytest.approx(a * math.exp(x0) + (1 - a) / 5.0)
+    assert s.requests[other].history.log_x == pytest.approx(before[other][0] - 0.05)
+    assert s.requests[other].history.log_z == pytest.approx(before[other][1] - 0.05)
+    assert s.requests[served].history.log_z == pytest.approx(z0 - 0.05)  # no delivery until published
+
+
+@spec("service-accounting/committed-diffs")
+def test_queued_frames_are_charged_their_own_committed_tokens():
+    """One decoder on the speculative catalog, preseeded to expect long bursts (W = 8), with two
+    frames queued. The first (isolated, 6 ms) commits 4 tokens, the queued second (device 5 ms)
+    6 tokens: each interval is charged its own committed tokens, not the output counter as it
+    stood before the queued work, nor the frozen expectation."""
+    from helios_jax.scheduler.speculation import PrefixEstimate
+    history = {SOURCE_LEARNED: PrefixEstimate(np.full(7, 0.9), np.full(7, 64.0), 0)}
+    s = scheduler(SPEC)
+    h = s.admit([1] * 8, max_output=500, acceptance_history=history)
+    _, _, t = run_once(s, 1, 0.0)
+    req = s.requests[h.rid]
+    s.advance_to(int(t * MS))
+    first = s.plan()
+    s.commit(first, 2)
+    second = s.plan()
+    s.commit(second, 3)
+    assert first.lanes[0].query_length == second.lanes[0].query_length == 8
+    assert s.in_flight == (2, 3) and first.lanes[0].expected_tokens != 4
+    x0 = math.exp(req.history.log_x)
+    s.advance_to(int((t + 6) * MS))
+    s.complete(2, records(first, accepted=3), ExecutionTiming((6.0 * MS,), 6.0 * MS))
+    a1 = math.exp(-6 / 100)
+    x1 = a1 * x0 + (1 - a1) * 4 / 6.0
+    assert math.exp(req.history.log_x) == pytest.approx(x1)
+    s.advance_to(int((t + 11) * MS))
+    s.complete(3, records(second, accepted=5), ExecutionTiming((5.0 * MS,), 11.0 * MS, queued=True))
+    a2 = math.exp(-5 / 100)
+    assert math.exp(req.history.log_x) == pytest.approx(a2 * x1 + (1 - a2) * 6 / 5.0)
+    assert len(req.output) == 1 + 4 + 6

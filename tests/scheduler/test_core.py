@@ -179,7 +179,7 @@ def test_malformed_mixed_completion_changes_nothing(mutate, message):
 
 
 @spec("service-accounting/one-interval", "service-accounting/queued-interval", "service-accounting/isolated-interval",
-      "service-accounting/unselected-zero", "service-accounting/committed-diffs", "useful-service/actual-updates-history")
+      "useful-service/actual-updates-history")
 def test_service_intervals():
     """An isolated frame charges max(device, wall); a queued one its device interval only."""
     s = scheduler()

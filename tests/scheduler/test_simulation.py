@@ -36,8 +36,7 @@ def _slow(catalog: Catalog, factor: float) -> Catalog:
 
 
 @spec("timing-refresh/aggregate-bound", "acceptance-learning/aggregate-bound", "timing-refresh/first-2495ms",
-      "timing-refresh/full-credit-displace",
-      "acceptance-learning/execution-metrics")
+      "timing-refresh/full-credit-displace", "acceptance-learning/execution-metrics")
 def test_exploration_budgets_over_a_virtual_minute():
     """About a minute of continuous decoding: estimates go stale after 30 s and refreshes start;
     refresh time <= 0.002/0.998 * ordinary + one episode, probes <= 0.01/0.99 * ordinary + one
