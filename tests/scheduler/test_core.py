@@ -69,15 +69,35 @@ def snapshot(s):
             s.acceptance_ledger.balance_ms, tuple(s.in_flight), s.pages.owned(), dict(s.executions))
 
 
-@spec("planning-queue/api", "policy/configure-before-admission")
-def test_api_and_policy_configuration():
+@spec("planning-queue/api")
+def test_api_round_trip():
     s = scheduler()
-    s.configure_policy(PolicyConfig.preset("throughput"))
     h = s.admit([1] * 10, max_output=4)
-    with pytest.raises(ValueError, match="precede admission"):
-        s.configure_policy(PolicyConfig())
     plan, gen, _ = run_once(s, 1, 0.0)
     assert plan.kind is GraphKind.PREFILL and gen[0].handle == h and gen[0].tokens == (5,)
+
+
+@spec("policy/configure-before-admission")
+def test_a_policy_configured_before_admission_governs_the_scheduler():
+    """configure_policy before the first admission sets every preference, the freshness interval
+    included: the plans equal those of a scheduler built with that policy. After admission it is
+    refused and the configured policy stays."""
+    configured = PolicyConfig(output_token_value=128.0, token_fairness=4.0, estimate_ttl_ns=10 * MS)
+    s = scheduler()
+    s.configure_policy(configured)
+    reference = Scheduler(ORDINARY, policy_config=configured)
+    reference.seed_costs(0)
+    for sched in (s, reference):
+        sched.admit([1] * 10, max_output=4)
+        sched.advance_to(0)
+    plan, default = s.plan(), scheduler()
+    default.admit([1] * 10, max_output=4)
+    assert plan == reference.plan() and plan.value_rate != default.plan().value_rate
+    decode = next(g for g in ORDINARY.graphs if g.kind is GraphKind.DECODE)
+    assert not s.costs.is_stale(decode.key, 10 * MS) and s.costs.is_stale(decode.key, 10 * MS + 1)
+    with pytest.raises(ValueError, match="precede admission"):
+        s.configure_policy(PolicyConfig())
+    assert s.policy == configured and s.costs.ttl_ns == 10 * MS
 
 
 def test_admission_validation_and_resources():

@@ -234,3 +234,26 @@ def test_terminal_preferences_follow_the_policy():
     assert snap.kind is GraphKind.SNAPSHOT and snap.score == 0.0  # no terminal service value left
     thr = choose(views, policy_config=PolicyConfig.preset("throughput"), **ORD)
     assert thr.score > 0
+
+
+@spec("policy/terminal-zero")
+@pytest.mark.parametrize("overrides, snapshot_score", [
+    # no terminal value: only the age term is left, (1*0.3*(20 + 0.3))/0.3 - 0.3/2*(0.1 + 1)
+    (dict(terminal_value=0.0), 0.3 * 20.3 / 0.3 - 0.15 * 1.1),
+    # no terminal age price: the value alone, 256/0.3 - 0.3/2*0.1, and no terminal waiting cost
+    (dict(terminal_age_price=0.0), 256 / 0.3 - 0.15 * 0.1),
+])
+def test_each_zero_terminal_coefficient_removes_its_preference(overrides, snapshot_score):
+    """One terminal row aged 20 ms and one decoder (ordinary catalog, snapshot B=1 0.3 ms,
+    sigma_terminal 0.3 ms). Zeroing one terminal coefficient removes that term and keeps the
+    other; a zero age price also takes the terminal row out of every candidate's waiting cost."""
+    pc = PolicyConfig(**overrides)
+    views = [terminal(1, age_ms=20.0), decoder(2, policy_config=pc)]
+    cands = policy.candidates(inputs(views, policy_config=pc, **ORD))
+    snap = next(c for c in cands if c.kind is GraphKind.SNAPSHOT and c.graph.batch_capacity == 1)
+    assert snap.score * math.exp(snap.log_scale) == pytest.approx(snapshot_score)
+    dec = next(c for c in cands if c.kind is GraphKind.DECODE)
+    alone = next(c for c in policy.candidates(inputs([decoder(2, policy_config=pc)], policy_config=pc, **ORD))
+                 if c.kind is GraphKind.DECODE)
+    gap = alone.score * math.exp(alone.log_scale) - dec.score * math.exp(dec.log_scale)
+    assert gap == pytest.approx(dec.duration_ms / 2 * pc.terminal_age_price)
