@@ -153,6 +153,20 @@ class GraphDescriptor:
         """Mixed: prefill_capacity + (B - 1) * W, the largest packed token count."""
         return self.prefill_capacity + (self.batch_capacity - 1) * self.token_capacity
 
+    @property
+    def packed_extent(self) -> int:
+        """Target tokens the program packs into one forward: the chunk (prefill family), B
+        (decode), P (speculative), C + (B - 1) * W (mixed); state operations and vision pack none."""
+        if self.kind.is_prefill:
+            return self.batch_capacity * self.token_capacity
+        if self.kind is GraphKind.DECODE:
+            return self.batch_capacity
+        if self.kind is GraphKind.SPECULATIVE:
+            return self.target_capacity
+        if self.kind is GraphKind.MIXED:
+            return self.max_packed_extent
+        return 0
+
 
 def _err(name: str, field: str, message: str) -> ValueError:
     return ValueError(f"graph {name}: field {field!r}: {message}")
@@ -376,6 +390,11 @@ class Catalog:
         """State-row reservation covers the widest verification across separate and mixed graphs."""
         widths = [g.token_capacity for g in self.graphs if g.kind.is_generation]
         return max(widths, default=1)
+
+    @property
+    def max_packed_extent(self) -> int:
+        """The most target tokens any program of the catalog packs (capture headroom covers it)."""
+        return max((g.packed_extent for g in self.graphs), default=0)
 
     @property
     def max_proposal_depth(self) -> int:
