@@ -291,8 +291,7 @@ def test_first_stage_alone_competes_and_setup_commits_no_tokens():
     assert gen == [] and s.requests[h.rid].output == [] and s.requests[h.rid].history.log_x is None
 
 
-@spec("mixed-execution/needs-feedback", "mixed-execution/no-synthesis", "mixed-execution/measured-choose",
-      "mixed-execution/references-lookahead")
+@spec("mixed-execution/needs-feedback", "mixed-execution/no-synthesis", "mixed-execution/measured-choose")
 def test_mixed_programs_in_the_window_and_the_references():
     assert not GraphKind.MIXED.may_share_window
     no_mixed = ORDINARY.__class__(**{**ORDINARY.__dict__, "graphs": tuple(
@@ -373,3 +372,37 @@ def test_queued_frames_are_charged_their_own_committed_tokens():
     a2 = math.exp(-5 / 100)
     assert math.exp(req.history.log_x) == pytest.approx(a2 * x1 + (1 - a2) * 6 / 5.0)
     assert len(req.output) == 1 + 4 + 6
+
+
+@spec("mixed-execution/references-lookahead")
+def test_mixed_shapes_set_the_reference_and_follow_prerequisites():
+    """The ordinary catalog without its decode graphs: mixed graphs are the only generation
+    programs, and the fastest, mixed B=2 C=64 (4.885 ms), sets the reference interval.
+
+    - one decoder (x = 2, z = 0.25, A = 10): K = 1, sigma = 4.885; decode-only mixed B=2 C=64
+      scores (88 + 0.1*4.885*(10 + 4.885))/4.885 - 4.885/2*0.1 = 19.258580;
+    - a stream behind a restore (0.35 ms) and that decoder: K = 2, sigma = 2*4.885/2; the restore
+      followed by mixed B=2 C=64, U = 5.235: (88 + 0.1*U*(10 + U) + 88 + 0.1*4.885*(10 + U))/U
+      - U/2*0.2 = 36.041509;
+    - a prompt of 40 tokens (x = 0.3) behind initialization (0.2 ms) beside the decoder: its prompt
+      row rides mixed B=2 C=64 after it, U = 5.085: (54.333*40 + 117.333 + 88 + 0.1*4.885*(10 + U))/U
+      - U/2*0.1 = 468.975974.
+    """
+    only_mixed = dataclasses.replace(ORDINARY, graphs=tuple(g for g in ORDINARY.graphs if g.kind is not GraphKind.DECODE))
+    ordinary = dict(catalog=only_mixed, mode=DecodeMode.ORDINARY)
+    m2 = "mixed[B=2,W=1,D=0,C=64,P=65]"
+    unscaled = lambda c: c.score * math.exp(c.log_scale)
+    c = policy.select(inputs([decoder(1)], **ordinary))
+    assert c.graph.name == m2 and c.prefill_row == -1
+    assert unscaled(c) == pytest.approx((88 + 0.1 * 4.885 * (10 + 4.885)) / 4.885 - 4.885 / 2 * 0.1)
+    from .test_prerequisites import blocked
+    c = policy.select(inputs([blocked(1, [GraphKind.RESTORE], Phase.DECODE), decoder(2)], **ordinary))
+    u = 0.35 + 4.885
+    assert c.kind is GraphKind.RESTORE and c.following.graph.name == m2 and sorted(c.following.rids) == [1, 2]
+    assert unscaled(c) == pytest.approx((88 + 0.1 * u * (10 + u) + 88 + 0.1 * 4.885 * (10 + u)) / u - u / 2 * 0.2)
+    c = policy.select(inputs([blocked(1, [GraphKind.INITIALIZE], Phase.PREFILL, tokens=40, x=0.3), decoder(2)],
+                             **ordinary))
+    u = 0.2 + 4.885
+    prompt_value = (1 + 16 / 0.3) * 40 + (64 + 16 / 0.3)
+    assert c.kind is GraphKind.INITIALIZE and c.following.graph.name == m2 and c.following.prefill_row == 0
+    assert unscaled(c) == pytest.approx((prompt_value + 88 + 0.1 * 4.885 * (10 + u)) / u - u / 2 * 0.1)
