@@ -405,3 +405,31 @@ def test_adaptive_ragged_searches_three_orderings(case, base, extension, ceiling
     """Each case is won by exactly one of the three bounded orderings."""
     total, cohort, alloc = _adaptive(base, extension, ceilings, batch, rows)
     assert (total, cohort, alloc) == (pytest.approx(expect[0]), expect[1], expect[2])
+
+
+@spec("mixed-execution/same-score", "mixed-execution/compare-populations")
+def test_mixed_populations_share_one_score_by_hand():
+    """A 40-token prompt (x = 0.3) and two decoders (x = 2, z = 0.25, A = 10), ordinary catalog.
+    K = 2 and sigma = 3.562 (decode B=2). The prompt row is worth its 40 tokens at 1 + 16/0.3 plus
+    its first output token at 64 + 16/0.3 = 2290.667 (the 24 unused prompt tokens earn nothing);
+    each decoder 88 + 0.1*3.562*(10 + T). Every population is divided by the full duration and
+    pays the same waiting cost T/2 * 0.2:
+    - mixed B=4 C=64 (4.947 ms), prompt and both decoders: 500.276456;
+    - mixed B=2 C=64 (4.885 ms), prompt and one decoder: 487.529658;
+    - mixed B=2 C=64, both decoders, no prompt: 37.710901.
+    """
+    views = [prompt(1, 40, x=0.3), decoder(2), decoder(3)]
+    mixed = {(c.graph.batch_capacity, c.prefill_row): c for c in policy.candidates(inputs(views, **ORD))
+             if c.kind is GraphKind.MIXED and c.graph.prefill_capacity == 64}
+    prompt_value = (1 + 16 / 0.3) * 40 + (64 + 16 / 0.3)
+
+    def by_hand(t, prompts, decoders):
+        return (prompts * prompt_value + decoders * (88 + 0.1 * 3.562 * (10 + t))) / t - t / 2 * 0.2
+
+    for (batch, row), t, prompts, decoders, figure in [((4, 0), 4.947, 1, 2, 500.276456),
+                                                      ((2, 0), 4.885, 1, 1, 487.529658),
+                                                      ((2, -1), 4.885, 0, 2, 37.710901)]:
+        c = mixed[(batch, row)]
+        assert c.served == prompts + decoders
+        assert c.score * math.exp(c.log_scale) == pytest.approx(by_hand(t, prompts, decoders))
+        assert c.score * math.exp(c.log_scale) == pytest.approx(figure, rel=1e-7)
