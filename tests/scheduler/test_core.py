@@ -702,3 +702,75 @@ def test_discovery_earns_no_credit_and_is_accounted_on_its_own():
     s.complete(3, records(ordinary), timing(4.0))
     assert s.timing_ledger.balance_ms == pytest.approx(4.0 * 0.002 / 0.998)
     assert s.acceptance_ledger.balance_ms == pytest.approx(4.0 * 0.01 / 0.99)
+
+
+@spec("mixed-execution/same-contracts", "mixed-execution/prompt-row-commit", "mixed-execution/spec-row-commit")
+def test_mixed_rows_follow_the_contracts_of_separate_graphs():
+    """Speculative mixed B=2 W=4 C=512 with checkpoints: a decoder (preseeded acceptance 0.9,
+    weight 64) and a 300-token prompt whose anchor is its end.
+
+    One mixed frame: the prompt row commits all 300 tokens and one output token, then snapshots
+    its anchor first (a prompt checkpoint, as after a separate prefill); the decode row offers 3
+    proposals and accepts 2, observed at its 4 generated tokens like any round: weight
+    w = 64 * 0.5**(4/128), depths 1-2 move (1 - 0.9)/(w + 1), depth 3 (0 - 0.9)/(w + 1).
+    Publication: the decoder's delivery rate takes one delivery over the 16 ms interval, the
+    new decoder's starts at one delivery per frame. A prompt row cancelled in flight keeps its
+    pages until its fence completes, publishes nothing, and its slot's next owner is a new
+    generation charged nothing.
+    """
+    from helios_jax.scheduler.speculation import SOURCE_LEARNED, PrefixEstimate
+    names = {"prefill[B=1,W=64,D=0,C=0,P=0]", "speculative[B=1,W=1,D=0,C=0,P=1]",
+             "speculative[B=2,W=1,D=0,C=0,P=2]", "mixed[B=2,W=4,D=3,C=512,P=516]",
+             "snapshot[B=1,W=0,D=0,C=0,P=0]", "restore[B=1,W=0,D=0,C=0,P=0]"}
+    s = scheduler(dataclasses.replace(SPEC, graphs=tuple(g for g in SPEC.graphs if g.name in names)),
+                  checkpoints=True)
+    a = s.admit([1] * 8, max_output=500,
+                acceptance_history={SOURCE_LEARNED: PrefixEstimate(np.full(7, 0.9), np.full(7, 64.0), 0)})
+    t, fence = 0.0, 0
+    while s.requests[a.rid].phase is not Phase.DECODE:  # its prefill, then its anchor snapshot
+        fence += 1
+        _, _, t = run_once(s, fence, t)
+    b = s.admit(list(range(2, 302)), max_output=50, message_endpoints=[300])
+    s.advance_to(int(t * MS))
+    plan = s.plan()
+    assert plan.graph.name == "mixed[B=2,W=4,D=3,C=512,P=516]" and plan.prefill_row == 0
+    assert [(l.handle, l.prompt_tokens, l.query_length) for l in plan.lanes] == [(b, 300, 0), (a, 0, 4)]
+    fence += 1
+    s.commit(plan, fence)
+    ra, rb = s.requests[a.rid], s.requests[b.rid]
+    z_before = ra.history.log_z
+    s.advance_to(int((t + 16) * MS))
+    recs = [CompletionRecord(b, plan.lanes[0].epoch, prompt_tokens=300, tokens=(7,)),
+            CompletionRecord(a, plan.lanes[1].epoch, tokens=(5, 5, 5), offered=3, accepted=2)]
+    gen = s.complete(fence, recs, timing(16.0))
+    assert rb.consumed == 300 and rb.output == [7]
+    assert rb.phase is Phase.BLOCKED and rb.prerequisites == [GraphKind.SNAPSHOT] and rb.capture_row is not None
+    w = 64 * 0.5 ** (4 / 128)
+    est = ra.acceptance.get(SOURCE_LEARNED)
+    np.testing.assert_allclose(est.mean[:4], [0.9 + 0.1 / (w + 1), 0.9 + 0.1 / (w + 1), 0.9 - 0.9 / (w + 1), 0.9])
+    assert {g.handle: g.tokens for g in gen} == {b: (7,), a: (5, 5, 5)}
+    for g in gen:
+        s.published_output(g.handle, fence)
+    assert math.exp(ra.history.log_z) == pytest.approx(
+        math.exp(-0.16) * math.exp(z_before) + (1 - math.exp(-0.16)) / 16.0)
+    assert rb.history.log_z == pytest.approx(-math.log(16.0))
+    t += 16
+    # A prompt row cancelled in flight.
+    while rb.phase is not Phase.DECODE:  # b's anchor snapshot
+        fence += 1
+        _, _, t = run_once(s, fence, t)
+    c = s.admit(list(range(2, 202)), max_output=50)
+    s.advance_to(int(t * MS))
+    plan = s.plan()
+    assert plan.kind is GraphKind.MIXED and plan.lanes[plan.prefill_row].handle == c
+    fence += 1
+    s.commit(plan, fence)
+    slot, pages = s.requests[c.rid].slot, list(s.requests[c.rid].pages)
+    s.cancel(c)
+    assert all(s.pages.owned()[p] == c.rid for p in pages)  # owned through the fence
+    gen = s.complete(fence, records(plan, accepted=1), timing(plan.expected_duration_ms))
+    assert c not in {g.handle for g in gen} and c.rid not in s.requests
+    assert not set(pages) & set(s.pages.owned())
+    d = s.admit([1] * 8, max_output=5)
+    assert s.requests[d.rid].slot == slot and d.generation == c.generation + 1
+    assert s.requests[d.rid].history.log_x is None

@@ -143,7 +143,7 @@ def test_mixed_shapes_expire_independently():
     assert c.kind is GraphKind.MIXED  # stale shapes keep ranking by their measured costs
 
 
-@spec("verification/mixed-concurrent", "mixed-execution/same-contracts")
+@spec("verification/mixed-concurrent")
 def test_concurrent_prompt_and_decode_workload_on_mixed_graphs():
     result = sim.run(sim.SimConfig(ORDINARY, scenario="poisson", requests=40, prompt_tokens=[40, 200, 900],
                                    output_tokens=[20, 60], accepted_drafts=0, arrival_rate_per_s=60.0, seed=5))
