@@ -559,14 +559,14 @@ def test_completed_rounds_move_the_population_priors_a_sixty_fourth():
     np.testing.assert_allclose(observed.weight, [w + 1, w + 1, w])
 
 
-def _stale_pair(catalog=ORDINARY, history=None):
-    """Two decoding requests 31 s after every estimate was last observed, the ordinary winner
+def _stale_pair(catalog=ORDINARY, history=None, requests=2):
+    """Decoding requests 31 s after every estimate was last observed, the ordinary winner
     re-measured (fresh) so only the alternatives are stale; returns (scheduler, winner, now_ms)."""
     s = scheduler(catalog)
-    for _ in range(2):
+    for _ in range(requests):
         s.admit([1] * 8, max_output=1000, acceptance_history=history)
     t = 0.0
-    for fence in (1, 2):
+    for fence in range(1, requests + 1):
         _, _, t = run_once(s, fence, t)
     later = 31_000.0
     s.advance_to(int(later * MS))
@@ -650,13 +650,17 @@ def test_a_speculative_refresh_pays_its_whole_interval_once():
 
 @spec("acceptance-learning/timing-precedence")
 def test_timing_refresh_takes_precedence_over_an_acceptance_probe():
-    """Both ledgers full, stale alternatives and a probe available (a pessimistic, uninformed
-    acceptance history): the refresh is chosen. With the timing credit gone, the same state
+    """Both ledgers full, stale alternatives (every program but the single-row speculative ones)
+    and a probe available (a pessimistic, uninformed acceptance history): the refresh is chosen. With the timing credit gone, the same state
     (plan() is pure) offers the probe."""
     from helios_jax.scheduler.speculation import SOURCE_LEARNED, PrefixEstimate
     low = {SOURCE_LEARNED: PrefixEstimate(np.full(7, 0.05), np.full(7, 2.0), 0)}
-    s, winner, later = _stale_pair(SPEC, history=low)
-    assert winner.reason is ExecutionClass.ORDINARY and all(l.query_length == 1 for l in winner.lanes)
+    s, winner, later = _stale_pair(SPEC, history=low, requests=1)
+    assert winner.reason is ExecutionClass.ORDINARY and winner.lanes[0].query_length == 1
+    _, _, later = run_once(s, 2, later)  # an ordinary round: the stream's output is recent again
+    for g in SPEC.graphs:  # the single-row programs a probe would use are fresh; the rest stay stale
+        if g.kind is GraphKind.SPECULATIVE and g.batch_capacity == 1:
+            s.costs.observe(g.key, [g.duration_ms * MS], int(later * MS))
     s.timing_ledger.earn(2495.0)
     s.acceptance_ledger.earn(495.0)
     plan = s.plan()
