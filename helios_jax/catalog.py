@@ -43,6 +43,8 @@ DEFAULT_COMPLETION_TOKEN_CAPACITY = 8
 MIXED_BATCH_MIN, MIXED_BATCH_MAX = 2, 64
 PROMPT_ALIGNMENT = 64
 MAX_REQUEST_SLOTS = 64
+# A speculative program's identity (B, W, D, P): a catalog entry must declare all four.
+SPECULATIVE_EXTENTS = ("batch_capacity", "token_capacity", "proposal_depth", "target_capacity")
 
 
 class GraphKind(str, enum.Enum):
@@ -150,6 +152,20 @@ class GraphDescriptor:
     def max_packed_extent(self) -> int:
         """Mixed: prefill_capacity + (B - 1) * W, the largest packed token count."""
         return self.prefill_capacity + (self.batch_capacity - 1) * self.token_capacity
+
+    @property
+    def packed_extent(self) -> int:
+        """Target tokens the program packs into one forward: the chunk (prefill family), B
+        (decode), P (speculative), C + (B - 1) * W (mixed); state operations and vision pack none."""
+        if self.kind.is_prefill:
+            return self.batch_capacity * self.token_capacity
+        if self.kind is GraphKind.DECODE:
+            return self.batch_capacity
+        if self.kind is GraphKind.SPECULATIVE:
+            return self.target_capacity
+        if self.kind is GraphKind.MIXED:
+            return self.max_packed_extent
+        return 0
 
 
 def _err(name: str, field: str, message: str) -> ValueError:
@@ -267,17 +283,33 @@ def _validate_mixed(g: GraphDescriptor, r: int, completion_capacity: int) -> Non
 
 
 def descriptor_from_json(obj: dict) -> GraphDescriptor:
-    """Build a descriptor from one entry of a catalog file (unvalidated)."""
+    """Build a descriptor from one entry of a catalog file (shape contracts unchecked).
+
+    A speculative entry must declare all four extents B, W, D and P (``batch_capacity``,
+    ``token_capacity``, ``proposal_depth``, ``target_capacity``), even a width-one program's
+    D = 0: a missing extent is an error naming the graph and the field, never a default.
+    """
     known = {f.name for f in dataclasses.fields(GraphDescriptor)}
     unknown = set(obj) - known
     if unknown:
         raise ValueError(f"graph entry {obj!r}: unknown fields {sorted(unknown)}")
-    if "kind" not in obj or "batch_capacity" not in obj:
+    if "kind" not in obj:
         raise ValueError(f"graph entry {obj!r}: 'kind' and 'batch_capacity' are required")
     try:
         kind = GraphKind(obj["kind"])
     except ValueError:
         raise ValueError(f"graph entry {obj!r}: unknown kind {obj['kind']!r}") from None
+    if kind is GraphKind.SPECULATIVE:
+        # All four extents are explicit: none is inferred from the others or defaulted.
+        missing = [f for f in SPECULATIVE_EXTENTS if f not in obj]
+        if missing:
+            extents = {f: obj.get(f, "?") for f in SPECULATIVE_EXTENTS}
+            name = (f"speculative[B={extents['batch_capacity']},W={extents['token_capacity']},"
+                    f"D={extents['proposal_depth']},C=0,P={extents['target_capacity']}]")
+            raise _err(name, missing[0], "a speculative program declares all four extents B, D, W and P; "
+                       f"missing {missing}")
+    if "batch_capacity" not in obj:
+        raise ValueError(f"graph entry {obj!r}: 'kind' and 'batch_capacity' are required")
     fields = dict(obj, kind=kind)
     if fields.get("allocation") is not None:
         try:
@@ -300,7 +332,7 @@ def descriptor_to_json(g: GraphDescriptor) -> dict:
     out: dict = {"kind": g.kind.value, "batch_capacity": g.batch_capacity}
     for f in ("token_capacity", "proposal_depth", "target_capacity", "prefill_capacity", "image_capacity"):
         value = getattr(g, f)
-        if value:
+        if value or (g.kind is GraphKind.SPECULATIVE and f in SPECULATIVE_EXTENTS):
             out[f] = value
     if g.allocation is not None:
         out["allocation"] = g.allocation.value
@@ -358,6 +390,11 @@ class Catalog:
         """State-row reservation covers the widest verification across separate and mixed graphs."""
         widths = [g.token_capacity for g in self.graphs if g.kind.is_generation]
         return max(widths, default=1)
+
+    @property
+    def max_packed_extent(self) -> int:
+        """The most target tokens any program of the catalog packs (capture headroom covers it)."""
+        return max((g.packed_extent for g in self.graphs), default=0)
 
     @property
     def max_proposal_depth(self) -> int:

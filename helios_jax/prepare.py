@@ -80,13 +80,6 @@ class Headroom:
         ]
 
 
-def packed_extent(program: Program) -> int:
-    """Target tokens the program packs into one forward (0 for state operations)."""
-    if program.shape.kind in (GraphKind.INITIALIZE, GraphKind.SNAPSHOT, GraphKind.RESTORE):
-        return 0
-    return program.shape.target_capacity
-
-
 def _workspace_bytes(program: Program) -> int:
     try:
         analysis = program.compiled.memory_analysis()
@@ -106,7 +99,7 @@ def capture_headroom(programs: ProgramSet, params) -> Headroom:
         kv_pool_bytes=sizes["kv_pool"],
         row_state_bytes=sizes["row_state"],
         workspace_bytes=workspaces.get(largest, 0),
-        max_packed_extent=max((packed_extent(p) for p in programs.values()), default=0),
+        max_packed_extent=programs.catalog.max_packed_extent,
         largest_workspace_program=largest,
     )
 

@@ -22,7 +22,7 @@ def test_every_kind_the_spec_names_loads():
     assert kinds == set(GraphKind)
 
 
-@spec("speculative-coverage/bdwp-identity", "speculative-coverage/extents-explicit",
+@spec("speculative-coverage/bdwp-identity",
       "speculative-coverage/wp-not-imply-d", "duration-estimates/cost-key", "duration-estimates/no-relabel")
 def test_speculative_identity_is_all_four_extents():
     a = GraphDescriptor(GraphKind.SPECULATIVE, 4, token_capacity=4, proposal_depth=3, target_capacity=16,
@@ -31,6 +31,33 @@ def test_speculative_identity_is_all_four_extents():
     assert a.key != deeper.key
     check(**{f.name: getattr(deeper, f.name) for f in dataclasses.fields(deeper)})
     assert {a.key.batch_capacity, a.key.proposal_depth, a.key.token_capacity, a.key.target_capacity} == {4, 3, 16}
+
+
+@spec("speculative-coverage/extents-explicit")
+@pytest.mark.parametrize("width", [1, 4])
+@pytest.mark.parametrize("field", ["batch_capacity", "token_capacity", "proposal_depth", "target_capacity"])
+def test_a_speculative_entry_declares_all_four_extents(width, field):
+    """Loading refuses a speculative entry that leaves out B, W, D or P, naming the graph and the
+    field; even width one's D = 0 is declared, never defaulted."""
+    obj = shipped_catalog().to_json()
+    entry = next(g for g in obj["graphs"] if g["kind"] == "speculative" and g["batch_capacity"] == 2
+                 and g["token_capacity"] == width)
+    assert {"batch_capacity", "token_capacity", "proposal_depth", "target_capacity"} <= set(entry)
+    del entry[field]
+    with pytest.raises(ValueError, match=rf"graph speculative\[B=.*\]: field '{field}': .*all four extents"):
+        Catalog.from_json(obj)
+
+
+@spec("speculative-coverage/extents-explicit")
+def test_saved_catalogs_declare_every_speculative_extent(tmp_path):
+    width_one = GraphDescriptor(GraphKind.SPECULATIVE, 2, token_capacity=1, proposal_depth=0, target_capacity=2,
+                                allocation=Allocation.QUERY_LENGTH)
+    cat = Catalog("w1", "speculative", 8, 2, (width_one,))
+    cat.save(tmp_path / "w1.json")
+    entry = json.loads((tmp_path / "w1.json").read_text())["graphs"][0]
+    assert (entry["batch_capacity"], entry["token_capacity"], entry["proposal_depth"], entry["target_capacity"]) \
+        == (2, 1, 0, 2)
+    assert Catalog.load(tmp_path / "w1.json") == cat
 
 
 @spec("speculative-coverage/rectangular-p", "speculative-coverage/rectangular-envelope",
@@ -193,3 +220,49 @@ def test_spec_worked_example_counts():
 def test_state_rows_cover_widest_verification():
     assert shipped_catalog().max_verification_width == 8
     assert shipped_catalog("synthetic-h200-ordinary").max_verification_width == 1
+
+
+def _widths_catalog(separate_width, mixed_width):
+    """A speculative catalog whose separate and mixed generation graphs differ in width."""
+    graphs = [GraphDescriptor(GraphKind.PREFILL, 1, token_capacity=64),
+              GraphDescriptor(GraphKind.SPECULATIVE, 1, token_capacity=1, target_capacity=1,
+                              allocation=Allocation.QUERY_LENGTH),
+              GraphDescriptor(GraphKind.SPECULATIVE, 1, token_capacity=separate_width,
+                              proposal_depth=separate_width - 1, target_capacity=separate_width,
+                              allocation=Allocation.QUERY_LENGTH),
+              MixedShape(2, mixed_width, 64, True).descriptor()]
+    return Catalog("widths", "speculative", 64, 4, tuple(graphs))
+
+
+@spec("mixed-execution/state-row-width")
+@pytest.mark.parametrize("separate_width, mixed_width", [(4, 8), (8, 4)])
+def test_state_reservation_covers_the_widest_separate_or_mixed_verification(separate_width, mixed_width):
+    """Whichever family verifies wider, the reservation covers it: verification width 8, and a
+    request's pages hold its prompt and output plus the 7 draft rows of that widest round
+    (100 + 44 + 7 = 151 tokens: 10 pages of 16, where 144 tokens fit in 9)."""
+    from helios_jax.scheduler.core import Scheduler
+
+    cat = _widths_catalog(separate_width, mixed_width)
+    assert cat.max_verification_width == 8 and cat.max_proposal_depth == 7
+    s = Scheduler(cat, page_size=16)
+    assert s.draft_storage == 7
+    assert len(s.page_table(s.admit([1] * 100, max_output=44))) == 10
+
+
+@spec("mixed-execution/headroom-extent", "mixed-execution/max-extent")
+def test_the_catalogs_maximum_packed_extent():
+    """What capture headroom reserves for: the most target tokens one program packs. Shipped
+    catalogs: mixed B=16 with a 4096-token prompt and 15 decode rows, 4096 + 15*1 = 4111, above
+    the 4096-token prefill chunk; without mixed graphs the chunk is the largest."""
+    spec = shipped_catalog()
+    by_name = {g.name: g for g in spec.graphs}
+    assert by_name["prefill[B=1,W=4096,D=0,C=0,P=0]"].packed_extent == 4096
+    assert by_name["speculative[B=16,W=8,D=7,C=0,P=64]"].packed_extent == 64  # P, not B*W = 128
+    assert by_name["mixed[B=2,W=8,D=7,C=512,P=520]"].packed_extent == 512 + 8
+    assert by_name["snapshot[B=4,W=0,D=0,C=0,P=0]"].packed_extent == 0
+    ordinary = shipped_catalog("synthetic-h200-ordinary")
+    assert next(g for g in ordinary.graphs if g.kind is GraphKind.DECODE and g.batch_capacity == 16).packed_extent == 16
+    for cat in (spec, ordinary):
+        assert cat.max_packed_extent == 4111
+        no_mixed = dataclasses.replace(cat, graphs=tuple(g for g in cat.graphs if g.kind is not GraphKind.MIXED))
+        assert no_mixed.max_packed_extent == 4096

@@ -34,7 +34,7 @@ def test_prepare_compiles_measures_and_exports(prepared, tmp_path):
     assert h.params_bytes == sum(x.nbytes for x in jax.tree_util.tree_leaves(params))
     layers = config.num_layers + config.mtp_num_layers
     assert h.kv_pool_bytes == 2 * layers * config.num_kv_heads * ENGINE.kv_pages * ENGINE.page_size * config.head_dim * 4
-    assert h.max_packed_extent == 16  # the prefill chunk; speculative programs pack at most P = 2
+    assert h.max_packed_extent == out.catalog.max_packed_extent == 16  # the prefill chunk; speculative P = 2
     assert h.workspace_bytes >= 0 and h.lines()
     path = tmp_path / "measured.json"
     out.catalog.save(path)

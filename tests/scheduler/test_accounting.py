@@ -1,17 +1,18 @@
 """Queue projection, service accounting, duration samples and exploration credit, rule by rule."""
+import dataclasses
 import math
 
 import numpy as np
 import pytest
 
-from helios_jax.catalog import Allocation, DecodeMode, GraphKind
+from helios_jax.catalog import Allocation, CostKey, DecodeMode, GraphKind
 from helios_jax.scheduler import policy
 from helios_jax.scheduler.core import NS_PER_MS, PlanRejected, Scheduler
 from helios_jax.scheduler.plan import CompletionRecord, ExecutionClass, ExecutionTiming
 from helios_jax.scheduler.speculation import SOURCE_COPY, SOURCE_LEARNED
 from helios_jax.scheduler.view import LaneRole, Phase
 
-from .helpers import ORDINARY, SPEC, decoder, inputs, prompt
+from .helpers import ORDINARY, RAGGED, SPEC, decoder, inputs, prompt
 from .test_core import records, run_once, scheduler, timing
 
 spec = pytest.mark.spec
@@ -100,7 +101,7 @@ def test_rates_are_physical_and_only_service_changes_them():
     s.commit(saved, fence + 1)
 
 
-@spec("duration-estimates/speculative-bdwp", "duration-estimates/isolated-and-queued", "duration-estimates/no-host-time",
+@spec("duration-estimates/isolated-and-queued", "duration-estimates/no-host-time",
       "duration-estimates/service-raw", "confidence-acceptance/no-host-delay", "timing-refresh/queued-credit",
       "timing-refresh/isolated-credit", "acceptance-learning/budgets-raw")
 def test_samples_credit_and_service_use_the_right_intervals():
@@ -123,6 +124,37 @@ def test_samples_credit_and_service_use_the_right_intervals():
     assert s.timing_ledger.balance_ms - credit == pytest.approx(5.0 * 0.002 / 0.998)
     assert s.costs.samples(second.graph.key)[-1] == pytest.approx(5.0 * MS)
     assert second.graph.key.batch_capacity == second.graph.batch_capacity  # its actual B/D/W/P
+
+
+@spec("duration-estimates/speculative-bdwp", "duration-estimates/rows-not-key")
+def test_a_speculative_round_is_costed_under_its_actual_b_d_w_p():
+    """ragged-small's device program (B=4, W=4, D=3, P=8) serves three decoders; its host sibling
+    (B=4, W=4, D=3, P=6) differs only in P. The 4.2 ms sample joins the P=8 entry (seeded at
+    4.7 ms: median of the two 4.45), three active rows or not, and nothing else moves."""
+    catalog = dataclasses.replace(RAGGED, graphs=tuple(
+        g for g in RAGGED.graphs if g.kind is GraphKind.PREFILL or g.target_capacity in (6, 8)
+        and g.kind is GraphKind.SPECULATIVE and g.token_capacity == 4 and g.batch_capacity == 4))
+    s = scheduler(catalog)
+    for _ in range(3):
+        s.admit([1] * 8, max_output=100)
+    t = 0.0
+    for fence in range(1, 4):
+        _, _, t = run_once(s, fence, t)
+    s.advance_to(int(t * MS))
+    plan = s.plan()
+    assert plan.graph.allocation is Allocation.PREFIX_LIMIT and len(plan.lanes) == 3
+    s.commit(plan, 4)
+    recs = [CompletionRecord(l.handle, l.epoch, tokens=(5, 5), offered=1, accepted=1) for l in plan.lanes]
+    sidecar = np.full((2, RAGGED.request_slots, 3), 0.5, np.float32)
+    s.complete_packed_round(4, recs, timing(4.2), sidecar)
+    device = CostKey(GraphKind.SPECULATIVE, 4, 4, 3, 0, 8)
+    host = CostKey(GraphKind.SPECULATIVE, 4, 4, 3, 0, 6)
+    assert s.costs.samples(device) == pytest.approx((4.7 * MS, 4.2 * MS))
+    assert s.costs.estimate_ms(device) == pytest.approx(4.45)
+    assert s.costs.samples(host) == pytest.approx((4.5 * MS,))
+    assert set(s.costs.keys()) == {g.key for g in catalog.graphs}
+    rec = s.trace[-1]
+    assert (rec.batch_capacity, rec.proposal_depth, rec.token_capacity, rec.target_capacity) == (4, 3, 4, 8)
 
 
 @spec("timing-refresh/invalid-not-fresh", "timing-refresh/invalid-wall-pays", "timing-refresh/speculative-one-program",
@@ -259,8 +291,7 @@ def test_first_stage_alone_competes_and_setup_commits_no_tokens():
     assert gen == [] and s.requests[h.rid].output == [] and s.requests[h.rid].history.log_x is None
 
 
-@spec("mixed-execution/needs-feedback", "mixed-execution/no-synthesis", "mixed-execution/measured-choose",
-      "mixed-execution/references-lookahead")
+@spec("mixed-execution/needs-feedback", "mixed-execution/no-synthesis", "mixed-execution/measured-choose")
 def test_mixed_programs_in_the_window_and_the_references():
     assert not GraphKind.MIXED.may_share_window
     no_mixed = ORDINARY.__class__(**{**ORDINARY.__dict__, "graphs": tuple(
@@ -284,3 +315,94 @@ def test_mixed_programs_in_the_window_and_the_references():
         g for g in ORDINARY.graphs if g.kind is not GraphKind.DECODE)})
     c = policy.select(inputs([decoder(1)], catalog=only_mixed, mode=DecodeMode.ORDINARY))
     assert c.kind is GraphKind.MIXED and c.score > 0
+
+
+@spec("service-accounting/unselected-zero")
+def test_unselected_participants_are_charged_zero_service():
+    """Only decode B=1 is loaded: of two decoding requests one is served per frame. Over an
+    isolated 5 ms interval the served one gets one token (x <- a*x + (1 - a)*1/5, a = e^-0.05)
+    and the other zero: its token and delivery rates decay by e^-0.05 (log -0.05)."""
+    catalog = dataclasses.replace(ORDINARY, graphs=tuple(
+        g for g in ORDINARY.graphs if g.kind is GraphKind.PREFILL or g.name == "decode[B=1,W=1,D=0,C=0,P=1]"))
+    s, handles, t, fence = decoding(catalog)
+    before = {h.rid: (s.requests[h.rid].history.log_x, s.requests[h.rid].history.log_z) for h in handles}
+    assert all(x is not None and z is not None for x, z in before.values())
+    plan = s.plan()
+    assert len(plan.lanes) == 1
+    served = plan.lanes[0].handle.rid
+    other = next(h.rid for h in handles if h.rid != served)
+    s.commit(plan, fence)
+    s.advance_to(int((t + 5) * MS))
+    s.complete(fence, records(plan), timing(5.0))
+    a = math.exp(-0.05)
+    x0, z0 = before[served]
+    assert math.exp(s.requests[served].history.log_x) == pytest.approx(a * math.exp(x0) + (1 - a) / 5.0)
+    assert s.requests[other].history.log_x == pytest.approx(before[other][0] - 0.05)
+    assert s.requests[other].history.log_z == pytest.approx(before[other][1] - 0.05)
+    assert s.requests[served].history.log_z == pytest.approx(z0 - 0.05)  # no delivery until published
+
+
+@spec("service-accounting/committed-diffs")
+def test_queued_frames_are_charged_their_own_committed_tokens():
+    """One decoder on the speculative catalog, preseeded to expect long bursts (W = 8), with two
+    frames queued. The first (isolated, 6 ms) commits 4 tokens, the queued second (device 5 ms)
+    6 tokens: each interval is charged its own committed tokens, not the output counter as it
+    stood before the queued work, nor the frozen expectation."""
+    from helios_jax.scheduler.speculation import PrefixEstimate
+    history = {SOURCE_LEARNED: PrefixEstimate(np.full(7, 0.9), np.full(7, 64.0), 0)}
+    s = scheduler(SPEC)
+    h = s.admit([1] * 8, max_output=500, acceptance_history=history)
+    _, _, t = run_once(s, 1, 0.0)
+    req = s.requests[h.rid]
+    s.advance_to(int(t * MS))
+    first = s.plan()
+    s.commit(first, 2)
+    second = s.plan()
+    s.commit(second, 3)
+    assert first.lanes[0].query_length == second.lanes[0].query_length == 8
+    assert s.in_flight == (2, 3) and first.lanes[0].expected_tokens != 4
+    x0 = math.exp(req.history.log_x)
+    s.advance_to(int((t + 6) * MS))
+    s.complete(2, records(first, accepted=3), ExecutionTiming((6.0 * MS,), 6.0 * MS))
+    a1 = math.exp(-6 / 100)
+    x1 = a1 * x0 + (1 - a1) * 4 / 6.0
+    assert math.exp(req.history.log_x) == pytest.approx(x1)
+    s.advance_to(int((t + 11) * MS))
+    s.complete(3, records(second, accepted=5), ExecutionTiming((5.0 * MS,), 11.0 * MS, queued=True))
+    a2 = math.exp(-5 / 100)
+    assert math.exp(req.history.log_x) == pytest.approx(a2 * x1 + (1 - a2) * 6 / 5.0)
+    assert len(req.output) == 1 + 4 + 6
+
+
+@spec("mixed-execution/references-lookahead")
+def test_mixed_shapes_set_the_reference_and_follow_prerequisites():
+    """The ordinary catalog without its decode graphs: mixed graphs are the only generation
+    programs, and the fastest, mixed B=2 C=64 (4.885 ms), sets the reference interval.
+
+    - one decoder (x = 2, z = 0.25, A = 10): K = 1, sigma = 4.885; decode-only mixed B=2 C=64
+      scores (88 + 0.1*4.885*(10 + 4.885))/4.885 - 4.885/2*0.1 = 19.258580;
+    - a stream behind a restore (0.35 ms) and that decoder: K = 2, sigma = 2*4.885/2; the restore
+      followed by mixed B=2 C=64, U = 5.235: (88 + 0.1*U*(10 + U) + 88 + 0.1*4.885*(10 + U))/U
+      - U/2*0.2 = 36.041509;
+    - a prompt of 40 tokens (x = 0.3) behind initialization (0.2 ms) beside the decoder: its prompt
+      row rides mixed B=2 C=64 after it, U = 5.085: (54.333*40 + 117.333 + 88 + 0.1*4.885*(10 + U))/U
+      - U/2*0.1 = 468.975974.
+    """
+    only_mixed = dataclasses.replace(ORDINARY, graphs=tuple(g for g in ORDINARY.graphs if g.kind is not GraphKind.DECODE))
+    ordinary = dict(catalog=only_mixed, mode=DecodeMode.ORDINARY)
+    m2 = "mixed[B=2,W=1,D=0,C=64,P=65]"
+    unscaled = lambda c: c.score * math.exp(c.log_scale)
+    c = policy.select(inputs([decoder(1)], **ordinary))
+    assert c.graph.name == m2 and c.prefill_row == -1
+    assert unscaled(c) == pytest.approx((88 + 0.1 * 4.885 * (10 + 4.885)) / 4.885 - 4.885 / 2 * 0.1)
+    from .test_prerequisites import blocked
+    c = policy.select(inputs([blocked(1, [GraphKind.RESTORE], Phase.DECODE), decoder(2)], **ordinary))
+    u = 0.35 + 4.885
+    assert c.kind is GraphKind.RESTORE and c.following.graph.name == m2 and sorted(c.following.rids) == [1, 2]
+    assert unscaled(c) == pytest.approx((88 + 0.1 * u * (10 + u) + 88 + 0.1 * 4.885 * (10 + u)) / u - u / 2 * 0.2)
+    c = policy.select(inputs([blocked(1, [GraphKind.INITIALIZE], Phase.PREFILL, tokens=40, x=0.3), decoder(2)],
+                             **ordinary))
+    u = 0.2 + 4.885
+    prompt_value = (1 + 16 / 0.3) * 40 + (64 + 16 / 0.3)
+    assert c.kind is GraphKind.INITIALIZE and c.following.graph.name == m2 and c.following.prefill_row == 0
+    assert unscaled(c) == pytest.approx((prompt_value + 88 + 0.1 * 4.885 * (10 + u)) / u - u / 2 * 0.1)

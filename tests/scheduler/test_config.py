@@ -30,7 +30,7 @@ def test_throughput_preset_zeroes_delivery_and_age_only():
     assert (t.terminal_value, t.terminal_age_price) == (256, 1)  # terminal urgency under both presets
 
 
-@spec("policy/terminal-overrides", "policy/terminal-zero", "policy/terminal-both-zero", "policy/alpha-flag")
+@spec("policy/terminal-overrides", "policy/terminal-both-zero", "policy/alpha-flag")
 def test_overrides_apply_after_the_preset():
     t = PolicyConfig.preset("throughput", terminal_value=0, terminal_age_price=0, adaptive_verification_alpha=0.5)
     assert (t.terminal_value, t.terminal_age_price, t.adaptive_verification_alpha) == (0, 0, 0.5)

@@ -69,15 +69,35 @@ def snapshot(s):
             s.acceptance_ledger.balance_ms, tuple(s.in_flight), s.pages.owned(), dict(s.executions))
 
 
-@spec("planning-queue/api", "policy/configure-before-admission")
-def test_api_and_policy_configuration():
+@spec("planning-queue/api")
+def test_api_round_trip():
     s = scheduler()
-    s.configure_policy(PolicyConfig.preset("throughput"))
     h = s.admit([1] * 10, max_output=4)
-    with pytest.raises(ValueError, match="precede admission"):
-        s.configure_policy(PolicyConfig())
     plan, gen, _ = run_once(s, 1, 0.0)
     assert plan.kind is GraphKind.PREFILL and gen[0].handle == h and gen[0].tokens == (5,)
+
+
+@spec("policy/configure-before-admission")
+def test_a_policy_configured_before_admission_governs_the_scheduler():
+    """configure_policy before the first admission sets every preference, the freshness interval
+    included: the plans equal those of a scheduler built with that policy. After admission it is
+    refused and the configured policy stays."""
+    configured = PolicyConfig(output_token_value=128.0, token_fairness=4.0, estimate_ttl_ns=10 * MS)
+    s = scheduler()
+    s.configure_policy(configured)
+    reference = Scheduler(ORDINARY, policy_config=configured)
+    reference.seed_costs(0)
+    for sched in (s, reference):
+        sched.admit([1] * 10, max_output=4)
+        sched.advance_to(0)
+    plan, default = s.plan(), scheduler()
+    default.admit([1] * 10, max_output=4)
+    assert plan == reference.plan() and plan.value_rate != default.plan().value_rate
+    decode = next(g for g in ORDINARY.graphs if g.kind is GraphKind.DECODE)
+    assert not s.costs.is_stale(decode.key, 10 * MS) and s.costs.is_stale(decode.key, 10 * MS + 1)
+    with pytest.raises(ValueError, match="precede admission"):
+        s.configure_policy(PolicyConfig())
+    assert s.policy == configured and s.costs.ttl_ns == 10 * MS
 
 
 def test_admission_validation_and_resources():
@@ -179,7 +199,7 @@ def test_malformed_mixed_completion_changes_nothing(mutate, message):
 
 
 @spec("service-accounting/one-interval", "service-accounting/queued-interval", "service-accounting/isolated-interval",
-      "service-accounting/unselected-zero", "service-accounting/committed-diffs", "useful-service/actual-updates-history")
+      "useful-service/actual-updates-history")
 def test_service_intervals():
     """An isolated frame charges max(device, wall); a queued one its device interval only."""
     s = scheduler()
@@ -380,9 +400,8 @@ def test_stop_tokens_and_length_finish_requests():
     assert h.rid not in s.requests  # retired, resources returned
 
 
-@spec("timing-refresh/full-credit-displace", "timing-refresh/alternative-order", "timing-refresh/attempt-on-commit",
-      "timing-refresh/winners-free", "useful-service/refresh-separate", "planning-queue/gate-discovery-probe",
-      "duration-estimates/stale-needs-empty", "timing-refresh/speculative-pays-once")
+@spec("timing-refresh/full-credit-displace", "timing-refresh/attempt-on-commit",
+      "useful-service/refresh-separate", "planning-queue/gate-discovery-probe", "duration-estimates/stale-needs-empty")
 def test_full_refresh_credit_displaces_the_winner_with_the_oldest_stale_alternative():
     s = scheduler()
     for _ in range(2):
@@ -411,9 +430,9 @@ def test_full_refresh_credit_displaces_the_winner_with_the_oldest_stale_alternat
     assert s.executions["timing_refresh"] == 1
 
 
-@spec("acceptance-learning/probe-deeper", "acceptance-learning/probe-can-beat", "acceptance-learning/probe-future-output",
+@spec("acceptance-learning/probe-deeper", "acceptance-learning/probe-can-beat",
       "acceptance-learning/rank-gain-rate", "acceptance-learning/pays-interval", "acceptance-learning/ledgers-disjoint",
-      "acceptance-learning/fixed-no-probe", "acceptance-learning/timing-precedence")
+      "acceptance-learning/fixed-no-probe")
 @pytest.mark.parametrize("mode", [DecodeMode.ADAPTIVE, DecodeMode.FIXED])
 def test_acceptance_probe_offers_a_deeper_prefix(mode):
     s = Scheduler(SPEC, mode=mode, fixed_width=8 if mode is DecodeMode.FIXED else None)
@@ -455,22 +474,33 @@ def test_an_overrun_suspends_queueing_without_ineligibility():
     assert s.plan().graph == plan.graph  # the same program stays eligible
 
 
-@spec("duration-estimates/unknown-needs-empty", "duration-estimates/commit-freshness")
-def test_a_saved_plan_rechecks_freshness_at_commit():
-    s = scheduler()
+@spec("duration-estimates/commit-freshness")
+@pytest.mark.parametrize("commit_ms, fresh", [(5.9, True), (6.5, False)])
+def test_a_saved_plan_rechecks_freshness_at_commit(commit_ms, fresh):
+    """Estimates stay fresh for 6 ms here. Decode B=1 was measured at t = 0; the prefill ends at
+    4.854 ms, when a first decode frame is committed (expected end 8.385 ms) and a second one
+    planned behind it, fresh then, so it may be queued. Committing that saved plan at 5.9 ms
+    queues it; at 6.5 ms (before the first frame's expected end, so no overrun) its estimate has
+    gone stale and commit refuses it: a stale program needs an empty window."""
+    s = scheduler(policy_config=PolicyConfig(estimate_ttl_ns=6 * MS))
     s.admit([1] * 8, max_output=1000)
     _, _, t = run_once(s, 1, 0.0)
+    assert t == pytest.approx(4.854)
     s.advance_to(int(t * MS))
     first = s.plan()
     s.commit(first, 2)
-    saved = s.plan()  # a decode frame that may be queued behind the first
-    assert not saved.needs_empty_window
-    s.advance_to(int((t + 0.5) * MS) + POLICY_TTL)  # the saved plan outlives its estimate
-    with pytest.raises(PlanRejected, match="empty window|window"):
+    saved = s.plan()
+    assert saved.kind is GraphKind.DECODE and not saved.needs_empty_window
+    s.advance_to(int(commit_ms * MS))
+    if fresh:
         s.commit(saved, 3)
+        assert s.in_flight == (2, 3)
+    else:
+        with pytest.raises(PlanRejected, match="needs an empty window"):
+            s.commit(saved, 3)
+        assert s.in_flight == (2,)
 
 
-POLICY_TTL = PolicyConfig().estimate_ttl_ns
 
 
 @spec("acceptance-learning/execution-metrics", "confidence-acceptance/spec-counters")
@@ -487,3 +517,264 @@ def test_metrics_exposition():
     assert 'helios_scheduler_executions_total{class="ordinary"} 3' in text
     assert "helios_speculative_programs_total 2" in text
     assert 'helios_speculative_accepted_by_position_total{position="1"} 2' in text
+
+
+@spec("confidence-acceptance/prior-update", "confidence-acceptance/half-life", "confidence-acceptance/initial-weight")
+def test_completed_rounds_move_the_population_priors_a_sixty_fourth():
+    """ragged-small's device program (B=4, W=4, D=3, P=8): four decoders, ceilings 4, each lane
+    offered 2 proposals and accepted 1, sidecar joint probabilities [0.9, 0.5, 0.2].
+
+    Each lane moves the learned-acceptance prior 1/64 toward its observation [1, 0, -] and the
+    forecast prior 1/64 toward [0.9, 0.5, 0.2]; four lanes: m = x - (x - 0.5**d) * (63/64)**4.
+    A request admitted afterwards starts from those priors with weight 2. The observing lanes
+    had generated 3 tokens (1 from the prefill, 2 now): their own weight 2 aged to
+    w = 2 * 0.5**(3/128) before the observation, so depth 1 holds (w*0.5 + 1)/(w + 1).
+    """
+    device_only = dataclasses.replace(RAGGED, graphs=tuple(
+        g for g in RAGGED.graphs if g.kind is GraphKind.PREFILL
+        or (g.allocation is not None and g.allocation.value == "prefix_limit")))
+    s = scheduler(device_only)
+    first = [s.admit([1] * 8, max_output=100) for _ in range(4)]
+    t = 0.0
+    for fence in range(1, 5):
+        _, _, t = run_once(s, fence, t)
+    s.advance_to(int(t * MS))
+    plan = s.plan()
+    assert plan.graph.allocation.value == "prefix_limit" and len(plan.lanes) == 4
+    s.commit(plan, 5)
+    recs = [CompletionRecord(l.handle, l.epoch, tokens=(5, 5), offered=2, accepted=1) for l in plan.lanes]
+    sidecar = np.zeros((2, RAGGED.request_slots, 3), np.float32)
+    sidecar[1, :, :] = [0.9, 0.5, 0.2]
+    s.complete_packed_round(5, recs, timing(4.7), sidecar)
+    keep = (63 / 64) ** 4
+    late = s.requests[s.admit([1] * 8, max_output=100).rid]
+    learned = late.acceptance.get(late.proposal_source)
+    np.testing.assert_allclose(learned.mean, [1 - 0.5 * keep, 0.25 * keep, 0.125])
+    np.testing.assert_allclose(learned.weight, [2, 2, 2])
+    x = np.array([0.9, 0.5, 0.2], np.float32).astype(float)
+    np.testing.assert_allclose(late.forecast.mean, x - (x - [0.5, 0.25, 0.125]) * keep)
+    w = 2 * 0.5 ** (3 / 128)
+    observed = s.requests[first[0].rid].acceptance.get(late.proposal_source)
+    np.testing.assert_allclose(observed.mean, [(w * 0.5 + 1) / (w + 1), w * 0.25 / (w + 1), 0.125])
+    np.testing.assert_allclose(observed.weight, [w + 1, w + 1, w])
+
+
+def _stale_pair(catalog=ORDINARY, history=None, requests=2):
+    """Decoding requests 31 s after every estimate was last observed, the ordinary winner
+    re-measured (fresh) so only the alternatives are stale; returns (scheduler, winner, now_ms)."""
+    s = scheduler(catalog)
+    for _ in range(requests):
+        s.admit([1] * 8, max_output=1000, acceptance_history=history)
+    t = 0.0
+    for fence in range(1, requests + 1):
+        _, _, t = run_once(s, fence, t)
+    later = 31_000.0
+    s.advance_to(int(later * MS))
+    winner = s.plan()
+    s.costs.observe(winner.graph.key, [winner.expected_duration_ms * MS], int(later * MS))
+    return s, winner, later
+
+
+@spec("timing-refresh/alternative-order")
+@pytest.mark.parametrize("attempts, chosen", [
+    # decode B=1 (value rate 43.5) was last observed at 0, mixed B=2 C=64 (62.9) at 9.739 ms: oldest first
+    ({}, "decode[B=1,W=1,D=0,C=0,P=1]"),
+    # an attempt at 20 ms makes decode B=1 the younger one: the later of observation and attempt counts
+    ({"decode[B=1,W=1,D=0,C=0,P=1]": 20.0}, "mixed[B=2,W=1,D=0,C=64,P=65]"),
+    # equally old (both attempted at 20 ms): the higher ordinary value rate goes first
+    ({"decode[B=1,W=1,D=0,C=0,P=1]": 20.0, "mixed[B=2,W=1,D=0,C=64,P=65]": 20.0}, "mixed[B=2,W=1,D=0,C=64,P=65]"),
+    ({"mixed[B=2,W=1,D=0,C=64,P=65]": 20.0}, "decode[B=1,W=1,D=0,C=0,P=1]"),
+])
+def test_refresh_takes_the_oldest_stale_alternative_then_the_most_valuable(attempts, chosen):
+    """Two decoders 31 s on: the winner decode B=2 is re-measured, the stale alternatives are
+    decode B=1 and the decode-only mixed B=2 C=64 (the second prefill ran on it at 9.739 ms)."""
+    s, winner, _ = _stale_pair()
+    assert winner.graph.name == "decode[B=2,W=1,D=0,C=0,P=2]"
+    by_name = {g.name: g for g in ORDINARY.graphs}
+    assert s.costs.last_valid_ns(by_name["mixed[B=2,W=1,D=0,C=64,P=65]"].key) == int(9.739 * MS)
+    for name, at_ms in attempts.items():
+        s.costs.note_attempt(by_name[name].key, int(at_ms * MS))
+    s.timing_ledger.earn(2495.0)
+    plan = s.plan()
+    assert plan.reason is ExecutionClass.TIMING_REFRESH and plan.graph.name == chosen
+
+
+@spec("timing-refresh/winners-free")
+def test_a_stale_ordinary_winner_refreshes_its_cost_without_spending_credit():
+    """Everything but the winner re-measured: with full refresh credit the stale winner still runs
+    as ordinary work (after the queue drains), its first valid sample replaces the estimate, and
+    the ledger keeps its 5 ms."""
+    s = scheduler()
+    for _ in range(2):
+        s.admit([1] * 8, max_output=1000)
+    t = 0.0
+    for fence in (1, 2):
+        _, _, t = run_once(s, fence, t)
+    later = 31_000.0
+    s.advance_to(int(later * MS))
+    winner = s.plan()
+    for g in ORDINARY.graphs:
+        if g != winner.graph:
+            s.costs.observe(g.key, [g.duration_ms * MS], int(later * MS))
+    s.timing_ledger.earn(2495.0)
+    plan = s.plan()
+    assert plan.reason is ExecutionClass.ORDINARY and plan.graph == winner.graph and plan.needs_empty_window
+    assert s.costs.is_stale(plan.graph.key, s.now_ns) and plan.exploration_credit_ms == 0
+    s.commit(plan, 3)
+    s.advance_to(int((later + 4) * MS))
+    s.complete(3, records(plan), timing(4.0))
+    assert s.costs.estimate_ms(plan.graph.key) == pytest.approx(4.0) and s.costs.is_fresh(plan.graph.key, s.now_ns)
+    assert s.timing_ledger.balance_ms == pytest.approx(5.0) and not s.timing_ledger.episode_active
+    assert s.executions["timing_refresh"] == 0 and s.executions["ordinary"] == 3
+
+
+@spec("timing-refresh/speculative-pays-once", "timing-refresh/speculative-one-program")
+def test_a_speculative_refresh_pays_its_whole_interval_once():
+    """A refresh of a two-lane speculative program, isolated, device intervals 6 and 5 ms on two
+    ranks and 7 ms of wall time: the episode pays max(6, 7) = 7 ms once (5 - 7 = -2 ms of credit),
+    the acceptance ledger is untouched, and the cost sample is the device's 6 ms."""
+    s, winner, later = _stale_pair(SPEC)
+    s.timing_ledger.earn(2495.0)
+    learning = s.acceptance_ledger.balance_ms
+    plan = s.plan()
+    assert plan.reason is ExecutionClass.TIMING_REFRESH and plan.kind is GraphKind.SPECULATIVE
+    assert plan.graph.proposal_depth > 0 and len(plan.lanes) == 2
+    s.commit(plan, 3)
+    s.advance_to(int((later + 7) * MS))
+    s.complete(3, records(plan, accepted=1), ExecutionTiming((6.0 * MS, 5.0 * MS), 7.0 * MS))
+    assert s.timing_ledger.balance_ms == pytest.approx(-2.0)
+    assert s.execution_ns["timing_refresh"] == 7 * MS and s.executions["timing_refresh"] == 1
+    assert s.acceptance_ledger.balance_ms == learning
+    assert s.costs.estimate_ms(plan.graph.key) == pytest.approx(6.0)
+
+
+@spec("acceptance-learning/timing-precedence")
+def test_timing_refresh_takes_precedence_over_an_acceptance_probe():
+    """Both ledgers full, stale alternatives (every program but the single-row speculative ones)
+    and a probe available (a pessimistic, uninformed acceptance history): the refresh is chosen. With the timing credit gone, the same state
+    (plan() is pure) offers the probe."""
+    from helios_jax.scheduler.speculation import SOURCE_LEARNED, PrefixEstimate
+    low = {SOURCE_LEARNED: PrefixEstimate(np.full(7, 0.05), np.full(7, 2.0), 0)}
+    s, winner, later = _stale_pair(SPEC, history=low, requests=1)
+    assert winner.reason is ExecutionClass.ORDINARY and winner.lanes[0].query_length == 1
+    _, _, later = run_once(s, 2, later)  # an ordinary round: the stream's output is recent again
+    for g in SPEC.graphs:  # the single-row programs a probe would use are fresh; the rest stay stale
+        if g.kind is GraphKind.SPECULATIVE and g.batch_capacity == 1:
+            s.costs.observe(g.key, [g.duration_ms * MS], int(later * MS))
+    s.timing_ledger.earn(2495.0)
+    s.acceptance_ledger.earn(495.0)
+    plan = s.plan()
+    assert plan.reason is ExecutionClass.TIMING_REFRESH and plan.exploration_credit_ms == pytest.approx(5.0)
+    s.timing_ledger.idle()  # no refresh credit: the probe is next in line
+    probe = s.plan()
+    assert probe.reason is ExecutionClass.ACCEPTANCE_LEARNING and any(l.query_length > 1 for l in probe.lanes)
+    s.commit(probe, 3)
+    assert s.acceptance_ledger.episode_active and not s.timing_ledger.episode_active
+
+
+@spec("timing-refresh/discovery-no-credit", "acceptance-learning/discovery-separate")
+def test_discovery_earns_no_credit_and_is_accounted_on_its_own():
+    """A cold catalog: the first prefill is discovery. Its 5 ms earn neither ledger anything and
+    are counted as discovery; with a full acceptance ledger it neither pays from it nor gives
+    way to a probe. The first ordinary round then earns its share."""
+    s = Scheduler(SPEC)
+    s.admit([1] * 8, max_output=100)
+    s.advance_to(0)
+    plan = s.plan()
+    assert plan.reason is ExecutionClass.DISCOVERY
+    s.commit(plan, 1)
+    s.advance_to(5 * MS)
+    s.complete(1, records(plan), timing(5.0))
+    assert (s.timing_ledger.balance_ms, s.acceptance_ledger.balance_ms) == (0.0, 0.0)
+    assert (s.timing_ledger.earned_from_ms, s.acceptance_ledger.earned_from_ms) == (0.0, 0.0)
+    assert s.executions["discovery"] == 1 and s.execution_ns["discovery"] == 5 * MS
+    assert s.executions["ordinary"] == 0 and s.executions["acceptance_learning"] == 0
+    s.acceptance_ledger.earn(495.0)
+    second = s.plan()  # the decode programs are unknown too: discovery again
+    assert second.reason is ExecutionClass.DISCOVERY
+    s.commit(second, 2)
+    s.advance_to(9 * MS)
+    s.complete(2, records(second), timing(4.0))
+    assert s.acceptance_ledger.balance_ms == pytest.approx(5.0) and not s.acceptance_ledger.episode_active
+    assert s.executions["acceptance_learning"] == 0 and s.execution_ns["discovery"] == 9 * MS
+    s.acceptance_ledger.idle()
+    s.seed_costs(9 * MS)
+    ordinary = s.plan()
+    assert ordinary.reason is ExecutionClass.ORDINARY
+    s.commit(ordinary, 3)
+    s.advance_to(13 * MS)
+    s.complete(3, records(ordinary), timing(4.0))
+    assert s.timing_ledger.balance_ms == pytest.approx(4.0 * 0.002 / 0.998)
+    assert s.acceptance_ledger.balance_ms == pytest.approx(4.0 * 0.01 / 0.99)
+
+
+@spec("mixed-execution/same-contracts", "mixed-execution/prompt-row-commit", "mixed-execution/spec-row-commit")
+def test_mixed_rows_follow_the_contracts_of_separate_graphs():
+    """Speculative mixed B=2 W=4 C=512 with checkpoints: a decoder (preseeded acceptance 0.9,
+    weight 64) and a 300-token prompt whose anchor is its end.
+
+    One mixed frame: the prompt row commits all 300 tokens and one output token, then snapshots
+    its anchor first (a prompt checkpoint, as after a separate prefill); the decode row offers 3
+    proposals and accepts 2, observed at its 4 generated tokens like any round: weight
+    w = 64 * 0.5**(4/128), depths 1-2 move (1 - 0.9)/(w + 1), depth 3 (0 - 0.9)/(w + 1).
+    Publication: the decoder's delivery rate takes one delivery over the 16 ms interval, the
+    new decoder's starts at one delivery per frame. A prompt row cancelled in flight keeps its
+    pages until its fence completes, publishes nothing, and its slot's next owner is a new
+    generation charged nothing.
+    """
+    from helios_jax.scheduler.speculation import SOURCE_LEARNED, PrefixEstimate
+    names = {"prefill[B=1,W=64,D=0,C=0,P=0]", "speculative[B=1,W=1,D=0,C=0,P=1]",
+             "speculative[B=2,W=1,D=0,C=0,P=2]", "mixed[B=2,W=4,D=3,C=512,P=516]",
+             "snapshot[B=1,W=0,D=0,C=0,P=0]", "restore[B=1,W=0,D=0,C=0,P=0]"}
+    s = scheduler(dataclasses.replace(SPEC, graphs=tuple(g for g in SPEC.graphs if g.name in names)),
+                  checkpoints=True)
+    a = s.admit([1] * 8, max_output=500,
+                acceptance_history={SOURCE_LEARNED: PrefixEstimate(np.full(7, 0.9), np.full(7, 64.0), 0)})
+    t, fence = 0.0, 0
+    while s.requests[a.rid].phase is not Phase.DECODE:  # its prefill, then its anchor snapshot
+        fence += 1
+        _, _, t = run_once(s, fence, t)
+    b = s.admit(list(range(2, 302)), max_output=50, message_endpoints=[300])
+    s.advance_to(int(t * MS))
+    plan = s.plan()
+    assert plan.graph.name == "mixed[B=2,W=4,D=3,C=512,P=516]" and plan.prefill_row == 0
+    assert [(l.handle, l.prompt_tokens, l.query_length) for l in plan.lanes] == [(b, 300, 0), (a, 0, 4)]
+    fence += 1
+    s.commit(plan, fence)
+    ra, rb = s.requests[a.rid], s.requests[b.rid]
+    z_before = ra.history.log_z
+    s.advance_to(int((t + 16) * MS))
+    recs = [CompletionRecord(b, plan.lanes[0].epoch, prompt_tokens=300, tokens=(7,)),
+            CompletionRecord(a, plan.lanes[1].epoch, tokens=(5, 5, 5), offered=3, accepted=2)]
+    gen = s.complete(fence, recs, timing(16.0))
+    assert rb.consumed == 300 and rb.output == [7]
+    assert rb.phase is Phase.BLOCKED and rb.prerequisites == [GraphKind.SNAPSHOT] and rb.capture_row is not None
+    w = 64 * 0.5 ** (4 / 128)
+    est = ra.acceptance.get(SOURCE_LEARNED)
+    np.testing.assert_allclose(est.mean[:4], [0.9 + 0.1 / (w + 1), 0.9 + 0.1 / (w + 1), 0.9 - 0.9 / (w + 1), 0.9])
+    assert {g.handle: g.tokens for g in gen} == {b: (7,), a: (5, 5, 5)}
+    for g in gen:
+        s.published_output(g.handle, fence)
+    assert math.exp(ra.history.log_z) == pytest.approx(
+        math.exp(-0.16) * math.exp(z_before) + (1 - math.exp(-0.16)) / 16.0)
+    assert rb.history.log_z == pytest.approx(-math.log(16.0))
+    t += 16
+    # A prompt row cancelled in flight.
+    while rb.phase is not Phase.DECODE:  # b's anchor snapshot
+        fence += 1
+        _, _, t = run_once(s, fence, t)
+    c = s.admit(list(range(2, 202)), max_output=50)
+    s.advance_to(int(t * MS))
+    plan = s.plan()
+    assert plan.kind is GraphKind.MIXED and plan.lanes[plan.prefill_row].handle == c
+    fence += 1
+    s.commit(plan, fence)
+    slot, pages = s.requests[c.rid].slot, list(s.requests[c.rid].pages)
+    s.cancel(c)
+    assert all(s.pages.owned()[p] == c.rid for p in pages)  # owned through the fence
+    gen = s.complete(fence, records(plan, accepted=1), timing(plan.expected_duration_ms))
+    assert c not in {g.handle for g in gen} and c.rid not in s.requests
+    assert not set(pages) & set(s.pages.owned())
+    d = s.admit([1] * 8, max_output=5)
+    assert s.requests[d.rid].slot == slot and d.generation == c.generation + 1
+    assert s.requests[d.rid].history.log_x is None

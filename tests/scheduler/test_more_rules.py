@@ -143,7 +143,7 @@ def test_mixed_shapes_expire_independently():
     assert c.kind is GraphKind.MIXED  # stale shapes keep ranking by their measured costs
 
 
-@spec("verification/mixed-concurrent", "mixed-execution/same-contracts")
+@spec("verification/mixed-concurrent")
 def test_concurrent_prompt_and_decode_workload_on_mixed_graphs():
     result = sim.run(sim.SimConfig(ORDINARY, scenario="poisson", requests=40, prompt_tokens=[40, 200, 900],
                                    output_tokens=[20, 60], accepted_drafts=0, arrival_rate_per_s=60.0, seed=5))
@@ -162,3 +162,31 @@ def test_throughput_policy_takes_longer_bursts(acceptance):
         views = [decoder(i, survival=geometric(acceptance), policy_config=pc) for i in range(16)]
         return choose(views, policy_config=pc).graph.token_capacity
     assert (width("throughput"), width("balanced")) == (4, 1)
+
+
+@spec("acceptance-learning/probe-future-output")
+@pytest.mark.parametrize("remaining, probe_width", [(100, 8), (8, 4), (5, 4), (4, None)])
+def test_a_probe_leaves_output_in_which_to_use_its_observation(remaining, probe_width):
+    """W=1 (3 ms), W=4 and W=8 (5 ms each), survival 0.02 (the ordinary choice is W=1) and an
+    optimistic 0.95 at every depth: W=8 has the larger optimistic gain. A probe may only offer
+    rows that leave output after them: with 8 tokens left W=8 (8 rows) would use them all, so W=4
+    probes; with 4 left neither does."""
+    from helios_jax.scheduler.cost import CostModel
+
+    w1, w4, w8 = (next(g for g in SPEC.graphs if g.kind is GraphKind.SPECULATIVE and g.batch_capacity == 1
+                       and g.token_capacity == w) for w in (1, 4, 8))
+    costs = CostModel()
+    costs.observe(w1.key, [3.0e6], 0)
+    for g in (w4, w8):
+        costs.observe(g.key, [5.0e6], 0)
+    view = decoder(1, survival=np.full(7, 0.02), output_remaining=remaining)
+    view = dataclasses.replace(view, optimistic=np.full(7, 0.95))
+    inp = policy.SelectionInput([view], [w1, w4, w8], costs, 0, PolicyConfig(), DecodeMode.ADAPTIVE)
+    ordinary = policy.select(inp)
+    assert ordinary.graph == w1
+    opt = [dataclasses.replace(view, survival=view.optimistic)]
+    probe = learning.probe(inp, ordinary, opt, lambda rid, a, b: 2.0)
+    if probe_width is None:
+        assert probe is None
+    else:
+        assert probe.graph.token_capacity == probe_width and probe.lanes[0].query_length == probe_width

@@ -55,14 +55,41 @@ def test_restore_then_shared_decode_by_hand():
 
 @spec("prerequisites/free-unused-capacity", "prerequisites/tie-more-requests")
 def test_unused_prerequisite_capacity_advances_more_rows():
-    init4 = GraphDescriptor(GraphKind.INITIALIZE, 4, duration_ms=0.2)  # as fast as the B=1 one
-    views = [blocked(i, [GraphKind.INITIALIZE], Phase.PREFILL, tokens=64, last_selected_ns=i) for i in range(3)]
-    c = policy.select(with_graphs([init4], views=views))
-    assert c.graph.batch_capacity == 4 and len(c.lanes) == 3  # one feeds the prefill, two ride free
+    """Six streams blocked behind initialization, an extra INITIALIZE B=4 as fast as B=1 (0.2 ms).
+
+    The pair (initialize, prefill 64) feeds one request to the prefill; B=4 advances three more
+    rows in its unused capacity at no extra cost, so its value rate equals B=1's exactly and the
+    tie goes to advancing more requests. It never takes more rows than its capacity.
+    """
+    init4 = GraphDescriptor(GraphKind.INITIALIZE, 4, duration_ms=0.2)
+    views = [blocked(i, [GraphKind.INITIALIZE], Phase.PREFILL, tokens=64, last_selected_ns=i) for i in range(6)]
+    inp = with_graphs([init4], views=views)
+    pairs = {c.graph.batch_capacity: c for c in policy.candidates(inp)
+             if c.following is not None and c.following.graph.name == "prefill[B=1,W=64,D=0,C=0,P=0]"}
+    one, four = pairs[1], pairs[4]
+    assert four.score == one.score and len(one.lanes) == 1
+    assert [l.rid for l in four.lanes] == [0, 1, 2, 3] and four.following.rids == (0,)
+    assert all(l.role is LaneRole.PREREQUISITE for l in four.lanes)
+    c = policy.select(inp)
+    assert c.graph.batch_capacity == 4 and len(c.lanes) == 4  # one feeds the prefill, three ride free
     assert c.following.kind is GraphKind.PREFILL
 
 
-@spec("prerequisites/first-finishes-terminal", "prerequisites/terminal-age-stops", "prerequisites/terminal-two-stage")
+@spec("prerequisites/free-unused-capacity")
+def test_a_terminal_snapshot_advances_blocked_rows_in_its_unused_rows():
+    """Snapshot B=4 retiring one terminal row also snapshots three of the five streams blocked
+    behind a window snapshot, for the same score as retiring the terminal row alone."""
+    views = [terminal(0, age_ms=5.0)] + [blocked(i, [GraphKind.SNAPSHOT], Phase.PREFILL, tokens=64)
+                                         for i in range(1, 6)]
+    snap = next(c for c in policy.candidates(inputs(views, **ORD))
+                if c.graph.batch_capacity == 4 and c.following is None and c.lanes[0].role is LaneRole.TERMINAL)
+    assert [(l.rid, l.role) for l in snap.lanes] == [(0, LaneRole.TERMINAL)] + [
+        (i, LaneRole.PREREQUISITE) for i in (1, 2, 3)]
+    # (256 + 1*0.3*(5 + 0.5)) / 0.5 - 0.5/2*1: the free rows add neither value nor cost
+    assert snap.score * math.exp(snap.log_scale) == pytest.approx((256 + 0.3 * 5.5) / 0.5 - 0.25)
+
+
+@spec("prerequisites/first-finishes-terminal")
 def test_window_snapshot_also_retires_terminal_rows():
     views = [blocked(1, [GraphKind.SNAPSHOT], Phase.DECODE), terminal(2, age_ms=5.0), decoder(3)]
     cands = [c for c in policy.candidates(inputs(views, **ORD)) if c.following is not None]
@@ -70,11 +97,57 @@ def test_window_snapshot_also_retires_terminal_rows():
     assert shared and {l.role for l in shared[0].lanes} == {LaneRole.PREREQUISITE, LaneRole.TERMINAL}
 
 
+@spec("prerequisites/terminal-age-stops", "prerequisites/terminal-two-stage", "useful-service/multistage-reference")
+def test_terminal_row_of_a_two_stage_sequence_by_hand():
+    """A stream behind a window snapshot (x = 2, z = 0.25, A = 10), a terminal row aged 5 ms and a
+    ready decoder like the first; ordinary catalog.
+
+    Snapshot B=4 (T = 0.5) takes the blocked row and the terminal row; decode B=2 (F = 3.562)
+    follows with the newly ready and the ready decoder: U = T + F = 4.062 ms. K = 2, so the
+    decoders' sigma = 2 * 3.562/2 = 3.562; the terminal family's sigma = 0.3 (snapshot B=1).
+    - newly ready decoder, its own future-delivery reference U: 88 + 0.1*U*(10 + U)
+    - ready decoder: 88 + 0.1*3.562*(10 + U)
+    - terminal row, retired at T: 256 + 1*0.3*(5 + T), plus the waiting cost it no longer accrues
+      over the rest of the sequence, 1*(5*F + (U**2 - T**2)/2)
+    Score: their sum / U - U/2 * (0.1 + 0.1 + 1) = 113.344627.
+    """
+    views = [blocked(1, [GraphKind.SNAPSHOT], Phase.DECODE), terminal(2, age_ms=5.0), decoder(3)]
+    c = next(c for c in policy.candidates(inputs(views, **ORD)) if c.graph.batch_capacity == 4
+             and c.following is not None and c.following.graph.name == "decode[B=2,W=1,D=0,C=0,P=2]")
+    t, f = 0.5, 3.562
+    u = t + f
+    new = 88 + 0.1 * u * (10 + u)
+    ready = 88 + 0.1 * 3.562 * (10 + u)
+    retired = 256 + 0.3 * (5 + t) + (5 * f + (u * u - t * t) / 2)
+    scale = math.exp(c.log_scale)
+    assert c.sequence_ms == pytest.approx(u) and c.duration_ms == pytest.approx(t)
+    assert [(l.rid, l.role) for l in c.lanes] == [(1, LaneRole.PREREQUISITE), (2, LaneRole.TERMINAL)]
+    assert c.lanes[1].value * scale == pytest.approx(retired)
+    assert {l.rid: l.value * scale for l in c.following.lanes} == pytest.approx({1: new, 3: ready})
+    assert c.score * scale == pytest.approx((new + ready + retired) / u - u / 2 * 1.2)
+    assert c.score * scale == pytest.approx(113.344627, rel=1e-7)
+
+
+def _sequence_score(snapshot_ms):
+    """Snapshot, then decode B=4 (3.624 ms) of all three streams, by hand. K = 3, so sigma =
+    3 * 3.624/3 (decode B=4 is the fastest per stream); U = snapshot + 3.624 ms. The newly ready
+    stream is priced with its own reference U: 88 + 0.1*U*(10 + U); each ready decoder
+    88 + 0.1*3.624*(10 + U). Score: sum / U - U/2 * 0.3."""
+    u = snapshot_ms + 3.624
+    return (88 + 0.1 * u * (10 + u) + 2 * (88 + 0.1 * 3.624 * (10 + u))) / u - u / 2 * 0.3
+
+
+# Decode B=2 of the two ready decoders, 3.562 ms: 2*(88 + 0.1*3.624*(10 + 3.562))/3.562 - 3.562/2*0.3.
+SHARED_DECODE_ALTERNATIVE = 2 * (88 + 0.1 * 3.624 * 13.562) / 3.562 - 3.562 / 2 * 0.3  # 51.635755
+
+
 @spec("verification/snapshot-cost-sweep")
-@pytest.mark.parametrize("snapshot_ms, shared_wins", [(0.3, True), (400.0, False)])
+@pytest.mark.parametrize("snapshot_ms, shared_wins", [(0.3, True), (1.73, True), (1.83, False), (400.0, False)])
 def test_snapshot_cost_decides_whether_enabling_a_shared_batch_wins(snapshot_ms, shared_wins):
-    """A stream blocked behind a window snapshot and two ready decoders: the sequence
-    (snapshot, then decode of all three) wins only when its whole value per time is higher."""
+    """A stream blocked behind a window snapshot and two ready decoders (x = 2, z = 0.25,
+    A = 10 each): the sequence (snapshot, then decode of all three) wins only while its whole
+    value per time beats decoding the two ready streams, which by the formulas above holds up to
+    a snapshot cost of 1.7814 ms; the sweep brackets that break-even point by 3%."""
     costs = CostModel()
     for g in ORDINARY.graphs:
         ms = snapshot_ms if g.kind is GraphKind.SNAPSHOT else g.duration_ms
@@ -82,11 +155,17 @@ def test_snapshot_cost_decides_whether_enabling_a_shared_batch_wins(snapshot_ms,
     views = [blocked(1, [GraphKind.SNAPSHOT], Phase.DECODE), decoder(2), decoder(3)]
     c = choose(views, costs=costs, **ORD)
     assert (c.kind is GraphKind.SNAPSHOT) == shared_wins
-    if not shared_wins:
+    assert (_sequence_score(snapshot_ms) > SHARED_DECODE_ALTERNATIVE) == shared_wins
+    score = c.score * math.exp(c.log_scale)
+    if shared_wins:
+        assert c.following.graph.name == "decode[B=4,W=1,D=0,C=0,P=4]" and sorted(c.following.rids) == [1, 2, 3]
+        assert score == pytest.approx(_sequence_score(snapshot_ms))
+    else:
         assert c.kind is GraphKind.DECODE and sorted(c.rids) == [2, 3]
+        assert score == pytest.approx(SHARED_DECODE_ALTERNATIVE)
 
 
-@spec("prerequisites/continuation-value", "prerequisites/continuation-aggregate", "prerequisites/continuation-images")
+@spec("prerequisites/continuation-value", "prerequisites/continuation-images")
 def test_longer_chains_use_the_continuation_index():
     """Restore, then vision, then prefill of 64 tokens (x = 2): V = 9*64 + 72 = 648 earned after
     F = vision 6.0 + prefill 4.854 ms; restore T = 0.35: contribution 648*0.35/(0.35 + 10.854)."""
@@ -96,6 +175,31 @@ def test_longer_chains_use_the_continuation_index():
     t, f = 0.35, 6.0 + 4.854
     contribution = 648.0 * t / (t + f)
     assert c.score * math.exp(c.log_scale) == pytest.approx(contribution / t, rel=1e-6)
+
+
+@spec("prerequisites/continuation-aggregate", "useful-service/multistage-reference")
+def test_continuations_are_summed_over_the_cohort_and_pay_the_waiting_cost():
+    """An extra RESTORE B=2 (T = 0.4 ms) and two multistage streams, beside a ready decoder.
+
+    - stream 1: restore, vision, then a 64-token prompt (x = 2): V = 9*64 + 72 = 648 after
+      F = vision 6.0 + prefill 4.854 ms: 648*0.4/(0.4 + 10.854) = 23.031811;
+    - stream 2: restore, snapshot, then decode (x = 2, z = 0.25, A = 10): F = snapshot 0.3 + the
+      fastest generation graph 3.531 = 3.831 ms, which is also its individual future-delivery
+      reference: V = 72 + 16 + 0.1*3.831*(10 + 3.831), contributing V*0.4/(0.4 + 3.831) = 8.820483.
+    Score: (23.031811 + 8.820483)/0.4 - 0.4/2 * 0.1 * 2 (stream 2 and the decoder are active
+    decoders) = 79.590734.
+    """
+    r2 = GraphDescriptor(GraphKind.RESTORE, 2, duration_ms=0.4)
+    views = [blocked(1, [GraphKind.RESTORE, GraphKind.VISION], Phase.PREFILL, tokens=64),
+             blocked(2, [GraphKind.RESTORE, GraphKind.SNAPSHOT], Phase.DECODE), decoder(3)]
+    c = next(c for c in policy.candidates(with_graphs([r2], views=views)) if c.graph == r2)
+    v2 = 88 + 0.1 * 3.831 * (10 + 3.831)
+    contributions = [648 * 0.4 / (0.4 + 10.854), v2 * 0.4 / (0.4 + 3.831)]
+    scale = math.exp(c.log_scale)
+    assert c.following is None and [l.rid for l in c.lanes] == [1, 2]
+    assert [l.value * scale for l in c.lanes] == pytest.approx(contributions)
+    assert c.score * scale == pytest.approx(sum(contributions) / 0.4 - 0.4 / 2 * 0.2)
+    assert c.score * scale == pytest.approx(79.590734, rel=1e-7)
 
 
 @spec("prerequisites/continuation-unknown", "prerequisites/snapshot-discovery")
@@ -130,3 +234,26 @@ def test_terminal_preferences_follow_the_policy():
     assert snap.kind is GraphKind.SNAPSHOT and snap.score == 0.0  # no terminal service value left
     thr = choose(views, policy_config=PolicyConfig.preset("throughput"), **ORD)
     assert thr.score > 0
+
+
+@spec("policy/terminal-zero")
+@pytest.mark.parametrize("overrides, snapshot_score", [
+    # no terminal value: only the age term is left, (1*0.3*(20 + 0.3))/0.3 - 0.3/2*(0.1 + 1)
+    (dict(terminal_value=0.0), 0.3 * 20.3 / 0.3 - 0.15 * 1.1),
+    # no terminal age price: the value alone, 256/0.3 - 0.3/2*0.1, and no terminal waiting cost
+    (dict(terminal_age_price=0.0), 256 / 0.3 - 0.15 * 0.1),
+])
+def test_each_zero_terminal_coefficient_removes_its_preference(overrides, snapshot_score):
+    """One terminal row aged 20 ms and one decoder (ordinary catalog, snapshot B=1 0.3 ms,
+    sigma_terminal 0.3 ms). Zeroing one terminal coefficient removes that term and keeps the
+    other; a zero age price also takes the terminal row out of every candidate's waiting cost."""
+    pc = PolicyConfig(**overrides)
+    views = [terminal(1, age_ms=20.0), decoder(2, policy_config=pc)]
+    cands = policy.candidates(inputs(views, policy_config=pc, **ORD))
+    snap = next(c for c in cands if c.kind is GraphKind.SNAPSHOT and c.graph.batch_capacity == 1)
+    assert snap.score * math.exp(snap.log_scale) == pytest.approx(snapshot_score)
+    dec = next(c for c in cands if c.kind is GraphKind.DECODE)
+    alone = next(c for c in policy.candidates(inputs([decoder(2, policy_config=pc)], policy_config=pc, **ORD))
+                 if c.kind is GraphKind.DECODE)
+    gap = alone.score * math.exp(alone.log_scale) - dec.score * math.exp(dec.log_scale)
+    assert gap == pytest.approx(dec.duration_ms / 2 * pc.terminal_age_price)

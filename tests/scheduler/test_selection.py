@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 
 from helios_jax.catalog import Allocation, DecodeMode, GraphKind
-from helios_jax.scheduler import policy
+from helios_jax.scheduler import policy, utility
 from helios_jax.scheduler.config import PolicyConfig
 from helios_jax.scheduler.cost import CostModel
-from helios_jax.scheduler.view import LaneRole
+from helios_jax.scheduler.rounds import prefix_allocation_order
+from helios_jax.scheduler.view import Candidate, Lane, LaneRole
 
 from .helpers import (ORDINARY, POLICY, RAGGED, SPEC, choose, decoder, geometric, inputs, measured,
                       prompt)
@@ -296,9 +297,139 @@ def test_tie_order():
     assert policy.better(dataclasses.replace(a, score=a.score + 1), quick, {})
 
 
+def _tied(batch, rids, duration_ms=3.6, score=10.0, width=None):
+    """A candidate on decode B=batch, or on speculative B=batch W=width with one row per lane."""
+    graph = next(g for g in (ORDINARY.graphs if width is None else SPEC.graphs) if g.batch_capacity == batch and (
+        g.kind is GraphKind.DECODE if width is None else g.kind is GraphKind.SPECULATIVE and g.token_capacity == width))
+    lanes = tuple(Lane(r, r, LaneRole.DECODE, query_length=1) for r in rids)
+    return Candidate(graph=graph, lanes=lanes, duration_ms=duration_ms, score=score, useful_value=score,
+                     log_scale=0.0)
+
+
+@spec("duration-estimates/tie-order")
+@pytest.mark.parametrize("case, winner, loser", [
+    # each winner loses every later criterion, so only its own criterion can decide
+    ("shorter known time", _tied(2, [1], duration_ms=3.5), _tied(4, [2, 3])),
+    ("more served requests", _tied(4, [1, 2, 3]), _tied(2, [4, 5])),
+    ("less recently used", _tied(4, [6, 7]), _tied(2, [4, 5])),
+    ("smaller padding", _tied(2, [4, 5]), _tied(4, [4, 5])),
+    # padding 2 of 4 rows against 6 of 8: the larger physical shape with less padding wins
+    ("smaller padding, larger shape", _tied(4, [4, 5], width=1), _tied(2, [4, 5], width=4)),
+    ("equal within rounding", _tied(2, [2], score=10.0), _tied(2, [1], score=10.0 * (1 + 1e-12))),
+])
+def test_each_tie_break_decides_in_its_order(case, winner, loser):
+    """Requests 6 and 7 were selected longest ago (recency 1, 2), request 1 most recently (9)."""
+    recency = {1: 9, 2: 8, 3: 8, 4: 5, 5: 5, 6: 1, 7: 2}
+    assert policy.better(winner, loser, recency) and not policy.better(loser, winner, recency)
+
+
+@spec("duration-estimates/tie-order")
+def test_equal_lane_values_take_the_least_recently_used_requests():
+    """Three identical decoders and only batch-two decode: the cohort is the two served longest
+    ago (recency 10 and 20), whatever their slots."""
+    views = [decoder(1, last_selected_ns=30, slot=0), decoder(2, last_selected_ns=10, slot=2),
+             decoder(3, last_selected_ns=20, slot=1)]
+    b2 = next(g for g in ORDINARY.graphs if g.kind is GraphKind.DECODE and g.batch_capacity == 2)
+    inp = inputs(views, **ORD)
+    c = policy.select(policy.SelectionInput(views, [b2], inp.costs, 0, POLICY, DecodeMode.ORDINARY))
+    assert sorted(c.rids) == [2, 3]
+
+
 @spec("policy/zero-removes", "useful-service/no-decoder-no-age")
 def test_throughput_preset_drops_age_and_delivery_terms():
     thr = PolicyConfig.preset("throughput")
     c = choose([decoder(1, age_ms=1e6, policy_config=thr)], policy_config=thr, **ORD)
     # Without age and delivery, the value is the output token alone: (64 + 8) / 3.531 ms.
     assert c.score * math.exp(c.log_scale) == pytest.approx(72.0 / 3.531)
+
+
+@spec("confidence-acceptance/alpha-exponent")
+def test_alpha_raises_every_survival_estimate_in_the_score():
+    """adaptive_verification_alpha = 2, one decoder with survival 0.9**d, x = 2, z = 0.25, A = 10.
+
+    The host program B=1 W=8 (5.442 ms) expects E = 1 + sum_{d=1..7} 0.81**d = 4.287884 tokens
+    (alpha 1 would give 5.217031). K = 1 and sigma = 3.581 ms (B=1 W=1), so its score is
+    (72*E + 16 + 0.1*3.581*(10 + 5.442))/5.442 - 5.442/2*0.1 = 60.414676.
+    """
+    squared = PolicyConfig(adaptive_verification_alpha=2.0)
+    view = decoder(1, survival=geometric(0.9), policy_config=squared)
+    w8 = next(c for c in policy.candidates(inputs([view], policy_config=squared))
+              if c.graph.name == "speculative[B=1,W=8,D=7,C=0,P=8]")
+    assert w8.lanes[0].query_length == 8
+    assert w8.lanes[0].expected_tokens == pytest.approx(4.2878841, rel=1e-7)
+    assert w8.score * math.exp(w8.log_scale) == pytest.approx(60.414676, rel=1e-7)
+
+
+@spec("confidence-acceptance/alpha-exponent")
+def test_alpha_ranks_the_rows_of_a_host_ragged_program():
+    """ragged-small's host program B=4, W=4, P=6 in adaptive mode; alpha = 2; two decoders with
+    survival 0.8**d: lane 0 at x = 0.5 (output price 64 + 32 = 96), lane 1 at x = 2 (72).
+
+    Four extension rows fit beside the two pending rows. Their values are price * s_d**alpha:
+    lane 0: 61.44, 39.32, 25.17; lane 1: 46.08, 29.49, 18.87, so each lane gets two proposals
+    (3 rows, E = 1 + 0.64 + 0.4096 = 2.0496). With alpha 1 (76.8, 61.44, 49.15 against 57.6,
+    46.08, 36.86) lane 0 would take all three proposals and lane 1 one.
+    """
+    squared = PolicyConfig(adaptive_verification_alpha=2.0)
+    views = [decoder(0, x=0.5, survival=geometric(0.8, 3), policy_config=squared),
+             decoder(1, x=2.0, survival=geometric(0.8, 3), policy_config=squared)]
+    c = next(c for c in policy.candidates(inputs(views, catalog=RAGGED, policy_config=squared))
+             if c.graph.name == "speculative[B=4,W=4,D=3,C=0,P=6]")
+    assert sorted((l.rid, l.query_length) for l in c.lanes) == [(0, 3), (1, 3)]
+    assert [l.expected_tokens for l in c.lanes] == pytest.approx([2.0496, 2.0496])
+
+
+def _adaptive(base, extension, ceilings, batch, rows):
+    """utility.adaptive_ragged with host allocation: extension rows by marginal value."""
+    base, extension, ceilings = np.array(base, float), np.array(extension, float), np.array(ceilings)
+    lanes, depths = prefix_allocation_order(extension, ceilings)
+    total, cohort, alloc = utility.adaptive_ragged(base, extension, ceilings, lanes, depths, batch, rows)
+    return total, cohort, alloc.tolist()
+
+
+@spec("useful-service/adaptive-orderings", "useful-service/adaptive-causal-pricing")
+@pytest.mark.parametrize("case, base, extension, ceilings, batch, rows, expect", [
+    # Total lane value: lane 1 is worth 1 + 3*3 = 10 alone; lane 0 has the higher pending value
+    # (5) and value per row (5 against 2.5), so only the total ordering reaches 10.
+    ("total", [5, 1], [[0, 0, 0], [3, 3, 3]], [1, 4], 1, 4, (10.0, [1], [0, 4])),
+    # Pending-token value: totals 20, 12, 16 and values per row 6.7, 4, 5.3 both start with
+    # lanes 0 and 2 (best 20: lane 0 with both proposals). By pending value lanes 1 and 0
+    # take the three rows: 9 + 6 + lane 0's first proposal 8 = 23.
+    ("pending", [6, 9, 3], [[8, 6], [3, 0], [8, 5]], [3, 3, 3], 2, 3, (23.0, [0, 1], [2, 1, 0])),
+    # Value per target row: lane 0 (3 per row, one row) and lane 1 (7 over 3 rows) fill P = 3
+    # best: 3 + 2 + 2.5 = 7.5. By total (7, 5.5, 3) the best prefix is 7 (lane 1 alone, or
+    # lanes 1 and 2: 4.5 + 2.5); by pending value (3, 2.5, 2) lanes 0 and 2 give 5.5 + 1.5 = 7.
+    ("per-row", [3, 2, 2.5], [[0, 0], [2.5, 2.5], [1.5, 1.5]], [1, 3, 3], 2, 3, (7.5, [0, 1], [1, 2, 0])),
+])
+def test_adaptive_ragged_searches_three_orderings(case, base, extension, ceilings, batch, rows, expect):
+    """Each case is won by exactly one of the three bounded orderings."""
+    total, cohort, alloc = _adaptive(base, extension, ceilings, batch, rows)
+    assert (total, cohort, alloc) == (pytest.approx(expect[0]), expect[1], expect[2])
+
+
+@spec("mixed-execution/same-score", "mixed-execution/compare-populations")
+def test_mixed_populations_share_one_score_by_hand():
+    """A 40-token prompt (x = 0.3) and two decoders (x = 2, z = 0.25, A = 10), ordinary catalog.
+    K = 2 and sigma = 3.562 (decode B=2). The prompt row is worth its 40 tokens at 1 + 16/0.3 plus
+    its first output token at 64 + 16/0.3 = 2290.667 (the 24 unused prompt tokens earn nothing);
+    each decoder 88 + 0.1*3.562*(10 + T). Every population is divided by the full duration and
+    pays the same waiting cost T/2 * 0.2:
+    - mixed B=4 C=64 (4.947 ms), prompt and both decoders: 500.276456;
+    - mixed B=2 C=64 (4.885 ms), prompt and one decoder: 487.529658;
+    - mixed B=2 C=64, both decoders, no prompt: 37.710901.
+    """
+    views = [prompt(1, 40, x=0.3), decoder(2), decoder(3)]
+    mixed = {(c.graph.batch_capacity, c.prefill_row): c for c in policy.candidates(inputs(views, **ORD))
+             if c.kind is GraphKind.MIXED and c.graph.prefill_capacity == 64}
+    prompt_value = (1 + 16 / 0.3) * 40 + (64 + 16 / 0.3)
+
+    def by_hand(t, prompts, decoders):
+        return (prompts * prompt_value + decoders * (88 + 0.1 * 3.562 * (10 + t))) / t - t / 2 * 0.2
+
+    for (batch, row), t, prompts, decoders, figure in [((4, 0), 4.947, 1, 2, 500.276456),
+                                                      ((2, 0), 4.885, 1, 1, 487.529658),
+                                                      ((2, -1), 4.885, 0, 2, 37.710901)]:
+        c = mixed[(batch, row)]
+        assert c.served == prompts + decoders
+        assert c.score * math.exp(c.log_scale) == pytest.approx(by_hand(t, prompts, decoders))
+        assert c.score * math.exp(c.log_scale) == pytest.approx(figure, rel=1e-7)

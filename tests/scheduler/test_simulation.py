@@ -40,8 +40,7 @@ def _slow(catalog: Catalog, factor: float) -> Catalog:
 
 
 @spec("timing-refresh/aggregate-bound", "acceptance-learning/aggregate-bound", "timing-refresh/first-2495ms",
-      "timing-refresh/full-credit-displace", "acceptance-learning/discovery-separate",
-      "acceptance-learning/execution-metrics")
+      "timing-refresh/full-credit-displace", "acceptance-learning/execution-metrics")
 def test_exploration_budgets_over_a_virtual_minute():
     """About a minute of continuous decoding: estimates go stale after 30 s and refreshes start;
     refresh time <= 0.002/0.998 * ordinary + one episode, probes <= 0.01/0.99 * ordinary + one
@@ -58,7 +57,7 @@ def test_exploration_budgets_over_a_virtual_minute():
     assert result.timing_refresh_ms <= 0.002 / 0.998 * result.ordinary_ms + max(result.execution_ms.values())
 
 
-@spec("duration-estimates/unknown-needs-empty", "timing-refresh/discovery-no-credit")
+@spec("duration-estimates/unknown-needs-empty")
 def test_cold_catalog_discovers_then_serves():
     result = sim.run(sim.SimConfig(SPEC, requests=5, accepted_drafts=3, costs="cold", rounds=50))
     assert result.executions["discovery"] >= 1 and result.executions["ordinary"] >= 20

@@ -50,8 +50,24 @@ def test_weights_halve_every_128_generated_tokens():
     est = PrefixEstimate.from_prior(initial_prior(1))
     assert est.aged_weight(128)[0] == pytest.approx(1.0)
     assert est.aged_weight(256)[0] == pytest.approx(0.5)
+    assert est.aged_weight(64)[0] == pytest.approx(2 * 0.5 ** 0.5)
     est.observe([1.0], tokens=128)  # aged weight 1: mean (1*0.5 + 1)/2
     assert est.mean[0] == pytest.approx(0.75) and est.weight[0] == pytest.approx(2.0)
+    # Aging restarts from the observation: 128 tokens later the weight 2 has halved once, not twice.
+    assert est.aged_weight(256)[0] == pytest.approx(1.0)
+    est.observe([0.0], tokens=256)  # aged weight 1 again: mean (1*0.75 + 0)/2
+    assert est.mean[0] == pytest.approx(0.375) and est.weight[0] == pytest.approx(2.0)
+
+
+@spec("confidence-acceptance/half-life", "confidence-acceptance/optimistic-estimate")
+def test_the_optimistic_bonus_grows_as_the_weight_ages():
+    """Mean 0.02, weight 2. The bonus sqrt(ln 20 / (2 * aged weight)) is 0.865409 at token 0,
+    0.943735 after 32 tokens (weight 2 * 0.5**0.25) and 1.223873 after 128 (weight 1): capped."""
+    est = PrefixEstimate.from_prior(np.array([0.02]))
+    for _ in range(2):  # the cached estimate follows the token count asked for
+        assert est.optimistic(0)[0] == pytest.approx(0.02 + 0.865409, rel=1e-6)
+        assert est.optimistic(32)[0] == pytest.approx(0.02 + 0.943735, rel=1e-6)
+        assert est.optimistic(128)[0] == 1.0
 
 
 @spec("confidence-acceptance/optimistic-estimate", "confidence-acceptance/ordinary-means")
@@ -106,6 +122,12 @@ def test_expected_output():
     assert expected_output(s, 4, alpha=2.0) == pytest.approx(1 + 0.64 + 0.25 + 0.04)
     table = expected_output_table(s[None, :], 6)
     np.testing.assert_allclose(table[0], [0, 1, 1.8, 2.3, 2.5, 2.5, 2.5])
+    # alpha applies to every survival term of the table the selector prices lanes with
+    squared = expected_output_table(s[None, :], 5, alpha=2.0)
+    np.testing.assert_allclose(squared[0], [0, 1, 1.64, 1.89, 1.93, 1.93])
+    np.testing.assert_allclose(expected_output_table(s[None, :], 4, alpha=0.5)[0],
+                               [0, 1, 1 + 0.8 ** 0.5, 1 + 0.8 ** 0.5 + 0.5 ** 0.5,
+                                1 + 0.8 ** 0.5 + 0.5 ** 0.5 + 0.2 ** 0.5])
 
 
 @spec("acceptance-learning/forecast-ceiling")
