@@ -1060,6 +1060,13 @@ class Scheduler:
 
     def _maybe_release(self, req: Request) -> None:
         if (req.retired or req.cancelled) and not req.inflight and req.rid in self.requests:
+            # Its last fence has completed: an armed capture that never ran (or was cancelled
+            # while in flight) returns its row, and a restore that never ran drops its pin.
+            if req.capture_row is not None and req.capture_row != req.window_row:
+                self.checkpoints.abandon(req.capture_row)
+            if req.restore_row is not None and req.restore_row != req.window_row:
+                self.checkpoints.unpin(req.restore_row)
+            req.capture_row = req.restore_row = None
             if req.window_row is not None:
                 self.checkpoints.release_private(req.window_row)
                 req.window_row = None

@@ -1,0 +1,79 @@
+"""Lifecycle sequences the state machine (test_state_machine.py) found breaking an invariant,
+minimised to plain regression tests."""
+import pytest
+
+from helios_jax.scheduler.core import NS_PER_MS, Scheduler
+from helios_jax.scheduler.plan import CompletionRecord, ExecutionTiming
+from helios_jax.scheduler.view import LaneRole, Phase
+
+from .helpers import ORDINARY
+
+TOKEN = 3
+
+
+def _checkpointing(**kw):
+    s = Scheduler(ORDINARY, kv_pages=96, page_size=16, checkpoints=True, snapshot_rows=1, **kw)
+    s.seed_costs(0)
+    return s
+
+
+def _run_one(s, fence, now_ms):
+    """Plan, commit and complete one frame with plain records; returns (plan, generated, now)."""
+    s.advance_to(int(now_ms * NS_PER_MS))
+    plan = s.plan()
+    s.commit(plan, fence)
+    now_ms += 1.0
+    s.advance_to(int(now_ms * NS_PER_MS))
+    recs = [CompletionRecord(l.handle, l.epoch, prompt_tokens=l.prompt_tokens,
+                             tokens=(TOKEN,) if l.finishes_prompt else ())
+            if l.role is LaneRole.PROMPT else CompletionRecord(l.handle, l.epoch) for l in plan.lanes]
+    return plan, s.complete(fence, recs, ExecutionTiming((NS_PER_MS,), NS_PER_MS)), now_ms
+
+
+def _assert_no_armed_rows(s):
+    for cp in s.checkpoints.entries.values():
+        assert cp.ready and cp.pins == 0, cp
+
+
+@pytest.mark.spec("planning-queue/armed-retained", "prerequisites/fenced-ownership")
+@pytest.mark.parametrize("in_flight", [False, True])
+def test_cancelling_a_pending_terminal_capture_returns_its_row(in_flight):
+    """admit(1 token, max_output=1); the prefill finishes the response at its anchor, so a terminal
+    capture is armed; cancel (before or while the snapshot runs): the armed row must come back once
+    the request's last fence completes, not stay pinned and unready forever."""
+    s = _checkpointing()
+    h = s.admit([TOKEN], max_output=1)
+    _, gen, t = _run_one(s, 1, 0.0)
+    assert [(g.tokens, g.finished) for g in gen] == [((TOKEN,), False)]
+    assert s.requests[h.rid].phase is Phase.TERMINAL and s.requests[h.rid].capture_row is not None
+    if in_flight:
+        s.advance_to(int(t * NS_PER_MS))
+        plan = s.plan()
+        assert plan.lanes[0].role is LaneRole.TERMINAL
+        s.commit(plan, 2)
+    s.cancel(h)
+    if in_flight:
+        assert h.rid in s.requests  # fenced: the copy keeps its row through completion
+        s.complete(2, [CompletionRecord(h, plan.lanes[0].epoch)], ExecutionTiming((NS_PER_MS,), NS_PER_MS))
+    assert not s.requests
+    _assert_no_armed_rows(s)
+
+
+@pytest.mark.spec("planning-queue/armed-retained", "prerequisites/fenced-ownership")
+def test_cancelling_a_request_waiting_for_its_restore_unpins_the_checkpoint():
+    """A second turn that hits the cache pins the checkpoint for its RESTORE; cancelling it before
+    the restore runs must drop that pin (a pinned row can never be evicted)."""
+    s = _checkpointing()
+    first = s.admit([TOKEN] * 8, max_output=4)
+    t, fence = 0.0, 0
+    while s.requests[first.rid].phase is not Phase.DECODE:
+        fence += 1
+        _, _, t = _run_one(s, fence, t)
+    s.cancel(first)
+    second = s.admit([TOKEN] * 20, max_output=4)
+    req = s.requests[second.rid]
+    assert req.restore_row is not None and s.checkpoints.entries[req.restore_row].pins == 1
+    s.cancel(second)
+    assert not s.requests
+    _assert_no_armed_rows(s)
+
