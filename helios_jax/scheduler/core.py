@@ -485,8 +485,11 @@ class Scheduler:
 
     def _begin_terminal_capture(self, req: Request, *, funded: bool = False) -> bool:
         """Enter the terminal phase with an armed destination row, when the capture is funded
-        (productive decode allowance covers a snapshot, or a preemption) and obtainable."""
-        if not self.captures_enabled or req.cancelled:
+        (productive decode allowance covers a snapshot, or a preemption) and obtainable.
+
+        Only a decoding request holds the state of prompt + output[:-1]; one preempted or ended
+        before its prompt is prefilled (or restored) retires without a capture."""
+        if not self.captures_enabled or req.cancelled or req.phase is not Phase.DECODE:
             return False
         cost = self._cost_ms(GraphKind.SNAPSHOT)
         tokens = req.prompt + tuple(req.output[:-1])

@@ -77,3 +77,23 @@ def test_cancelling_a_request_waiting_for_its_restore_unpins_the_checkpoint():
     assert not s.requests
     _assert_no_armed_rows(s)
 
+
+@pytest.mark.spec("prerequisites/preemption-no-complete")
+@pytest.mark.parametrize("chunks", [0, 1])
+def test_preempting_before_the_prompt_is_prefilled_publishes_no_uncomputed_state(chunks):
+    """preempt() before (or part way through) the prompt's prefill: a terminal capture of the whole
+    prompt would publish state the request never computed, and a later prompt extending it
+    would restore it."""
+    s = _checkpointing()
+    h = s.admit([TOKEN] * 100, max_output=4, message_endpoints=[64])  # anchor at 64: a cut, then a snapshot
+    t = 0.0
+    for fence in range(1, chunks + 1):
+        _, _, t = _run_one(s, fence, t)
+    consumed = s.requests[h.rid].consumed
+    s.preempt(h)
+    fence = chunks
+    while s.requests:
+        fence += 1
+        _, _, t = _run_one(s, fence, t)
+    hit = s.checkpoints.lookup([TOKEN] * 200)
+    assert hit is None or hit.length <= consumed
