@@ -753,7 +753,8 @@ class Scheduler:
 
         Raises:
           PlanRejected: stale epochs or handles, cancelled lanes, a busy window, a dependency
-            that needs completion feedback, or an estimate that expired since planning.
+            that needs completion feedback, an estimate that expired since planning, or a
+            refresh or probe whose ledger is no longer full.
         """
         if self.frames and fence <= self.frames[-1].fence:
             raise ValueError(f"fences must increase: {fence} after {self.frames[-1].fence}")
@@ -775,6 +776,10 @@ class Scheduler:
                 raise PlanRejected("the execution window is full, draining or overrun")
             if any(self._needs_feedback(self.requests[l.handle.rid]) for l in plan.lanes):
                 raise PlanRejected("a lane needs completion feedback before another frame")
+        ledger = {ExecutionClass.TIMING_REFRESH: self.timing_ledger,
+                  ExecutionClass.ACCEPTANCE_LEARNING: self.acceptance_ledger}.get(plan.reason)
+        if ledger is not None and not ledger.can_start():
+            raise PlanRejected(f"the {plan.reason.value} credit that funded this plan is no longer full")
         if plan.reason is ExecutionClass.TIMING_REFRESH:
             self.timing_ledger.start()
         elif plan.reason is ExecutionClass.ACCEPTANCE_LEARNING:

@@ -1,12 +1,14 @@
 """Lifecycle sequences the state machine (test_state_machine.py) found breaking an invariant,
 minimised to plain regression tests."""
+import numpy as np
 import pytest
 
-from helios_jax.scheduler.core import NS_PER_MS, Scheduler
-from helios_jax.scheduler.plan import CompletionRecord, ExecutionTiming
+from helios_jax.catalog import Allocation
+from helios_jax.scheduler.core import NS_PER_MS, PlanRejected, Scheduler
+from helios_jax.scheduler.plan import CompletionRecord, ExecutionClass, ExecutionTiming
 from helios_jax.scheduler.view import LaneRole, Phase
 
-from .helpers import ORDINARY
+from .helpers import ORDINARY, SPEC
 
 TOKEN = 3
 
@@ -97,3 +99,53 @@ def test_preempting_before_the_prompt_is_prefilled_publishes_no_uncomputed_state
         _, _, t = _run_one(s, fence, t)
     hit = s.checkpoints.lookup([TOKEN] * 200)
     assert hit is None or hit.length <= consumed
+
+
+@pytest.mark.spec("planning-queue/commit-checks", "acceptance-learning/next-needs-full")
+def test_a_saved_probe_plan_whose_credit_is_spent_is_rejected_without_side_effects():
+    """A plan outlives later calls; commit rechecks it. A saved acceptance probe committed again
+    after its episode was paid (credit no longer full) must be refused with PlanRejected, like any
+    other stale plan, not crash the engine with the ledger's ValueError."""
+    s = Scheduler(SPEC)
+    s.seed_costs(0)
+    s.admit([TOKEN] * 8, max_output=1000)
+    fence, now = 0, 0.0
+    while True:
+        s.advance_to(int(now * NS_PER_MS))
+        plan = s.plan()
+        if plan.reason is ExecutionClass.ACCEPTANCE_LEARNING:
+            break
+        fence += 1
+        now = _complete_plainly(s, plan, fence, now, 100.0)  # ordinary time earns the probe's credit
+    fence += 1
+    now = _complete_plainly(s, plan, fence, now, 5.0)  # the probe runs and pays
+    assert not s.acceptance_ledger.can_start()
+    state = lambda: (tuple(s.requests[0].inflight), s.in_flight, s.acceptance_ledger.copy(), s.timing_ledger.copy(),
+                     dict(s.selections))
+    before = state()
+    with pytest.raises(PlanRejected):
+        s.commit(plan, fence + 1)
+    assert state() == before
+
+
+def _complete_plainly(s, plan, fence, now_ms, ms):
+    """Commit `plan` as `fence` and complete it after `ms` (no proposals accepted)."""
+    s.commit(plan, fence)
+    now_ms += ms
+    s.advance_to(int(now_ms * NS_PER_MS))
+    recs = []
+    for l in plan.lanes:
+        if l.role is LaneRole.PROMPT:
+            recs.append(CompletionRecord(l.handle, l.epoch, prompt_tokens=l.prompt_tokens,
+                                         tokens=(TOKEN,) if l.finishes_prompt else ()))
+        elif l.role is LaneRole.DECODE:
+            recs.append(CompletionRecord(l.handle, l.epoch, tokens=(TOKEN,), offered=max(0, l.query_length - 1)))
+        else:
+            recs.append(CompletionRecord(l.handle, l.epoch))
+    timing = ExecutionTiming((ms * NS_PER_MS,), ms * NS_PER_MS)
+    if plan.graph.allocation is Allocation.PREFIX_LIMIT and plan.graph.proposal_depth:
+        sidecar = np.zeros((2, s.catalog.request_slots, plan.graph.proposal_depth), np.float32)
+        s.complete_packed_round(fence, recs, timing, sidecar)
+    else:
+        s.complete(fence, recs, timing)
+    return now_ms
