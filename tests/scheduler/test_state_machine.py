@@ -258,6 +258,11 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     def _commit(self, plan):
         queued = bool(self.s.in_flight)
+        if queued:  # fences must increase: a repeated fence is refused before anything changes
+            before = self._state()
+            with pytest.raises(ValueError):
+                self.s.commit(plan, self.s.in_flight[-1])
+            assert self._state() == before
         self.fence += 1
         self.s.commit(plan, self.fence)
         self.queued[self.fence] = queued
@@ -338,7 +343,7 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     def _timing(self, data, queued, ms):
         kind = data.draw(st.sampled_from(["device", "device", "zero", "missing", "ranks"]), label="timing")
-        wall = ms + data.draw(st.sampled_from([0.0, 0.0, 0.3, 5.0]), label="wall extra")
+        wall = ms * data.draw(st.sampled_from([1.0, 1.0, 1.1, 3.0, 0.5]), label="wall/device")
         device = {"device": (ms * NS_PER_MS,), "zero": (0.0,), "missing": (),
                   "ranks": (0.0, ms * NS_PER_MS, 0.7 * ms * NS_PER_MS)}[kind]
         return ExecutionTiming(device, wall * NS_PER_MS, queued=queued)
@@ -585,6 +590,12 @@ class SchedulerMachine(RuleBasedStateMachine):
                 inflight[lane.handle.rid].append(f.fence)
         for rid, r in s.requests.items():
             assert r.inflight == inflight.get(rid, [])
+        if len(s.frames) == 2:  # only decode rounds of requests without host stops queue twice
+            second = {l.handle.rid: l for l in s.frames[1].plan.lanes}
+            for lane in s.frames[0].plan.lanes:
+                if lane.handle.rid in second:
+                    assert lane.role is LaneRole.DECODE and second[lane.handle.rid].role is LaneRole.DECODE
+                    assert not s.requests[lane.handle.rid].host_stops
 
     @invariant()
     def checkpoint_rows_are_accounted(self):
