@@ -266,6 +266,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.fence += 1
         self.s.commit(plan, self.fence)
         self.queued[self.fence] = queued
+        self._check_invariants()
         event(f"commit {plan.graph.kind.value} {plan.reason.value}" + (" queued" if queued else ""))
 
     @rule()
@@ -392,6 +393,9 @@ class SchedulerMachine(RuleBasedStateMachine):
         cost_before = (self.s.costs.estimate_ns(key), self.s.costs.last_valid_ns(key), self.s.costs.samples(key))
         histories = {rid: (r.history.log_x, r.history.log_z, r.cancelled) for rid, r in self.s.requests.items()}
         if sidecars is not None:
+            with pytest.raises(ValueError):  # a device-allocated round completes with its sidecar
+                self.s.complete(frame.fence, records, timing)
+            assert self.s.frames[0] is frame
             conf = sidecars if len(sidecars) > 1 else sidecars[0]
             gen = (self.s.complete_packed_round(frame.fence, records, timing, conf) if surv is None else
                    self.s.complete_packed_round_with_survival(frame.fence, records, timing, conf, surv))
@@ -413,6 +417,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         self._check_generated(plan, records, pre, gen)
         self.pending_publication = (frame.fence, [g.handle for g in gen])
         self.last_interval_valid = timing.device_ns > 0
+        self._check_invariants()
 
     def _check_ledgers_after(self, plan, timing, before):
         """Credited time: the max positive device interval if queued, else max(device, wall); an
@@ -558,6 +563,15 @@ class SchedulerMachine(RuleBasedStateMachine):
         self._engine(data, then_engine_rounds)
 
     # == invariants ===========================================================================
+    def _check_invariants(self):
+        """Also inside rules: an engine round's states between its commits and completions."""
+        self.resources_are_owned_once_and_never_leak()
+        self.frames_keep_their_requests_resident()
+        self.checkpoint_rows_are_accounted()
+        self.ledgers_stay_within_their_bounds()
+        self.output_is_what_completions_returned()
+        self.epochs_are_monotone()
+
     @invariant()
     def resources_are_owned_once_and_never_leak(self):
         s = self.s
@@ -695,7 +709,19 @@ class SchedulerMachine(RuleBasedStateMachine):
 TestScheduler = SchedulerMachine.TestCase
 TestScheduler.settings = settings(max_examples=150, stateful_step_count=50, deadline=None, derandomize=True,
                                   database=None, suppress_health_check=[HealthCheck.too_slow])
-TestScheduler = pytest.mark.spec("service-accounting/validate-first", "planning-queue/double-occupancy",
-                                 "planning-queue/pages-pinned", "service-accounting/cancelled-slot-reuse",
-                                 "verification/lifecycle-no-outrank")(TestScheduler)
-
+# Rules the machine checks after every step (a one-line change of their implementing code fails it).
+TestScheduler = pytest.mark.spec(
+    # ownership: pages, slots and checkpoint rows through fences, cancellation and errors
+    "planning-queue/pages-pinned", "planning-queue/cancel-keeps-pages", "planning-queue/cancel-stops",
+    "prerequisites/fenced-ownership", "planning-queue/armed-retained", "service-accounting/cancelled-slot-reuse",
+    # the window and the commit contract
+    "planning-queue/two-slots", "planning-queue/double-occupancy", "planning-queue/feedback-triggers",
+    "planning-queue/plan-readonly", "planning-queue/commit-checks", "planning-queue/packed-round",
+    # completion and publication
+    "service-accounting/validate-first", "service-accounting/one-interval", "service-accounting/publish-before-complete",
+    "duration-estimates/missing-zero-ignored", "duration-estimates/raw-max-rank",
+    # exploration ledgers
+    "timing-refresh/credit-cap", "acceptance-learning/credit-cap", "timing-refresh/invalid-wall-pays",
+    "acceptance-learning/ledgers-disjoint", "timing-refresh/aggregate-bound", "acceptance-learning/aggregate-bound",
+    "verification/lifecycle-no-outrank",
+)(TestScheduler)
