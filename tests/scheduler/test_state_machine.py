@@ -1,7 +1,7 @@
 """Random scheduler lifecycles keep the scheduler's invariants.
 
 The machine drives the real Scheduler the way an engine may: admissions (shared prompt prefixes,
-message endpoints, host stops, scored prompts), plans committed into the two-slot window
+message endpoints, host stops, scored prompts, images in one or several windows), plans committed into the two-slot window
 (a second frame queued behind the first whenever the plan allows it), completions in fence order
 with queued or isolated timing (positive, zero or missing device intervals, several ranks, wall
 time), speculative rounds whose offered and accepted proposals follow the plan (host query
@@ -53,6 +53,7 @@ REQUEST = st.fixed_dictionaries({
     "host_stops": st.booleans(),
     "needs_scores": st.booleans(),
     "endpoints": st.lists(st.integers(1, 300), max_size=3),
+    "images": st.lists(st.integers(8, 40), max_size=3),  # image sizes, placed in the prompt in order
 })
 ENGINE = st.integers(0, 3)  # engine rounds that run after a client action (the loop never stops)
 DURATION_MS = st.one_of(st.floats(0.5, 20.0), st.sampled_from([80.0, 300.0, 1200.0]))
@@ -78,10 +79,11 @@ def expected_commit(tokens, before: int, max_output: int) -> tuple:
 class SchedulerMachine(RuleBasedStateMachine):
     @initialize(catalog=st.sampled_from(sorted(CATALOGS)), checkpoints=st.sampled_from([True, True, False]),
                 snapshot_rows=st.integers(1, 4), initialize_requests=st.booleans(),
-                initial=st.lists(REQUEST, min_size=1, max_size=5))
-    def setup(self, catalog, checkpoints, snapshot_rows, initialize_requests, initial):
+                vision_window_tokens=st.sampled_from([None, 40, 40]), initial=st.lists(REQUEST, min_size=1, max_size=5))
+    def setup(self, catalog, checkpoints, snapshot_rows, initialize_requests, vision_window_tokens, initial):
         self.s = Scheduler(CATALOGS[catalog], kv_pages=96, page_size=16, checkpoints=checkpoints,
-                           snapshot_rows=snapshot_rows, initialize_requests=initialize_requests)
+                           snapshot_rows=snapshot_rows, initialize_requests=initialize_requests,
+                           vision_window_tokens=vision_window_tokens)
         self.s.seed_costs(0)
         self.now = 0.0  # ms
         self.fence = 0
@@ -139,12 +141,19 @@ class SchedulerMachine(RuleBasedStateMachine):
         self._admit(**request)
         self._engine(data, then_engine_rounds)
 
-    def _admit(self, prompt, out, host_stops, needs_scores, endpoints):
+    def _admit(self, prompt, out, host_stops, needs_scores, endpoints, images):
+        spans, start = [], 5
+        for size in images if self.s.images_per_execution else ():
+            if start + size > prompt:
+                break
+            spans.append((start, start + size))
+            start += size + 10
         try:
             h = self.s.admit([TOKEN] * prompt, max_output=out, host_stops=host_stops, stop_token_ids=[STOP],
-                             needs_scores=needs_scores, message_endpoints=[e for e in endpoints if e <= prompt])
+                             needs_scores=needs_scores, message_endpoints=[e for e in endpoints if e <= prompt],
+                             image_spans=spans)
         except ResourceError:
-            assert not self.s.can_admit(prompt, out)
+            assert not self.s.can_admit(prompt, out) or len(self.s._image_windows(spans, prompt)) > 1
             candidate = self.s.preemption_candidate(prompt, out)
             if candidate is not None:
                 r = self._resident(candidate)
@@ -157,6 +166,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         r = self.s.requests[h.rid]
         if r.restore_row is not None:
             event("admission restores a checkpoint")
+        if r.windows:
+            event(f"admission with {len(r.windows)} image windows")
 
     @rule(i=st.integers(0, 1000), data=st.data(), then_engine_rounds=ENGINE)
     def cancel(self, i, data, then_engine_rounds):
@@ -627,7 +638,10 @@ class SchedulerMachine(RuleBasedStateMachine):
         for row, cp in store.entries.items():
             assert cp.row == row
             assert cp.pins == refs[row] + (1 if cp.role is Role.WINDOW else 0), (row, cp, refs[row])
-            if not cp.ready:
+            if cp.role is Role.WINDOW:  # a multi-window request's private row, released with it
+                owner = s.requests.get(cp.owner)
+                assert owner is not None and owner.window_row == row
+            elif not cp.ready:
                 assert any(r.capture_row == row for r in s.requests.values()), f"row {row} armed, never captured"
             key = (row, cp.tokens, cp.owner)
             if key not in self.seen_checkpoints:  # a new capture: its owner holds those tokens
