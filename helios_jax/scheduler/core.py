@@ -485,8 +485,11 @@ class Scheduler:
 
     def _begin_terminal_capture(self, req: Request, *, funded: bool = False) -> bool:
         """Enter the terminal phase with an armed destination row, when the capture is funded
-        (productive decode allowance covers a snapshot, or a preemption) and obtainable."""
-        if not self.captures_enabled or req.cancelled:
+        (productive decode allowance covers a snapshot, or a preemption) and obtainable.
+
+        Only a decoding request holds the state of prompt + output[:-1]; one preempted or ended
+        before its prompt is prefilled (or restored) retires without a capture."""
+        if not self.captures_enabled or req.cancelled or req.phase is not Phase.DECODE:
             return False
         cost = self._cost_ms(GraphKind.SNAPSHOT)
         tokens = req.prompt + tuple(req.output[:-1])
@@ -750,7 +753,8 @@ class Scheduler:
 
         Raises:
           PlanRejected: stale epochs or handles, cancelled lanes, a busy window, a dependency
-            that needs completion feedback, or an estimate that expired since planning.
+            that needs completion feedback, an estimate that expired since planning, or a
+            refresh or probe whose ledger is no longer full.
         """
         if self.frames and fence <= self.frames[-1].fence:
             raise ValueError(f"fences must increase: {fence} after {self.frames[-1].fence}")
@@ -772,6 +776,10 @@ class Scheduler:
                 raise PlanRejected("the execution window is full, draining or overrun")
             if any(self._needs_feedback(self.requests[l.handle.rid]) for l in plan.lanes):
                 raise PlanRejected("a lane needs completion feedback before another frame")
+        ledger = {ExecutionClass.TIMING_REFRESH: self.timing_ledger,
+                  ExecutionClass.ACCEPTANCE_LEARNING: self.acceptance_ledger}.get(plan.reason)
+        if ledger is not None and not ledger.can_start():
+            raise PlanRejected(f"the {plan.reason.value} credit that funded this plan is no longer full")
         if plan.reason is ExecutionClass.TIMING_REFRESH:
             self.timing_ledger.start()
         elif plan.reason is ExecutionClass.ACCEPTANCE_LEARNING:
@@ -1060,6 +1068,13 @@ class Scheduler:
 
     def _maybe_release(self, req: Request) -> None:
         if (req.retired or req.cancelled) and not req.inflight and req.rid in self.requests:
+            # Its last fence has completed: an armed capture that never ran (or was cancelled
+            # while in flight) returns its row, and a restore that never ran drops its pin.
+            if req.capture_row is not None and req.capture_row != req.window_row:
+                self.checkpoints.abandon(req.capture_row)
+            if req.restore_row is not None and req.restore_row != req.window_row:
+                self.checkpoints.unpin(req.restore_row)
+            req.capture_row = req.restore_row = None
             if req.window_row is not None:
                 self.checkpoints.release_private(req.window_row)
                 req.window_row = None

@@ -1,0 +1,151 @@
+"""Lifecycle sequences the state machine (test_state_machine.py) found breaking an invariant,
+minimised to plain regression tests."""
+import numpy as np
+import pytest
+
+from helios_jax.catalog import Allocation
+from helios_jax.scheduler.core import NS_PER_MS, PlanRejected, Scheduler
+from helios_jax.scheduler.plan import CompletionRecord, ExecutionClass, ExecutionTiming
+from helios_jax.scheduler.view import LaneRole, Phase
+
+from .helpers import ORDINARY, SPEC
+
+TOKEN = 3
+
+
+def _checkpointing(**kw):
+    s = Scheduler(ORDINARY, kv_pages=96, page_size=16, checkpoints=True, snapshot_rows=1, **kw)
+    s.seed_costs(0)
+    return s
+
+
+def _run_one(s, fence, now_ms):
+    """Plan, commit and complete one frame with plain records; returns (plan, generated, now)."""
+    s.advance_to(int(now_ms * NS_PER_MS))
+    plan = s.plan()
+    s.commit(plan, fence)
+    now_ms += 1.0
+    s.advance_to(int(now_ms * NS_PER_MS))
+    recs = [CompletionRecord(l.handle, l.epoch, prompt_tokens=l.prompt_tokens,
+                             tokens=(TOKEN,) if l.finishes_prompt else ())
+            if l.role is LaneRole.PROMPT else CompletionRecord(l.handle, l.epoch) for l in plan.lanes]
+    return plan, s.complete(fence, recs, ExecutionTiming((NS_PER_MS,), NS_PER_MS)), now_ms
+
+
+def _assert_no_armed_rows(s):
+    for cp in s.checkpoints.entries.values():
+        assert cp.ready and cp.pins == 0, cp
+
+
+@pytest.mark.spec("planning-queue/armed-retained", "prerequisites/fenced-ownership")
+@pytest.mark.parametrize("in_flight", [False, True])
+def test_cancelling_a_pending_terminal_capture_returns_its_row(in_flight):
+    """admit(1 token, max_output=1); the prefill finishes the response at its anchor, so a terminal
+    capture is armed; cancel (before or while the snapshot runs): the armed row must come back once
+    the request's last fence completes, not stay pinned and unready forever."""
+    s = _checkpointing()
+    h = s.admit([TOKEN], max_output=1)
+    _, gen, t = _run_one(s, 1, 0.0)
+    assert [(g.tokens, g.finished) for g in gen] == [((TOKEN,), False)]
+    assert s.requests[h.rid].phase is Phase.TERMINAL and s.requests[h.rid].capture_row is not None
+    if in_flight:
+        s.advance_to(int(t * NS_PER_MS))
+        plan = s.plan()
+        assert plan.lanes[0].role is LaneRole.TERMINAL
+        s.commit(plan, 2)
+    s.cancel(h)
+    if in_flight:
+        assert h.rid in s.requests  # fenced: the copy keeps its row through completion
+        s.complete(2, [CompletionRecord(h, plan.lanes[0].epoch)], ExecutionTiming((NS_PER_MS,), NS_PER_MS))
+    assert not s.requests
+    _assert_no_armed_rows(s)
+
+
+@pytest.mark.spec("planning-queue/armed-retained", "prerequisites/fenced-ownership")
+def test_cancelling_a_request_waiting_for_its_restore_unpins_the_checkpoint():
+    """A second turn that hits the cache pins the checkpoint for its RESTORE; cancelling it before
+    the restore runs must drop that pin (a pinned row can never be evicted)."""
+    s = _checkpointing()
+    first = s.admit([TOKEN] * 8, max_output=4)
+    t, fence = 0.0, 0
+    while s.requests[first.rid].phase is not Phase.DECODE:
+        fence += 1
+        _, _, t = _run_one(s, fence, t)
+    s.cancel(first)
+    second = s.admit([TOKEN] * 20, max_output=4)
+    req = s.requests[second.rid]
+    assert req.restore_row is not None and s.checkpoints.entries[req.restore_row].pins == 1
+    s.cancel(second)
+    assert not s.requests
+    _assert_no_armed_rows(s)
+
+
+@pytest.mark.spec("prerequisites/preemption-no-complete")
+@pytest.mark.parametrize("chunks", [0, 1])
+def test_preempting_before_the_prompt_is_prefilled_publishes_no_uncomputed_state(chunks):
+    """preempt() before (or part way through) the prompt's prefill: a terminal capture of the whole
+    prompt would publish state the request never computed, and a later prompt extending it
+    would restore it."""
+    s = _checkpointing()
+    h = s.admit([TOKEN] * 100, max_output=4, message_endpoints=[64])  # anchor at 64: a cut, then a snapshot
+    t = 0.0
+    for fence in range(1, chunks + 1):
+        _, _, t = _run_one(s, fence, t)
+    consumed = s.requests[h.rid].consumed
+    s.preempt(h)
+    fence = chunks
+    while s.requests:
+        fence += 1
+        _, _, t = _run_one(s, fence, t)
+    hit = s.checkpoints.lookup([TOKEN] * 200)
+    assert hit is None or hit.length <= consumed
+
+
+@pytest.mark.spec("planning-queue/commit-checks", "acceptance-learning/next-needs-full")
+def test_a_saved_probe_plan_whose_credit_is_spent_is_rejected_without_side_effects():
+    """A plan outlives later calls; commit rechecks it. A saved acceptance probe committed again
+    after its episode was paid (credit no longer full) must be refused with PlanRejected, like any
+    other stale plan, not crash the engine with the ledger's ValueError."""
+    s = Scheduler(SPEC)
+    s.seed_costs(0)
+    s.admit([TOKEN] * 8, max_output=1000)
+    fence, now = 0, 0.0
+    while True:
+        s.advance_to(int(now * NS_PER_MS))
+        plan = s.plan()
+        if plan.reason is ExecutionClass.ACCEPTANCE_LEARNING:
+            break
+        fence += 1
+        now = _complete_plainly(s, plan, fence, now, 100.0)  # ordinary time earns the probe's credit
+    fence += 1
+    now = _complete_plainly(s, plan, fence, now, 5.0)  # the probe runs and pays
+    assert not s.acceptance_ledger.can_start()
+    state = lambda: (tuple(s.requests[0].inflight), s.in_flight, s.acceptance_ledger.copy(), s.timing_ledger.copy(),
+                     dict(s.selections))
+    before = state()
+    with pytest.raises(PlanRejected):
+        s.commit(plan, fence + 1)
+    assert state() == before
+
+
+def _complete_plainly(s, plan, fence, now_ms, ms):
+    """Commit `plan` as `fence` and complete it after `ms` (no proposals accepted)."""
+    s.commit(plan, fence)
+    now_ms += ms
+    s.advance_to(int(now_ms * NS_PER_MS))
+    recs = []
+    for l in plan.lanes:
+        if l.role is LaneRole.PROMPT:
+            recs.append(CompletionRecord(l.handle, l.epoch, prompt_tokens=l.prompt_tokens,
+                                         tokens=(TOKEN,) if l.finishes_prompt else ()))
+        elif l.role is LaneRole.DECODE:
+            recs.append(CompletionRecord(l.handle, l.epoch, tokens=(TOKEN,), offered=max(0, l.query_length - 1)))
+        else:
+            recs.append(CompletionRecord(l.handle, l.epoch))
+    timing = ExecutionTiming((ms * NS_PER_MS,), ms * NS_PER_MS)
+    if plan.graph.allocation is Allocation.PREFIX_LIMIT and plan.graph.proposal_depth:
+        sidecar = np.zeros((2, s.catalog.request_slots, plan.graph.proposal_depth), np.float32)
+        s.complete_packed_round(fence, recs, timing, sidecar)
+    else:
+        s.complete(fence, recs, timing)
+    return now_ms
