@@ -268,7 +268,9 @@ class Scheduler:
             req.phase, req.prerequisites, req.enables = Phase.BLOCKED, [GraphKind.RESTORE], Phase.PREFILL
         elif self.initialize_requests:
             req.phase, req.prerequisites, req.enables = Phase.BLOCKED, [GraphKind.INITIALIZE], Phase.PREFILL
-        if self.captures_enabled:
+        if self.captures_enabled and not spans:
+            # Checkpoints are keyed by token ids; a prompt with images holds image features that
+            # the same placeholder ids in another prompt do not, so it publishes none.
             self._plan_captures(req)
         self.requests[rid] = req
         self._admitted_any = True
@@ -489,7 +491,7 @@ class Scheduler:
 
         Only a decoding request holds the state of prompt + output[:-1]; one preempted or ended
         before its prompt is prefilled (or restored) retires without a capture."""
-        if not self.captures_enabled or req.cancelled or req.phase is not Phase.DECODE:
+        if not self.captures_enabled or req.cancelled or req.phase is not Phase.DECODE or req.image_spans:
             return False
         cost = self._cost_ms(GraphKind.SNAPSHOT)
         tokens = req.prompt + tuple(req.output[:-1])

@@ -3,7 +3,7 @@ minimised to plain regression tests."""
 import numpy as np
 import pytest
 
-from helios_jax.catalog import Allocation
+from helios_jax.catalog import Allocation, GraphKind
 from helios_jax.scheduler.core import NS_PER_MS, PlanRejected, Scheduler
 from helios_jax.scheduler.plan import CompletionRecord, ExecutionClass, ExecutionTiming
 from helios_jax.scheduler.view import LaneRole, Phase
@@ -149,3 +149,36 @@ def _complete_plainly(s, plan, fence, now_ms, ms):
     else:
         s.complete(fence, recs, timing)
     return now_ms
+
+
+@pytest.mark.spec("prerequisites/private-no-prefix-cache")
+def test_a_prompt_with_images_publishes_no_checkpoint():
+    """Checkpoints are keyed by token ids; a prompt with an image holds its features, which the
+    same placeholder ids in a text prompt do not. With retention on, an image request (one
+    window) neither captures anchors nor a terminal state, so a text prompt with the same ids
+    finds nothing to restore."""
+    from helios_jax.scheduler.core import NS_PER_MS, Scheduler
+    from helios_jax.scheduler.view import Phase
+
+    from .helpers import SPEC
+    from .test_core import records, timing
+
+    s = Scheduler(SPEC, checkpoints=True, vision_window_tokens=300)
+    s.seed_costs(0)
+    prompt = list(range(1, 201))
+    h = s.admit(prompt, max_output=3, image_spans=[(10, 60)], message_endpoints=[200])
+    t, fence = 0.0, 0
+    while h.rid in s.requests and fence < 40:
+        fence += 1
+        s.advance_to(int(t * NS_PER_MS))
+        plan = s.plan()
+        s.commit(plan, fence)
+        t += plan.expected_duration_ms
+        s.advance_to(int(t * NS_PER_MS))
+        for g in s.complete(fence, records(plan), timing(plan.expected_duration_ms)):
+            if g.tokens:
+                s.published_output(g.handle, fence)
+        assert plan.kind is not GraphKind.SNAPSHOT
+    assert h.rid not in s.requests
+    text = s.admit(prompt + [7], max_output=3)
+    assert s.requests[text.rid].phase is Phase.PREFILL and s.requests[text.rid].cached == 0
