@@ -797,9 +797,10 @@ class Scheduler:
             expected_end = max(self.now_ns, previous_end or self.now_ns) + int(plan.expected_duration_ms * NS_PER_MS)
         expected_service = {}
         for lane in plan.lanes:
-            tokens = lane.prompt_tokens + lane.expected_tokens
+            # Expected output tokens (a finishing prompt lane's first token included): the
+            # token rate x counts output, not prompt tokens (docs/scheduling-utility.md).
             deliveries = 1.0 if lane.role is LaneRole.DECODE else 0.0
-            expected_service[lane.handle.rid] = (tokens, deliveries)
+            expected_service[lane.handle.rid] = (lane.expected_tokens, deliveries)
         self.frames.append(Frame(fence, plan, self.now_ns, expected_end, participants,
                                  self._normalizers(), expected_service))
         for lane in plan.lanes:
@@ -943,7 +944,7 @@ class Scheduler:
                 self._maybe_release(req)  # effects after cancellation or termination are dropped
                 continue
             tokens = self._apply_lane(req, lane, rec, plan, conf, surv, device_ms, len(plan.lanes))
-            served[req.rid] += lane.prompt_tokens + len(tokens)
+            served[req.rid] += len(tokens)  # output tokens: the fairness rate x counts no prompt tokens
             if lane.role is LaneRole.TERMINAL:
                 # The terminal capture completed: the response's completion becomes visible.
                 generated.append(GeneratedToken(req.handle, (), True, req.finish_reason))

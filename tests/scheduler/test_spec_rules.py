@@ -444,3 +444,25 @@ def test_thin_evidence_is_read_from_the_pooled_population_estimate():
     own[:3] = 2 / 3 * pool[:3] + 1 / 3
     np.testing.assert_allclose(views[served.rid].survival, own)
     np.testing.assert_allclose(s.requests[idle.rid].acceptance.get(SOURCE_LEARNED).mean, prior)
+
+
+@spec("useful-service/prefill-price", "useful-service/output-price", "service-accounting/committed-diffs")
+def test_the_token_rate_counts_output_tokens():
+    """x is the request's output-token rate (docs/scheduling-utility.md): a 5000-token prompt's
+    first 4096-token chunk leaves its token history missing (priced at the decaying feasible
+    share); the chunk that finishes it starts the history with its one output token."""
+    from .helpers import ORDINARY
+
+    s = scheduler(ORDINARY)
+    h = s.admit([1] * 5000, max_output=8)
+    req = s.requests[h.rid]
+    plan, _, t = run_once(s, 1, 0.0)
+    assert plan.lanes[0].prompt_tokens == 4096 and not plan.lanes[0].finishes_prompt
+    assert req.history.log_x is None
+    # the missing rate when the finishing chunk is committed, at t: its history starts there
+    start = s._missing_rate(req, int(t * MS), s._normalizers(), {req.rid: req.history})
+    plan, gen, t2 = run_once(s, 2, t)
+    assert plan.lanes[0].finishes_prompt and gen[0].tokens
+    dt = t2 - t
+    a = math.exp(-dt / s.policy.adaptation_ms)
+    assert math.exp(req.history.log_x) == pytest.approx(a * math.exp(start) + (1 - a) * 1 / dt)
