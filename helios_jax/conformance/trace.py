@@ -5,7 +5,8 @@
     python -m helios_jax.conformance.trace --check    # exit 1 if docs/conformance.md is stale
 
 The table is generated from the ``spec`` markers of the collected tests (run from the repository
-root), so it cannot drift from the suite.
+root), so it cannot drift from the suite; the hand-written part after ``HAND_WRITTEN`` (the
+generated-family results) is kept as it is.
 """
 from __future__ import annotations
 
@@ -109,13 +110,27 @@ def problems(markers: dict[str, set[str]]) -> list[str]:
     return out
 
 
+# The generated table ends here; what follows this line in docs/conformance.md is written by hand
+# (the generated-family results) and kept as it is by --write.
+HAND_WRITTEN = "<!-- Below this line: written by hand, kept by `trace --write`. -->"
+
+
+def hand_written_tail() -> str:
+    """The hand-written part of the committed document, from the marker on ('' if none)."""
+    if not DOC.exists():
+        return ""
+    text = DOC.read_text()
+    at = text.find(HAND_WRITTEN)
+    return "" if at < 0 else "\n" + text[at:]
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--write", action="store_true")
     parser.add_argument("--check", action="store_true")
     args = parser.parse_args(argv)
     markers = collect()
-    text = render(markers)
+    text = render(markers) + hand_written_tail()
     issues = problems(markers)
     for issue in issues:
         print(issue, file=sys.stderr)

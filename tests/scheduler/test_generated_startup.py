@@ -1,10 +1,15 @@
-"""The spec's startup traces on a few catalogs of the generated family (issue 12): the bounds are a
-property of the scheduler over the family, not of the two shipped catalogs.
+"""The spec's startup traces on the first catalogs of the generated family (issue 12): the bounds
+are a property of the scheduler over the family, not of the two shipped catalogs.
 
-``python -m helios_jax.conformance --generated=50`` runs the same traces over fifty; CI runs three
-members chosen to differ in kind: a speculative catalog with the narrowest token capacity (R = 32
-on 32 slots, so programs are narrower than the stream count), an ordinary one, and one with eight
-request slots (its sixteen-request traces are not achievable and must be reported so, not run).
+``python -m helios_jax.conformance --generated=50`` runs the same traces over fifty (the results
+and the causes of the remaining failures are in docs/conformance.md); CI runs the first six
+members of family seed 0: speculative and ordinary catalogs, 8 to 64 request slots, R from 32,
+so programs narrower than the stream count and P-limited device programs both occur.
+
+Every first-output and gap bound must hold wherever the catalog's costs allow it. The spread
+bound must hold on every runnable trace except those docs/conformance.md lists as remaining
+failures (`KNOWN_SPREAD`): a new failure, or a failure of another bound, fails the test, while a
+listed trace that starts to hold is welcome (then remove it here and there).
 """
 import pytest
 
@@ -13,24 +18,27 @@ from helios_jax.conformance import checks
 from helios_jax.scheduler.config import PolicyConfig
 
 FAMILY_SEED = 0
-MEMBERS = {m.index: m for m in catalog_family.family(5, FAMILY_SEED)}
-CHOSEN = (2, 3, 4)
+CHOSEN = range(6)
+MEMBERS = {m.index: m for m in catalog_family.family(len(CHOSEN), FAMILY_SEED)}
+# docs/conformance.md, "Startup traces on the generated family": cause (A) and (C).
+KNOWN_SPREAD = {
+    (1, "5 requests, 7 accepted drafts, untrained"),
+    (2, "16 requests, 3 accepted drafts, untrained"),
+    (2, "16 requests, 7 accepted drafts, untrained"),
+}
 
 
-def test_the_chosen_members_cover_what_the_docstring_says():
-    speculative, ordinary, eight = (MEMBERS[i].params for i in CHOSEN)
-    assert speculative["mode"] == "speculative" and speculative["R"] == 32 and speculative["slots"] == 32
-    assert ordinary["mode"] == "ordinary"
-    assert eight["mode"] == "speculative" and eight["slots"] == 8
+def test_the_sample_covers_the_kinds_the_docstring_names():
+    params = [MEMBERS[i].params for i in CHOSEN]
+    assert {p["mode"] for p in params} == {"speculative", "ordinary"}
+    assert min(p["slots"] for p in params) == 8 and max(p["slots"] for p in params) >= 32
+    assert min(p["R"] for p in params) == 32
 
 
 @pytest.mark.spec("verification/startup-traces", "verification/first-output-100ms", "verification/gaps-150ms",
                   "verification/hundred-rounds-spread")
-@pytest.mark.xfail(strict=False, reason="fairness fix in progress")
 @pytest.mark.parametrize("index", CHOSEN)
 def test_startup_bounds_hold_on_generated_catalogs(index):
-    """Every first-output and gap bound holds wherever the catalog's costs allow it, and so does the
-    spread bound (at most one eight-token burst over whole rotation cycles)."""
     member = MEMBERS[index]
     results = checks.startup_checks(member.catalog, PolicyConfig())
     counts = checks.tally(results)
@@ -38,5 +46,10 @@ def test_startup_bounds_hold_on_generated_catalogs(index):
     if member.catalog.request_slots < 16:
         assert counts["not achievable"] >= 2 and all(
             "request slots" in r.figure for r in results if r.verdict == "not achievable")
-    failures = [f"{r.check}: {r.figure}" for r in results if r.verdict == "fail"]
-    assert not failures, f"{member.name} ({member.describe()}):\n" + "\n".join(failures)
+    failures = [r for r in results if r.verdict == "fail" and (index, r.check) not in KNOWN_SPREAD]
+    assert not failures, f"{member.name} ({member.describe()}):\n" + "\n".join(
+        f"{r.check}: {r.figure}" for r in failures)
+    for r in results:
+        if (index, r.check) in KNOWN_SPREAD and r.verdict == "fail":
+            # a listed failure may only be the spread bound
+            assert r.details["failed"] == ["spread"], r.figure
