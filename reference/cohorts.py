@@ -19,7 +19,6 @@ import itertools
 import math
 from typing import Sequence
 
-import numpy as np
 
 from helios_jax.catalog import Allocation, DecodeMode, GraphDescriptor, GraphKind
 from helios_jax.reference.prefix_allocation import prefix_allocation_naive

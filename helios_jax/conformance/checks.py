@@ -20,7 +20,7 @@ from typing import Callable
 import numpy as np
 
 from helios_jax import catalog_family, simulation
-from helios_jax.catalog import Catalog, DecodeMode, GraphKind
+from helios_jax.catalog import Catalog, GraphKind
 from helios_jax.reference import crosscheck
 from helios_jax.scheduler.config import PolicyConfig
 
