@@ -193,3 +193,93 @@ def test_spec_worked_example_counts():
 def test_state_rows_cover_widest_verification():
     assert shipped_catalog().max_verification_width == 8
     assert shipped_catalog("synthetic-h200-ordinary").max_verification_width == 1
+
+
+# A catalog file written by hand, and the descriptors it means (built directly, not through the loader).
+HAND_WRITTEN = {
+    "name": "hand", "mode": "speculative", "speculative_token_capacity": 16, "request_slots": 4,
+    "completion_token_capacity": 4, "description": "written by hand",
+    "graphs": [
+        {"kind": "prefill", "batch_capacity": 1, "token_capacity": 64, "duration_ms": 5},
+        {"kind": "decode", "batch_capacity": 2, "token_capacity": 1},
+        {"kind": "decode", "batch_capacity": 4, "token_capacity": 1, "target_capacity": 0, "duration_ms": None},
+        {"kind": "speculative", "batch_capacity": 2, "token_capacity": 4, "proposal_depth": 3, "target_capacity": 8},
+        {"kind": "speculative", "batch_capacity": 4, "token_capacity": 4, "proposal_depth": 3, "target_capacity": 8,
+         "allocation": "prefix_limit", "duration_ms": 4.5},
+        {"kind": "mixed", "batch_capacity": 2, "token_capacity": 4, "proposal_depth": 3, "prefill_capacity": 64,
+         "speculative": True},
+        {"kind": "vision", "batch_capacity": 1, "image_capacity": 2},
+        {"kind": "snapshot", "batch_capacity": 1, "duration_ms": 0.25},
+    ],
+}
+HAND_MEANT = (
+    GraphDescriptor(GraphKind.PREFILL, 1, token_capacity=64, duration_ms=5.0),
+    GraphDescriptor(GraphKind.DECODE, 2, token_capacity=1, target_capacity=2),  # P defaults to B
+    GraphDescriptor(GraphKind.DECODE, 4, token_capacity=1, target_capacity=0),
+    GraphDescriptor(GraphKind.SPECULATIVE, 2, token_capacity=4, proposal_depth=3, target_capacity=8,
+                    allocation=Allocation.QUERY_LENGTH),  # host allocation unless declared
+    GraphDescriptor(GraphKind.SPECULATIVE, 4, token_capacity=4, proposal_depth=3, target_capacity=8,
+                    allocation=Allocation.PREFIX_LIMIT, duration_ms=4.5),
+    GraphDescriptor(GraphKind.MIXED, 2, token_capacity=4, proposal_depth=3, prefill_capacity=64,
+                    target_capacity=68, speculative=True),  # P defaults to the maximum packed extent
+    GraphDescriptor(GraphKind.VISION, 1, image_capacity=2),
+    GraphDescriptor(GraphKind.SNAPSHOT, 1, duration_ms=0.25),
+)
+
+
+@spec("mixed-execution/max-extent", "mixed-execution/declared-capacities")
+def test_a_hand_written_catalog_loads_as_written():
+    cat = Catalog.from_json(HAND_WRITTEN)
+    assert (cat.name, cat.mode, cat.speculative_token_capacity, cat.request_slots) == ("hand", "speculative", 16, 4)
+    assert (cat.completion_token_capacity, cat.description) == (4, "written by hand")
+    assert cat.graphs == HAND_MEANT
+    assert [type(g.duration_ms) for g in cat.graphs] == [float, type(None), type(None), type(None), float,
+                                                         type(None), type(None), float]
+    # Optional catalog fields take their defaults.
+    bare = {k: v for k, v in HAND_WRITTEN.items() if k not in ("completion_token_capacity", "description")}
+    bare["graphs"] = [g for g in HAND_WRITTEN["graphs"] if g["kind"] != "mixed"]
+    cat = Catalog.from_json(bare)
+    assert (cat.completion_token_capacity, cat.description) == (8, "")
+
+
+def test_a_catalog_writes_what_it_was_given(tmp_path):
+    cat = Catalog("hand", "speculative", 16, 4, HAND_MEANT, completion_token_capacity=4, description="written by hand")
+    out = cat.to_json()
+    assert {k: v for k, v in out.items() if k != "graphs"} == {
+        "name": "hand", "mode": "speculative", "speculative_token_capacity": 16, "request_slots": 4,
+        "description": "written by hand", "completion_token_capacity": 4}
+    assert out["graphs"][3] == {"kind": "speculative", "batch_capacity": 2, "token_capacity": 4, "proposal_depth": 3,
+                                "target_capacity": 8, "allocation": "query_length"}
+    assert out["graphs"][5] == {"kind": "mixed", "batch_capacity": 2, "token_capacity": 4, "proposal_depth": 3,
+                                "target_capacity": 68, "prefill_capacity": 64, "speculative": True}
+    assert out["graphs"][7] == {"kind": "snapshot", "batch_capacity": 1, "duration_ms": 0.25}
+    path = tmp_path / "hand.json"
+    cat.save(path)
+    assert Catalog.load(path) == cat
+    # Defaults are left out of the file.
+    plain = Catalog("plain", "speculative", 16, 4, HAND_MEANT[:2]).to_json()
+    assert "completion_token_capacity" not in plain and "description" not in plain
+
+
+@pytest.mark.parametrize("entry, field", [
+    ({"kind": "decode"}, "batch_capacity"),
+    ({"batch_capacity": 1}, "kind"),
+    ({"kind": "mixed", "batch_capacity": 2, "prefill_capacity": 64}, "token_capacity"),
+    ({"kind": "mixed", "batch_capacity": 2, "token_capacity": 1}, "prefill_capacity"),
+    ({"kind": "speculative", "batch_capacity": 2, "token_capacity": 1, "target_capacity": 2, "allocation": "psychic"},
+     "allocation"),
+])
+def test_incomplete_entries_are_value_errors_naming_the_field(entry, field):
+    obj = dict(HAND_WRITTEN, graphs=[entry])
+    with pytest.raises(ValueError, match=field):
+        Catalog.from_json(obj)
+
+
+def test_unvalidated_descriptors_derive_their_defaults_from_what_is_declared():
+    from helios_jax.catalog import descriptor_from_json
+    no_width = descriptor_from_json({"kind": "mixed", "batch_capacity": 4, "prefill_capacity": 64})
+    no_prompt = descriptor_from_json({"kind": "mixed", "batch_capacity": 4, "token_capacity": 2})
+    assert no_width.target_capacity == no_width.max_packed_extent == 64
+    assert no_prompt.target_capacity == no_prompt.max_packed_extent == 6
+    declared = descriptor_from_json({"kind": "mixed", "batch_capacity": 4, "token_capacity": 2, "target_capacity": 9})
+    assert declared.target_capacity == 9  # declared, never overwritten (validation rejects it)
