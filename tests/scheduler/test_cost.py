@@ -1,4 +1,6 @@
 """Duration estimates: indeterminate start, first sample, median of nine, staleness."""
+import collections
+
 import pytest
 from hypothesis import given, strategies as st
 
@@ -93,3 +95,41 @@ def test_fresh_estimate_is_median_of_last_nine(samples):
         costs.observe(KEY, [x], i)
     assert costs.estimate_ns(KEY) == pytest.approx(median(samples[-9:]))
     assert min(samples[-9:]) <= costs.estimate_ns(KEY) <= max(samples[-9:])
+
+
+def test_median_of_no_samples_is_an_error():
+    with pytest.raises(ValueError):
+        median([])
+
+
+@spec("timing-refresh/alternative-order", "timing-refresh/attempt-on-commit", "duration-estimates/zero-indeterminate")
+def test_queries_on_unmeasured_and_attempted_entries():
+    costs = CostModel(TTL)
+    other = shipped_catalog().graphs[1].key
+    assert costs.last_attempt_ns(KEY) is None and costs.last_valid_ns(KEY) is None
+    assert costs.samples(KEY) == () and costs.refresh_order_ns(KEY) == -1
+    assert costs.observation_age_ns(KEY, 10) is None
+    costs.note_attempt(KEY, 50)  # a committed dispatch without a valid observation yet
+    assert costs.last_attempt_ns(KEY) == 50 and costs.refresh_order_ns(KEY) == 50
+    assert costs.keys() == () and not costs.is_known(KEY)  # an attempt alone measures nothing
+    costs.observe(KEY, [0.5], 70)  # half a nanosecond is still a measurement
+    costs.observe(other, [3.0], 20)
+    assert set(costs.keys()) == {KEY, other}
+    assert costs.refresh_order_ns(KEY) == 70 and costs.refresh_order_ns(other) == 20
+    assert costs.observation_age_ns(KEY, 100) == 30
+
+
+def test_snapshot_is_a_deep_copy_that_restore_brings_back():
+    costs = CostModel(TTL)
+    costs.observe(KEY, [10.0], 0)
+    snap = costs.snapshot()
+    for x in (20.0, 30.0):
+        costs.observe(KEY, [x], 1)
+    assert snap[KEY].samples == collections.deque([10.0]) and snap[KEY].estimate_ns == 10.0
+    version = costs.version
+    costs.restore(snap)
+    assert costs.estimate_ns(KEY) == 10.0 and costs.samples(KEY) == (10.0,)
+    assert costs.version > version  # a restore changes estimates: a version not seen before
+    for i in range(12):
+        costs.observe(KEY, [float(i)], 2)
+    assert len(costs.samples(KEY)) == 9  # the restored window keeps its nine-sample bound

@@ -132,3 +132,24 @@ def test_estimates_stay_probabilities_and_bounded_weights(xs, tokens):
         assert 0.0 < est.weight[0] <= 128
     assert min(xs + [0.5]) - 1e-12 <= est.mean[0] <= max(xs + [0.5]) + 1e-12
     assert (est.optimistic(tokens) >= est.means() - 1e-12).all()
+
+
+@spec("confidence-acceptance/expected-output")
+def test_expected_output_of_no_rows_is_nothing():
+    s = np.array([0.8, 0.5])
+    assert expected_output(s, 0) == 0.0 and expected_output(s, -1) == 0.0
+    np.testing.assert_array_equal(expected_output_table(s[None, :], 0), [[0.0]])
+
+
+def test_copies_are_independent():
+    prior = PopulationPrior(2)
+    prior_copy = prior.copy()
+    prior_copy.observe(np.array([1.0, 1.0]))
+    np.testing.assert_allclose(prior.mean, [0.5, 0.25])
+    assert prior_copy.depth == 2 and prior_copy.mean[0] > 0.5
+    hist = AcceptanceHistory({SOURCE_LEARNED: prior, SOURCE_COPY: prior})
+    hist_copy = hist.copy()
+    hist_copy.get(SOURCE_LEARNED).observe([1.0, 1.0], tokens=0)
+    np.testing.assert_allclose(hist.get(SOURCE_LEARNED).mean, [0.5, 0.25])
+    assert set(hist_copy.estimates) == {SOURCE_LEARNED, SOURCE_COPY}
+    assert hist_copy.get(SOURCE_LEARNED).mean[0] > 0.5
