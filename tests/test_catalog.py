@@ -283,3 +283,34 @@ def test_unvalidated_descriptors_derive_their_defaults_from_what_is_declared():
     assert no_prompt.target_capacity == no_prompt.max_packed_extent == 6
     declared = descriptor_from_json({"kind": "mixed", "batch_capacity": 4, "token_capacity": 2, "target_capacity": 9})
     assert declared.target_capacity == 9  # declared, never overwritten (validation rejects it)
+
+
+def test_batch_buckets_start_at_one_request():
+    assert batch_buckets(1) == [1]
+    assert batch_buckets(64, minimum=2) == [2, 4, 8, 16, 32, 64]
+    with pytest.raises(ValueError):
+        batch_buckets(0)
+
+
+@spec("mixed-execution/variant-matches-mode", "mixed-execution/adaptive-width-one-draft",
+      "mixed-execution/spec-capture", "mixed-execution/ordinary-capture", "mixed-execution/batch-range",
+      "mixed-execution/prompt-ge-width")
+def test_mixed_shapes_flags_bounds_and_duplicates():
+    kwargs = dict(prompt_buckets=[64, 512], wider_widths=[1, 2, 4], speculative_token_capacity=512)
+    spec_shapes = mixed_shapes(concurrency=100, speculative=True, **kwargs)
+    # Every graph of a speculative capture maintains draft state, width one included.
+    assert all(s.speculative and s.descriptor().speculative is True for s in spec_shapes)
+    assert not any(s.speculative or s.descriptor().speculative for s in
+                   mixed_shapes(concurrency=100, speculative=False, **kwargs))
+    # Batch buckets 2..64 (concurrency 100 pads to 128, beyond the mixed range).
+    assert sorted({s.batch_capacity for s in spec_shapes}) == [2, 4, 8, 16, 32, 64]
+    # Width one is listed once per prompt bucket even when the wider widths name it.
+    assert len(set(spec_shapes)) == len(spec_shapes)
+    assert sum(s.token_capacity == 1 for s in spec_shapes) == 6 * 2
+    # A wider width equal to the prompt bucket fits (prompt capacity >= decode width).
+    tiny = mixed_shapes(concurrency=2, prompt_buckets=[8], speculative=True, wider_widths=[8],
+                        speculative_token_capacity=16)
+    assert MixedShape(2, 8, 8, True) in tiny
+    assert MixedShape(2, 8, 8, True).descriptor() == GraphDescriptor(
+        GraphKind.MIXED, 2, token_capacity=8, proposal_depth=7, target_capacity=16, prefill_capacity=8,
+        speculative=True)
