@@ -314,3 +314,130 @@ def test_mixed_shapes_flags_bounds_and_duplicates():
     assert MixedShape(2, 8, 8, True).descriptor() == GraphDescriptor(
         GraphKind.MIXED, 2, token_capacity=8, proposal_depth=7, target_capacity=16, prefill_capacity=8,
         speculative=True)
+
+
+# Each contract at its boundary: the last legal value passes, the first illegal one names its field.
+LEGAL = [
+    dict(kind=GraphKind.PREFILL, batch_capacity=1, token_capacity=1),  # a one-token chunk
+    dict(kind=GraphKind.DECODE, batch_capacity=64, token_capacity=1, target_capacity=64),
+    dict(kind=GraphKind.SPECULATIVE, batch_capacity=4, token_capacity=4, proposal_depth=3, target_capacity=16,
+         allocation=Allocation.QUERY_LENGTH),
+    dict(kind=GraphKind.SPECULATIVE, batch_capacity=32, token_capacity=2, proposal_depth=1, target_capacity=64,
+         allocation=Allocation.QUERY_LENGTH),  # rectangular B*W = R exactly
+    dict(kind=GraphKind.SPECULATIVE, batch_capacity=64, token_capacity=2, proposal_depth=1, target_capacity=64,
+         allocation=Allocation.PREFIX_LIMIT),  # ragged P = R exactly
+    dict(kind=GraphKind.MIXED, batch_capacity=64, token_capacity=1, prefill_capacity=64, target_capacity=127),
+    dict(kind=GraphKind.MIXED, batch_capacity=2, token_capacity=2, proposal_depth=1, prefill_capacity=64,
+         target_capacity=66, speculative=True),
+    dict(kind=GraphKind.VISION, batch_capacity=1, image_capacity=1),
+    dict(kind=GraphKind.SNAPSHOT, batch_capacity=64),
+    dict(kind=GraphKind.PREFILL, batch_capacity=1, token_capacity=64, duration_ms=1e-9),
+]
+
+
+@spec("mixed-execution/batch-range", "speculative-coverage/rectangular-envelope",
+      "speculative-coverage/ragged-envelope")
+@pytest.mark.parametrize("fields", LEGAL)
+def test_boundary_descriptors_are_legal(fields):
+    check(**fields)
+
+
+ILLEGAL = [
+    (dict(kind=GraphKind.PREFILL, batch_capacity=1, token_capacity=-1), "token_capacity", "nonnegative integer"),
+    (dict(kind=GraphKind.VISION, batch_capacity=1, image_capacity=-1), "image_capacity", "nonnegative integer"),
+    (dict(kind=GraphKind.PREFILL, batch_capacity=1, token_capacity=64.0), "token_capacity", "nonnegative integer"),
+    (dict(kind=GraphKind.SNAPSHOT, batch_capacity=True), "batch_capacity", "nonnegative integer"),
+    (dict(kind=GraphKind.SNAPSHOT, batch_capacity=0), "batch_capacity", "at least 1"),
+    (dict(kind=GraphKind.SNAPSHOT, batch_capacity=65), "batch_capacity", "request-slot bound"),
+    (dict(kind=GraphKind.PREFILL, batch_capacity=1, token_capacity=64, duration_ms=0.0), "duration_ms", "positive"),
+    (dict(kind=GraphKind.PREFILL, batch_capacity=1, token_capacity=64, duration_ms=float("inf")), "duration_ms",
+     "finite"),
+    (dict(kind=GraphKind.PREFILL, batch_capacity=2, token_capacity=64), "batch_capacity", "B = 1"),
+    (dict(kind=GraphKind.PREFILL, batch_capacity=1, token_capacity=0), "token_capacity", "positive chunk"),
+    (dict(kind=GraphKind.PREFILL, batch_capacity=1, token_capacity=64, target_capacity=64), "proposal_depth",
+     "no proposals"),
+    (dict(kind=GraphKind.PREFILL, batch_capacity=1, token_capacity=64, proposal_depth=1), "proposal_depth",
+     "no proposals"),
+    (dict(kind=GraphKind.PREFILL, batch_capacity=1, token_capacity=64, speculative=True), "speculative", "mixed"),
+    (dict(kind=GraphKind.PREFILL, batch_capacity=1, token_capacity=64, allocation=Allocation.QUERY_LENGTH),
+     "allocation", "only speculative"),
+    (dict(kind=GraphKind.SNAPSHOT, batch_capacity=1, image_capacity=1), "image_capacity", "only vision"),
+    (dict(kind=GraphKind.DECODE, batch_capacity=2, token_capacity=2), "token_capacity", "width one"),
+    (dict(kind=GraphKind.DECODE, batch_capacity=2, token_capacity=1, proposal_depth=1, target_capacity=2),
+     "proposal_depth", "no proposals"),
+    (dict(kind=GraphKind.DECODE, batch_capacity=2, token_capacity=1, target_capacity=3), "proposal_depth",
+     "no proposals"),
+    (dict(kind=GraphKind.VISION, batch_capacity=1), "image_capacity", "positive image capacity"),
+    (dict(kind=GraphKind.SNAPSHOT, batch_capacity=1, token_capacity=1), "token_capacity", "only a batch"),
+    (dict(kind=GraphKind.RESTORE, batch_capacity=1, proposal_depth=1), "token_capacity", "only a batch"),
+    (dict(kind=GraphKind.INITIALIZE, batch_capacity=1, target_capacity=1), "token_capacity", "only a batch"),
+    (dict(kind=GraphKind.SPECULATIVE, batch_capacity=2, token_capacity=1, target_capacity=2), "allocation",
+     "binds query_length or prefix_limit"),
+    (dict(kind=GraphKind.SPECULATIVE, batch_capacity=2, token_capacity=0, target_capacity=2,
+          allocation=Allocation.QUERY_LENGTH), "token_capacity", "at least 1"),
+    (dict(kind=GraphKind.SPECULATIVE, batch_capacity=2, token_capacity=4, proposal_depth=2, target_capacity=8,
+          allocation=Allocation.QUERY_LENGTH), "token_capacity", "needs at least 3 proposals"),
+    (dict(kind=GraphKind.SPECULATIVE, batch_capacity=2, token_capacity=2, proposal_depth=1, target_capacity=5,
+          allocation=Allocation.QUERY_LENGTH), "target_capacity", r"\[B, B\*W\]"),
+    (dict(kind=GraphKind.SPECULATIVE, batch_capacity=64, token_capacity=2, proposal_depth=1, target_capacity=128,
+          allocation=Allocation.QUERY_LENGTH), "target_capacity", "rectangular B\\*W=128 exceeds"),
+    (dict(kind=GraphKind.SPECULATIVE, batch_capacity=64, token_capacity=2, proposal_depth=1, target_capacity=65,
+          allocation=Allocation.QUERY_LENGTH), "target_capacity", "ragged P=65 exceeds"),
+    (dict(kind=GraphKind.SPECULATIVE, batch_capacity=2, token_capacity=1, target_capacity=2,
+          allocation=Allocation.PREFIX_LIMIT), "allocation", "needs proposals to rank"),
+    (dict(kind=GraphKind.MIXED, batch_capacity=1, token_capacity=1, prefill_capacity=64, target_capacity=64),
+     "batch_capacity", "from 2 through 64"),
+    (dict(kind=GraphKind.MIXED, batch_capacity=2, token_capacity=1, prefill_capacity=0, target_capacity=1),
+     "prefill_capacity", "positive and aligned"),
+    (dict(kind=GraphKind.MIXED, batch_capacity=2, token_capacity=1, proposal_depth=1, prefill_capacity=64,
+          target_capacity=65), "proposal_depth", "width-one graphs have D = 0"),
+    (dict(kind=GraphKind.MIXED, batch_capacity=2, token_capacity=2, proposal_depth=1, prefill_capacity=64,
+          target_capacity=66), "speculative", "verify proposals"),
+    (dict(kind=GraphKind.MIXED, batch_capacity=2, token_capacity=3, proposal_depth=1, prefill_capacity=64,
+          target_capacity=67, speculative=True), "token_capacity", "needs at least 2 proposals"),
+    (dict(kind=GraphKind.MIXED, batch_capacity=32, token_capacity=4, proposal_depth=3, prefill_capacity=64,
+          target_capacity=188, speculative=True), "token_capacity", "B\\*W=128 exceeds the token envelope"),
+]
+
+
+@spec("speculative-coverage/width-one-d-zero", "speculative-coverage/rectangular-p",
+      "speculative-coverage/rectangular-envelope", "speculative-coverage/ragged-envelope",
+      "speculative-coverage/device-needs-adaptive", "mixed-execution/batch-range", "mixed-execution/prompt-aligned",
+      "mixed-execution/others-zero", "mixed-execution/width-range")
+@pytest.mark.parametrize("fields, field, reason", ILLEGAL)
+def test_each_contract_names_its_field_and_reason(fields, field, reason):
+    with pytest.raises(ValueError, match=rf"graph .*field '{field}': .*{reason}"):
+        check(**fields)
+
+
+@spec("mixed-execution/prompt-ge-width", "mixed-execution/width-range")
+def test_a_declared_completion_capacity_bounds_mixed_width_and_prompt_may_equal_width():
+    g = GraphDescriptor(GraphKind.MIXED, 2, token_capacity=64, proposal_depth=63, prefill_capacity=64,
+                        target_capacity=128, speculative=True)
+    validate(g, speculative_token_capacity=128, completion_token_capacity=64)  # C = W is enough
+    graphs = (GraphDescriptor(GraphKind.MIXED, 2, token_capacity=8, proposal_depth=7, prefill_capacity=64,
+                              target_capacity=72, speculative=True),)
+    Catalog("c", "speculative", 64, 4, graphs)  # the default capacity is 8
+    with pytest.raises(ValueError, match="token_capacity"):
+        Catalog("c", "speculative", 64, 4, graphs, completion_token_capacity=4)
+
+
+def test_catalog_level_contracts():
+    snap = (GraphDescriptor(GraphKind.SNAPSHOT, 1),)
+    for slots in (1, 64):
+        assert Catalog("c", "ordinary", 0, slots, snap).request_slots == slots
+    for slots in (0, 65):
+        with pytest.raises(ValueError, match="request_slots"):
+            Catalog("c", "ordinary", 0, slots, snap)
+    with pytest.raises(ValueError, match="speculative_token_capacity"):
+        Catalog("c", "speculative", -1, 4, snap)
+    with pytest.raises(ValueError, match="request_slots=4"):
+        Catalog("c", "ordinary", 0, 4, (GraphDescriptor(GraphKind.SNAPSHOT, 8),))
+    spec_decode = GraphDescriptor(GraphKind.SPECULATIVE, 2, token_capacity=1, target_capacity=2,
+                                  allocation=Allocation.QUERY_LENGTH)
+    spec_mixed = GraphDescriptor(GraphKind.MIXED, 2, token_capacity=1, prefill_capacity=64, target_capacity=65,
+                                 speculative=True)
+    for g in (spec_decode, spec_mixed):
+        Catalog("c", "speculative", 0, 4, (g,))
+        with pytest.raises(ValueError, match="ordinary catalog holds no speculative programs"):
+            Catalog("c", "ordinary", 0, 4, (g,))
