@@ -9,9 +9,10 @@ mutmut keeps one `<module>.py.meta` JSON file per mutated module under mutants/,
 mutant's name (`module.function__mutmut_N`, methods as `module.xǁClassǁmethod__mutmut_N`) to
 the exit code of the tests run against it. This reads them and prints, per module: the mutants,
 how many the tests killed, how many survived, how many of the survivors are recorded as
-equivalent, how many timed out or ended otherwise (no test reached the function, a crash, not run
-yet), and the kill rate, killed / (mutants - equivalent). Then it lists every mutant that was not
-killed and is not recorded as equivalent.
+equivalent, how many timed out (the tests did not finish: detected, as CI would fail), how many
+ended otherwise (no test reached the function, a crash, not run yet), and the kill rate,
+(killed + timeout) / (mutants - equivalent). Then it lists every mutant that was neither detected
+nor recorded as equivalent.
 
 Equivalent mutants (the program behaves identically with the change) are recorded, each with its
 reason, as rows of docs/mutation.md whose first cell is the mutant's name in backticks. mutmut
@@ -81,11 +82,11 @@ def results(mutants_dir: pathlib.Path, paths: list[str]) -> dict[str, dict[str, 
 def tally(codes: dict[str, int | None], equivalent: set[str]) -> dict:
     counts = collections.Counter(status(c) for c in codes.values())
     eq = sum(1 for name, c in codes.items() if name in equivalent and status(c) == "survived")
-    killed = counts["killed"]
-    other = len(codes) - killed - counts["survived"]
+    killed, timeout = counts["killed"], counts["timeout"]
+    other = len(codes) - killed - timeout - counts["survived"]
     denominator = len(codes) - eq
-    return dict(mutants=len(codes), killed=killed, survived=counts["survived"], equivalent=eq, other=other,
-                rate=killed / denominator if denominator else float("nan"))
+    return dict(mutants=len(codes), killed=killed, survived=counts["survived"], equivalent=eq, timeout=timeout,
+                other=other, rate=(killed + timeout) / denominator if denominator else float("nan"))
 
 
 def main(argv):
@@ -98,9 +99,9 @@ def main(argv):
 
     rows = [(source, tally(codes, equivalent)) for source, codes in by_module.items()]
     total = tally({k: v for codes in by_module.values() for k, v in codes.items()}, equivalent)
-    header = ("module", "mutants", "killed", "survived", "equivalent", "timeout/other", "kill rate")
-    cells = [(s, str(t["mutants"]), str(t["killed"]), str(t["survived"]), str(t["equivalent"]), str(t["other"]),
-              f"{100 * t['rate']:.1f}%") for s, t in rows + [("total", total)]]
+    header = ("module", "mutants", "killed", "survived", "equivalent", "timeout", "other", "kill rate")
+    cells = [(s, str(t["mutants"]), str(t["killed"]), str(t["survived"]), str(t["equivalent"]), str(t["timeout"]),
+              str(t["other"]), f"{100 * t['rate']:.1f}%") for s, t in rows + [("total", total)]]
     if FLAGS.markdown:
         print("| " + " | ".join(header) + " |")
         print("|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|")
@@ -112,12 +113,13 @@ def main(argv):
         print(fmt.format(*header))
         for c in cells:
             print(fmt.format(*c))
-    print("\nkill rate = killed / (mutants - equivalent); survived includes the equivalent ones")
+    print("\nkill rate = (killed + timeout) / (mutants - equivalent); survived includes the equivalent ones;"
+          "\nother = no test reached the mutant, a crash, or not run yet")
 
     if FLAGS.list_survivors:
         open_ = [(name, status(code)) for codes in by_module.values() for name, code in codes.items()
-                 if status(code) not in ("killed",) and not (name in equivalent and status(code) == "survived")]
-        print(f"\n{len(open_)} mutants neither killed nor recorded as equivalent"
+                 if status(code) not in ("killed", "timeout") and not (name in equivalent and status(code) == "survived")]
+        print(f"\n{len(open_)} mutants neither detected nor recorded as equivalent"
               + (":" if open_ else "."))
         source_of = {name: source for source, codes in by_module.items() for name in codes}
         for name, st in open_:
