@@ -45,6 +45,9 @@ def test_anchor_and_extras_order():
     assert capture_endpoints([], 1000, 0) == (1000, [])
     assert capture_endpoints([100, 1000], 1000, 0) == (1000, [100])  # the prompt end is not repeated
     assert capture_endpoints([100, 300], 1000, 200) == (300, [1000])  # endpoints inside the cache
+    assert capture_endpoints([200, 300], 1000, 200) == (300, [1000])  # the cached end is not beyond it
+    assert capture_endpoints([], 1000, 1000) == (None, [])  # a fully cached prompt has nothing to capture
+    assert capture_endpoints([1000], 1000, 999) == (1000, [])
 
 
 @spec("planning-queue/victim-ranking", "planning-queue/guard-protects", "planning-queue/mandatory-revokes",

@@ -109,9 +109,11 @@ def test_queries_on_unmeasured_and_attempted_entries():
     assert costs.last_attempt_ns(KEY) is None and costs.last_valid_ns(KEY) is None
     assert costs.samples(KEY) == () and costs.refresh_order_ns(KEY) == -1
     assert costs.observation_age_ns(KEY, 10) is None
+    costs.note_attempt(other, 0)
+    assert costs.refresh_order_ns(other) == 0  # an attempt at time zero is later than no attempt
     costs.note_attempt(KEY, 50)  # a committed dispatch without a valid observation yet
     assert costs.last_attempt_ns(KEY) == 50 and costs.refresh_order_ns(KEY) == 50
-    assert costs.keys() == () and not costs.is_known(KEY)  # an attempt alone measures nothing
+    assert costs.keys() == () and not costs.is_known(KEY)  # attempts alone measure nothing
     costs.observe(KEY, [0.5], 70)  # half a nanosecond is still a measurement
     costs.observe(other, [3.0], 20)
     assert set(costs.keys()) == {KEY, other}
