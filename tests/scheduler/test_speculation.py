@@ -153,3 +153,36 @@ def test_copies_are_independent():
     np.testing.assert_allclose(hist.get(SOURCE_LEARNED).mean, [0.5, 0.25])
     assert set(hist_copy.estimates) == {SOURCE_LEARNED, SOURCE_COPY}
     assert hist_copy.get(SOURCE_LEARNED).mean[0] > 0.5
+
+
+@spec("confidence-acceptance/termination-censors", "confidence-acceptance/survival-replaces",
+      "confidence-acceptance/peer-valid-probs")
+def test_censoring_and_survival_rows_at_their_edges():
+    # Ending before any of the round's accepted proposals censors every depth.
+    assert np.isnan(acceptance_observations(4, offered=3, accepted=2, terminated_after=0)).all()
+    # Survival values replace observations only where the round still observes: censored depths stay NaN.
+    obs = acceptance_observations(4, offered=3, accepted=3, terminated_after=1, survival=[0.9, 0.4, 0.2])
+    np.testing.assert_array_equal(obs, [0.9, nan, nan, nan])
+    # Probabilities include both ends; anything else is an error.
+    np.testing.assert_array_equal(acceptance_observations(3, offered=2, accepted=1, survival=[1.0, 0.0]),
+                                  [1.0, 0.0, nan])
+    for bad in ([nan], [math.inf], [-0.1], [1.1]):
+        with pytest.raises(ValueError):
+            acceptance_observations(3, offered=2, accepted=1, survival=bad)
+
+
+@spec("confidence-acceptance/half-life")
+def test_a_copied_estimate_ages_from_the_same_token_count():
+    est = PrefixEstimate.from_prior(initial_prior(2), tokens=100)
+    est.observe([1.0, 0.0], tokens=228)
+    copy = est.copy()
+    np.testing.assert_array_equal(copy.aged_weight(356), est.aged_weight(356))
+    assert copy.tokens_at == 228
+
+
+@spec("confidence-acceptance/expected-output", "confidence-acceptance/alpha-exponent")
+@pytest.mark.parametrize("alpha", [0.5, 1.0, 2.0])
+def test_one_lane_and_the_table_agree_exactly_whatever_the_input_precision(alpha):
+    s = np.array([0.9, 0.7, 0.3, 0.1], dtype=np.float32)
+    table = expected_output_table(s[None, :], 6, alpha)
+    assert [expected_output(s, w, alpha) for w in range(7)] == table[0].tolist()
