@@ -186,3 +186,37 @@ def test_one_lane_and_the_table_agree_exactly_whatever_the_input_precision(alpha
     s = np.array([0.9, 0.7, 0.3, 0.1], dtype=np.float32)
     table = expected_output_table(s[None, :], 6, alpha)
     assert [expected_output(s, w, alpha) for w in range(7)] == table[0].tolist()
+
+
+@spec("confidence-acceptance/half-life")
+def test_aging_counts_tokens_since_the_last_observation():
+    est = PrefixEstimate.from_prior(initial_prior(1), tokens=100)
+    assert est.aged_weight(100)[0] == 2.0
+    assert est.aged_weight(228)[0] == pytest.approx(1.0)  # one half-life later
+    assert est.aged_weight(50)[0] == 2.0  # an earlier count never adds weight
+
+
+def test_observations_must_be_probabilities():
+    est = PrefixEstimate.from_prior(initial_prior(2))
+    for bad in ([1.5, nan], [nan, -0.5]):
+        with pytest.raises(ValueError):
+            est.observe(bad, tokens=0)
+    est.observe([1.0, 0.0], tokens=0)  # both ends are probabilities
+
+
+@spec("confidence-acceptance/ordinary-means", "confidence-acceptance/optimistic-estimate")
+def test_means_and_optimistic_estimates_are_cached_read_only_until_an_observation():
+    est = PrefixEstimate(np.array([0.6, 0.4]), np.array([128.0, 128.0]))
+    means, optimistic = est.means(), est.optimistic(0)
+    assert est.means() is means and est.optimistic(0) is optimistic  # read every decision, computed once
+    with pytest.raises(ValueError):
+        means[0] = 1.0
+    with pytest.raises(ValueError):
+        optimistic[0] = 1.0
+    # A different token count ages the weights: a new optimistic estimate, the means unchanged.
+    later = est.optimistic(128)
+    np.testing.assert_allclose(later, 0.6 - 0.2 * np.arange(2) + math.sqrt(math.log(20) / (2 * 64)))
+    assert later[0] > optimistic[0] and est.means() is means
+    est.observe([0.0, nan], tokens=128)
+    assert est.means() is not means and est.means()[0] < 0.6
+    assert est.optimistic(128)[0] < later[0]
