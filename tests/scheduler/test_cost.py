@@ -114,7 +114,8 @@ def test_queries_on_unmeasured_and_attempted_entries():
     costs.note_attempt(KEY, 50)  # a committed dispatch without a valid observation yet
     assert costs.last_attempt_ns(KEY) == 50 and costs.refresh_order_ns(KEY) == 50
     assert costs.keys() == () and not costs.is_known(KEY)  # attempts alone measure nothing
-    costs.observe(KEY, [0.5], 70)  # half a nanosecond is still a measurement
+    costs.observe(KEY, [0.5], 70)  # half a nanosecond is still a measurement, and goes stale
+    assert costs.is_fresh(KEY, 70 + TTL) and costs.is_stale(KEY, 71 + TTL)
     costs.observe(other, [3.0], 20)
     assert set(costs.keys()) == {KEY, other}
     assert costs.refresh_order_ns(KEY) == 70 and costs.refresh_order_ns(other) == 20

@@ -21,7 +21,7 @@ def test_pools_hand_out_the_lowest_free_ids_and_take_back_only_their_owners():
     assert pool.allocate(2, owner=7) == [0, 1]
     assert pool.allocate(1, owner=8) == [2]
     assert pool.owned() == {0: 7, 1: 7, 2: 8} and pool.available == 1
-    with pytest.raises(ResourceError):
+    with pytest.raises(ResourceError, match="slots: 2 requested, 1 free"):
         pool.allocate(2, owner=9)
     with pytest.raises(ResourceError):
         pool.free([2], owner=7)  # not its slot

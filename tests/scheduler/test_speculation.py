@@ -220,3 +220,17 @@ def test_means_and_optimistic_estimates_are_cached_read_only_until_an_observatio
     est.observe([0.0, nan], tokens=128)
     assert est.means() is not means and est.means()[0] < 0.6
     assert est.optimistic(128)[0] < later[0]
+
+
+@spec("confidence-acceptance/prior-init", "confidence-acceptance/initial-weight", "confidence-acceptance/half-life")
+def test_new_estimates_start_from_the_prior_at_the_given_token_count():
+    priors = {SOURCE_LEARNED: PopulationPrior(2)}
+    fresh = AcceptanceHistory(priors).get(SOURCE_LEARNED)
+    assert fresh.tokens_at == 0 and fresh.aged_weight(128)[0] == pytest.approx(1.0)
+    resumed = AcceptanceHistory(priors, tokens=50).get(SOURCE_LEARNED)
+    assert resumed.tokens_at == 50 and resumed.aged_weight(50)[0] == 2.0
+    assert PrefixEstimate.from_prior(initial_prior(2), tokens=7).tokens_at == 7
+    # Any numbers make a float estimate that observations can move.
+    est = PrefixEstimate.from_prior([1, 0])
+    est.observe([0.0, 1.0], tokens=0)
+    np.testing.assert_allclose(est.mean, [2 / 3, 1 / 3])
