@@ -109,6 +109,7 @@ def test_queries_on_unmeasured_and_attempted_entries():
     assert costs.last_attempt_ns(KEY) is None and costs.last_valid_ns(KEY) is None
     assert costs.samples(KEY) == () and costs.refresh_order_ns(KEY) == -1
     assert costs.observation_age_ns(KEY, 10) is None
+    assert not costs.is_stale(KEY, 10**15)  # unknown, not stale: only a measured entry goes stale
     costs.note_attempt(other, 0)
     assert costs.refresh_order_ns(other) == 0  # an attempt at time zero is later than no attempt
     costs.note_attempt(KEY, 50)  # a committed dispatch without a valid observation yet

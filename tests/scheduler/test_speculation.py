@@ -139,6 +139,9 @@ def test_expected_output_of_no_rows_is_nothing():
     s = np.array([0.8, 0.5])
     assert expected_output(s, 0) == 0.0 and expected_output(s, -1) == 0.0
     np.testing.assert_array_equal(expected_output_table(s[None, :], 0), [[0.0]])
+    np.testing.assert_allclose(expected_output_table(s[None, :], 1), [[0.0, 1.0]])
+    np.testing.assert_allclose(expected_output_table(s[None, :], 2), [[0.0, 1.0, 1.8]])
+    np.testing.assert_allclose(expected_output_table(s[None, :2], 4), [[0.0, 1.0, 1.8, 2.3, 2.3]])
 
 
 def test_copies_are_independent():
