@@ -28,7 +28,7 @@ $(VENV)/.stamp-test: $(VENV)/.stamp-base
 	$(PIP) install -q -e '.[test]'
 	touch $@
 
-$(VENV)/.stamp-mutation: $(VENV)/.stamp-test
+$(VENV)/.stamp-mutation: $(VENV)/.stamp-base
 	$(PIP) install -q -e '.[mutation]'
 	touch $@
 
