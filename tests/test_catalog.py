@@ -441,3 +441,22 @@ def test_catalog_level_contracts():
         Catalog("c", "speculative", 0, 4, (g,))
         with pytest.raises(ValueError, match="ordinary catalog holds no speculative programs"):
             Catalog("c", "ordinary", 0, 4, (g,))
+
+
+@spec("speculative-coverage/fixed-host-ragged", "mixed-execution/fixed-width-shared",
+      "speculative-coverage/load-reduce-existing")
+def test_fixed_mode_keeps_every_other_kind_and_defaults_to_the_widest_host_width():
+    cat = shipped_catalog()
+    fixed = cat.eligible(DecodeMode.FIXED)
+    assert fixed == cat.eligible(DecodeMode.FIXED, fixed_width=8)  # the widest host-allocated width
+    assert {g for g in cat.graphs if not g.kind.is_generation} <= set(fixed)
+    assert [g for g in fixed if g.kind is GraphKind.MIXED] == [
+        g for g in cat.graphs if g.kind is GraphKind.MIXED and g.token_capacity == 8]
+    assert [g for g in fixed if g.kind is GraphKind.SPECULATIVE] == [
+        g for g in cat.graphs if g.kind is GraphKind.SPECULATIVE and g.token_capacity == 8
+        and g.allocation is Allocation.QUERY_LENGTH]
+    device_only = Catalog("d", "speculative", 64, 4, (GraphDescriptor(
+        GraphKind.SPECULATIVE, 4, token_capacity=4, proposal_depth=3, target_capacity=8,
+        allocation=Allocation.PREFIX_LIMIT),))
+    with pytest.raises(ValueError, match=r"no host-allocated speculative program of fixed width 1; captured widths \[\]"):
+        device_only.eligible(DecodeMode.FIXED)

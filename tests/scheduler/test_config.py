@@ -72,3 +72,8 @@ def test_zero_coefficients_are_legal():
 def test_every_field_is_validated(kwargs, field):
     with pytest.raises(ValueError, match=field):
         PolicyConfig(**kwargs)
+
+
+def test_positive_fields_accept_small_positive_values():
+    p = PolicyConfig(adaptation_ms=0.5, estimate_ttl_ns=1, checkpoint_extra_work_fraction=0.999)
+    assert (p.adaptation_ms, p.estimate_ttl_ns, p.checkpoint_extra_work_fraction) == (0.5, 1, 0.999)

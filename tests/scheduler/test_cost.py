@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from helios_jax.catalog import GraphKind, shipped_catalog
-from helios_jax.scheduler.cost import CostModel, cost_sample, median
+from helios_jax.scheduler.cost import CostModel, cost_sample, median, raw_device_interval
 
 spec = pytest.mark.spec
 KEY = shipped_catalog().graphs[0].key
@@ -54,6 +54,7 @@ def test_staleness_keeps_cost_and_first_new_sample_replaces():
       "confidence-acceptance/cost-full-graph", "acceptance-learning/estimates-corrected")
 def test_sample_is_max_positive_rank_interval_less_readiness():
     assert cost_sample([3.0, 7.0, 0.0, -1.0]) == 7.0
+    assert raw_device_interval([-5.0, None, 0.0]) == 0.0  # no rank reported a positive interval
     assert cost_sample([3.0, 7.0], readiness_delay_ns=2.0) == 5.0  # after aggregating ranks
     costs = CostModel()
     costs.observe(KEY, [5.0, 9.0], 0, readiness_delay_ns=4.0)
@@ -116,11 +117,15 @@ def test_queries_on_unmeasured_and_attempted_entries():
     assert costs.last_attempt_ns(KEY) == 50 and costs.refresh_order_ns(KEY) == 50
     assert costs.keys() == () and not costs.is_known(KEY)  # attempts alone measure nothing
     costs.observe(KEY, [0.5], 70)  # half a nanosecond is still a measurement, and goes stale
+    assert costs.estimate_ms(KEY) == 0.5e-6
     assert costs.is_fresh(KEY, 70 + TTL) and costs.is_stale(KEY, 71 + TTL)
     costs.observe(other, [3.0], 20)
     assert set(costs.keys()) == {KEY, other}
     assert costs.refresh_order_ns(KEY) == 70 and costs.refresh_order_ns(other) == 20
     assert costs.observation_age_ns(KEY, 100) == 30
+    third = shipped_catalog().graphs[2].key
+    costs.observe(third, [2_000_000.0], 20)
+    assert costs.estimate_ms(third) == 2.0  # ns to ms, exactly
 
 
 def test_snapshot_is_a_deep_copy_that_restore_brings_back():

@@ -237,3 +237,16 @@ def test_new_estimates_start_from_the_prior_at_the_given_token_count():
     est = PrefixEstimate.from_prior([1, 0])
     est.observe([0.0, 1.0], tokens=0)
     np.testing.assert_allclose(est.mean, [2 / 3, 1 / 3])
+
+
+@spec("confidence-acceptance/expected-output")
+def test_prefix_survival_is_made_monotone_and_clipped_to_probabilities():
+    from helios_jax.scheduler.speculation import monotone
+    np.testing.assert_array_equal(monotone(np.array([0.5, 0.7, 0.2, 0.3])), [0.5, 0.5, 0.2, 0.2])
+    np.testing.assert_array_equal(monotone(np.array([1.2, 0.9, -0.1])), [1.0, 0.9, 0.0])
+    np.testing.assert_array_equal(monotone(np.array([[0.3, 0.4], [2.0, 1.5]])), [[0.3, 0.3], [1.0, 1.0]])
+    assert monotone(np.zeros(0)).size == 0
+    # Everything the selector reads goes through it: means and expected output alike.
+    est = PrefixEstimate(np.array([0.4, 0.6]), np.array([2.0, 2.0]))
+    np.testing.assert_array_equal(est.means(), [0.4, 0.4])
+    assert expected_output(np.array([0.4, 0.6]), 3) == pytest.approx(1.8)
