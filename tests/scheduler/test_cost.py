@@ -56,6 +56,7 @@ def test_sample_is_max_positive_rank_interval_less_readiness():
     assert cost_sample([3.0, 7.0, 0.0, -1.0]) == 7.0
     assert raw_device_interval([-5.0, None, 0.0]) == 0.0  # no rank reported a positive interval
     assert cost_sample([3.0, 7.0], readiness_delay_ns=2.0) == 5.0  # after aggregating ranks
+    assert cost_sample([3.0, 7.0], readiness_delay_ns=9.0) == 0.0  # all readiness stall: no valid sample
     costs = CostModel()
     costs.observe(KEY, [5.0, 9.0], 0, readiness_delay_ns=4.0)
     assert costs.estimate_ns(KEY) == 5.0
@@ -119,10 +120,12 @@ def test_queries_on_unmeasured_and_attempted_entries():
     costs.observe(KEY, [0.5], 70)  # half a nanosecond is still a measurement, and goes stale
     assert costs.estimate_ms(KEY) == 0.5e-6
     assert costs.is_fresh(KEY, 70 + TTL) and costs.is_stale(KEY, 71 + TTL)
+    costs.observe(KEY, [1.5], 71)
+    assert costs.estimate_ns(KEY) == 1.0  # the median of both: 0.5 ns was an estimate, not "unknown"
     costs.observe(other, [3.0], 20)
     assert set(costs.keys()) == {KEY, other}
-    assert costs.refresh_order_ns(KEY) == 70 and costs.refresh_order_ns(other) == 20
-    assert costs.observation_age_ns(KEY, 100) == 30
+    assert costs.refresh_order_ns(KEY) == 71 and costs.refresh_order_ns(other) == 20
+    assert costs.observation_age_ns(KEY, 100) == 29
     third = shipped_catalog().graphs[2].key
     costs.observe(third, [2_000_000.0], 20)
     assert costs.estimate_ms(third) == 2.0  # ns to ms, exactly
@@ -142,3 +145,23 @@ def test_snapshot_is_a_deep_copy_that_restore_brings_back():
     for i in range(12):
         costs.observe(KEY, [float(i)], 2)
     assert len(costs.samples(KEY)) == 9  # the restored window keeps its nine-sample bound
+
+
+@spec("duration-estimates/stale-30s")
+def test_the_default_freshness_interval_is_thirty_seconds_and_must_be_positive():
+    costs = CostModel()
+    costs.observe(KEY, [10.0], 0)
+    assert not costs.is_stale(KEY, 30_000_000_000) and costs.is_stale(KEY, 30_000_000_001)
+    assert CostModel(1).ttl_ns == 1
+    for ttl in (0, -1):
+        with pytest.raises(ValueError):
+            CostModel(ttl)
+
+
+def test_every_estimate_change_bumps_the_version():
+    costs = CostModel(TTL)
+    seen = [costs.version]
+    for x in (10.0, 20.0, 0.0, 30.0):
+        costs.observe(KEY, [x], 0)
+        seen.append(costs.version)
+    assert seen[1] > seen[0] and seen[2] > seen[1] and seen[3] == seen[2] and seen[4] > seen[3]
