@@ -1,14 +1,22 @@
 # Two commands do all the set-up on a fresh machine:
 #   make serve   create .venv, install, serve the embedded default model on 127.0.0.1
 #   make test    create .venv, install the test extras, run the suite
+# and one habit (docs/mutation.md):
+#   make mutation  mutate the host scheduler and the catalog, run the jax-free scheduler tests
+#                  against every mutant, print the kill rate per module and the survivors
+#                  (MUTATE=helios_jax/scheduler/cost.py restricts it to files or folders)
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 PYTEST_ARGS ?=
 SERVE_ARGS ?=
+MUTATE ?=
+comma := ,
+# mutmut names a mutant module.function__mutmut_N: helios_jax/scheduler/cost.py -> helios_jax.scheduler.cost.*
+MUTANT_GLOBS = $(foreach p,$(MUTATE),'$(subst /,.,$(patsubst %.py,%,$(patsubst %/,%,$(p)))).*')
 
-.PHONY: test serve install bench clean
+.PHONY: test serve install bench mutation clean
 
 $(VENV)/.stamp-base: pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -18,6 +26,10 @@ $(VENV)/.stamp-base: pyproject.toml setup.py
 
 $(VENV)/.stamp-test: $(VENV)/.stamp-base
 	$(PIP) install -q -e '.[test]'
+	touch $@
+
+$(VENV)/.stamp-mutation: $(VENV)/.stamp-base
+	$(PIP) install -q -e '.[mutation]'
 	touch $@
 
 install: $(VENV)/.stamp-base
@@ -31,5 +43,14 @@ serve: $(VENV)/.stamp-base
 bench: $(VENV)/.stamp-base
 	$(PY) scripts/bench/scheduler_select.py
 
+# The tests in mutants/ import helios_jax from there; setup.py maps helios_jax.reference and
+# helios_jax.kernels to reference/ and kernels/, so the links keep those on this checkout's copies.
+mutation: $(VENV)/.stamp-mutation
+	mkdir -p mutants/helios_jax
+	ln -sfn ../../reference mutants/helios_jax/reference
+	ln -sfn ../../kernels mutants/helios_jax/kernels
+	$(VENV)/bin/mutmut run $(MUTANT_GLOBS)
+	$(PY) scripts/mutation_report.py $(if $(MUTATE),--paths=$(subst $() ,$(comma),$(strip $(MUTATE))))
+
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .jax_cache
+	rm -rf $(VENV) build *.egg-info .pytest_cache .jax_cache mutants

@@ -334,6 +334,8 @@ def descriptor_to_json(g: GraphDescriptor) -> dict:
         value = getattr(g, f)
         if value or (g.kind is GraphKind.SPECULATIVE and f in SPECULATIVE_EXTENTS):
             out[f] = value
+    if g.kind is GraphKind.DECODE and g.target_capacity != g.batch_capacity:
+        out["target_capacity"] = g.target_capacity  # the loader reads a missing P as B: keep a declared 0
     if g.allocation is not None:
         out["allocation"] = g.allocation.value
     if g.kind is GraphKind.MIXED:

@@ -4,10 +4,12 @@ Every test marks the rule ids it checks with ``@pytest.mark.spec("section/rule",
 that the catalog (helios_jax/conformance/RULES.md, the copy of docs/spec/RULES.md that ships
 with the package) does not define is a collection error, so the traceability cannot drift.
 """
+import json
 import os
 import pathlib
 
 import pytest
+from hypothesis import settings
 
 from helios_jax.conformance.rules import rule_ids
 
@@ -20,6 +22,23 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 RULE_IDS = rule_ids()
 
+# `make mutation` (--hypothesis-profile=mutation): every mutant meets the same examples, and no
+# example database carries one mutant's counterexamples into the next mutant's run.
+settings.register_profile("mutation", derandomize=True, database=None)
+
+
+def pytest_addoption(parser):
+    parser.addoption("--fastest-first", action="store_true",
+                     help="run tests in order of their durations in mutmut-stats.json (make mutation runs "
+                          "from mutants/, where mutmut records them): a mutant dies at its quickest failing test")
+
+
+def _mutmut_durations() -> dict[str, float]:
+    try:
+        return json.loads(pathlib.Path("mutmut-stats.json").read_text())["duration_by_test"]
+    except (OSError, ValueError, KeyError):
+        return {}
+
 
 def pytest_collection_modifyitems(config, items):
     unknown = []
@@ -30,3 +49,6 @@ def pytest_collection_modifyitems(config, items):
                     unknown.append(f"{item.nodeid}: {rule_id}")
     if unknown:
         raise pytest.UsageError("unknown spec rule ids:\n  " + "\n  ".join(unknown))
+    if config.getoption("--fastest-first"):
+        durations = _mutmut_durations()
+        items.sort(key=lambda item: durations.get(item.nodeid, 0.0))

@@ -266,3 +266,271 @@ def test_the_catalogs_maximum_packed_extent():
         assert cat.max_packed_extent == 4111
         no_mixed = dataclasses.replace(cat, graphs=tuple(g for g in cat.graphs if g.kind is not GraphKind.MIXED))
         assert no_mixed.max_packed_extent == 4096
+
+
+# A catalog file written by hand, and the descriptors it means (built directly, not through the loader).
+HAND_WRITTEN = {
+    "name": "hand", "mode": "speculative", "speculative_token_capacity": 16, "request_slots": 4,
+    "completion_token_capacity": 4, "description": "written by hand",
+    "graphs": [
+        {"kind": "prefill", "batch_capacity": 1, "token_capacity": 64, "duration_ms": 5},
+        {"kind": "decode", "batch_capacity": 2, "token_capacity": 1},
+        {"kind": "decode", "batch_capacity": 4, "token_capacity": 1, "target_capacity": 0, "duration_ms": None},
+        {"kind": "speculative", "batch_capacity": 2, "token_capacity": 4, "proposal_depth": 3, "target_capacity": 8},
+        {"kind": "speculative", "batch_capacity": 4, "token_capacity": 4, "proposal_depth": 3, "target_capacity": 8,
+         "allocation": "prefix_limit", "duration_ms": 4.5},
+        {"kind": "mixed", "batch_capacity": 2, "token_capacity": 4, "proposal_depth": 3, "prefill_capacity": 64,
+         "speculative": True},
+        {"kind": "vision", "batch_capacity": 1, "image_capacity": 2},
+        {"kind": "snapshot", "batch_capacity": 1, "duration_ms": 0.25},
+    ],
+}
+HAND_MEANT = (
+    GraphDescriptor(GraphKind.PREFILL, 1, token_capacity=64, duration_ms=5.0),
+    GraphDescriptor(GraphKind.DECODE, 2, token_capacity=1, target_capacity=2),  # P defaults to B
+    GraphDescriptor(GraphKind.DECODE, 4, token_capacity=1, target_capacity=0),
+    GraphDescriptor(GraphKind.SPECULATIVE, 2, token_capacity=4, proposal_depth=3, target_capacity=8,
+                    allocation=Allocation.QUERY_LENGTH),  # host allocation unless declared
+    GraphDescriptor(GraphKind.SPECULATIVE, 4, token_capacity=4, proposal_depth=3, target_capacity=8,
+                    allocation=Allocation.PREFIX_LIMIT, duration_ms=4.5),
+    GraphDescriptor(GraphKind.MIXED, 2, token_capacity=4, proposal_depth=3, prefill_capacity=64,
+                    target_capacity=68, speculative=True),  # P defaults to the maximum packed extent
+    GraphDescriptor(GraphKind.VISION, 1, image_capacity=2),
+    GraphDescriptor(GraphKind.SNAPSHOT, 1, duration_ms=0.25),
+)
+
+
+@spec("mixed-execution/max-extent", "mixed-execution/declared-capacities")
+def test_a_hand_written_catalog_loads_as_written():
+    cat = Catalog.from_json(HAND_WRITTEN)
+    assert (cat.name, cat.mode, cat.speculative_token_capacity, cat.request_slots) == ("hand", "speculative", 16, 4)
+    assert (cat.completion_token_capacity, cat.description) == (4, "written by hand")
+    assert cat.graphs == HAND_MEANT
+    assert [type(g.duration_ms) for g in cat.graphs] == [float, type(None), type(None), type(None), float,
+                                                         type(None), type(None), float]
+    # Optional catalog fields take their defaults.
+    bare = {k: v for k, v in HAND_WRITTEN.items() if k not in ("completion_token_capacity", "description")}
+    bare["graphs"] = [g for g in HAND_WRITTEN["graphs"] if g["kind"] != "mixed"]
+    cat = Catalog.from_json(bare)
+    assert (cat.completion_token_capacity, cat.description) == (8, "")
+
+
+def test_a_catalog_writes_what_it_was_given(tmp_path):
+    cat = Catalog("hand", "speculative", 16, 4, HAND_MEANT, completion_token_capacity=4, description="written by hand")
+    out = cat.to_json()
+    assert {k: v for k, v in out.items() if k != "graphs"} == {
+        "name": "hand", "mode": "speculative", "speculative_token_capacity": 16, "request_slots": 4,
+        "description": "written by hand", "completion_token_capacity": 4}
+    assert out["graphs"][3] == {"kind": "speculative", "batch_capacity": 2, "token_capacity": 4, "proposal_depth": 3,
+                                "target_capacity": 8, "allocation": "query_length"}
+    assert out["graphs"][5] == {"kind": "mixed", "batch_capacity": 2, "token_capacity": 4, "proposal_depth": 3,
+                                "target_capacity": 68, "prefill_capacity": 64, "speculative": True}
+    assert out["graphs"][7] == {"kind": "snapshot", "batch_capacity": 1, "duration_ms": 0.25}
+    path = tmp_path / "hand.json"
+    cat.save(path)
+    assert Catalog.load(path) == cat
+    # Defaults are left out of the file.
+    plain = Catalog("plain", "speculative", 16, 4, HAND_MEANT[:2]).to_json()
+    assert "completion_token_capacity" not in plain and "description" not in plain
+
+
+@pytest.mark.parametrize("entry, field", [
+    ({"kind": "decode"}, "batch_capacity"),
+    ({"batch_capacity": 1}, "kind"),
+    ({"kind": "mixed", "batch_capacity": 2, "prefill_capacity": 64}, "token_capacity"),
+    ({"kind": "mixed", "batch_capacity": 2, "token_capacity": 1}, "prefill_capacity"),
+    ({"kind": "speculative", "batch_capacity": 2, "token_capacity": 1, "proposal_depth": 0, "target_capacity": 2,
+      "allocation": "psychic"},
+     "allocation"),
+])
+def test_incomplete_entries_are_value_errors_naming_the_field(entry, field):
+    obj = dict(HAND_WRITTEN, graphs=[entry])
+    with pytest.raises(ValueError, match=field):
+        Catalog.from_json(obj)
+
+
+def test_unvalidated_descriptors_derive_their_defaults_from_what_is_declared():
+    from helios_jax.catalog import descriptor_from_json
+    no_width = descriptor_from_json({"kind": "mixed", "batch_capacity": 4, "prefill_capacity": 64})
+    no_prompt = descriptor_from_json({"kind": "mixed", "batch_capacity": 4, "token_capacity": 2})
+    assert no_width.target_capacity == no_width.max_packed_extent == 64
+    assert no_prompt.target_capacity == no_prompt.max_packed_extent == 6
+    declared = descriptor_from_json({"kind": "mixed", "batch_capacity": 4, "token_capacity": 2, "target_capacity": 9})
+    assert declared.target_capacity == 9  # declared, never overwritten (validation rejects it)
+
+
+def test_batch_buckets_start_at_one_request():
+    assert batch_buckets(1) == [1]
+    assert batch_buckets(64, minimum=2) == [2, 4, 8, 16, 32, 64]
+    with pytest.raises(ValueError):
+        batch_buckets(0)
+
+
+@spec("mixed-execution/variant-matches-mode", "mixed-execution/adaptive-width-one-draft",
+      "mixed-execution/spec-capture", "mixed-execution/ordinary-capture", "mixed-execution/batch-range",
+      "mixed-execution/prompt-ge-width")
+def test_mixed_shapes_flags_bounds_and_duplicates():
+    kwargs = dict(prompt_buckets=[64, 512], wider_widths=[1, 2, 4], speculative_token_capacity=512)
+    spec_shapes = mixed_shapes(concurrency=100, speculative=True, **kwargs)
+    # Every graph of a speculative capture maintains draft state, width one included.
+    assert all(s.speculative and s.descriptor().speculative is True for s in spec_shapes)
+    assert not any(s.speculative or s.descriptor().speculative for s in
+                   mixed_shapes(concurrency=100, speculative=False, **kwargs))
+    # Batch buckets 2..64 (concurrency 100 pads to 128, beyond the mixed range).
+    assert sorted({s.batch_capacity for s in spec_shapes}) == [2, 4, 8, 16, 32, 64]
+    # Width one is listed once per prompt bucket even when the wider widths name it.
+    assert len(set(spec_shapes)) == len(spec_shapes)
+    assert sum(s.token_capacity == 1 for s in spec_shapes) == 6 * 2
+    # A wider width equal to the prompt bucket fits (prompt capacity >= decode width).
+    tiny = mixed_shapes(concurrency=2, prompt_buckets=[8], speculative=True, wider_widths=[8],
+                        speculative_token_capacity=16)
+    assert MixedShape(2, 8, 8, True) in tiny
+    assert MixedShape(2, 8, 8, True).descriptor() == GraphDescriptor(
+        GraphKind.MIXED, 2, token_capacity=8, proposal_depth=7, target_capacity=16, prefill_capacity=8,
+        speculative=True)
+
+
+# Each contract at its boundary: the last legal value passes, the first illegal one names its field.
+LEGAL = [
+    dict(kind=GraphKind.PREFILL, batch_capacity=1, token_capacity=1),  # a one-token chunk
+    dict(kind=GraphKind.DECODE, batch_capacity=64, token_capacity=1, target_capacity=64),
+    dict(kind=GraphKind.SPECULATIVE, batch_capacity=4, token_capacity=4, proposal_depth=3, target_capacity=16,
+         allocation=Allocation.QUERY_LENGTH),
+    dict(kind=GraphKind.SPECULATIVE, batch_capacity=32, token_capacity=2, proposal_depth=1, target_capacity=64,
+         allocation=Allocation.QUERY_LENGTH),  # rectangular B*W = R exactly
+    dict(kind=GraphKind.SPECULATIVE, batch_capacity=64, token_capacity=2, proposal_depth=1, target_capacity=64,
+         allocation=Allocation.PREFIX_LIMIT),  # ragged P = R exactly
+    dict(kind=GraphKind.MIXED, batch_capacity=64, token_capacity=1, prefill_capacity=64, target_capacity=127),
+    dict(kind=GraphKind.MIXED, batch_capacity=2, token_capacity=2, proposal_depth=1, prefill_capacity=64,
+         target_capacity=66, speculative=True),
+    dict(kind=GraphKind.VISION, batch_capacity=1, image_capacity=1),
+    dict(kind=GraphKind.SNAPSHOT, batch_capacity=64),
+    dict(kind=GraphKind.PREFILL, batch_capacity=1, token_capacity=64, duration_ms=1e-9),
+]
+
+
+@spec("mixed-execution/batch-range", "speculative-coverage/rectangular-envelope",
+      "speculative-coverage/ragged-envelope")
+@pytest.mark.parametrize("fields", LEGAL)
+def test_boundary_descriptors_are_legal(fields):
+    check(**fields)
+
+
+ILLEGAL = [
+    (dict(kind=GraphKind.PREFILL, batch_capacity=1, token_capacity=-1), "token_capacity", "nonnegative integer"),
+    (dict(kind=GraphKind.VISION, batch_capacity=1, image_capacity=-1), "image_capacity", "nonnegative integer"),
+    (dict(kind=GraphKind.PREFILL, batch_capacity=1, token_capacity=64.0), "token_capacity", "nonnegative integer"),
+    (dict(kind=GraphKind.SNAPSHOT, batch_capacity=True), "batch_capacity", "nonnegative integer"),
+    (dict(kind=GraphKind.SNAPSHOT, batch_capacity=0), "batch_capacity", "at least 1"),
+    (dict(kind=GraphKind.SNAPSHOT, batch_capacity=65), "batch_capacity", "request-slot bound"),
+    (dict(kind=GraphKind.PREFILL, batch_capacity=1, token_capacity=64, duration_ms=0.0), "duration_ms", "positive"),
+    (dict(kind=GraphKind.PREFILL, batch_capacity=1, token_capacity=64, duration_ms=float("inf")), "duration_ms",
+     "finite"),
+    (dict(kind=GraphKind.PREFILL, batch_capacity=2, token_capacity=64), "batch_capacity", "B = 1"),
+    (dict(kind=GraphKind.PREFILL, batch_capacity=1, token_capacity=0), "token_capacity", "positive chunk"),
+    (dict(kind=GraphKind.PREFILL, batch_capacity=1, token_capacity=64, target_capacity=64), "proposal_depth",
+     "no proposals"),
+    (dict(kind=GraphKind.PREFILL, batch_capacity=1, token_capacity=64, proposal_depth=1), "proposal_depth",
+     "no proposals"),
+    (dict(kind=GraphKind.PREFILL, batch_capacity=1, token_capacity=64, speculative=True), "speculative", "mixed"),
+    (dict(kind=GraphKind.PREFILL, batch_capacity=1, token_capacity=64, allocation=Allocation.QUERY_LENGTH),
+     "allocation", "only speculative"),
+    (dict(kind=GraphKind.SNAPSHOT, batch_capacity=1, image_capacity=1), "image_capacity", "only vision"),
+    (dict(kind=GraphKind.DECODE, batch_capacity=2, token_capacity=2), "token_capacity", "width one"),
+    (dict(kind=GraphKind.DECODE, batch_capacity=2, token_capacity=1, proposal_depth=1, target_capacity=2),
+     "proposal_depth", "no proposals"),
+    (dict(kind=GraphKind.DECODE, batch_capacity=2, token_capacity=1, target_capacity=3), "proposal_depth",
+     "no proposals"),
+    (dict(kind=GraphKind.VISION, batch_capacity=1), "image_capacity", "positive image capacity"),
+    (dict(kind=GraphKind.SNAPSHOT, batch_capacity=1, token_capacity=1), "token_capacity", "only a batch"),
+    (dict(kind=GraphKind.RESTORE, batch_capacity=1, proposal_depth=1), "token_capacity", "only a batch"),
+    (dict(kind=GraphKind.INITIALIZE, batch_capacity=1, target_capacity=1), "token_capacity", "only a batch"),
+    (dict(kind=GraphKind.SPECULATIVE, batch_capacity=2, token_capacity=1, target_capacity=2), "allocation",
+     "binds query_length or prefix_limit"),
+    (dict(kind=GraphKind.SPECULATIVE, batch_capacity=2, token_capacity=0, target_capacity=2,
+          allocation=Allocation.QUERY_LENGTH), "token_capacity", "at least 1"),
+    (dict(kind=GraphKind.SPECULATIVE, batch_capacity=2, token_capacity=4, proposal_depth=2, target_capacity=8,
+          allocation=Allocation.QUERY_LENGTH), "token_capacity", "needs at least 3 proposals"),
+    (dict(kind=GraphKind.SPECULATIVE, batch_capacity=2, token_capacity=2, proposal_depth=1, target_capacity=5,
+          allocation=Allocation.QUERY_LENGTH), "target_capacity", r"\[B, B\*W\]"),
+    (dict(kind=GraphKind.SPECULATIVE, batch_capacity=64, token_capacity=2, proposal_depth=1, target_capacity=128,
+          allocation=Allocation.QUERY_LENGTH), "target_capacity", "rectangular B\\*W=128 exceeds"),
+    (dict(kind=GraphKind.SPECULATIVE, batch_capacity=64, token_capacity=2, proposal_depth=1, target_capacity=65,
+          allocation=Allocation.QUERY_LENGTH), "target_capacity", "ragged P=65 exceeds"),
+    (dict(kind=GraphKind.SPECULATIVE, batch_capacity=2, token_capacity=1, target_capacity=2,
+          allocation=Allocation.PREFIX_LIMIT), "allocation", "needs proposals to rank"),
+    (dict(kind=GraphKind.MIXED, batch_capacity=1, token_capacity=1, prefill_capacity=64, target_capacity=64),
+     "batch_capacity", "from 2 through 64"),
+    (dict(kind=GraphKind.MIXED, batch_capacity=2, token_capacity=1, prefill_capacity=0, target_capacity=1),
+     "prefill_capacity", "positive and aligned"),
+    (dict(kind=GraphKind.MIXED, batch_capacity=2, token_capacity=1, proposal_depth=1, prefill_capacity=64,
+          target_capacity=65), "proposal_depth", "width-one graphs have D = 0"),
+    (dict(kind=GraphKind.MIXED, batch_capacity=2, token_capacity=2, proposal_depth=1, prefill_capacity=64,
+          target_capacity=66), "speculative", "verify proposals"),
+    (dict(kind=GraphKind.MIXED, batch_capacity=2, token_capacity=3, proposal_depth=1, prefill_capacity=64,
+          target_capacity=67, speculative=True), "token_capacity", "needs at least 2 proposals"),
+    (dict(kind=GraphKind.MIXED, batch_capacity=32, token_capacity=4, proposal_depth=3, prefill_capacity=64,
+          target_capacity=188, speculative=True), "token_capacity", "B\\*W=128 exceeds the token envelope"),
+]
+
+
+@spec("speculative-coverage/width-one-d-zero", "speculative-coverage/rectangular-p",
+      "speculative-coverage/rectangular-envelope", "speculative-coverage/ragged-envelope",
+      "speculative-coverage/device-needs-adaptive", "mixed-execution/batch-range", "mixed-execution/prompt-aligned",
+      "mixed-execution/others-zero", "mixed-execution/width-range")
+@pytest.mark.parametrize("fields, field, reason", ILLEGAL)
+def test_each_contract_names_its_field_and_reason(fields, field, reason):
+    with pytest.raises(ValueError, match=rf"graph .*field '{field}': .*{reason}"):
+        check(**fields)
+
+
+@spec("mixed-execution/prompt-ge-width", "mixed-execution/width-range")
+def test_a_declared_completion_capacity_bounds_mixed_width_and_prompt_may_equal_width():
+    g = GraphDescriptor(GraphKind.MIXED, 2, token_capacity=64, proposal_depth=63, prefill_capacity=64,
+                        target_capacity=128, speculative=True)
+    validate(g, speculative_token_capacity=128, completion_token_capacity=64)  # C = W is enough
+    graphs = (GraphDescriptor(GraphKind.MIXED, 2, token_capacity=8, proposal_depth=7, prefill_capacity=64,
+                              target_capacity=72, speculative=True),)
+    Catalog("c", "speculative", 64, 4, graphs)  # the default capacity is 8
+    with pytest.raises(ValueError, match="token_capacity"):
+        Catalog("c", "speculative", 64, 4, graphs, completion_token_capacity=4)
+
+
+def test_catalog_level_contracts():
+    snap = (GraphDescriptor(GraphKind.SNAPSHOT, 1),)
+    for slots in (1, 64):
+        assert Catalog("c", "ordinary", 0, slots, snap).request_slots == slots
+    for slots in (0, 65):
+        with pytest.raises(ValueError, match="request_slots"):
+            Catalog("c", "ordinary", 0, slots, snap)
+    with pytest.raises(ValueError, match="speculative_token_capacity"):
+        Catalog("c", "speculative", -1, 4, snap)
+    with pytest.raises(ValueError, match="request_slots=4"):
+        Catalog("c", "ordinary", 0, 4, (GraphDescriptor(GraphKind.SNAPSHOT, 8),))
+    spec_decode = GraphDescriptor(GraphKind.SPECULATIVE, 2, token_capacity=1, target_capacity=2,
+                                  allocation=Allocation.QUERY_LENGTH)
+    spec_mixed = GraphDescriptor(GraphKind.MIXED, 2, token_capacity=1, prefill_capacity=64, target_capacity=65,
+                                 speculative=True)
+    for g in (spec_decode, spec_mixed):
+        Catalog("c", "speculative", 0, 4, (g,))
+        with pytest.raises(ValueError, match="ordinary catalog holds no speculative programs"):
+            Catalog("c", "ordinary", 0, 4, (g,))
+
+
+@spec("speculative-coverage/fixed-host-ragged", "mixed-execution/fixed-width-shared",
+      "speculative-coverage/load-reduce-existing")
+def test_fixed_mode_keeps_every_other_kind_and_defaults_to_the_widest_host_width():
+    cat = shipped_catalog()
+    fixed = cat.eligible(DecodeMode.FIXED)
+    assert fixed == cat.eligible(DecodeMode.FIXED, fixed_width=8)  # the widest host-allocated width
+    assert {g for g in cat.graphs if not g.kind.is_generation} <= set(fixed)
+    assert [g for g in fixed if g.kind is GraphKind.MIXED] == [
+        g for g in cat.graphs if g.kind is GraphKind.MIXED and g.token_capacity == 8]
+    assert [g for g in fixed if g.kind is GraphKind.SPECULATIVE] == [
+        g for g in cat.graphs if g.kind is GraphKind.SPECULATIVE and g.token_capacity == 8
+        and g.allocation is Allocation.QUERY_LENGTH]
+    device_only = Catalog("d", "speculative", 64, 4, (GraphDescriptor(
+        GraphKind.SPECULATIVE, 4, token_capacity=4, proposal_depth=3, target_capacity=8,
+        allocation=Allocation.PREFIX_LIMIT),))
+    with pytest.raises(ValueError, match=r"no host-allocated speculative program of fixed width 1; captured widths \[\]"):
+        device_only.eligible(DecodeMode.FIXED)

@@ -60,7 +60,6 @@ class CostEntry:
     estimate_ns: float = 0.0
     last_valid_ns: int | None = None
     last_attempt_ns: int | None = None
-    observations: int = 0
 
 
 class CostModel:
@@ -150,7 +149,6 @@ class CostModel:
             entry.samples.append(sample)
             entry.estimate_ns = median(entry.samples)
         entry.last_valid_ns = now_ns
-        entry.observations += 1
         self.version += 1
         return True
 

@@ -45,6 +45,9 @@ def test_anchor_and_extras_order():
     assert capture_endpoints([], 1000, 0) == (1000, [])
     assert capture_endpoints([100, 1000], 1000, 0) == (1000, [100])  # the prompt end is not repeated
     assert capture_endpoints([100, 300], 1000, 200) == (300, [1000])  # endpoints inside the cache
+    assert capture_endpoints([200, 300], 1000, 200) == (300, [1000])  # the cached end is not beyond it
+    assert capture_endpoints([], 1000, 1000) == (None, [])  # a fully cached prompt has nothing to capture
+    assert capture_endpoints([1000], 1000, 999) == (1000, [])
 
 
 @spec("planning-queue/victim-ranking", "planning-queue/guard-protects", "planning-queue/mandatory-revokes",
@@ -189,3 +192,101 @@ def test_preemption_trigger_and_resume():
     assert plan.kind is GraphKind.SNAPSHOT and gen[0].finish_reason == "preempted"
     assert a.rid not in s.requests and s.can_admit(64, 100)
     assert s.preemption_candidate(64, 100) is None  # nothing to preempt once it fits
+
+
+def _ready(store, owner, tokens, role, now_ns):
+    row = store.arm(owner, tokens, role, now_ns)
+    store.captured(row, now_ns)
+    return row
+
+
+@spec("planning-queue/victim-ranking")
+def test_victims_rank_by_demand_recency_then_endpoint_length():
+    store = CheckpointStore(3)
+    old = _ready(store, 1, (1, 2, 3), Role.ANCHOR, now_ns=10)
+    new = _ready(store, 2, (4,), Role.ANCHOR, now_ns=20)
+    short = _ready(store, 3, (5,), Role.ANCHOR, now_ns=10)
+    assert store.victims(9) == [short, old, new]  # same role: least recent demand, then shorter
+    store.pin(old, now_ns=30)  # a restore reading it is fresh demand
+    store.unpin(old)
+    assert store.victims(9) == [short, new, old]
+    # A capture's completion time is its demand time, whatever the arming time was.
+    store2 = CheckpointStore(2)
+    a = store2.arm(1, (1,), Role.ANCHOR, now_ns=0)
+    b = store2.arm(2, (2,), Role.ANCHOR, now_ns=0)
+    store2.captured(b, now_ns=5)
+    store2.captured(a, now_ns=9)
+    assert store2.victims(3) == [b, a]
+
+
+@spec("planning-queue/armed-retained")
+def test_every_reader_keeps_its_pin_until_it_unpins():
+    store = CheckpointStore(1)
+    row = _ready(store, 1, (1, 2), Role.ANCHOR, now_ns=0)
+    store.pin(row, now_ns=1)
+    store.pin(row, now_ns=2)  # two in-flight restores read the same row
+    store.unpin(row)
+    assert store.victims(5) == [] and not store.obtainable(5)
+    store.unpin(row)
+    assert store.victims(5) == [row] and store.obtainable(5)
+    store.unpin(99)  # a row that is gone (evicted or released) is no error
+
+
+@spec("planning-queue/victim-ranking")
+def test_arming_without_a_free_row_evicts_the_first_victim():
+    store = CheckpointStore(2)
+    extra = _ready(store, 1, (1, 2), Role.EXTRA, now_ns=0)
+    anchor = _ready(store, 1, (1, 2, 3), Role.ANCHOR, now_ns=0)
+    row = store.arm(2, (7, 8), Role.ANCHOR, now_ns=5)
+    assert row == extra and store.entries[row].tokens == (7, 8) and store.entries[row].owner == 2
+    assert not store.holds((1, 2)) and store.holds((1, 2, 3))
+    assert store.lookup((1, 2, 9)) is None and store.lookup((1, 2, 3, 9)).row == anchor
+    assert store.victims(3) == [anchor]  # the new destination is armed (pinned)
+    store.captured(row, now_ns=6)
+    assert store.victims(3) == [anchor, row]
+
+
+@spec("planning-queue/guard-protects", "planning-queue/mandatory-revokes")
+def test_only_mandatory_execution_revokes_a_guard():
+    store = CheckpointStore(2)
+    guarded = store.guard(owner=7)
+    other = store.arm(8, (1,), Role.EXTRA, now_ns=0)  # the unguarded free row
+    assert other != guarded
+    with pytest.raises(LookupError):
+        store.arm(9, (2,), Role.EXTRA, now_ns=0)  # optional: the guarded row is not for it
+    assert store.guards == {guarded: 7}
+    window = store.arm(9, (), Role.WINDOW, now_ns=0, mandatory=True)
+    assert window == guarded and store.guards == {}  # mandatory execution revoked the unused guard
+    assert store.free_rows == 0
+
+
+def test_a_guard_needs_a_free_unguarded_row_and_goes_with_its_owner():
+    store = CheckpointStore(2)
+    a, b = store.guard(owner=1), store.guard(owner=2)
+    assert {a, b} == {0, 1} and store.guard(owner=3) is None
+    store.release_guards(1)
+    assert store.guards == {b: 2} and store.guard(owner=3) == a
+
+
+@spec("planning-queue/armed-retained")
+def test_abandoned_captures_and_released_private_rows_return_their_rows():
+    store = CheckpointStore(2)
+    row = store.arm(1, (1, 2), Role.ANCHOR, now_ns=0)
+    store.abandon(row)  # the copy will not happen
+    assert row not in store.entries and store.free_rows == 2 and not store.holds((1, 2))
+    private = store.arm(2, (), Role.WINDOW, now_ns=0, mandatory=True)
+    store.captured(private, now_ns=1)
+    assert store.victims(3) == [] and store.lookup((5,)) is None  # never a victim, never published
+    store.pin(private, now_ns=2)
+    store.drop(private)  # still read by an in-flight restore: kept
+    assert private in store.entries and store.free_rows == 1
+    store.unpin(private)
+    store.drop(private)
+    assert private not in store.entries and store.free_rows == 2
+    store.drop(private)  # already gone: nothing happens
+    again = store.arm(2, (), Role.WINDOW, now_ns=3, mandatory=True)
+    store.release_private(again)
+    assert again not in store.entries and store.free_rows == 2
+    store.release_private(again)  # idempotent
+    assert store.free_rows == 2 and sorted(store.owned_rows()) == []
+    assert store.arm(4, (9,), Role.ANCHOR, now_ns=4) in (0, 1)

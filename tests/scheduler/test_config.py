@@ -59,3 +59,21 @@ def test_unknown_preset():
 def test_zero_coefficients_are_legal():
     p = PolicyConfig(token_fairness=0, delivery_fairness=0, decode_age_price=0)
     assert p.token_fairness == 0
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    (dict(adaptation_ms=0), "adaptation_ms"),  # tau divides: positive, not merely nonnegative
+    (dict(estimate_ttl_ns=0), "estimate_ttl_ns"),
+    (dict(checkpoint_extra_work_fraction=1.0), "checkpoint_extra_work_fraction"),
+    (dict(token_fairness=True), "token_fairness"),  # a flag is not a coefficient
+    (dict(output_token_value="64"), "output_token_value"),
+    (dict(decode_age_price=-0.1), "decode_age_price"),
+])
+def test_every_field_is_validated(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        PolicyConfig(**kwargs)
+
+
+def test_positive_fields_accept_small_positive_values():
+    p = PolicyConfig(adaptation_ms=0.5, estimate_ttl_ns=1, checkpoint_extra_work_fraction=0.999)
+    assert (p.adaptation_ms, p.estimate_ttl_ns, p.checkpoint_extra_work_fraction) == (0.5, 1, 0.999)

@@ -1,9 +1,11 @@
 """Duration estimates: indeterminate start, first sample, median of nine, staleness."""
+import collections
+
 import pytest
 from hypothesis import given, strategies as st
 
 from helios_jax.catalog import GraphKind, shipped_catalog
-from helios_jax.scheduler.cost import CostModel, cost_sample, median
+from helios_jax.scheduler.cost import CostModel, cost_sample, median, raw_device_interval
 
 spec = pytest.mark.spec
 KEY = shipped_catalog().graphs[0].key
@@ -52,7 +54,9 @@ def test_staleness_keeps_cost_and_first_new_sample_replaces():
       "confidence-acceptance/cost-full-graph", "acceptance-learning/estimates-corrected")
 def test_sample_is_max_positive_rank_interval_less_readiness():
     assert cost_sample([3.0, 7.0, 0.0, -1.0]) == 7.0
+    assert raw_device_interval([-5.0, None, 0.0]) == 0.0  # no rank reported a positive interval
     assert cost_sample([3.0, 7.0], readiness_delay_ns=2.0) == 5.0  # after aggregating ranks
+    assert cost_sample([3.0, 7.0], readiness_delay_ns=9.0) == 0.0  # all readiness stall: no valid sample
     costs = CostModel()
     costs.observe(KEY, [5.0, 9.0], 0, readiness_delay_ns=4.0)
     assert costs.estimate_ns(KEY) == 5.0
@@ -93,3 +97,71 @@ def test_fresh_estimate_is_median_of_last_nine(samples):
         costs.observe(KEY, [x], i)
     assert costs.estimate_ns(KEY) == pytest.approx(median(samples[-9:]))
     assert min(samples[-9:]) <= costs.estimate_ns(KEY) <= max(samples[-9:])
+
+
+def test_median_of_no_samples_is_an_error():
+    with pytest.raises(ValueError):
+        median([])
+
+
+@spec("timing-refresh/alternative-order", "timing-refresh/attempt-on-commit", "duration-estimates/zero-indeterminate")
+def test_queries_on_unmeasured_and_attempted_entries():
+    costs = CostModel(TTL)
+    other = shipped_catalog().graphs[1].key
+    assert costs.last_attempt_ns(KEY) is None and costs.last_valid_ns(KEY) is None
+    assert costs.samples(KEY) == () and costs.refresh_order_ns(KEY) == -1
+    assert costs.observation_age_ns(KEY, 10) is None
+    assert not costs.is_stale(KEY, 10**15)  # unknown, not stale: only a measured entry goes stale
+    costs.note_attempt(other, 0)
+    assert costs.refresh_order_ns(other) == 0  # an attempt at time zero is later than no attempt
+    costs.note_attempt(KEY, 50)  # a committed dispatch without a valid observation yet
+    assert costs.last_attempt_ns(KEY) == 50 and costs.refresh_order_ns(KEY) == 50
+    assert costs.keys() == () and not costs.is_known(KEY)  # attempts alone measure nothing
+    costs.observe(KEY, [0.5], 70)  # half a nanosecond is still a measurement, and goes stale
+    assert costs.estimate_ms(KEY) == 0.5e-6
+    assert costs.is_fresh(KEY, 70 + TTL) and costs.is_stale(KEY, 71 + TTL)
+    costs.observe(KEY, [1.5], 71)
+    assert costs.estimate_ns(KEY) == 1.0  # the median of both: 0.5 ns was an estimate, not "unknown"
+    costs.observe(other, [3.0], 20)
+    assert set(costs.keys()) == {KEY, other}
+    assert costs.refresh_order_ns(KEY) == 71 and costs.refresh_order_ns(other) == 20
+    assert costs.observation_age_ns(KEY, 100) == 29
+    third = shipped_catalog().graphs[2].key
+    costs.observe(third, [2_000_000.0], 20)
+    assert costs.estimate_ms(third) == 2.0  # ns to ms, exactly
+
+
+def test_snapshot_is_a_deep_copy_that_restore_brings_back():
+    costs = CostModel(TTL)
+    costs.observe(KEY, [10.0], 0)
+    snap = costs.snapshot()
+    for x in (20.0, 30.0):
+        costs.observe(KEY, [x], 1)
+    assert snap[KEY].samples == collections.deque([10.0]) and snap[KEY].estimate_ns == 10.0
+    version = costs.version
+    costs.restore(snap)
+    assert costs.estimate_ns(KEY) == 10.0 and costs.samples(KEY) == (10.0,)
+    assert costs.version > version  # a restore changes estimates: a version not seen before
+    for i in range(12):
+        costs.observe(KEY, [float(i)], 2)
+    assert len(costs.samples(KEY)) == 9  # the restored window keeps its nine-sample bound
+
+
+@spec("duration-estimates/stale-30s")
+def test_the_default_freshness_interval_is_thirty_seconds_and_must_be_positive():
+    costs = CostModel()
+    costs.observe(KEY, [10.0], 0)
+    assert not costs.is_stale(KEY, 30_000_000_000) and costs.is_stale(KEY, 30_000_000_001)
+    assert CostModel(1).ttl_ns == 1
+    for ttl in (0, -1):
+        with pytest.raises(ValueError):
+            CostModel(ttl)
+
+
+def test_every_estimate_change_bumps_the_version():
+    costs = CostModel(TTL)
+    seen = [costs.version]
+    for x in (10.0, 20.0, 0.0, 30.0):
+        costs.observe(KEY, [x], 0)
+        seen.append(costs.version)
+    assert seen[1] > seen[0] and seen[2] > seen[1] and seen[3] == seen[2] and seen[4] > seen[3]

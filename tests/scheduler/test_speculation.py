@@ -154,3 +154,121 @@ def test_estimates_stay_probabilities_and_bounded_weights(xs, tokens):
         assert 0.0 < est.weight[0] <= 128
     assert min(xs + [0.5]) - 1e-12 <= est.mean[0] <= max(xs + [0.5]) + 1e-12
     assert (est.optimistic(tokens) >= est.means() - 1e-12).all()
+
+
+@spec("confidence-acceptance/expected-output")
+def test_expected_output_of_no_rows_is_nothing():
+    s = np.array([0.8, 0.5])
+    assert expected_output(s, 0) == 0.0 and expected_output(s, -1) == 0.0
+    np.testing.assert_array_equal(expected_output_table(s[None, :], 0), [[0.0]])
+    np.testing.assert_allclose(expected_output_table(s[None, :], 1), [[0.0, 1.0]])
+    np.testing.assert_allclose(expected_output_table(s[None, :], 2), [[0.0, 1.0, 1.8]])
+    np.testing.assert_allclose(expected_output_table(s[None, :2], 4), [[0.0, 1.0, 1.8, 2.3, 2.3]])
+
+
+def test_copies_are_independent():
+    prior = PopulationPrior(2)
+    prior_copy = prior.copy()
+    prior_copy.observe(np.array([1.0, 1.0]))
+    np.testing.assert_allclose(prior.mean, [0.5, 0.25])
+    assert prior_copy.depth == 2 and prior_copy.mean[0] > 0.5
+    hist = AcceptanceHistory({SOURCE_LEARNED: prior, SOURCE_COPY: prior})
+    hist_copy = hist.copy()
+    hist_copy.get(SOURCE_LEARNED).observe([1.0, 1.0], tokens=0)
+    np.testing.assert_allclose(hist.get(SOURCE_LEARNED).mean, [0.5, 0.25])
+    assert set(hist_copy.estimates) == {SOURCE_LEARNED, SOURCE_COPY}
+    assert hist_copy.get(SOURCE_LEARNED).mean[0] > 0.5
+
+
+@spec("confidence-acceptance/termination-censors", "confidence-acceptance/survival-replaces",
+      "confidence-acceptance/peer-valid-probs")
+def test_censoring_and_survival_rows_at_their_edges():
+    # Ending before any of the round's accepted proposals censors every depth.
+    assert np.isnan(acceptance_observations(4, offered=3, accepted=2, terminated_after=0)).all()
+    # Survival values replace observations only where the round still observes: censored depths stay NaN.
+    obs = acceptance_observations(4, offered=3, accepted=3, terminated_after=1, survival=[0.9, 0.4, 0.2])
+    np.testing.assert_array_equal(obs, [0.9, nan, nan, nan])
+    # Probabilities include both ends; anything else is an error.
+    np.testing.assert_array_equal(acceptance_observations(3, offered=2, accepted=1, survival=[1.0, 0.0]),
+                                  [1.0, 0.0, nan])
+    for bad in ([nan], [math.inf], [-0.1], [1.1]):
+        with pytest.raises(ValueError):
+            acceptance_observations(3, offered=2, accepted=1, survival=bad)
+
+
+@spec("confidence-acceptance/half-life")
+def test_a_copied_estimate_ages_from_the_same_token_count():
+    est = PrefixEstimate.from_prior(initial_prior(2), tokens=100)
+    est.observe([1.0, 0.0], tokens=228)
+    copy = est.copy()
+    np.testing.assert_array_equal(copy.aged_weight(356), est.aged_weight(356))
+    assert copy.tokens_at == 228
+
+
+@spec("confidence-acceptance/expected-output", "confidence-acceptance/alpha-exponent")
+@pytest.mark.parametrize("alpha", [0.5, 1.0, 2.0])
+def test_one_lane_and_the_table_agree_exactly_whatever_the_input_precision(alpha):
+    s = np.array([0.9, 0.7, 0.3, 0.1], dtype=np.float32)
+    table = expected_output_table(s[None, :], 6, alpha)
+    assert [expected_output(s, w, alpha) for w in range(7)] == table[0].tolist()
+
+
+@spec("confidence-acceptance/half-life")
+def test_aging_counts_tokens_since_the_last_observation():
+    est = PrefixEstimate.from_prior(initial_prior(1), tokens=100)
+    assert est.aged_weight(100)[0] == 2.0
+    assert est.aged_weight(228)[0] == pytest.approx(1.0)  # one half-life later
+    assert est.aged_weight(50)[0] == 2.0  # an earlier count never adds weight
+
+
+def test_observations_must_be_probabilities():
+    est = PrefixEstimate.from_prior(initial_prior(2))
+    for bad in ([1.5, nan], [nan, -0.5]):
+        with pytest.raises(ValueError):
+            est.observe(bad, tokens=0)
+    est.observe([1.0, 0.0], tokens=0)  # both ends are probabilities
+
+
+@spec("confidence-acceptance/ordinary-means", "confidence-acceptance/optimistic-estimate")
+def test_means_and_optimistic_estimates_are_cached_read_only_until_an_observation():
+    est = PrefixEstimate(np.array([0.6, 0.4]), np.array([128.0, 128.0]))
+    means, optimistic = est.means(), est.optimistic(0)
+    assert est.means() is means and est.optimistic(0) is optimistic  # read every decision, computed once
+    with pytest.raises(ValueError):
+        means[0] = 1.0
+    with pytest.raises(ValueError):
+        optimistic[0] = 1.0
+    # A different token count ages the weights: a new optimistic estimate, the means unchanged.
+    later = est.optimistic(128)
+    np.testing.assert_allclose(later, 0.6 - 0.2 * np.arange(2) + math.sqrt(math.log(20) / (2 * 64)))
+    assert later[0] > optimistic[0] and est.means() is means
+    est.observe([0.0, nan], tokens=128)
+    assert est.means() is not means and est.means()[0] < 0.6
+    assert est.optimistic(128)[0] < later[0]
+
+
+@spec("confidence-acceptance/prior-init", "confidence-acceptance/initial-weight", "confidence-acceptance/half-life")
+def test_new_estimates_start_from_the_prior_at_the_given_token_count():
+    priors = {SOURCE_LEARNED: PopulationPrior(2)}
+    fresh = AcceptanceHistory(priors).get(SOURCE_LEARNED)
+    assert fresh.tokens_at == 0 and fresh.aged_weight(128)[0] == pytest.approx(1.0)
+    resumed = AcceptanceHistory(priors, tokens=50).get(SOURCE_LEARNED)
+    assert resumed.tokens_at == 50 and resumed.aged_weight(50)[0] == 2.0
+    assert PrefixEstimate.from_prior(initial_prior(2), tokens=7).tokens_at == 7
+    # Any numbers make a float estimate that observations can move.
+    est = PrefixEstimate.from_prior([1, 0])
+    est.observe([0.0, 1.0], tokens=0)
+    np.testing.assert_allclose(est.mean, [2 / 3, 1 / 3])
+
+
+@spec("confidence-acceptance/expected-output")
+def test_prefix_survival_is_made_monotone_and_clipped_to_probabilities():
+    from helios_jax.scheduler.speculation import monotone
+    np.testing.assert_array_equal(monotone(np.array([0.5, 0.7, 0.2, 0.3])), [0.5, 0.5, 0.2, 0.2])
+    np.testing.assert_array_equal(monotone(np.array([1.2, 0.9, -0.1])), [1.0, 0.9, 0.0])
+    np.testing.assert_array_equal(monotone(np.array([[0.3, 0.4], [2.0, 1.5]])), [[0.3, 0.3], [1.0, 1.0]])
+    assert monotone(np.zeros(0)).size == 0
+    # Everything the selector reads goes through it: means and expected output alike.
+    est = PrefixEstimate(np.array([0.4, 0.6]), np.array([2.0, 2.0]))
+    np.testing.assert_array_equal(est.means(), [0.4, 0.4])
+    assert expected_output(np.array([0.4, 0.6]), 3) == pytest.approx(1.8)
