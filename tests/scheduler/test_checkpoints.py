@@ -290,3 +290,19 @@ def test_abandoned_captures_and_released_private_rows_return_their_rows():
     store.release_private(again)  # idempotent
     assert store.free_rows == 2 and sorted(store.owned_rows()) == []
     assert store.arm(4, (9,), Role.ANCHOR, now_ns=4) in (0, 1)
+
+
+@pytest.mark.xfail(strict=True, reason="core.py checks holds() only at admission: two identical prompts admitted "
+                                       "together both capture their anchor (docs/mutation.md, findings)")
+def test_identical_prompts_share_one_anchor():
+    """The store's allocation is alias-aware: a prefix already stored (or being captured) is never
+    captured twice, so a second identical conversation restores or skips, never copies it again."""
+    s = sched()
+    prompt = list(range(1, 301))
+    for _ in range(2):
+        s.admit(prompt, max_output=2, message_endpoints=[250])
+    t, fence = 0.0, 0
+    while s.requests and fence < 60:
+        fence += 1
+        _, _, t = step(s, fence, t)
+    assert sorted(cp.length for cp in s.checkpoints.entries.values()) == [250]
