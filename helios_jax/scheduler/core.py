@@ -478,6 +478,11 @@ class Scheduler:
         endpoint, role = point
         if role is Role.EXTRA and self._cost_ms(GraphKind.SNAPSHOT) is None:
             return  # its cost expired after the split was dispatched: skip the copy
+        if self.checkpoints.holds(req.prompt[:endpoint]):
+            # Stored, or being captured by an identical prompt admitted alongside: never twice.
+            if role is Role.ANCHOR:
+                self.checkpoints.release_guards(req.rid)
+            return
         if not self.checkpoints.obtainable(req.rid):
             return  # best effort: no destination row now
         req.capture_row = self.checkpoints.arm(req.rid, req.prompt[:endpoint], role, self.now_ns)

@@ -292,8 +292,7 @@ def test_abandoned_captures_and_released_private_rows_return_their_rows():
     assert store.arm(4, (9,), Role.ANCHOR, now_ns=4) in (0, 1)
 
 
-@pytest.mark.xfail(strict=True, reason="core.py checks holds() only at admission: two identical prompts admitted "
-                                       "together both capture their anchor (docs/mutation.md, findings)")
+@pytest.mark.spec("planning-queue/victim-ranking")
 def test_identical_prompts_share_one_anchor():
     """The store's allocation is alias-aware: a prefix already stored (or being captured) is never
     captured twice, so a second identical conversation restores or skips, never copies it again."""
