@@ -86,8 +86,8 @@ class CheckpointStore:
         tokens = tuple(tokens)
         return any(cp.tokens == tokens and cp.role is not Role.WINDOW for cp in self.entries.values())
 
-    def obtainable(self, owner: int, *, mandatory: bool = False) -> bool:
-        return self._pick(owner, mandatory) is not None
+    def obtainable(self, owner: int, *, mandatory: bool = False, role: Role | None = None) -> bool:
+        return self._pick(owner, mandatory, role) is not None
 
     def victims(self, owner: int, *, mandatory: bool = False) -> list[int]:
         """Eligible victim rows in eviction order."""
@@ -102,9 +102,12 @@ class CheckpointStore:
         out.sort(key=lambda cp: (cp.role, cp.last_demand_ns, cp.length))
         return [cp.row for cp in out]
 
-    def _pick(self, owner: int, mandatory: bool) -> int | None:
+    def _pick(self, owner: int, mandatory: bool, role: Role | None = None) -> int | None:
+        """A destination row: the owner's guarded row (never for its own earlier optional
+        captures, which the guard protects the later anchor from), a free unguarded row, an
+        unused guard when mandatory, or the first eligible victim."""
         guarded_for_me = [r for r, o in self.guards.items() if o == owner and r not in self.entries]
-        if guarded_for_me:
+        if guarded_for_me and role is not Role.EXTRA:
             return guarded_for_me[0]
         unguarded_free = [r for r in self._free if r not in self.guards]
         if unguarded_free:
@@ -132,7 +135,7 @@ class CheckpointStore:
 
     def arm(self, owner: int, tokens: Sequence[int], role: Role, now_ns: int, *, mandatory: bool = False) -> int:
         """Obtain a destination row for a capture (evicting a victim if needed) and pin it."""
-        row = self._pick(owner, mandatory)
+        row = self._pick(owner, mandatory, role)
         if row is None:
             raise LookupError("no snapshot row is obtainable")
         if row in self.entries:  # evict the victim

@@ -483,7 +483,7 @@ class Scheduler:
             if role is Role.ANCHOR:
                 self.checkpoints.release_guards(req.rid)
             return
-        if not self.checkpoints.obtainable(req.rid):
+        if not self.checkpoints.obtainable(req.rid, role=role):
             return  # best effort: no destination row now
         req.capture_row = self.checkpoints.arm(req.rid, req.prompt[:endpoint], role, self.now_ns)
         req.phase, req.prerequisites, req.enables = Phase.BLOCKED, [GraphKind.SNAPSHOT], enables

@@ -305,3 +305,29 @@ def test_identical_prompts_share_one_anchor():
         fence += 1
         _, _, t = step(s, fence, t)
     assert sorted(cp.length for cp in s.checkpoints.entries.values()) == [250]
+
+
+@spec("planning-queue/guard-protects")
+def test_a_requests_own_earlier_extra_never_takes_its_anchor_guard():
+    """One snapshot row, guarded at admission for the anchor (the last message). The extra at an
+    earlier message is optional: the guard protects the row from it. An 8000-token prompt with
+    messages ending at 4000 and 6000: anchor 6000, and the extra at 4000 within the allowance
+    (0.05 x the measured prefill cost per token x 8000 tokens, against a snapshot plus a split).
+    No capture is armed at 4000; the anchor at 6000 is captured into the guarded row."""
+    store = CheckpointStore(1)
+    row = store.guard(7)
+    assert not store.obtainable(7, role=Role.EXTRA) and store.obtainable(7, role=Role.ANCHOR)
+    with pytest.raises(LookupError):
+        store.arm(7, (1,) * 100, Role.EXTRA, now_ns=0)
+    assert store.arm(7, (1,) * 200, Role.ANCHOR, now_ns=0) == row
+    s = sched(snapshot_rows=1)
+    h = s.admit(list(range(1, 8001)), max_output=2, message_endpoints=[4000, 6000])
+    req = s.requests[h.rid]
+    assert {(4000, Role.EXTRA), (6000, Role.ANCHOR)} <= set(req.captures)
+    t, fence, captured = 0.0, 0, []
+    while h.rid in s.requests and fence < 40:
+        fence += 1
+        plan, _, t = step(s, fence, t)
+        if plan.kind is GraphKind.SNAPSHOT and plan.lanes[0].role is LaneRole.PREREQUISITE:
+            captured.append(req.consumed)
+    assert 4000 not in captured and 6000 in captured
