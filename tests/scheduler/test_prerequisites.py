@@ -257,3 +257,33 @@ def test_each_zero_terminal_coefficient_removes_its_preference(overrides, snapsh
                  if c.kind is GraphKind.DECODE)
     gap = alone.score * math.exp(alone.log_scale) - dec.score * math.exp(dec.log_scale)
     assert gap == pytest.approx(dec.duration_ms / 2 * pc.terminal_age_price)
+
+
+@spec("prerequisites/continuation-unknown", "prerequisites/continuation-value", "prerequisites/continuation-images")
+def test_an_unmeasured_later_stage_makes_the_continuation_optimistic():
+    """Restore, then vision, then a 64-token prompt (x = 2), with everything measured but vision.
+    F is unknown, so the stream contributes its whole value V = 9*64 + 72 = 648 (no V*T/(T+F)
+    discount) while restore itself is measured: score 648/0.35, no active decoder."""
+    costs = CostModel()
+    for g in SPEC.graphs:
+        if g.kind is not GraphKind.VISION:
+            costs.observe(g.key, [g.duration_ms * 1e6], 0)
+    view = blocked(1, [GraphKind.RESTORE, GraphKind.VISION], Phase.PREFILL, tokens=64)
+    c = choose([view], catalog=SPEC, costs=costs)
+    assert c.kind is GraphKind.RESTORE and not c.indeterminate and c.following is None
+    scale = math.exp(c.log_scale)
+    assert c.lanes[0].value * scale == pytest.approx(648.0)
+    assert c.score * scale == pytest.approx(648.0 / 0.35)
+
+
+@spec("prerequisites/continuation-value", "prerequisites/continuation-images")
+def test_every_later_stage_adds_its_time_to_the_continuation():
+    """Restore, then a window snapshot, then vision, then a 64-token prompt (x = 2): F = 0.3
+    (snapshot B=1) + 6.0 (vision) + 4.854 (prefill 64) = 11.154 ms after restore's T = 0.35:
+    contribution 648*0.35/(0.35 + 11.154), score that over 0.35."""
+    view = blocked(1, [GraphKind.RESTORE, GraphKind.SNAPSHOT, GraphKind.VISION], Phase.PREFILL, tokens=64)
+    c = choose([view], catalog=SPEC)
+    assert c.kind is GraphKind.RESTORE and c.following is None
+    scale = math.exp(c.log_scale)
+    assert c.lanes[0].value * scale == pytest.approx(648.0 * 0.35 / (0.35 + 11.154))
+    assert c.score * scale == pytest.approx(648.0 / (0.35 + 11.154))
