@@ -12,9 +12,14 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from helios_jax.reference import crosscheck
+from helios_jax.catalog import Allocation, DecodeMode, GraphKind
+from helios_jax.reference import cohorts, crosscheck
 from helios_jax.reference.cohorts import best_pair_naive
-from helios_jax.scheduler import utility
+from helios_jax.reference.prefix_allocation import prefix_allocation_naive
+from helios_jax.scheduler import policy, service, utility
+from helios_jax.scheduler.config import PolicyConfig
+from helios_jax.scheduler.cost import CostModel
+from helios_jax.scheduler.view import LaneRole, Phase
 
 from .helpers import ORDINARY, RAGGED, SPEC
 
@@ -74,3 +79,111 @@ def test_pair_solver_is_exact(new, ready, terminal, b1, b2, min_new):
     else:
         assert got[0] == pytest.approx(want)
         assert got[1] >= min_new
+
+
+def _lane_values_case(catalog, rng, max_requests, policy_config):
+    """One crosscheck population on `catalog`, a few programs unmeasured: (views, selection
+    input, naive objective, mode)."""
+    modes = [DecodeMode.ORDINARY] if catalog.mode == "ordinary" else [DecodeMode.ADAPTIVE, DecodeMode.FIXED]
+    mode = modes[int(rng.integers(len(modes)))]
+    fixed_width = None
+    if mode is DecodeMode.FIXED:
+        widths = sorted({g.token_capacity for g in catalog.of_kind(GraphKind.SPECULATIVE)
+                         if g.allocation is Allocation.QUERY_LENGTH})
+        fixed_width = widths[int(rng.integers(len(widths)))]
+    graphs = catalog.eligible(mode, fixed_width=fixed_width)
+    costs = CostModel(policy_config.estimate_ttl_ns)
+    for g in graphs:
+        if g.duration_ms is not None and rng.random() > 0.15:  # a few programs stay unmeasured
+            costs.observe(g.key, [g.duration_ms * 1e6 * float(np.exp(rng.uniform(-0.15, 0.15)))], 0)
+    normalizers = service.Normalizers.measure(catalog.graphs, costs)
+    views = crosscheck.random_population(rng, catalog, max_requests, policy_config, normalizers)
+    inp = policy.SelectionInput(views, graphs, costs, 0, policy_config, mode)
+    return views, inp, cohorts.Objective(views, graphs, costs, policy_config), mode
+
+
+def _expected(obj, v, rows):
+    s = cohorts._survival(v, obj.depth)
+    return 1.0 + sum(x ** obj.policy.adaptive_verification_alpha for x in s[: rows - 1])
+
+
+def _device_rows(obj, g, lanes, by_rid):
+    """The rows the device gives `lanes` (RESOLUTIONS 20, restated): maximal ceilings
+    min(D + 1, W, request limit); a lane that the price-aware frontier (forecast times output
+    price) gives fewer rows than the device's own frontier has its ceiling lowered to that many;
+    the device then allocates P by forecast alone within the ceilings, lanes in slot order."""
+    order = sorted(lanes, key=lambda l: by_rid[l.rid].slot)
+    views = [by_rid[l.rid] for l in order]
+    forecast = [cohorts._forecast(v, g.proposal_depth) for v in views]
+    limits = [cohorts._lane_limit(v, g) for v in views]
+    active = [True] * len(views)
+    device = prefix_allocation_naive(forecast, limits, active, g.target_capacity)
+    priced = prefix_allocation_naive([[obj.price(v.log_output_price) * p for p in f] for v, f in zip(views, forecast)],
+                                     limits, active, g.target_capacity)
+    ceilings = [int(p) if p < d else m for p, d, m in zip(priced, device, limits)]
+    rows = prefix_allocation_naive(forecast, ceilings, active, g.target_capacity)
+    return {l.rid: (c, int(r)) for l, c, r in zip(order, ceilings, rows)}
+
+
+@spec("useful-service/score-formula", "useful-service/expected-scores", "useful-service/prefill-actual-tokens",
+      "useful-service/tail-example", "prerequisites/terminal-lane-value", "speculative-coverage/ceiling-bound",
+      "speculative-coverage/prefix-limit-ceilings", "speculative-coverage/prices-rank-cohorts",
+      "speculative-coverage/querylength-fits-p", "mixed-execution/one-prompt-row", "useful-service/unknown-optimistic")
+@pytest.mark.parametrize("catalog, max_requests", [(SPEC, 6), (ORDINARY, 6), (RAGGED, 7)],
+                         ids=["speculative", "ordinary", "ragged-small"])
+def test_every_candidates_lanes_carry_the_reference_values(catalog, max_requests):
+    """Every materialised candidate of random populations, lane by lane, against the naive
+    objective of reference/cohorts.py: a lane's work is legal for its program and request, its
+    value is the objective's value of that work (decoders at the rows the host gives, or the
+    device gives under the lane's ceilings), the useful value is the lanes' sum and the score
+    that sum per duration less the common waiting cost (an unmeasured program: the lanes valued
+    at T = 0 and the score their sum, the optimistic work score). The crosscheck compares best scores per
+    program; this checks that the lanes a plan carries are the ones that earned them."""
+    rng = np.random.default_rng(11)
+    policy_config = PolicyConfig()
+    checked = 0
+    for _ in range(40):
+        views, inp, obj, mode = _lane_values_case(catalog, rng, max_requests, policy_config)
+        by_rid = {v.rid: v for v in views}
+        for c in policy.candidates(inp):
+            g, lanes = c.graph, c.lanes
+            t = inp.costs.estimate_ms(g.key)
+            tz = 0.0 if t is None else t
+            assert c.duration_ms == t and c.following is None
+            assert 1 <= len(lanes) <= g.batch_capacity and len({l.rid for l in lanes}) == len(lanes)
+            assert all(by_rid[l.rid].runnable and by_rid[l.rid].slot == l.slot for l in lanes)
+            device = g.kind is GraphKind.SPECULATIVE and g.allocation is Allocation.PREFIX_LIMIT
+            rows = _device_rows(obj, g, [l for l in lanes if l.role is LaneRole.DECODE], by_rid) if device else {}
+            for lane in lanes:
+                v = by_rid[lane.rid]
+                if lane.role is LaneRole.PROMPT:
+                    cap = g.prefill_capacity if g.kind is GraphKind.MIXED else g.token_capacity
+                    n = cohorts.prompt_work_naive(v, cap)
+                    assert v.phase is Phase.PREFILL and lane.prompt_tokens == n > 0
+                    assert v.needs_scores == (g.kind is GraphKind.SCORED_PREFILL)
+                    assert lane.expected_tokens == (1.0 if n == v.prompt_remaining else 0.0)
+                    assert lane.value == pytest.approx(obj.prompt_value(v, n), rel=1e-9)
+                elif lane.role is LaneRole.DECODE:
+                    assert v.phase is Phase.DECODE and g.kind.is_generation
+                    limit = cohorts._lane_limit(v, g)
+                    if device:
+                        ceiling, r = rows[lane.rid]
+                        assert (lane.query_length, lane.ceiling) == (0, ceiling)
+                    else:
+                        r = lane.query_length
+                        assert lane.ceiling == 0 and 1 <= r <= limit
+                    assert lane.expected_tokens == pytest.approx(_expected(obj, v, r), rel=1e-9)
+                    assert lane.value == pytest.approx(obj.decoder_value(v, r, tz), rel=1e-9)
+                else:
+                    assert lane.role is LaneRole.TERMINAL and v.phase is Phase.TERMINAL
+                    assert lane.expected_tokens == 0.0
+                    assert lane.value == pytest.approx(obj.terminal_value(v, tz), rel=1e-9)
+            if g.kind is GraphKind.MIXED:
+                assert sum(l.role is LaneRole.PROMPT for l in lanes) <= 1
+            if g.kind is GraphKind.SPECULATIVE and not device:
+                assert sum(l.query_length for l in lanes) <= g.target_capacity
+            useful = sum(l.value for l in lanes)
+            assert c.useful_value == pytest.approx(useful, rel=1e-9, abs=1e-12)
+            assert c.score == pytest.approx(obj.rate(useful, t), rel=1e-9, abs=1e-12)
+            checked += 1
+    assert checked > 200

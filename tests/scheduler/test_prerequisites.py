@@ -1,16 +1,20 @@
 """Prerequisites, two-stage sequences, continuations and terminal snapshots in selection."""
 import dataclasses
+import itertools
 import math
 
+import numpy as np
 import pytest
 
-from helios_jax.catalog import DecodeMode, GraphDescriptor, GraphKind
+from helios_jax.catalog import Allocation, DecodeMode, GraphDescriptor, GraphKind
+from helios_jax.reference import cohorts
+from helios_jax.reference.prefix_allocation import prefix_allocation_naive
 from helios_jax.scheduler import policy
 from helios_jax.scheduler.config import PolicyConfig
 from helios_jax.scheduler.cost import CostModel
 from helios_jax.scheduler.view import LaneRole, Phase, RequestView
 
-from .helpers import ORDINARY, POLICY, SPEC, choose, decoder, inputs, measured, prompt
+from .helpers import ORDINARY, POLICY, RAGGED, SPEC, choose, decoder, inputs, measured, prompt
 
 spec = pytest.mark.spec
 ORD = dict(catalog=ORDINARY, mode=DecodeMode.ORDINARY)
@@ -22,7 +26,7 @@ def blocked(rid, prerequisites, enables, **kw):
 
 
 def terminal(rid, age_ms=0.0, **kw):
-    return RequestView(rid=rid, slot=rid, phase=Phase.TERMINAL, terminal_age_ms=age_ms, **kw)
+    return RequestView(rid=rid, slot=kw.pop("slot", rid), phase=Phase.TERMINAL, terminal_age_ms=age_ms, **kw)
 
 
 def with_graphs(extra, catalog=ORDINARY, mode=DecodeMode.ORDINARY, views=(), costs=None, **kw):
@@ -257,3 +261,358 @@ def test_each_zero_terminal_coefficient_removes_its_preference(overrides, snapsh
                  if c.kind is GraphKind.DECODE)
     gap = alone.score * math.exp(alone.log_scale) - dec.score * math.exp(dec.log_scale)
     assert gap == pytest.approx(dec.duration_ms / 2 * pc.terminal_age_price)
+
+
+@spec("prerequisites/continuation-unknown", "prerequisites/continuation-value", "prerequisites/continuation-images")
+def test_an_unmeasured_later_stage_makes_the_continuation_optimistic():
+    """Restore, then vision, then a 64-token prompt (x = 2), with everything measured but vision.
+    F is unknown, so the stream contributes its whole value V = 9*64 + 72 = 648 (no V*T/(T+F)
+    discount) while restore itself is measured: score 648/0.35, no active decoder."""
+    costs = CostModel()
+    for g in SPEC.graphs:
+        if g.kind is not GraphKind.VISION:
+            costs.observe(g.key, [g.duration_ms * 1e6], 0)
+    view = blocked(1, [GraphKind.RESTORE, GraphKind.VISION], Phase.PREFILL, tokens=64)
+    c = choose([view], catalog=SPEC, costs=costs)
+    assert c.kind is GraphKind.RESTORE and not c.indeterminate and c.following is None
+    scale = math.exp(c.log_scale)
+    assert c.lanes[0].value * scale == pytest.approx(648.0)
+    assert c.score * scale == pytest.approx(648.0 / 0.35)
+
+
+@spec("prerequisites/continuation-value", "prerequisites/continuation-images")
+def test_every_later_stage_adds_its_time_to_the_continuation():
+    """Restore, then a window snapshot, then vision, then a 64-token prompt (x = 2): F = 0.3
+    (snapshot B=1) + 6.0 (vision) + 4.854 (prefill 64) = 11.154 ms after restore's T = 0.35:
+    contribution 648*0.35/(0.35 + 11.154), score that over 0.35."""
+    view = blocked(1, [GraphKind.RESTORE, GraphKind.SNAPSHOT, GraphKind.VISION], Phase.PREFILL, tokens=64)
+    c = choose([view], catalog=SPEC)
+    assert c.kind is GraphKind.RESTORE and c.following is None
+    scale = math.exp(c.log_scale)
+    assert c.lanes[0].value * scale == pytest.approx(648.0 * 0.35 / (0.35 + 11.154))
+    assert c.score * scale == pytest.approx(648.0 / (0.35 + 11.154))
+
+
+# -- two-stage sequences against enumeration ---------------------------------------------------
+
+PREREQUISITE_KINDS = (GraphKind.INITIALIZE, GraphKind.RESTORE, GraphKind.VISION, GraphKind.SNAPSHOT)
+# Extra prerequisite shapes so that prerequisite batches above one compete.
+EXTRA_PREREQUISITES = (GraphDescriptor(GraphKind.INITIALIZE, 4, duration_ms=0.25),
+                       GraphDescriptor(GraphKind.RESTORE, 2, duration_ms=0.4),
+                       GraphDescriptor(GraphKind.VISION, 1, duration_ms=6.0),
+                       GraphDescriptor(GraphKind.SNAPSHOT, 4, duration_ms=0.5))
+# A host ragged program of width two (P = 5 < B*W = 8).
+RAGGED_W2 = GraphDescriptor(GraphKind.SPECULATIVE, 4, token_capacity=2, proposal_depth=1, target_capacity=5,
+                            allocation=Allocation.QUERY_LENGTH, duration_ms=4.0)
+
+
+def _sequence_population(rng, depth, n_max=6):
+    """Blocked streams (one or two prerequisites, enabling decode or a prompt), ready decoders
+    and prompts, and terminal rows, with random prices, ages, limits and acceptance."""
+    kinds = PREREQUISITE_KINDS
+    views = []
+    for i in range(int(rng.integers(1, n_max + 1))):
+        rid = 10 + i
+        kw = dict(slot=int(rng.permutation(32)[i]), last_selected_ns=int(rng.integers(0, 4)),
+                  runnable=bool(rng.random() > 0.05))
+        x = float(np.exp(rng.normal(0.0, 1.0)))
+        role = rng.choice(["blocked", "blocked", "decode", "prompt", "terminal"])
+        survival = np.cumprod(rng.uniform(0.2, 1.0, depth))
+        dec = dict(x=x, z=float(np.exp(rng.normal(-1.5, 1.0))), age_ms=float(rng.uniform(0, 100)),
+                   survival=survival, forecast=np.cumprod(rng.uniform(0.2, 1.0, depth)),
+                   output_remaining=int(rng.choice([1, 2, 3, 500])))
+        tokens = int(rng.choice([30, 64, 100, 700]))
+        pro = dict(x=x, needs_scores=bool(rng.random() < 0.2),
+                   prompt_limit=None if rng.random() < 0.8 else int(rng.integers(1, tokens + 1)))
+        if role == "blocked":
+            chain = [kinds[int(rng.integers(len(kinds)))]]
+            if rng.random() < 0.2:
+                chain.append(kinds[int(rng.integers(len(kinds)))])
+            enables = Phase.DECODE if rng.random() < 0.55 else Phase.PREFILL
+            if enables is Phase.DECODE:
+                views.append(blocked(rid, chain, enables, **dec, **kw))
+            else:
+                views.append(blocked(rid, chain, enables, tokens=tokens, **pro, **kw))
+        elif role == "decode":
+            views.append(decoder(rid, **dec, **kw))
+        elif role == "prompt":
+            views.append(prompt(rid, tokens, **pro, **kw))
+        else:
+            views.append(terminal(rid, age_ms=float(rng.uniform(0, 50)), **kw))
+    return views
+
+
+def _sequence_oracle(obj, views, graphs, costs, mode):
+    """{(first key, following key): (best score, exact)} over every legal two-stage cohort,
+    enumerated: at least one row the prerequisite enables joins the following program, the
+    following program's other rows are already ready requests, the prerequisite's other rows
+    retire terminal rows (snapshot) and the sequence is scored over U = T + F. Newly ready
+    decoders use their own reference U, ready ones sigma; output ages reset at U; a terminal row
+    retired at T also saves its waiting over the rest of the sequence. Adaptive ragged followers
+    are searched, not enumerated, by the selector (exact = False: it may only fall short)."""
+    runnable = [v for v in views if v.runnable]
+    decoders = [v for v in runnable if v.phase is Phase.DECODE]
+    prompts = [v for v in runnable if v.phase is Phase.PREFILL]
+    terminals = [v for v in runnable if v.phase is Phase.TERMINAL]
+    blocked_ = [v for v in runnable if v.phase is Phase.BLOCKED and v.prerequisites]
+    alpha = obj.policy.adaptive_verification_alpha
+
+    def expected(v, rows):
+        return 1.0 + sum(s ** alpha for s in cohorts._survival(v, obj.depth)[: rows - 1])
+
+    out = {}
+    for g1 in graphs:
+        if g1.kind not in PREREQUISITE_KINDS:
+            continue
+        singles = [v for v in blocked_ if v.prerequisites[0] is g1.kind and len(v.prerequisites) == 1]
+        t1 = costs.estimate_ms(g1.key)
+        terms = terminals if g1.kind is GraphKind.SNAPSHOT else []
+        for enables in (Phase.DECODE, Phase.PREFILL):
+            new = [v for v in singles if v.enables is enables]
+            if not new:
+                continue
+            for g2 in graphs:
+                if enables is Phase.DECODE and not g2.kind.is_generation:
+                    continue
+                if enables is Phase.PREFILL and not (g2.kind.is_prefill or g2.kind is GraphKind.MIXED):
+                    continue
+                f = costs.estimate_ms(g2.key)
+                unknown = t1 is None or f is None
+                u = 0.0 if unknown else t1 + f
+                tv = sorted((obj.terminal_value(v, 0.0 if unknown else t1)
+                             + (0.0 if unknown else obj.ct * (v.terminal_age_ms * f + 0.5 * (u * u - t1 * t1)))
+                             for v in terms), reverse=True)
+
+                def terminal_fill(rows):
+                    return sum(tv[:max(rows, 0)])
+
+                def decode_value(v, rows, newly):
+                    ref = u if newly else obj.sigma
+                    return (obj.price(v.log_output_price) * expected(v, rows) + obj.price(v.log_delivery_price)
+                            + obj.c * ref * (v.age_ms + u))
+
+                ragged = g2.kind is GraphKind.SPECULATIVE and g2.token_capacity > 1 and not g2.is_rectangular
+                device = ragged and g2.allocation is Allocation.PREFIX_LIMIT
+                exact = not (ragged and mode is not DecodeMode.FIXED)
+
+                def cohort_value(members):
+                    """Best value of decoders [(view, newly)] on g2 (None: they do not fit)."""
+                    limits = [cohorts._lane_limit(v, g2) for v, _ in members]
+                    if device:
+                        if len(members) > g2.target_capacity:
+                            return None
+                        order = sorted(range(len(members)), key=lambda i: members[i][0].slot)
+                        rows = prefix_allocation_naive([cohorts._forecast(members[i][0], g2.proposal_depth)
+                                                        for i in order], [limits[i] for i in order],
+                                                       [True] * len(order), g2.target_capacity)
+                        got = dict(zip(order, rows))
+                        return sum(decode_value(v, int(got[i]), n) for i, (v, n) in enumerate(members))
+                    choices = [range(1, w + 1) for w in limits] if ragged and not exact else [(w,) for w in limits]
+                    best = None
+                    for widths in itertools.product(*choices):
+                        if ragged and sum(widths) > g2.target_capacity:
+                            continue
+                        val = sum(decode_value(v, w, n) for (v, n), w in zip(members, widths))
+                        best = val if best is None else max(best, val)
+                    return best
+
+                best = None
+                if enables is Phase.DECODE:
+                    fixed_prompts = [None]
+                    if g2.kind is GraphKind.MIXED:
+                        fixed_prompts += [p for p in prompts if not p.needs_scores
+                                          and cohorts.prompt_work_naive(p, g2.prefill_capacity) > 0]
+                    for p in fixed_prompts:
+                        room = g2.batch_capacity - (p is not None)
+                        pv = 0.0 if p is None else obj.prompt_value(p, cohorts.prompt_work_naive(p, g2.prefill_capacity))
+                        for kn in range(1, min(len(new), g1.batch_capacity, room) + 1):
+                            for nset in itertools.combinations(new, kn):
+                                for kr in range(0, min(len(decoders), room - kn) + 1):
+                                    for rset in itertools.combinations(decoders, kr):
+                                        val = cohort_value([(v, True) for v in nset] + [(v, False) for v in rset])
+                                        if val is None:
+                                            continue
+                                        val += pv + terminal_fill(g1.batch_capacity - kn)
+                                        best = val if best is None else max(best, val)
+                else:
+                    mixed = g2.kind is GraphKind.MIXED
+                    cap = g2.prefill_capacity if mixed else g2.token_capacity
+                    scored_ = g2.kind is GraphKind.SCORED_PREFILL
+
+                    def pvalue(v):
+                        n = cohorts.prompt_work_naive(v, cap)
+                        return obj.prompt_value(v, n) if n > 0 and v.needs_scores == scored_ else 0.0
+
+                    for v in new:
+                        if pvalue(v) <= 0:
+                            continue
+                        if mixed:  # the enabled prompt row and already ready decoders
+                            for kr in range(0, min(len(decoders), g2.batch_capacity - 1) + 1):
+                                for rset in itertools.combinations(decoders, kr):
+                                    val = pvalue(v) + sum(decode_value(d, cohorts._lane_limit(d, g2), False)
+                                                          for d in rset)
+                                    val += terminal_fill(g1.batch_capacity - 1)
+                                    best = val if best is None else max(best, val)
+                        else:
+                            ready = sorted((pvalue(p) for p in prompts if pvalue(p) > 0), reverse=True)
+                            val = pvalue(v) + sum(ready[: g2.batch_capacity - 1]) + terminal_fill(g1.batch_capacity - 1)
+                            best = val if best is None else max(best, val)
+                if best is not None:
+                    score = best if unknown else best / u - 0.5 * u * obj.waiting
+                    prev = out.get((g1.key, g2.key))
+                    if prev is None or score > prev[0]:
+                        out[(g1.key, g2.key)] = (score, exact)
+    return out
+
+
+@spec("prerequisites/pair-exact", "prerequisites/all-shape-pairs", "prerequisites/joint-cohorts",
+      "prerequisites/following-ready", "prerequisites/first-finishes-terminal", "prerequisites/one-newly-ready",
+      "prerequisites/sequence-score", "prerequisites/age-reset-following", "prerequisites/terminal-age-stops",
+      "prerequisites/terminal-two-stage", "prerequisites/free-unused-capacity", "prerequisites/plan-duration-t",
+      "useful-service/multistage-reference", "mixed-execution/prereq-cases", "mixed-execution/references-lookahead")
+@pytest.mark.parametrize("catalog, mode, extra", [(SPEC, DecodeMode.ADAPTIVE, ()), (SPEC, DecodeMode.FIXED, ()),
+                                                  (ORDINARY, DecodeMode.ORDINARY, ()),
+                                                  (RAGGED, DecodeMode.ADAPTIVE, (RAGGED_W2,)),
+                                                  (RAGGED, DecodeMode.FIXED, ())],
+                         ids=["speculative", "fixed", "ordinary", "ragged-adaptive", "ragged-fixed"])
+def test_two_stage_sequences_match_enumeration(catalog, mode, extra):
+    """Random populations with blocked streams: every (prerequisite, following) pair the selector
+    offers scores what exhaustive enumeration of the two cohorts finds (adaptive ragged
+    followers: at most that), never more; its lanes carry the same values (the rows the
+    prerequisite enables, the terminal rows it retires, free rows, then the following cohort)
+    and the plan keeps the prerequisite's own duration."""
+    rng = np.random.default_rng(3)
+    fixed_width = 4 if mode is DecodeMode.FIXED else None
+    graphs = catalog.eligible(mode, fixed_width=fixed_width)
+    graphs = graphs + tuple(g for g in EXTRA_PREREQUISITES + extra if g.key not in {h.key for h in graphs})
+    compared = exact_compared = 0
+    for case in range(30):
+        costs = CostModel(POLICY.estimate_ttl_ns)
+        for g in graphs:
+            if g.duration_ms is not None and rng.random() > 0.08:
+                costs.observe(g.key, [g.duration_ms * 1e6 * float(np.exp(rng.uniform(-0.1, 0.1)))], 0)
+        views = _sequence_population(rng, max(g.proposal_depth for g in graphs))
+        inp = policy.SelectionInput(views, graphs, costs, 0, POLICY, mode)
+        obj = cohorts.Objective(views, graphs, costs, POLICY)
+        want = _sequence_oracle(obj, views, graphs, costs, mode)
+        by_rid = {v.rid: v for v in views}
+        got = {}
+        for c in policy.candidates(inp):
+            if c.following is None:
+                continue
+            g1, g2 = c.graph, c.following.graph
+            key = (g1.key, g2.key)
+            got[key] = max(got.get(key, -math.inf), c.score)
+            t1, f = costs.estimate_ms(g1.key), costs.estimate_ms(g2.key)
+            unknown = t1 is None or f is None
+            u = 0.0 if unknown else t1 + f
+            assert (c.duration_ms, c.following.duration_ms) == (t1, f)
+            assert c.sequence_ms == (None if unknown else pytest.approx(u))
+            group = {v.rid for v in views if v.runnable and v.phase is Phase.BLOCKED and v.prerequisites
+                     and v.prerequisites[0] is g1.kind}
+            assert all(l.slot == by_rid[l.rid].slot for l in c.lanes + c.following.lanes)
+            first = {l.rid: l for l in c.lanes}
+            assert len(first) == len(c.lanes) <= g1.batch_capacity
+            newly = [l for l in c.following.lanes if by_rid[l.rid].phase is Phase.BLOCKED]
+            assert newly and all(first[l.rid].role is LaneRole.PREREQUISITE for l in newly)
+            assert len(c.following.lanes) <= g2.batch_capacity
+            prereq = [l for l in c.lanes if l.role is LaneRole.PREREQUISITE]
+            assert {l.rid for l in prereq} <= group and all(l.value == 0.0 for l in prereq)
+            retired = [l for l in c.lanes if l.role is LaneRole.TERMINAL]
+            assert all(by_rid[l.rid].phase is Phase.TERMINAL for l in retired)
+            assert not retired or g1.kind is GraphKind.SNAPSHOT
+            # free rows fill the prerequisite's capacity from the rest of its group
+            assert len(c.lanes) == min(g1.batch_capacity, len(retired) + len(group))
+            for l in retired:
+                v = by_rid[l.rid]
+                extra = 0.0 if unknown else obj.ct * (v.terminal_age_ms * f + 0.5 * (u * u - t1 * t1))
+                assert l.value == pytest.approx(obj.terminal_value(v, 0.0 if unknown else t1) + extra, rel=1e-9)
+            for l in c.following.lanes:
+                v = by_rid[l.rid]
+                if l.role is LaneRole.PROMPT:
+                    cap = g2.prefill_capacity if g2.kind is GraphKind.MIXED else g2.token_capacity
+                    assert l.prompt_tokens == cohorts.prompt_work_naive(v, cap)
+                    assert l.value == pytest.approx(obj.prompt_value(v, l.prompt_tokens), rel=1e-9)
+                else:
+                    rows = l.query_length or l.ceiling
+                    assert 1 <= rows <= cohorts._lane_limit(v, g2)
+                    ref = u if v.phase is Phase.BLOCKED else obj.sigma
+                    assert l.value == pytest.approx(obj.price(v.log_output_price) * l.expected_tokens
+                                                    + obj.price(v.log_delivery_price) + obj.c * ref * (v.age_ms + u),
+                                                    rel=1e-9)
+            useful = sum(l.value for l in c.lanes) + sum(l.value for l in c.following.lanes)
+            assert c.useful_value == pytest.approx(useful, rel=1e-9)
+            assert c.score == pytest.approx(useful if unknown else useful / u - 0.5 * u * obj.waiting, rel=1e-9)
+        for key, score in got.items():
+            assert key in want, key
+            ref, exact = want[key]
+            tol = 1e-7 * max(1.0, abs(ref))
+            assert score <= ref + tol, (case, key)
+            if exact:
+                assert score >= ref - tol, (case, key)
+                exact_compared += 1
+            compared += 1
+        for key in want:
+            if key not in got:  # pruned: a smaller prerequisite shape of the same kind carries it
+                assert any(k2 == key[1] and k1.kind is key[0].kind and k1 != key[0]
+                           and k1.batch_capacity <= key[0].batch_capacity for k1, k2 in got), (case, key)
+    assert compared > 30 and exact_compared > 0
+
+
+def _costs_without(catalog, *skip):
+    """The catalog measured, except the programs `skip` selects."""
+    costs = CostModel()
+    for g in catalog.graphs:
+        if not any(s(g) for s in skip):
+            costs.observe(g.key, [g.duration_ms * 1e6], 0)
+    return costs
+
+
+def _restore_lane_value(views, costs):
+    c = next(c for c in policy.candidates(inputs(views, catalog=SPEC, costs=costs))
+             if c.kind is GraphKind.RESTORE and c.graph.batch_capacity == 1)
+    return c, c.lanes[0].value * math.exp(c.log_scale), c.score * math.exp(c.log_scale)
+
+
+@spec("prerequisites/continuation-value", "prerequisites/continuation-unknown")
+@pytest.mark.parametrize("measured_scored", [True, False])
+def test_a_continuation_needing_prompt_scores_is_valued_on_scored_prefill(measured_scored):
+    """Restore, vision, then a 64-token prompt that needs its scores (x = 2): V = 9*64 + 72 =
+    648 comes from scored prefill only. Measured: F = vision 6.0 + scored 64 chunk 5.11 ms,
+    contribution 648*0.35/(0.35 + 11.11). Scored prefill unmeasured (plain prefill measured,
+    but it cannot serve the request): F is unknown and the contribution is V itself."""
+    view = blocked(1, [GraphKind.RESTORE, GraphKind.VISION], Phase.PREFILL, tokens=64, needs_scores=True)
+    costs = _costs_without(SPEC, lambda g: not measured_scored and g.kind is GraphKind.SCORED_PREFILL)
+    _, value, score = _restore_lane_value([view], costs)
+    want = 648.0 * 0.35 / (0.35 + 11.11) if measured_scored else 648.0
+    assert value == pytest.approx(want)
+    assert score == pytest.approx(want / 0.35)
+
+
+@spec("prerequisites/continuation-value", "prerequisites/continuation-unknown", "useful-service/shared-scale")
+@pytest.mark.parametrize("measured_prefill", [True, False])
+def test_a_small_continuation_value_keeps_its_own_size(measured_prefill):
+    """A one-token prompt behind restore and vision, from a well served request (x = 1e6:
+    prices 1 + 16e-6 per prompt token, 64 + 16e-6 for its output token, 65.000032 in all),
+    beside a starved prompt (x = 0.01: output price 1664, the decision's scale). Its value is a
+    small fraction of the scale (65.000032/1664) and is still discounted by T/(T + F) with
+    F = 6.0 + 4.854 ms, or, with no prefill measured, taken whole (the most valuable chunk)."""
+    view = blocked(1, [GraphKind.RESTORE, GraphKind.VISION], Phase.PREFILL, tokens=1, x=1e6)
+    costs = _costs_without(SPEC, lambda g: not measured_prefill and g.kind.is_prefill)
+    c, value, _ = _restore_lane_value([view, prompt(2, 64, x=0.01)], costs)
+    assert math.exp(c.log_scale) == pytest.approx(1664.0)
+    v = 1 + 16e-6 + 64 + 16e-6
+    assert value == pytest.approx(v * 0.35 / (0.35 + 10.854) if measured_prefill else v, rel=1e-9)
+
+
+@spec("prerequisites/continuation-value", "prerequisites/continuation-unknown", "useful-service/multistage-reference")
+def test_a_decoding_continuation_without_a_measured_generation_program():
+    """Restore, snapshot, then decoding (x = 2, z = 0.25, A = 10), with no generation program
+    measured: the time until its first delivery is unknown, so V is its output and delivery
+    value alone, 72 + 16 = 88, taken whole; restore 0.35 ms and one active decoder:
+    88/0.35 - 0.35/2*0.1."""
+    view = blocked(1, [GraphKind.RESTORE, GraphKind.SNAPSHOT], Phase.DECODE)
+    costs = _costs_without(SPEC, lambda g: g.kind.is_generation)
+    _, value, score = _restore_lane_value([view], costs)
+    assert value == pytest.approx(88.0)
+    assert score == pytest.approx(88.0 / 0.35 - 0.35 / 2 * 0.1)

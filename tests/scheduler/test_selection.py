@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from helios_jax.catalog import Allocation, DecodeMode, GraphKind
+from helios_jax.catalog import Allocation, DecodeMode, GraphDescriptor, GraphKind
 from helios_jax.scheduler import policy, utility
 from helios_jax.scheduler.config import PolicyConfig
 from helios_jax.scheduler.cost import CostModel
@@ -433,3 +433,65 @@ def test_mixed_populations_share_one_score_by_hand():
         assert c.served == prompts + decoders
         assert c.score * math.exp(c.log_scale) == pytest.approx(by_hand(t, prompts, decoders))
         assert c.score * math.exp(c.log_scale) == pytest.approx(figure, rel=1e-7)
+
+
+@spec("duration-estimates/prefill-explore-smaller", "duration-estimates/cold-request-largest")
+def test_exploration_exclusion_does_not_depend_on_catalog_order():
+    """The exploration rule of test_prefill_exploration_stops_at_the_next_endpoint with the
+    prepared programs listed largest first: 128 still reaches the endpoint at token 100, so
+    no unmeasured 256..4096 chunk is explored, whichever smaller capacity is listed last."""
+    graphs = tuple(reversed(SPEC.eligible(DecodeMode.ADAPTIVE)))
+    c = policy.select(policy.SelectionInput([prompt(1, 1000, endpoint=100)], graphs, CostModel(), 0, POLICY))
+    assert c.indeterminate and c.graph.token_capacity == 128 and c.lanes[0].prompt_tokens == 128
+
+
+def _fixed_ragged_views():
+    """Four decoders at x = 2, z = 0.25 on ragged-small in fixed mode (width 4): X (survival 0.9**d,
+    four rows), Y (two rows: output limit 2, s_1 = 0.5, age 118 ms), C and D (one row each:
+    output limit 1)."""
+    return [decoder(0, survival=geometric(0.9, 3), age_ms=0.0),
+            decoder(1, survival=geometric(0.5, 3), age_ms=118.0, output_remaining=2),
+            decoder(2, survival=geometric(0.9, 3), age_ms=0.0, output_remaining=1),
+            decoder(3, survival=geometric(0.9, 3), age_ms=0.0, output_remaining=1)]
+
+
+@spec("useful-service/constrained-ragged", "useful-service/score-formula", "useful-service/fixed-complete-prefixes")
+def test_fixed_ragged_cohorts_count_each_served_lanes_age_term():
+    """The host ragged program B=4, W=4, P=6 (4.5 ms) with the four decoders of
+    _fixed_ragged_views. K = 4; sigma = 4 * 4.5/4 = 4.5 ms (the fastest per stream of the fixed
+    width-4 programs); each served decoder earns c*sigma*(A + T), so c*sigma*T = 0.1*4.5*4.5 =
+    2.025 per lane on top of its value at T = 0:
+    X 72*(1 + 0.9 + 0.81 + 0.729) + 16 = 263.608; Y 72*1.5 + 16 + 0.45*118 = 177.1; C = D = 88.
+    Six rows hold X with Y (177.1 + 2*2.025 = 181.15 beside X) or X with C and D
+    (176 + 3*2.025 = 182.075): the third lane's age term decides for C and D. Score
+    (263.608 + 176 + 3*2.025)/4.5 - 4.5/2*0.4 = 98.140667."""
+    inp = inputs(_fixed_ragged_views(), catalog=RAGGED, mode=DecodeMode.FIXED, fixed_width=4)
+    c = next(c for c in policy.candidates(inp) if c.graph.name == "speculative[B=4,W=4,D=3,C=0,P=6]")
+    assert sorted((l.rid, l.query_length) for l in c.lanes) == [(0, 4), (2, 1), (3, 1)]
+    assert c.score * math.exp(c.log_scale) == pytest.approx(98.140667, rel=1e-7)
+    scale = math.exp(c.log_scale)
+    assert sorted(l.value * scale for l in c.lanes) == pytest.approx([88 + 2.025, 88 + 2.025, 263.608 + 2.025])
+
+
+@spec("useful-service/dominance-prune", "useful-service/dominance-speculative", "useful-service/no-padding-preference")
+def test_a_larger_host_ragged_program_with_the_same_cohort_is_pruned():
+    """ragged-small in fixed mode plus a host ragged program B=4, W=4, P=7 measured faster
+    (4.4 ms) than P=6 (4.5 ms). Decoders X (four rows) and C (one row, output limit 1) fit six
+    rows: both programs would run the same cohort with the same widths, so the P=7 shape, all
+    capacities at least P=6's and P larger, is discarded. With Y as well (two rows, seven in
+    all) the cohorts differ and P=7 competes: it serves all three, P=6 takes X with Y (Y's age
+    makes it worth about twice C)."""
+    p7 = GraphDescriptor(GraphKind.SPECULATIVE, 4, token_capacity=4, proposal_depth=3, target_capacity=7,
+                         allocation=Allocation.QUERY_LENGTH, duration_ms=4.4)
+    costs = measured(RAGGED)
+    costs.observe(p7.key, [4.4e6], 0)
+    graphs = RAGGED.eligible(DecodeMode.FIXED, fixed_width=4) + (p7,)
+
+    def ragged(views):
+        inp = policy.SelectionInput(views, graphs, costs, 0, POLICY, DecodeMode.FIXED)
+        return {c.graph.target_capacity: sorted((l.rid, l.query_length) for l in c.lanes)
+                for c in policy.candidates(inp) if c.graph.batch_capacity == 4 and c.graph.token_capacity == 4}
+
+    x, y, c_ = _fixed_ragged_views()[0], _fixed_ragged_views()[1], _fixed_ragged_views()[2]
+    assert ragged([x, c_]) == {6: [(0, 4), (2, 1)]}
+    assert ragged([x, y, c_]) == {6: [(0, 4), (1, 2)], 7: [(0, 4), (1, 2), (2, 1)]}
