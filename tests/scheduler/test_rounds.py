@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from helios_jax.reference.prefix_allocation import prefix_allocation_naive
-from helios_jax.scheduler.rounds import allocate_prefix_rows, prefix_allocation_order
+from helios_jax.scheduler.rounds import allocate_prefix_rows, forecast_observations, prefix_allocation_order
 
 spec = pytest.mark.spec
 GOLDEN = json.loads((pathlib.Path(__file__).parents[1] / "golden" / "prefix_allocation.json").read_text())
@@ -75,3 +75,31 @@ def test_bad_inputs():
         allocate_prefix_rows([[np.nan]], [2], [True], 2)
     with pytest.raises(ValueError, match="ceilings"):
         allocate_prefix_rows([[0.5]], [3], [True], 2)
+
+
+@spec("speculative-coverage/device-frontier", "speculative-coverage/frontier-ties")
+def test_ranking_is_in_device_float32_precision():
+    """0.5 and 0.5 + 1e-9 are one float32 value: the host, like the device, sees a tie and gives the
+    one extra row to the lower lane (both frontiers are at depth 1), not to the f64-larger lane 1;
+    the sorted admission order lists lane 0 first for the same reason."""
+    prob = [[0.5], [0.5 + 1e-9]]
+    assert allocate_prefix_rows(prob, [2, 2], [True, True], 3).tolist() == [2, 1]
+    lanes, depths = prefix_allocation_order(np.array(prob), np.array([2, 2]))
+    assert lanes.tolist() == [0, 1] and depths.tolist() == [1, 1]
+
+
+def test_a_ceiling_per_lane_is_required():
+    with pytest.raises(ValueError, match="shapes"):
+        allocate_prefix_rows([[0.5], [0.5]], [2], [True, True], 3)
+    with pytest.raises(ValueError, match="shapes"):
+        allocate_prefix_rows([[0.5], [0.5]], [2, 2], [True], 3)
+
+
+@spec("acceptance-learning/forecast-ceiling")
+def test_forecast_observations_stop_at_the_ceiling_the_row_and_the_tracked_depth():
+    """Ceiling c observes depths 1..c-1: a width-one lane (c = 1) observes nothing; a row holding
+    two probabilities observes two depths even under ceiling 4; a tracked depth of 2 keeps two."""
+    assert np.isnan(forecast_observations([0.7, 0.5], 1, 2)).all()
+    np.testing.assert_array_equal(forecast_observations([0.9, 0.8], 4, 5), [0.9, 0.8, np.nan, np.nan, np.nan])
+    np.testing.assert_array_equal(forecast_observations([0.9, 0.8, 0.7], 4, 2), [0.9, 0.8])
+    np.testing.assert_array_equal(forecast_observations([0.9, 0.8, 0.7], 3, 3), [0.9, 0.8, np.nan])

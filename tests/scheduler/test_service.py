@@ -109,3 +109,51 @@ def test_invalid_intervals():
         service.decayed_log_rate(0.0, 1, 0.0, 100.0)
     with pytest.raises(ValueError):
         service.decayed_log_rate(0.0, -1, 1.0, 100.0)
+
+
+@spec("useful-service/prefill-price", "useful-service/output-price")
+def test_a_rate_equal_to_the_fairness_weight_doubles_the_prefill_price():
+    """x = f = 16 tokens/ms: f/x = 1, so the prefill price is 1 + 1 = 2 (the two log terms are
+    equal, log 2 exactly) and the output price 64 + 1 = 65."""
+    p = service.log_prices(P, math.log(16.0), None)
+    assert p.prefill_token == pytest.approx(math.log(2.0), abs=1e-15)
+    assert math.exp(p.output_token) == pytest.approx(65.0)
+
+
+@spec("useful-service/prefill-price", "useful-service/output-price", "useful-service/delivery-price")
+def test_weights_of_one_or_less_still_price():
+    """f = 1, beta = 1, g = 0.5 (weights at or below one are weights, not 'off'); x = 2, z = 0.25:
+    prefill 1 + 1/2 = 1.5, output 1 + 1/2 = 1.5, delivery 0.5/0.25 = 2."""
+    policy = PolicyConfig(token_fairness=1.0, output_token_value=1.0, delivery_fairness=0.5)
+    p = service.log_prices(policy, math.log(2.0), math.log(0.25))
+    assert math.exp(p.prefill_token) == pytest.approx(1.5)
+    assert math.exp(p.output_token) == pytest.approx(1.5)
+    assert math.exp(p.delivery) == pytest.approx(2.0)
+
+
+@spec("useful-service/prefill-price", "useful-service/output-price")
+def test_a_vanishing_fairness_weight_stays_representable():
+    """f = 1e-320 (positive, legal): f/x = 5e-321 at x = 2, so the prices are 1 and 64 to double
+    precision; the sum in log space must not overflow when one term is 737 e-folds below the
+    other."""
+    p = service.log_prices(PolicyConfig(token_fairness=1e-320), math.log(2.0), None)
+    assert math.exp(p.prefill_token) == pytest.approx(1.0)
+    assert math.exp(p.output_token) == pytest.approx(64.0)
+
+
+@spec("useful-service/sigma-formula")
+def test_sub_millisecond_programs_and_frames():
+    """A B=4 program of 0.5 ms shared by K=2 streams: sigma = 2 * 0.5 / min(4, 2) = 0.5 ms, a share
+    of 2 deliveries per ms each. A first burst over a 0.5 ms frame starts z at 1/0.5 = 2 per ms.
+    No streams: no reference interval (0.0, as with no measured program)."""
+    norm = service.Normalizers(((4, 0.5),))
+    assert service.batch_feasible_interval(2, norm.generation) == pytest.approx(0.5)
+    assert norm.share_log_rate(2) == pytest.approx(math.log(2.0))
+    assert service.first_delivery_log_rate(0.5) == pytest.approx(math.log(2.0))
+    assert service.batch_feasible_interval(0, norm.generation) == 0.0
+    assert service.batch_feasible_interval(2, ()) == 0.0
+
+
+def test_an_empty_interval_is_refused_even_without_service():
+    with pytest.raises(ValueError, match="positive"):
+        service.decayed_log_rate(0.0, 0, 0.0, 100.0)
