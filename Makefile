@@ -4,7 +4,8 @@
 # and one habit (docs/mutation.md):
 #   make mutation  mutate the host scheduler and the catalog, run the jax-free scheduler tests
 #                  against every mutant, print the kill rate per module and the survivors
-#                  (MUTATE=helios_jax/scheduler/cost.py restricts it to files or folders)
+#                  (MUTATE=helios_jax/scheduler/cost.py restricts it to files or folders;
+#                  SAMPLE=7 runs only the mutants whose number ends in 7, a tenth of each function's)
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -12,9 +13,12 @@ PIP := $(PY) -m pip
 PYTEST_ARGS ?=
 SERVE_ARGS ?=
 MUTATE ?=
+SAMPLE ?=
 comma := ,
 # mutmut names a mutant module.function__mutmut_N: helios_jax/scheduler/cost.py -> helios_jax.scheduler.cost.*
-MUTANT_GLOBS = $(foreach p,$(MUTATE),'$(subst /,.,$(patsubst %.py,%,$(patsubst %/,%,$(p)))).*')
+# SAMPLE=37 appends __mutmut_*[37]: a systematic sample, every function's mutants numbered ...3 and ...7.
+MUTANT_SUFFIX = $(if $(SAMPLE),__mutmut_*[$(SAMPLE)])
+MUTANT_GLOBS = $(foreach p,$(or $(MUTATE),$(if $(SAMPLE),helios_jax/scheduler/ helios_jax/catalog.py)),'$(subst /,.,$(patsubst %.py,%,$(patsubst %/,%,$(p)))).*$(MUTANT_SUFFIX)')
 
 .PHONY: test serve install bench mutation clean
 
@@ -50,7 +54,7 @@ mutation: $(VENV)/.stamp-mutation
 	ln -sfn ../../reference mutants/helios_jax/reference
 	ln -sfn ../../kernels mutants/helios_jax/kernels
 	$(VENV)/bin/mutmut run $(MUTANT_GLOBS)
-	$(PY) scripts/mutation_report.py $(if $(MUTATE),--paths=$(subst $() ,$(comma),$(strip $(MUTATE))))
+	$(PY) scripts/mutation_report.py $(if $(MUTATE),--paths=$(subst $() ,$(comma),$(strip $(MUTATE)))) $(if $(SAMPLE),--sample=$(SAMPLE))
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .jax_cache mutants

@@ -4,6 +4,8 @@
     python scripts/mutation_report.py --paths=helios_jax/scheduler/cost.py,helios_jax/catalog.py
     python scripts/mutation_report.py --markdown                        # the table for docs/mutation.md
     python scripts/mutation_report.py --diffs                           # each survivor's diff too
+    python scripts/mutation_report.py --sample=7                        # only mutants numbered ...7
+    python scripts/mutation_report.py --sample=helios_jax/scheduler/core.py=7,helios_jax/scheduler/utility.py=37
 
 mutmut keeps one `<module>.py.meta` JSON file per mutated module under mutants/, mapping every
 mutant's name (`module.function__mutmut_N`, methods as `module.xǁClassǁmethod__mutmut_N`) to
@@ -14,6 +16,11 @@ ended otherwise (no test reached the function, a crash, not run yet), and the ki
 (killed + timeout) / (mutants - equivalent). Then it lists every mutant that was neither detected
 nor recorded as equivalent.
 
+A sample (`make mutation SAMPLE=7`) runs, in every function, the mutants whose number ends in one
+of the given digits: a systematic sample of about a tenth per digit, spread over every function
+in proportion to its mutants. `--sample` restricts the counts to those mutants and adds a 95%
+Wilson interval for the module's kill rate over all its mutants.
+
 Equivalent mutants (the program behaves identically with the change) are recorded, each with its
 reason, as rows of docs/mutation.md whose first cell is the mutant's name in backticks. mutmut
 numbers mutants within a function, so a changed function renumbers its own mutants: a recorded
@@ -22,7 +29,9 @@ name that no longer survives is reported as stale, to be checked again.
 from __future__ import annotations
 
 import collections
+import fnmatch
 import json
+import math
 import os
 import pathlib
 import re
@@ -39,6 +48,8 @@ flags.DEFINE_string("equivalents", str(ROOT / "docs" / "mutation.md"),
                     "markdown file whose table rows `| `mutant` | reason |` record equivalent mutants")
 flags.DEFINE_bool("markdown", False, "print the per-module table as markdown")
 flags.DEFINE_bool("diffs", False, "print each listed survivor's diff (`mutmut show`)")
+flags.DEFINE_list("sample", [], "DIGITS, or PATH=DIGITS per module: count only the mutants whose number ends in "
+                  "one of DIGITS (the sample `make mutation SAMPLE=DIGITS` ran); modules not named count whole")
 flags.DEFINE_bool("list_survivors", True, "list the mutants that were neither killed nor recorded as equivalent")
 
 # mutmut's exit codes (mutmut/stats.py, status_by_exit_code): the tests failed, so the mutant is killed.
@@ -79,14 +90,43 @@ def results(mutants_dir: pathlib.Path, paths: list[str]) -> dict[str, dict[str, 
     return out
 
 
+def sample_digits(spec: list[str]) -> dict[str, str]:
+    """{source path or "" for every module: digits} from the --sample flag."""
+    out = {}
+    for item in spec:
+        path, _, digits = item.rpartition("=")
+        if not digits.isdigit():
+            raise app.UsageError(f"--sample: {item!r} is not DIGITS or PATH=DIGITS")
+        out[path.rstrip("/")] = digits
+    return out
+
+
+def in_sample(codes: dict[str, int | None], digits: str | None) -> dict[str, int | None]:
+    if not digits:
+        return codes
+    return {name: code for name, code in codes.items() if fnmatch.fnmatch(name, f"*__mutmut_*[{digits}]")}
+
+
+def wilson(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """The 95% Wilson score interval of a proportion (a sampled kill rate)."""
+    if n == 0:
+        return float("nan"), float("nan")
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
 def tally(codes: dict[str, int | None], equivalent: set[str]) -> dict:
     counts = collections.Counter(status(c) for c in codes.values())
     eq = sum(1 for name, c in codes.items() if name in equivalent and status(c) == "survived")
     killed, timeout = counts["killed"], counts["timeout"]
     other = len(codes) - killed - timeout - counts["survived"]
     denominator = len(codes) - eq
+    low, high = wilson(killed + timeout, denominator)
     return dict(mutants=len(codes), killed=killed, survived=counts["survived"], equivalent=eq, timeout=timeout,
-                other=other, rate=(killed + timeout) / denominator if denominator else float("nan"))
+                other=other, rate=(killed + timeout) / denominator if denominator else float("nan"),
+                interval=f"{100 * low:.1f}–{100 * high:.1f}%")
 
 
 def main(argv):
@@ -95,13 +135,19 @@ def main(argv):
     by_module = results(mutants_dir, FLAGS.paths)
     if not by_module:
         sys.exit(f"no mutmut results under {mutants_dir}: run `make mutation` first")
+    digits = sample_digits(FLAGS.sample)
+    sampled = {source for source in by_module if digits.get(source, digits.get(""))}
+    by_module = {source: in_sample(codes, digits.get(source, digits.get(""))) for source, codes in by_module.items()}
     equivalent = equivalents(pathlib.Path(FLAGS.equivalents))
 
     rows = [(source, tally(codes, equivalent)) for source, codes in by_module.items()]
     total = tally({k: v for codes in by_module.values() for k, v in codes.items()}, equivalent)
     header = ("module", "mutants", "killed", "survived", "equivalent", "timeout", "other", "kill rate")
+    if sampled:
+        header += ("95% interval",)
     cells = [(s, str(t["mutants"]), str(t["killed"]), str(t["survived"]), str(t["equivalent"]), str(t["timeout"]),
-              str(t["other"]), f"{100 * t['rate']:.1f}%") for s, t in rows + [("total", total)]]
+              str(t["other"]), f"{100 * t['rate']:.1f}%") + ((t["interval"] if s in sampled else "",) if sampled else ())
+             for s, t in rows + [("total", total)]]
     if FLAGS.markdown:
         print("| " + " | ".join(header) + " |")
         print("|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|")
@@ -114,7 +160,10 @@ def main(argv):
         for c in cells:
             print(fmt.format(*c))
     print("\nkill rate = (killed + timeout) / (mutants - equivalent); survived includes the equivalent ones;"
-          "\nother = no test reached the mutant, a crash, or not run yet")
+          "\nother = no test reached the mutant, a crash, or not run yet"
+          + ("\nsampled modules count only the mutants numbered ...[" + "], ...[".join(sorted(set(digits.values())))
+             + "]; the interval is the kill rate's 95% Wilson interval over all of that module's mutants"
+             if sampled else ""))
 
     if FLAGS.list_survivors:
         open_ = [(name, status(code)) for codes in by_module.values() for name, code in codes.items()
