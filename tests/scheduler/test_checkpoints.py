@@ -173,6 +173,26 @@ def test_terminal_capture_is_funded_by_decode_and_completes_the_response():
     assert s.checkpoints.lookup([3] * 64 + [5] * 39 + [9]) is not None  # the next turn restores it
 
 
+@spec("planning-queue/decode-terminal-capture")
+def test_a_host_stop_completes_with_its_reason_after_the_terminal_capture():
+    """A stop the host detects (a stop string) ends the request after its committed output; the
+    terminal capture it funded completes the response, which carries the host's reason."""
+    s = sched()
+    h = s.admit([3] * 64, max_output=40)
+    t, fence = 0.0, 0
+    for _ in range(30):
+        fence += 1
+        _, _, t = step(s, fence, t)
+    s.finish(h, "stop")
+    assert s.requests[h.rid].finished
+    events = []
+    while h.rid in s.requests:
+        fence += 1
+        plan, gen, t = step(s, fence, t)
+        events += [(plan.kind, g.finished, g.finish_reason) for g in gen]
+    assert events == [(GraphKind.SNAPSHOT, True, "stop")]
+
+
 @spec("prerequisites/preemption-no-complete", "prerequisites/terminal-age-start")
 def test_preemption_trigger_and_resume():
     s = sched(kv_pages=14, page_size=16)

@@ -519,6 +519,36 @@ def test_metrics_exposition():
     assert 'helios_speculative_accepted_by_position_total{position="1"} 2' in text
 
 
+def test_metrics_text_is_well_formed_exposition():
+    """Every series is announced by one `# TYPE name counter|gauge` line before its samples, in
+    Prometheus's lower-case spelling; counters end in _total, the credit balances are gauges."""
+    import re
+    s = scheduler(SPEC)
+    s.admit([1] * 8, max_output=20)
+    t = 0.0
+    for fence in range(1, 4):
+        _, _, t = run_once(s, fence, t, accepted=2)
+    typed, sampled = {}, []
+    for line in s.metrics_text().splitlines():
+        if line.startswith("# HELP "):
+            continue
+        if line.startswith("#"):
+            m = re.fullmatch(r"# TYPE ([a-z_][a-z0-9_]*) (counter|gauge)", line)
+            assert m, line
+            assert m.group(1) not in typed
+            typed[m.group(1)] = m.group(2)
+            continue
+        m = re.fullmatch(r'([a-z_][a-z0-9_]*)(\{[a-z_]+="[^"]*"\})? (-?[0-9.e+]+)', line)
+        assert m, line
+        assert m.group(1) in typed, f"{m.group(1)} sampled before its TYPE line"
+        sampled.append(m.group(1))
+    assert set(sampled) <= set(typed)
+    for name, kind in typed.items():
+        assert kind == ("counter" if name.endswith("_total") else "gauge"), name
+    assert {n for n, k in typed.items() if k == "gauge"} == {"helios_scheduler_refresh_credit_ms",
+                                                             "helios_scheduler_learning_credit_ms"}
+
+
 @spec("confidence-acceptance/prior-update", "confidence-acceptance/half-life", "confidence-acceptance/initial-weight")
 def test_completed_rounds_move_the_population_priors_a_sixty_fourth():
     """ragged-small's device program (B=4, W=4, D=3, P=8): four decoders, ceilings 4, each lane

@@ -38,6 +38,7 @@ def test_the_sample_covers_the_kinds_the_docstring_names():
 @pytest.mark.spec("verification/startup-traces", "verification/first-output-100ms", "verification/gaps-150ms",
                   "verification/hundred-rounds-spread")
 @pytest.mark.parametrize("index", CHOSEN)
+@pytest.mark.exhaustive
 def test_startup_bounds_hold_on_generated_catalogs(index):
     member = MEMBERS[index]
     results = checks.startup_checks(member.catalog, PolicyConfig())

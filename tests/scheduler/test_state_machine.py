@@ -738,4 +738,4 @@ TestScheduler = pytest.mark.spec(
     "timing-refresh/credit-cap", "acceptance-learning/credit-cap", "timing-refresh/invalid-wall-pays",
     "acceptance-learning/ledgers-disjoint", "timing-refresh/aggregate-bound", "acceptance-learning/aggregate-bound",
     "verification/lifecycle-no-outrank",
-)(TestScheduler)
+)(pytest.mark.exhaustive(TestScheduler))
