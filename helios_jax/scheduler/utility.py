@@ -16,7 +16,8 @@ exp(-log_scale) so that large prices stay representable; the shared factor chang
 Because duration and excluded-stream waiting cost do not depend on cohort membership, a lane's
 contribution is additive for a fixed program. The cohort solvers here use that:
 
-- :func:`top_prefix`: unconstrained programs take their highest lane values;
+- unconstrained programs take their highest lane values (sorted prefix sums, in the policy's
+  ``table``);
 - :func:`fixed_ragged`: a host-allocated ragged program with complete prefixes chooses the
   highest-value cohort fitting both B and P (an exact capacity problem over weight classes);
 - :func:`adaptive_ragged`: adaptive ragged programs evaluate cohort prefixes under three bounded
@@ -112,13 +113,6 @@ class Decision:
     def terminal_lane(self, age_ms, until_ms: float):
         """terminal_value + c * sigma * (A + T) for terminal rows."""
         return self.terminal_value + self.terminal_age * self.sigma_terminal * (np.asarray(age_ms) + until_ms)
-
-
-def top_prefix(values: np.ndarray):
-    """Descending order and prefix sums (prefix[m] = best m-lane total) of additive lane values."""
-    order = np.argsort(-values, kind="stable")
-    prefix = np.concatenate([[0.0], np.cumsum(values[order])])
-    return order, prefix
 
 
 def ragged_table(values: np.ndarray, weights: np.ndarray, batch: int, rows: int) -> "RaggedTable":
