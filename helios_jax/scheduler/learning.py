@@ -9,7 +9,8 @@ ordinary winner by a probe: a complete speculative program that
 3. leaves that request future output in which to use the observation.
 
 Candidates rank by optimistic score improvement per physical execution time; equal gains prefer
-the least-informed added prefix, then the shorter execution and the smaller physical geometry.
+the least-informed added prefix, then the shorter execution and the smaller physical geometry;
+a tie in all of these keeps the candidate scored first, so the probe is deterministic.
 Timing refresh takes precedence (the caller checks it first); fixed-width execution never probes.
 """
 from __future__ import annotations

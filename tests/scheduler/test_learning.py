@@ -142,6 +142,15 @@ def test_equal_gains_information_and_durations_prefer_the_smaller_geometry(monke
     assert _probe(monkeypatch, rows).graph == W4
 
 
+@spec("acceptance-learning/tie-order")
+def test_a_complete_tie_keeps_the_candidate_scored_first(monkeypatch):
+    """Two W=8 rows, one deepening request 2 and one request 3, equal in gain, information,
+    duration and geometry: the first scored is the probe, in either order."""
+    two, three = _row(W8, [_decode(2, 8)], 4.0, 14.0), _row(W8, [_decode(3, 8)], 4.0, 14.0)
+    assert _probe(monkeypatch, [two, three]).lanes[0].rid == 2
+    assert _probe(monkeypatch, [three, two]).lanes[0].rid == 3
+
+
 @spec("acceptance-learning/probe-deeper", "acceptance-learning/tie-order")
 def test_added_depths_are_measured_from_the_ordinary_width_of_each_request(monkeypatch):
     """The ordinary choice serves request 1 at W=4 (and request 4's prompt). A B=2 W=8 row serving
