@@ -495,3 +495,43 @@ def test_a_larger_host_ragged_program_with_the_same_cohort_is_pruned():
     x, y, c_ = _fixed_ragged_views()[0], _fixed_ragged_views()[1], _fixed_ragged_views()[2]
     assert ragged([x, c_]) == {6: [(0, 4), (2, 1)]}
     assert ragged([x, y, c_]) == {6: [(0, 4), (1, 2)], 7: [(0, 4), (1, 2), (2, 1)]}
+
+
+@spec("duration-estimates/tie-order")
+def test_a_request_never_selected_counts_as_the_least_recently_used():
+    """Two candidates equal in score, time, served requests: one serves request 1 (last selected
+    at 5 ns), the other request 2, absent from the recency map because it was never selected.
+    Absent means never, the RequestView default last_selected_ns = -1, older than any
+    selection time: the never-selected request wins, in both argument orders."""
+    recent, never = _tied(2, [1]), _tied(2, [2])
+    recency = {1: 5}
+    assert policy.better(never, recent, recency)
+    assert not policy.better(recent, never, recency)
+
+
+@spec("duration-estimates/tie-order")
+def test_a_candidate_is_never_preferred_to_an_identical_one():
+    """Two candidates equal in every tie criterion, down to the physical shape and the request
+    identities, are not ordered: `better` is a strict preference (false both ways, and false
+    for a candidate against itself), so `best` keeps the first of them rather than letting
+    list order flip the choice each time it is scanned."""
+    a, b = _tied(2, [1, 2]), _tied(2, [1, 2])
+    recency = {1: 3, 2: 4}
+    assert not policy.better(a, a, recency)
+    assert not policy.better(a, b, recency) and not policy.better(b, a, recency)
+    views = [decoder(1, last_selected_ns=3), decoder(2, last_selected_ns=4)]
+    assert policy.best([a, b], views) is a and policy.best([b, a], views) is b
+
+
+@spec("acceptance-learning/probe-deeper", "speculative-coverage/wp-not-imply-d")
+def test_the_drafted_programs_are_every_speculative_program_with_a_proposal():
+    """Acceptance probes choose among the drafted programs: every complete speculative program
+    with at least one proposal, down to D = 1 (a width-two program, which offers a request one
+    depth beyond width one), and no width-one program, decode, mixed or prerequisite."""
+    d1 = GraphDescriptor(GraphKind.SPECULATIVE, 1, token_capacity=2, proposal_depth=1, target_capacity=2,
+                         allocation=Allocation.QUERY_LENGTH, duration_ms=3.9)
+    graphs = SPEC.eligible(DecodeMode.ADAPTIVE) + (d1,)
+    drafted = policy.PreparedGraphs(graphs).drafted()
+    want = {g for g in graphs if g.kind is GraphKind.SPECULATIVE and g.token_capacity > 1}
+    assert d1 in want and set(drafted.graphs) == want
+    assert all(g.proposal_depth >= 1 for g in drafted.graphs)
