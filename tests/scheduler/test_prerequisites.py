@@ -14,7 +14,7 @@ from helios_jax.scheduler.config import PolicyConfig
 from helios_jax.scheduler.cost import CostModel
 from helios_jax.scheduler.view import LaneRole, Phase, RequestView
 
-from .helpers import ORDINARY, POLICY, RAGGED, SPEC, choose, decoder, inputs, measured, prompt
+from .helpers import ORDINARY, POLICY, RAGGED, SPEC, choose, decoder, geometric, inputs, measured, prompt
 
 spec = pytest.mark.spec
 ORD = dict(catalog=ORDINARY, mode=DecodeMode.ORDINARY)
@@ -616,3 +616,41 @@ def test_a_decoding_continuation_without_a_measured_generation_program():
     _, value, score = _restore_lane_value([view], costs)
     assert value == pytest.approx(88.0)
     assert score == pytest.approx(88.0 / 0.35 - 0.35 / 2 * 0.1)
+
+
+@spec("duration-estimates/stale-usable", "duration-estimates/stale-ranked-measured", "prerequisites/plan-duration-t")
+def test_a_sequence_plan_reports_its_prerequisites_staleness():
+    """Restore then decode, measured at time 0. One freshness interval later the restore
+    estimate is stale: the sequence still ranks on its measured costs (the same program pair
+    and score) but is flagged stale, like any other plan on a stale estimate; once restore is
+    observed again the flag clears."""
+    views = [blocked(1, [GraphKind.RESTORE], Phase.DECODE), decoder(2)]
+    costs = measured(ORDINARY)
+    later = POLICY.estimate_ttl_ns + 1
+    fresh = policy.select(inputs(views, costs=costs, now_ns=0, **ORD))
+    stale = policy.select(inputs(views, costs=costs, now_ns=later, **ORD))
+    assert fresh.kind is GraphKind.RESTORE and fresh.following is not None and not fresh.stale
+    assert stale.stale and (stale.graph, stale.following.graph, stale.score) == (
+        fresh.graph, fresh.following.graph, fresh.score)
+    costs.observe(stale.graph.key, [0.35e6], later)
+    again = policy.select(inputs(views, costs=costs, now_ns=later, **ORD))
+    assert again.kind is GraphKind.RESTORE and not again.stale
+
+
+@spec("speculative-coverage/wp-not-imply-d", "speculative-coverage/querylength-fits-p", "useful-service/multistage-reference")
+def test_a_newly_ready_decoder_is_bounded_by_the_following_programs_width():
+    """A rectangular speculative program B=1, W=2 with D=3 proposals (legal: D is not derived
+    from W) follows restore (0.35 ms) for a stream with survival 0.9**d, x = 2, z = 0.25,
+    A = 10. The program verifies two rows per request, so the newly ready lane queries 2 rows,
+    not the D + 1 = 4 its proposals would allow: E = 1 + 0.9, and with U = 0.35 + 3.9 ms the
+    lane is worth 72*1.9 + 16 + 0.1*U*(10 + U) (its own future-delivery reference U)."""
+    w2 = GraphDescriptor(GraphKind.SPECULATIVE, 1, token_capacity=2, proposal_depth=3, target_capacity=2,
+                         allocation=Allocation.QUERY_LENGTH, duration_ms=3.9)
+    views = [blocked(1, [GraphKind.RESTORE], Phase.DECODE, survival=geometric(0.9))]
+    c = next(c for c in policy.candidates(with_graphs([w2], catalog=SPEC, mode=DecodeMode.ADAPTIVE, views=views))
+             if c.following is not None and c.following.graph == w2)
+    u = 0.35 + 3.9
+    (lane,) = c.following.lanes
+    assert (lane.rid, lane.query_length) == (1, 2)
+    assert lane.expected_tokens == pytest.approx(1.9)
+    assert lane.value * math.exp(c.log_scale) == pytest.approx(72 * 1.9 + 16 + 0.1 * u * (10 + u))
