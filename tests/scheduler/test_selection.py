@@ -4,6 +4,7 @@ Each scenario builds request views with prices derived from stated service rates
 the program, cohort and work the selector chooses; numbers quoted in docstrings come from the
 catalog files (ms) and the PolicyConfig defaults.
 """
+import dataclasses
 import math
 
 import numpy as np
@@ -535,3 +536,81 @@ def test_the_drafted_programs_are_every_speculative_program_with_a_proposal():
     want = {g for g in graphs if g.kind is GraphKind.SPECULATIVE and g.token_capacity > 1}
     assert d1 in want and set(drafted.graphs) == want
     assert all(g.proposal_depth >= 1 for g in drafted.graphs)
+
+
+@spec("duration-estimates/tie-order", "useful-service/full-prefill-wins")
+def test_prompt_values_equal_within_rounding_go_to_the_least_recently_used():
+    """Two 10000-token prompts for the 4096-token chunk whose values differ only by rounding
+    (token rates 2 and 2*(1 + 1e-11): prefill prices 9 and 9 - 8e-11, values about 512 on the
+    decision's scale, 1e-11 of it apart). The tie tolerance is relative (1e-9 of the larger
+    value), so they are equal and the chunk goes to the request selected longest ago, the
+    slightly cheaper one, just as two identical prompts would."""
+    views = [prompt(1, 10_000, log_x=math.log(2.0), last_selected_ns=5),
+             prompt(2, 10_000, log_x=math.log(2.0 * (1 + 1e-11)), last_selected_ns=1)]
+    # 4096 tokens at 1 + 16/x each, on the scale of the largest price (64 + 16/2 = 72)
+    v1, v2 = ((1 + 16 / x) * 4096 / 72 for x in (2.0, 2.0 * (1 + 1e-11)))
+    assert v1 > v2 > 1.0 and utility.nearly_equal(v1, v2) and (v1 - v2) > 1e-9 / v1
+    c = choose(views)
+    assert c.graph.token_capacity == 4096 and c.rids == (2,)
+    assert c.useful_value == pytest.approx(v2, rel=1e-12)
+
+
+@spec("useful-service/sigma-fastest", "useful-service/sigma-formula", "acceptance-learning/probe-can-beat")
+def test_a_subset_of_programs_is_scored_on_the_whole_decisions_scale():
+    """Acceptance probes score only the drafted programs, passing every loaded program as the
+    reference. Three decoders on the speculative catalog: sigma comes from the fastest
+    batch-feasible program of all (speculative B=4 W=1, 3.674 ms for three streams), which the
+    drafted subset lacks, so each drafted program scores exactly as in the full decision;
+    without the reference the subset would set its own, slower sigma."""
+    views = [decoder(i, survival=geometric(0.8), age_ms=50.0) for i in range(3)]
+    inp = inputs(views)
+    full = {c.graph: c.score for c in policy.candidates(inp)}
+    prepared = policy.PreparedGraphs(inp.graphs)
+    sub = dataclasses.replace(inp, graphs=prepared.drafted(), reference=prepared)
+    scored = {c.graph: c.score for c in policy.candidates(sub)}
+    assert scored and all(g.proposal_depth > 0 for g in scored)
+    assert scored == pytest.approx({g: full[g] for g in scored}, rel=1e-12)
+    alone = {c.graph: c.score for c in policy.candidates(dataclasses.replace(sub, reference=None))}
+    assert all(alone[g] != pytest.approx(full[g], rel=1e-9) for g in alone)
+
+
+MIXED_ONLY = tuple(g for g in ORDINARY.graphs if g.kind is GraphKind.MIXED)
+
+
+@spec("mixed-execution/compare-populations", "useful-service/partial-batch-competes", "useful-service/dominance-mixed")
+def test_every_mixed_shape_offers_its_decode_only_cohort_without_prompts():
+    """Only mixed programs loaded, three decoders and no prompt waiting: each (B, W, D) shape
+    still competes with its decode-only cohort on its smallest prompt capacity. B=2 serves two
+    decoders, B=4 all three (B=8 and B=16 would serve the same three and are dominated), and
+    B=4 wins: three lanes at 4.947 ms beat two at 4.885 ms."""
+    views = [decoder(i) for i in range(3)]
+    inp = policy.SelectionInput(views, MIXED_ONLY, measured(ORDINARY), 0, POLICY, DecodeMode.ORDINARY)
+    offered = {(c.graph.batch_capacity, c.graph.prefill_capacity, c.served) for c in policy.candidates(inp)}
+    assert offered == {(2, 64, 2), (4, 64, 3)}
+    c = policy.select(inp)
+    assert (c.graph.batch_capacity, c.served, c.prefill_row) == (4, 3, -1)
+
+
+def _mixed(batch, capacity, ms):
+    return GraphDescriptor(GraphKind.MIXED, batch, token_capacity=1, prefill_capacity=capacity,
+                           target_capacity=capacity + batch - 1, duration_ms=ms)
+
+
+@spec("useful-service/dominance-mixed", "useful-service/dominance-prune", "useful-service/no-padding-preference")
+@pytest.mark.parametrize("order", ["as listed", "reversed"])
+def test_a_mixed_prompt_row_is_dominated_by_the_largest_smaller_capacity_that_serves_it(order):
+    """Mixed shapes B=2 C=256, B=4 C=128 and B=4 C=512, one decoder and a 200-token prompt.
+    B=2 C=256 runs the prompt row and the decoder with the same work as B=4 C=512 (both
+    capacities hold all 200 tokens), so the larger shape's prompt candidate is discarded
+    even when it is measured faster; B=4 C=128 consumes only 128 tokens and competes. The
+    decision uses the largest dominating capacity, whichever order the programs are listed."""
+    graphs = [_mixed(2, 256, 9.0), _mixed(4, 128, 6.3), _mixed(4, 512, 5.0)]
+    graphs = graphs if order == "as listed" else graphs[::-1]
+    costs = CostModel()
+    for g in graphs:
+        costs.observe(g.key, [g.duration_ms * 1e6], 0)
+    views = [decoder(1), prompt(2, 200)]
+    inp = policy.SelectionInput(views, graphs, costs, 0, POLICY, DecodeMode.ORDINARY)
+    with_prompt = {(c.graph.batch_capacity, c.graph.prefill_capacity): c.lanes[c.prefill_row].prompt_tokens
+                   for c in policy.candidates(inp) if c.prefill_row >= 0}
+    assert with_prompt == {(2, 256): 200, (4, 128): 128}
