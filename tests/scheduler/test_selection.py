@@ -614,3 +614,45 @@ def test_a_mixed_prompt_row_is_dominated_by_the_largest_smaller_capacity_that_se
     with_prompt = {(c.graph.batch_capacity, c.graph.prefill_capacity): c.lanes[c.prefill_row].prompt_tokens
                    for c in policy.candidates(inp) if c.prefill_row >= 0}
     assert with_prompt == {(2, 256): 200, (4, 128): 128}
+
+
+@spec("useful-service/adaptive-causal-pricing", "useful-service/score-formula", "useful-service/constrained-ragged")
+def test_an_adaptive_ragged_cohort_counts_each_lanes_age_term_over_the_program():
+    """ragged-small's host program B=4, W=4, P=6 (4.5 ms), adaptive mode. Decoders 0 and 1 at
+    x = 0.1 (output price 224) with survival 0.99**d, decoder 2 at x = 2, z = 0.25 (72 + 16)
+    with output age 357.4 ms. K = 3, sigma = 3.68 ms (B=4 W=1), c*sigma = 0.368.
+    Serving decoder 2 takes the row that would otherwise give decoder 1 its second proposal,
+    worth 224*0.99**2 = 219.54. Decoder 2 is worth 88 + 0.368*(357.4 + 4.5) = 221.18: the
+    age it accrues over the program's own 4.5 ms (1.66) is what tips it above that row, so
+    the cohort serves all three (rows 3, 2, 1: 686.64 + 467.10 + 221.18 against 2*686.64)."""
+    views = [decoder(0, x=0.1, survival=geometric(0.99, 3)), decoder(1, x=0.1, survival=geometric(0.99, 3)),
+             decoder(2, age_ms=357.4, survival=geometric(0.5, 3))]
+    c = next(c for c in policy.candidates(inputs(views, catalog=RAGGED))
+             if c.graph.name == "speculative[B=4,W=4,D=3,C=0,P=6]")
+    assert sorted(l.query_length for l in c.lanes) == [1, 2, 3] and sorted(c.rids) == [0, 1, 2]
+    scale = math.exp(c.log_scale)
+    lane2 = next(l for l in c.lanes if l.rid == 2)
+    assert lane2.value * scale == pytest.approx(88 + 0.368 * (357.4 + 4.5))
+    assert lane2.value * scale > 224 * 0.99 ** 2 > 88 + 0.368 * 357.4
+
+
+@spec("speculative-coverage/prefix-limit-ceilings", "speculative-coverage/frontier-ties",
+      "speculative-coverage/prices-rank-cohorts")
+@pytest.mark.parametrize("order", [(0, 1, 2), (2, 1, 0), (1, 0, 2)])
+def test_price_ceilings_break_frontier_ties_by_slot_whatever_the_view_order(order):
+    """ragged-small's device program B=4, W=4, D=3, P=8, all three decoders at z = 0.01.
+    Requests 5 (slot 1) and 6 (slot 0): x = 100 (output price 64.16), forecast 0.9**d; request
+    7 (slot 2): x = 0.05 (price 384), forecast 0.5**d. Five rows beyond the pending ones.
+    The device's frontier by forecast: 0.9, 0.9, 0.81, 0.81, then the 0.729 tie goes to the
+    lower slot: slot 0 gets 4 rows, slot 1 3, request 7 one. Priced by forecast times price:
+    192, 96 (request 7), 57.7, 57.7, then the 51.9 tie again to the lower slot: slot 0 3,
+    slot 1 2, request 7 3. Both H lanes get fewer priced rows, so their ceilings drop to 3
+    (slot 0) and 2 (slot 1); request 7 keeps 4, and the device then gives it the two rows
+    left (E = 1.75). The frontier orders lanes by slot, never by where a request is listed."""
+    views = [decoder(5, slot=1, x=100.0, z=0.01, survival=geometric(0.9, 3)),
+             decoder(6, slot=0, x=100.0, z=0.01, survival=geometric(0.9, 3)),
+             decoder(7, slot=2, x=0.05, z=0.01, survival=geometric(0.5, 3))]
+    c = next(c for c in policy.candidates(inputs([views[i] for i in order], catalog=RAGGED))
+             if c.graph.name == "speculative[B=4,W=4,D=3,C=0,P=8]")
+    assert {l.rid: l.ceiling for l in c.lanes} == {5: 2, 6: 3, 7: 4}
+    assert {l.rid: l.expected_tokens for l in c.lanes} == pytest.approx({5: 1.9, 6: 2.71, 7: 1.75})
