@@ -14,7 +14,7 @@ from helios_jax.scheduler.config import PolicyConfig
 from helios_jax.scheduler.cost import CostModel
 from helios_jax.scheduler.view import LaneRole, Phase, RequestView
 
-from .helpers import ORDINARY, POLICY, RAGGED, SPEC, choose, decoder, inputs, measured, prompt
+from .helpers import ORDINARY, POLICY, RAGGED, SPEC, choose, decoder, geometric, inputs, measured, prompt
 
 spec = pytest.mark.spec
 ORD = dict(catalog=ORDINARY, mode=DecodeMode.ORDINARY)
@@ -616,3 +616,97 @@ def test_a_decoding_continuation_without_a_measured_generation_program():
     _, value, score = _restore_lane_value([view], costs)
     assert value == pytest.approx(88.0)
     assert score == pytest.approx(88.0 / 0.35 - 0.35 / 2 * 0.1)
+
+
+@spec("duration-estimates/stale-usable", "duration-estimates/stale-ranked-measured", "prerequisites/plan-duration-t")
+def test_a_sequence_plan_reports_its_prerequisites_staleness():
+    """Restore then decode, measured at time 0. One freshness interval later the restore
+    estimate is stale: the sequence still ranks on its measured costs (the same program pair
+    and score) but is flagged stale, like any other plan on a stale estimate; once restore is
+    observed again the flag clears."""
+    views = [blocked(1, [GraphKind.RESTORE], Phase.DECODE), decoder(2)]
+    costs = measured(ORDINARY)
+    later = POLICY.estimate_ttl_ns + 1
+    fresh = policy.select(inputs(views, costs=costs, now_ns=0, **ORD))
+    stale = policy.select(inputs(views, costs=costs, now_ns=later, **ORD))
+    assert fresh.kind is GraphKind.RESTORE and fresh.following is not None and not fresh.stale
+    assert stale.stale and (stale.graph, stale.following.graph, stale.score) == (
+        fresh.graph, fresh.following.graph, fresh.score)
+    costs.observe(stale.graph.key, [0.35e6], later)
+    again = policy.select(inputs(views, costs=costs, now_ns=later, **ORD))
+    assert again.kind is GraphKind.RESTORE and not again.stale
+
+
+@spec("speculative-coverage/wp-not-imply-d", "speculative-coverage/querylength-fits-p", "useful-service/multistage-reference")
+def test_a_newly_ready_decoder_is_bounded_by_the_following_programs_width():
+    """A rectangular speculative program B=1, W=2 with D=3 proposals (legal: D is not derived
+    from W) follows restore (0.35 ms) for a stream with survival 0.9**d, x = 2, z = 0.25,
+    A = 10. The program verifies two rows per request, so the newly ready lane queries 2 rows,
+    not the D + 1 = 4 its proposals would allow: E = 1 + 0.9, and with U = 0.35 + 3.9 ms the
+    lane is worth 72*1.9 + 16 + 0.1*U*(10 + U) (its own future-delivery reference U)."""
+    w2 = GraphDescriptor(GraphKind.SPECULATIVE, 1, token_capacity=2, proposal_depth=3, target_capacity=2,
+                         allocation=Allocation.QUERY_LENGTH, duration_ms=3.9)
+    views = [blocked(1, [GraphKind.RESTORE], Phase.DECODE, survival=geometric(0.9))]
+    c = next(c for c in policy.candidates(with_graphs([w2], catalog=SPEC, mode=DecodeMode.ADAPTIVE, views=views))
+             if c.following is not None and c.following.graph == w2)
+    u = 0.35 + 3.9
+    (lane,) = c.following.lanes
+    assert (lane.rid, lane.query_length) == (1, 2)
+    assert lane.expected_tokens == pytest.approx(1.9)
+    assert lane.value * math.exp(c.log_scale) == pytest.approx(72 * 1.9 + 16 + 0.1 * u * (10 + u))
+
+
+HOST_P6 = "speculative[B=4,W=4,D=3,C=0,P=6]"
+
+
+def _ragged_sequence(views, extra=()):
+    """The candidate that runs a snapshot and then ragged-small's host ragged program B=4,
+    W=4, P=6 (adaptive mode), with the snapshot shape of largest batch."""
+    cands = [c for c in policy.candidates(with_graphs(extra, catalog=RAGGED, mode=DecodeMode.ADAPTIVE, views=views))
+             if c.kind is GraphKind.SNAPSHOT and c.following is not None and c.following.graph.name == HOST_P6]
+    return max(cands, key=lambda c: c.graph.batch_capacity)
+
+
+@spec("useful-service/adaptive-causal-pricing", "speculative-coverage/host-inputs", "prerequisites/following-ready")
+def test_a_host_ragged_follower_allocates_rows_by_value_not_forecast():
+    """Behind a window snapshot, stream 1 (survival 0.9**d, but confidence forecast 0.1**d)
+    and a ready decoder 2 (survival 0.3**d, forecast 0.95**d), both x = 2. The host program
+    P = 6 holds both pending rows and four more; host allocation ranks them by marginal value,
+    72 * survival: stream 1's 64.8, 58.3, 52.5 before decoder 2's 21.6, so stream 1 queries 4
+    rows (E = 1 + 0.9 + 0.81 + 0.729) and decoder 2 two (E = 1.3). Ranking by the device's
+    forecast would give decoder 2 the four."""
+    views = [blocked(1, [GraphKind.SNAPSHOT], Phase.DECODE, survival=geometric(0.9, 3), forecast=geometric(0.1, 3)),
+             decoder(2, survival=geometric(0.3, 3), forecast=geometric(0.95, 3))]
+    c = _ragged_sequence(views)
+    assert {l.rid: l.query_length for l in c.following.lanes} == {1: 4, 2: 2}
+    assert {l.rid: l.expected_tokens for l in c.following.lanes} == pytest.approx({1: 3.439, 2: 1.3})
+
+
+@spec("prerequisites/following-ready", "prerequisites/joint-cohorts", "useful-service/adaptive-causal-pricing")
+def test_a_ready_decoder_with_a_high_delivery_price_joins_a_ragged_follower():
+    """Behind a window snapshot, stream 1 (x = 2, z = 0.25); beside it a ready decoder with
+    z = 0.01, so its delivery price 4/0.01 = 400 is worth far more than its output token (72).
+    Both fit the host program's B = 4 and P = 6 and every lane adds value, so the follower
+    serves both; a search that counted the delivery price against the lane would drop it."""
+    views = [blocked(1, [GraphKind.SNAPSHOT], Phase.DECODE), decoder(2, z=0.01)]
+    c = _ragged_sequence(views)
+    assert sorted(c.following.rids) == [1, 2]
+    scale = math.exp(c.log_scale)
+    assert [l.value * scale > 400 for l in c.following.lanes if l.rid == 2] == [True]
+
+
+@spec("prerequisites/fill-prerequisite", "prerequisites/first-finishes-terminal", "prerequisites/terminal-two-stage")
+def test_a_snapshot_before_a_ragged_follower_retires_every_terminal_row_it_holds():
+    """A snapshot B=4 (0.5 ms) enables stream 1 for the host ragged program (4.5 ms) and has
+    three rows left: both terminal rows (aged 5 and 8 ms) retire in it, the older first, each
+    worth its terminal value with the waiting it saves over the rest of the sequence
+    (U = 5 ms, K_terminal = 2, sigma_terminal = min(2*0.3, 2*0.4/2, 2*0.5/2) = 0.4):
+    256 + 0.4*(A + 0.5) + A*4.5 + (25 - 0.25)/2."""
+    views = [blocked(1, [GraphKind.SNAPSHOT], Phase.DECODE), terminal(2, age_ms=5.0), terminal(3, age_ms=8.0)]
+    c = _ragged_sequence(views, extra=[GraphDescriptor(GraphKind.SNAPSHOT, 4, duration_ms=0.5)])
+    assert c.graph.batch_capacity == 4 and c.sequence_ms == pytest.approx(5.0)
+    assert [(l.rid, l.role) for l in c.lanes] == [(1, LaneRole.PREREQUISITE), (3, LaneRole.TERMINAL),
+                                                  (2, LaneRole.TERMINAL)]
+    scale = math.exp(c.log_scale)
+    retired = {a: 256 + 0.4 * (a + 0.5) + a * 4.5 + (25 - 0.25) / 2 for a in (8.0, 5.0)}
+    assert [l.value * scale for l in c.lanes[1:]] == pytest.approx([retired[8.0], retired[5.0]])

@@ -4,6 +4,7 @@ Each scenario builds request views with prices derived from stated service rates
 the program, cohort and work the selector chooses; numbers quoted in docstrings come from the
 catalog files (ms) and the PolicyConfig defaults.
 """
+import dataclasses
 import math
 
 import numpy as np
@@ -495,3 +496,163 @@ def test_a_larger_host_ragged_program_with_the_same_cohort_is_pruned():
     x, y, c_ = _fixed_ragged_views()[0], _fixed_ragged_views()[1], _fixed_ragged_views()[2]
     assert ragged([x, c_]) == {6: [(0, 4), (2, 1)]}
     assert ragged([x, y, c_]) == {6: [(0, 4), (1, 2)], 7: [(0, 4), (1, 2), (2, 1)]}
+
+
+@spec("duration-estimates/tie-order")
+def test_a_request_never_selected_counts_as_the_least_recently_used():
+    """Two candidates equal in score, time, served requests: one serves request 1 (last selected
+    at 5 ns), the other request 2, absent from the recency map because it was never selected.
+    Absent means never, the RequestView default last_selected_ns = -1, older than any
+    selection time: the never-selected request wins, in both argument orders."""
+    recent, never = _tied(2, [1]), _tied(2, [2])
+    recency = {1: 5}
+    assert policy.better(never, recent, recency)
+    assert not policy.better(recent, never, recency)
+
+
+@spec("duration-estimates/tie-order")
+def test_a_candidate_is_never_preferred_to_an_identical_one():
+    """Two candidates equal in every tie criterion, down to the physical shape and the request
+    identities, are not ordered: `better` is a strict preference (false both ways, and false
+    for a candidate against itself), so `best` keeps the first of them rather than letting
+    list order flip the choice each time it is scanned."""
+    a, b = _tied(2, [1, 2]), _tied(2, [1, 2])
+    recency = {1: 3, 2: 4}
+    assert not policy.better(a, a, recency)
+    assert not policy.better(a, b, recency) and not policy.better(b, a, recency)
+    views = [decoder(1, last_selected_ns=3), decoder(2, last_selected_ns=4)]
+    assert policy.best([a, b], views) is a and policy.best([b, a], views) is b
+
+
+@spec("acceptance-learning/probe-deeper", "speculative-coverage/wp-not-imply-d")
+def test_the_drafted_programs_are_every_speculative_program_with_a_proposal():
+    """Acceptance probes choose among the drafted programs: every complete speculative program
+    with at least one proposal, down to D = 1 (a width-two program, which offers a request one
+    depth beyond width one), and no width-one program, decode, mixed or prerequisite."""
+    d1 = GraphDescriptor(GraphKind.SPECULATIVE, 1, token_capacity=2, proposal_depth=1, target_capacity=2,
+                         allocation=Allocation.QUERY_LENGTH, duration_ms=3.9)
+    graphs = SPEC.eligible(DecodeMode.ADAPTIVE) + (d1,)
+    drafted = policy.PreparedGraphs(graphs).drafted()
+    want = {g for g in graphs if g.kind is GraphKind.SPECULATIVE and g.token_capacity > 1}
+    assert d1 in want and set(drafted.graphs) == want
+    assert all(g.proposal_depth >= 1 for g in drafted.graphs)
+
+
+@spec("duration-estimates/tie-order", "useful-service/full-prefill-wins")
+def test_prompt_values_equal_within_rounding_go_to_the_least_recently_used():
+    """Two 10000-token prompts for the 4096-token chunk whose values differ only by rounding
+    (token rates 2 and 2*(1 + 1e-11): prefill prices 9 and 9 - 8e-11, values about 512 on the
+    decision's scale, 1e-11 of it apart). The tie tolerance is relative (1e-9 of the larger
+    value), so they are equal and the chunk goes to the request selected longest ago, the
+    slightly cheaper one, just as two identical prompts would."""
+    views = [prompt(1, 10_000, log_x=math.log(2.0), last_selected_ns=5),
+             prompt(2, 10_000, log_x=math.log(2.0 * (1 + 1e-11)), last_selected_ns=1)]
+    # 4096 tokens at 1 + 16/x each, on the scale of the largest price (64 + 16/2 = 72)
+    v1, v2 = ((1 + 16 / x) * 4096 / 72 for x in (2.0, 2.0 * (1 + 1e-11)))
+    assert v1 > v2 > 1.0 and utility.nearly_equal(v1, v2) and (v1 - v2) > 1e-9 / v1
+    c = choose(views)
+    assert c.graph.token_capacity == 4096 and c.rids == (2,)
+    assert c.useful_value == pytest.approx(v2, rel=1e-12)
+
+
+@spec("useful-service/sigma-fastest", "useful-service/sigma-formula", "acceptance-learning/probe-can-beat")
+def test_a_subset_of_programs_is_scored_on_the_whole_decisions_scale():
+    """Acceptance probes score only the drafted programs, passing every loaded program as the
+    reference. Three decoders on the speculative catalog: sigma comes from the fastest
+    batch-feasible program of all (speculative B=4 W=1, 3.674 ms for three streams), which the
+    drafted subset lacks, so each drafted program scores exactly as in the full decision;
+    without the reference the subset would set its own, slower sigma."""
+    views = [decoder(i, survival=geometric(0.8), age_ms=50.0) for i in range(3)]
+    inp = inputs(views)
+    full = {c.graph: c.score for c in policy.candidates(inp)}
+    prepared = policy.PreparedGraphs(inp.graphs)
+    sub = dataclasses.replace(inp, graphs=prepared.drafted(), reference=prepared)
+    scored = {c.graph: c.score for c in policy.candidates(sub)}
+    assert scored and all(g.proposal_depth > 0 for g in scored)
+    assert scored == pytest.approx({g: full[g] for g in scored}, rel=1e-12)
+    alone = {c.graph: c.score for c in policy.candidates(dataclasses.replace(sub, reference=None))}
+    assert all(alone[g] != pytest.approx(full[g], rel=1e-9) for g in alone)
+
+
+MIXED_ONLY = tuple(g for g in ORDINARY.graphs if g.kind is GraphKind.MIXED)
+
+
+@spec("mixed-execution/compare-populations", "useful-service/partial-batch-competes", "useful-service/dominance-mixed")
+def test_every_mixed_shape_offers_its_decode_only_cohort_without_prompts():
+    """Only mixed programs loaded, three decoders and no prompt waiting: each (B, W, D) shape
+    still competes with its decode-only cohort on its smallest prompt capacity. B=2 serves two
+    decoders, B=4 all three (B=8 and B=16 would serve the same three and are dominated), and
+    B=4 wins: three lanes at 4.947 ms beat two at 4.885 ms."""
+    views = [decoder(i) for i in range(3)]
+    inp = policy.SelectionInput(views, MIXED_ONLY, measured(ORDINARY), 0, POLICY, DecodeMode.ORDINARY)
+    offered = {(c.graph.batch_capacity, c.graph.prefill_capacity, c.served) for c in policy.candidates(inp)}
+    assert offered == {(2, 64, 2), (4, 64, 3)}
+    c = policy.select(inp)
+    assert (c.graph.batch_capacity, c.served, c.prefill_row) == (4, 3, -1)
+
+
+def _mixed(batch, capacity, ms):
+    return GraphDescriptor(GraphKind.MIXED, batch, token_capacity=1, prefill_capacity=capacity,
+                           target_capacity=capacity + batch - 1, duration_ms=ms)
+
+
+@spec("useful-service/dominance-mixed", "useful-service/dominance-prune", "useful-service/no-padding-preference")
+@pytest.mark.parametrize("order", ["as listed", "reversed"])
+def test_a_mixed_prompt_row_is_dominated_by_the_largest_smaller_capacity_that_serves_it(order):
+    """Mixed shapes B=2 C=256, B=4 C=128 and B=4 C=512, one decoder and a 200-token prompt.
+    B=2 C=256 runs the prompt row and the decoder with the same work as B=4 C=512 (both
+    capacities hold all 200 tokens), so the larger shape's prompt candidate is discarded
+    even when it is measured faster; B=4 C=128 consumes only 128 tokens and competes. The
+    decision uses the largest dominating capacity, whichever order the programs are listed."""
+    graphs = [_mixed(2, 256, 9.0), _mixed(4, 128, 6.3), _mixed(4, 512, 5.0)]
+    graphs = graphs if order == "as listed" else graphs[::-1]
+    costs = CostModel()
+    for g in graphs:
+        costs.observe(g.key, [g.duration_ms * 1e6], 0)
+    views = [decoder(1), prompt(2, 200)]
+    inp = policy.SelectionInput(views, graphs, costs, 0, POLICY, DecodeMode.ORDINARY)
+    with_prompt = {(c.graph.batch_capacity, c.graph.prefill_capacity): c.lanes[c.prefill_row].prompt_tokens
+                   for c in policy.candidates(inp) if c.prefill_row >= 0}
+    assert with_prompt == {(2, 256): 200, (4, 128): 128}
+
+
+@spec("useful-service/adaptive-causal-pricing", "useful-service/score-formula", "useful-service/constrained-ragged")
+def test_an_adaptive_ragged_cohort_counts_each_lanes_age_term_over_the_program():
+    """ragged-small's host program B=4, W=4, P=6 (4.5 ms), adaptive mode. Decoders 0 and 1 at
+    x = 0.1 (output price 224) with survival 0.99**d, decoder 2 at x = 2, z = 0.25 (72 + 16)
+    with output age 357.4 ms. K = 3, sigma = 3.68 ms (B=4 W=1), c*sigma = 0.368.
+    Serving decoder 2 takes the row that would otherwise give decoder 1 its second proposal,
+    worth 224*0.99**2 = 219.54. Decoder 2 is worth 88 + 0.368*(357.4 + 4.5) = 221.18: the
+    age it accrues over the program's own 4.5 ms (1.66) is what tips it above that row, so
+    the cohort serves all three (rows 3, 2, 1: 686.64 + 467.10 + 221.18 against 2*686.64)."""
+    views = [decoder(0, x=0.1, survival=geometric(0.99, 3)), decoder(1, x=0.1, survival=geometric(0.99, 3)),
+             decoder(2, age_ms=357.4, survival=geometric(0.5, 3))]
+    c = next(c for c in policy.candidates(inputs(views, catalog=RAGGED))
+             if c.graph.name == "speculative[B=4,W=4,D=3,C=0,P=6]")
+    assert sorted(l.query_length for l in c.lanes) == [1, 2, 3] and sorted(c.rids) == [0, 1, 2]
+    scale = math.exp(c.log_scale)
+    lane2 = next(l for l in c.lanes if l.rid == 2)
+    assert lane2.value * scale == pytest.approx(88 + 0.368 * (357.4 + 4.5))
+    assert lane2.value * scale > 224 * 0.99 ** 2 > 88 + 0.368 * 357.4
+
+
+@spec("speculative-coverage/prefix-limit-ceilings", "speculative-coverage/frontier-ties",
+      "speculative-coverage/prices-rank-cohorts")
+@pytest.mark.parametrize("order", [(0, 1, 2), (2, 1, 0), (1, 0, 2)])
+def test_price_ceilings_break_frontier_ties_by_slot_whatever_the_view_order(order):
+    """ragged-small's device program B=4, W=4, D=3, P=8, all three decoders at z = 0.01.
+    Requests 5 (slot 1) and 6 (slot 0): x = 100 (output price 64.16), forecast 0.9**d; request
+    7 (slot 2): x = 0.05 (price 384), forecast 0.5**d. Five rows beyond the pending ones.
+    The device's frontier by forecast: 0.9, 0.9, 0.81, 0.81, then the 0.729 tie goes to the
+    lower slot: slot 0 gets 4 rows, slot 1 3, request 7 one. Priced by forecast times price:
+    192, 96 (request 7), 57.7, 57.7, then the 51.9 tie again to the lower slot: slot 0 3,
+    slot 1 2, request 7 3. Both H lanes get fewer priced rows, so their ceilings drop to 3
+    (slot 0) and 2 (slot 1); request 7 keeps 4, and the device then gives it the two rows
+    left (E = 1.75). The frontier orders lanes by slot, never by where a request is listed."""
+    views = [decoder(5, slot=1, x=100.0, z=0.01, survival=geometric(0.9, 3)),
+             decoder(6, slot=0, x=100.0, z=0.01, survival=geometric(0.9, 3)),
+             decoder(7, slot=2, x=0.05, z=0.01, survival=geometric(0.5, 3))]
+    c = next(c for c in policy.candidates(inputs([views[i] for i in order], catalog=RAGGED))
+             if c.graph.name == "speculative[B=4,W=4,D=3,C=0,P=8]")
+    assert {l.rid: l.ceiling for l in c.lanes} == {5: 2, 6: 3, 7: 4}
+    assert {l.rid: l.expected_tokens for l in c.lanes} == pytest.approx({5: 1.9, 6: 2.71, 7: 1.75})
