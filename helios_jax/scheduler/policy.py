@@ -351,7 +351,10 @@ class _Selection:
         reference = self.prepared if inp.reference is None else as_prepared(inp.reference)
         costs = inp.costs
         self.costs = costs
-        views = list(inp.views)
+        # Least recently used first (never selected first of all), then earlier admitted: every
+        # cohort solver sorts lanes stably, so lanes of equal value go in this order
+        # (duration-estimates/tie-order), whatever order the caller listed the views in.
+        views = sorted(inp.views, key=lambda v: (-1 if v.last_selected_ns is None else v.last_selected_ns, v.rid))
         self.views = views
         k = sum(1 for v in views if v.delivery_bearing)
         k_term = sum(1 for v in views if v.phase is Phase.TERMINAL)

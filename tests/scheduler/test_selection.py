@@ -656,3 +656,25 @@ def test_price_ceilings_break_frontier_ties_by_slot_whatever_the_view_order(orde
              if c.graph.name == "speculative[B=4,W=4,D=3,C=0,P=8]")
     assert {l.rid: l.ceiling for l in c.lanes} == {5: 2, 6: 3, 7: 4}
     assert {l.rid: l.expected_tokens for l in c.lanes} == pytest.approx({5: 1.9, 6: 2.71, 7: 1.75})
+
+
+@spec("duration-estimates/tie-order")
+@pytest.mark.parametrize("order", ["as admitted", "reversed"])
+def test_equal_lanes_of_one_cohort_go_to_the_least_recently_used_whatever_the_view_order(order):
+    """ragged-small's device program (B=4, W=4, D=3, P=8) alone: two decoders of equal value
+    (rate, survival, age) compete for the rows left beside a third. Cohorts {6, 7} and {5, 7}
+    tie in value, time and served requests, so the less recently used request, 6 (selected at
+    1 ns against 10 ns), is served, however the views are listed."""
+    from .helpers import RAGGED
+
+    device = dataclasses.replace(RAGGED, graphs=tuple(
+        g for g in RAGGED.graphs if g.kind is GraphKind.SPECULATIVE and g.batch_capacity == 4
+        and g.allocation is not None and g.allocation.value == "prefix_limit"))
+    views = [decoder(5, slot=1, x=100.0, survival=geometric(0.9, 3), last_selected_ns=10),
+             decoder(6, slot=0, x=100.0, survival=geometric(0.9, 3), last_selected_ns=1),
+             decoder(7, slot=2, x=0.05, survival=geometric(0.5, 3))]
+    if order == "reversed":
+        views = views[::-1]
+    chosen = policy.select(inputs(views, catalog=device))
+    served = {l.rid for l in chosen.lanes}
+    assert 6 in served and 5 not in served
