@@ -19,3 +19,32 @@ def test_ragged_pair_ties_take_the_cohort_with_fewer_rows():
     assert ready == [1]
     ready_v, ready_w = ready_v[::-1].copy(), ready_w[::-1].copy()  # whatever the lanes' order
     assert utility.best_ragged_pair(new_v, new_w, ready_v, ready_w, [], 1, 2, 5)[2] == [0]
+
+
+@spec("duration-estimates/tie-order")
+def test_adaptive_ragged_takes_equal_lanes_in_the_order_given():
+    """Twenty lanes, six of them decoys whose single extension row is worth much more than their
+    pending row. With B = P = 4 no extension row fits, so the ordering by pending-row value wins
+    (total 4 against 2 for the orderings that put the decoys first) and must cut inside fourteen
+    identical lanes: it takes the first four as given (the selection lists views least recently
+    used first), not any four."""
+    n = 20
+    decoy = np.zeros(n, dtype=bool)
+    decoy[[1, 4, 5, 10, 11, 15]] = True
+    base = np.where(decoy, 0.5, 1.0)
+    extension = np.zeros((n, 3))
+    extension[decoy, 0] = 9.5
+    ceilings = np.where(decoy, 2, 1)
+    none = np.zeros(0, dtype=np.int64)
+    total, cohort, alloc = utility.adaptive_ragged(base, extension, ceilings, none, none, 4, 4)
+    assert total == pytest.approx(4.0)
+    assert cohort == [0, 2, 3, 6]
+    assert alloc.tolist() == [1 if i in cohort else 0 for i in range(n)]
+
+
+def test_nearly_equal_holds_for_equal_values_and_at_the_tolerance():
+    """Equal values are always nearly equal, and a difference of exactly REL_TIE (relative to
+    the larger magnitude, at least 1) still is: the tie rules apply there."""
+    assert utility.nearly_equal(2.0, 2.0) and utility.nearly_equal(0.0, 0.0)
+    assert utility.nearly_equal(0.0, utility.REL_TIE)
+    assert not utility.nearly_equal(0.0, 2 * utility.REL_TIE)
