@@ -325,6 +325,42 @@ def test_device_allocation_completes_through_the_packed_round():
     assert not np.allclose(before, after)
 
 
+@spec("planning-queue/survival-variants", "planning-queue/packed-round")
+def test_the_packed_round_with_survival_takes_both_the_sidecar_and_the_survival_rows():
+    """A device-allocated speculative program that also wrote completion_speculative_survival rows
+    completes through complete_packed_round_with_survival: one call commits the round's tokens,
+    the sidecar's row 1 drives the forecasts, and the survival rows (not the binary accept
+    counts) are the acceptance observations. Pins that this variant forwards the records, the
+    sidecar and the survival rows to the same completion as the other three."""
+    device_only = dataclasses.replace(RAGGED, graphs=tuple(
+        g for g in RAGGED.graphs if g.kind is GraphKind.PREFILL
+        or (g.allocation is not None and g.allocation.value == "prefix_limit")))
+    s = scheduler(device_only)
+    handles = [s.admit([1] * 8, max_output=100) for _ in range(4)]
+    t = 0.0
+    for fence in range(1, 5):
+        _, _, t = run_once(s, fence, t)
+    s.advance_to(int(t * MS))
+    plan = s.plan()
+    assert plan.graph.allocation.value == "prefix_limit" and all(l.ceiling == 4 for l in plan.lanes)
+    s.commit(plan, 5)
+    recs = [CompletionRecord(l.handle, l.epoch, tokens=(5, 5), offered=1, accepted=1) for l in plan.lanes]
+    sidecar = np.zeros((2, RAGGED.request_slots, 3), np.float32)
+    sidecar[1, :, :] = [0.9, 0.5, 0.2]
+    survival = np.zeros((RAGGED.request_slots, 3))
+    survival[:, 0] = 0.8  # the one accepted proposal survived with probability 0.8, not 1
+    req = s.requests[handles[0].rid]
+    assert req.acceptance.get(req.proposal_source).mean[0] == 0.5  # the fresh prior, weight 2
+    s.advance_to(int((t + 4.7) * MS))
+    gen = s.complete_packed_round_with_survival(5, recs, timing(4.7), sidecar, survival)
+    assert sorted((g.handle.rid, g.tokens) for g in gen) == [(h.rid, (5, 5)) for h in handles]
+    assert s.in_flight == () and len(req.output) == 3
+    w = 2 * 0.5 ** (3 / 128)  # the prior's weight aged by the three tokens generated so far
+    np.testing.assert_allclose(req.forecast.mean, [(w * p + x) / (w + 1) for p, x in
+                                                   zip([0.5, 0.25, 0.125], [0.9, 0.5, 0.2])], rtol=1e-6)
+    assert req.acceptance.get(req.proposal_source).mean[0] == pytest.approx((w * 0.5 + 0.8) / (w + 1))
+
+
 @spec("acceptance-learning/idle-clears", "timing-refresh/idle-discards")
 def test_idle_clears_positive_credit():
     s = scheduler()
