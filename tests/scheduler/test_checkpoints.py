@@ -1,5 +1,7 @@
 """Checkpoint retention: anchors, extras within the allowance, the prefix cache, terminal
 captures, guards, victims and preemption."""
+import math
+
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -212,6 +214,44 @@ def test_preemption_trigger_and_resume():
     assert plan.kind is GraphKind.SNAPSHOT and gen[0].finish_reason == "preempted"
     assert a.rid not in s.requests and s.can_admit(64, 100)
     assert s.preemption_candidate(64, 100) is None  # nothing to preempt once it fits
+
+
+def test_the_preemption_candidate_is_the_best_served_decoder_not_the_oldest():
+    """Among decoding requests whose pages would make a waiting request fit, preemption_candidate
+    picks the best served: the highest token rate (the lowest fairness price), as
+    docs/checkpoints.md says. Two requests admitted together, the first (lower id) served faster
+    because the second is restricted to one row per round: the first is the candidate, although
+    admission order and handle order would both name the second."""
+    s = sched(kv_pages=24, page_size=16)
+    a = s.admit([3] * 64, max_output=100)  # 64 + 100 + 7 -> 11 pages each; 2 left free
+    b = s.admit([4] * 64, max_output=100)
+    s.restrict_width(b, 1)
+    t, fence = 0.0, 0
+    while not all(r.phase is Phase.DECODE and not r.prerequisites for r in s.requests.values()) or \
+            len(s.requests[a.rid].output) < 6:
+        fence += 1
+        _, _, t = step(s, fence, t, accepted=3)
+    rate = {h: s.requests[h.rid].history.log_x for h in (a, b)}
+    assert rate[a] > rate[b]
+    assert not s.can_admit(64, 100)
+    assert s.preemption_candidate(64, 100) == a
+
+
+@spec("planning-queue/extra-allowance")
+def test_each_extra_capture_spends_its_cost_from_the_allowance():
+    """The extra-work allowance is a budget: every extra capture admitted spends its cost (one
+    snapshot copy plus one prefill split) from it, so an allowance of one and a half captures
+    admits exactly one extra, the latest earlier message, and the next chunk stops there (not at
+    the earlier messages left out)."""
+    s = sched()
+    per_token, cost = s._prefill_ms_per_token(), s._extra_capture_cost_ms()
+    fraction = s.policy.checkpoint_extra_work_fraction
+    n = math.ceil(1.5 * cost / (fraction * per_token))  # allowance: 1.5 extra captures
+    assert cost <= fraction * per_token * n < 2 * cost
+    h = s.admit([3] * n, max_output=4, message_endpoints=[100, 200, 300])
+    req = s.requests[h.rid]
+    assert req.captures == [(200, Role.EXTRA), (300, Role.ANCHOR)]
+    assert next(v for v in s.views() if v.rid == h.rid).prompt_limit == 200
 
 
 def _ready(store, owner, tokens, role, now_ns):
