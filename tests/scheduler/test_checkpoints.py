@@ -216,6 +216,28 @@ def test_preemption_trigger_and_resume():
     assert s.preemption_candidate(64, 100) is None  # nothing to preempt once it fits
 
 
+@spec("planning-queue/armed-retained", "prerequisites/preemption-no-complete")
+def test_a_terminal_capture_row_is_owned_by_the_request_it_captures():
+    """A preemption arms a terminal capture: the destination row is held for the preempted
+    request and the store attributes it to that request (owned_rows, like owned_pages and
+    owned_slots) while armed and after the snapshot completes, so row ownership can be
+    accounted per request like its pages and slot."""
+    s = sched()
+    other = s.admit([4] * 64, max_output=40)
+    h = s.admit([3] * 64, max_output=40)
+    t, fence = 0.0, 0
+    while any(r.phase is not Phase.DECODE or len(r.output) < 3 for r in s.requests.values()):
+        fence += 1  # past the anchors (the prompt ends): a terminal state is a new prefix
+        _, _, t = step(s, fence, t)
+    s.preempt(h)
+    row = s.requests[h.rid].capture_row
+    assert row is not None and s.checkpoints.owned_rows()[row] == h.rid  # not the other decoder
+    while h.rid in s.requests:
+        fence += 1
+        _, _, t = step(s, fence, t)
+    assert s.checkpoints.entries[row].ready and s.checkpoints.owned_rows()[row] == h.rid
+
+
 def test_the_preemption_candidate_is_the_best_served_decoder_not_the_oldest():
     """Among decoding requests whose pages would make a waiting request fit, preemption_candidate
     picks the best served: the highest token rate (the lowest fairness price), as
