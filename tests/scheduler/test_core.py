@@ -436,6 +436,34 @@ def test_stop_tokens_and_length_finish_requests():
     assert h.rid not in s.requests  # retired, resources returned
 
 
+def test_the_output_limit_finishes_a_request_with_reason_length():
+    """A round that reaches max_output finishes the response with finish_reason "length" (the
+    engine reports it to the client as is); a stop token that is itself the last allowed token
+    reports "stop" instead. Two requests of three output tokens decode side by side; the second
+    samples its stop token as its third token."""
+    s = scheduler()
+    long = s.admit([1] * 8, max_output=3)
+    stop = s.admit([2] * 8, max_output=3, stop_token_ids=[9])
+    t, fence, ends = 0.0, 0, {}
+    while s.requests and fence < 10:
+        fence += 1
+        s.advance_to(int(t * MS))
+        plan = s.plan()
+        s.commit(plan, fence)
+        recs = records(plan)
+        for i, lane in enumerate(plan.lanes):
+            if lane.handle == stop and lane.role is LaneRole.DECODE and len(s.output(stop)) == 2:
+                recs[i] = CompletionRecord(lane.handle, lane.epoch, tokens=(9,), offered=recs[i].offered)
+        t += plan.expected_duration_ms
+        s.advance_to(int(t * MS))
+        for g in s.complete(fence, recs, timing(plan.expected_duration_ms)):
+            assert g.finished == (g.finish_reason is not None)
+            if g.finished:
+                ends[g.handle] = (len(g.tokens), g.finish_reason)
+    assert not s.requests
+    assert ends == {long: (1, "length"), stop: (1, "stop")}
+
+
 @spec("timing-refresh/full-credit-displace", "timing-refresh/attempt-on-commit",
       "useful-service/refresh-separate", "planning-queue/gate-discovery-probe", "duration-estimates/stale-needs-empty")
 def test_full_refresh_credit_displaces_the_winner_with_the_oldest_stale_alternative():
