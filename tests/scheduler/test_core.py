@@ -325,13 +325,9 @@ def test_device_allocation_completes_through_the_packed_round():
     assert not np.allclose(before, after)
 
 
-@spec("planning-queue/survival-variants", "planning-queue/packed-round")
-def test_the_packed_round_with_survival_takes_both_the_sidecar_and_the_survival_rows():
-    """A device-allocated speculative program that also wrote completion_speculative_survival rows
-    completes through complete_packed_round_with_survival: one call commits the round's tokens,
-    the sidecar's row 1 drives the forecasts, and the survival rows (not the binary accept
-    counts) are the acceptance observations. Pins that this variant forwards the records, the
-    sidecar and the survival rows to the same completion as the other three."""
+def _packed_round_in_flight():
+    """Four decoders on device-allocated speculative programs (ceiling 4, depth 3) and their
+    first packed round committed as fence 5: (scheduler, handles, plan, now_ms)."""
     device_only = dataclasses.replace(RAGGED, graphs=tuple(
         g for g in RAGGED.graphs if g.kind is GraphKind.PREFILL
         or (g.allocation is not None and g.allocation.value == "prefix_limit")))
@@ -344,9 +340,25 @@ def test_the_packed_round_with_survival_takes_both_the_sidecar_and_the_survival_
     plan = s.plan()
     assert plan.graph.allocation.value == "prefix_limit" and all(l.ceiling == 4 for l in plan.lanes)
     s.commit(plan, 5)
+    return s, handles, plan, t
+
+
+def _sidecar(shape=(2, RAGGED.request_slots, 3)):
+    sidecar = np.zeros(shape, np.float32)
+    sidecar[1:2, ...] = [0.9, 0.5, 0.2][: shape[-1]]
+    return sidecar
+
+
+@spec("planning-queue/survival-variants", "planning-queue/packed-round")
+def test_the_packed_round_with_survival_takes_both_the_sidecar_and_the_survival_rows():
+    """A device-allocated speculative program that also wrote completion_speculative_survival rows
+    completes through complete_packed_round_with_survival: one call commits the round's tokens,
+    the sidecar's row 1 drives the forecasts, and the survival rows (not the binary accept
+    counts) are the acceptance observations. Pins that this variant forwards the records, the
+    sidecar and the survival rows to the same completion as the other three."""
+    s, handles, plan, t = _packed_round_in_flight()
     recs = [CompletionRecord(l.handle, l.epoch, tokens=(5, 5), offered=1, accepted=1) for l in plan.lanes]
-    sidecar = np.zeros((2, RAGGED.request_slots, 3), np.float32)
-    sidecar[1, :, :] = [0.9, 0.5, 0.2]
+    sidecar = _sidecar()
     survival = np.zeros((RAGGED.request_slots, 3))
     survival[:, 0] = 0.8  # the one accepted proposal survived with probability 0.8, not 1
     req = s.requests[handles[0].rid]
@@ -359,6 +371,55 @@ def test_the_packed_round_with_survival_takes_both_the_sidecar_and_the_survival_
     np.testing.assert_allclose(req.forecast.mean, [(w * p + x) / (w + 1) for p, x in
                                                    zip([0.5, 0.25, 0.125], [0.9, 0.5, 0.2])], rtol=1e-6)
     assert req.acceptance.get(req.proposal_source).mean[0] == pytest.approx((w * 0.5 + 0.8) / (w + 1))
+
+
+def _survival(value, at=0):
+    """Survival rows as the host may pass them (nested lists), `value` at depth `at` + 1."""
+    rows = [[0.5, 0.5, 0.5] for _ in range(RAGGED.request_slots)]
+    for row in rows:
+        row[at] = value
+    return rows
+
+
+@spec("service-accounting/validate-first", "planning-queue/packed-round", "planning-queue/survival-variants")
+@pytest.mark.parametrize("sidecar, survival, message", [
+    (_sidecar((3, RAGGED.request_slots, 3)), None, "sidecar shape"),  # a third leading row
+    (_sidecar((2, RAGGED.request_slots, 3))[:, :, 0], None, "sidecar shape"),  # no draft dimension
+    (_sidecar(), _survival(None), "survival values must be probabilities"),  # a missing value
+    (_sidecar(), _survival(1.5), "survival values must be probabilities"),
+], ids=["three-leading-rows", "no-draft-dimension", "missing-survival-value", "survival-above-one"])
+def test_a_malformed_sidecar_or_survival_row_is_refused_before_anything_changes(sidecar, survival, message):
+    """The confidence sidecar is [2, request_slots, >= depth] (row 1 the joint prefix
+    probabilities) and survival values are probabilities; a completion carrying anything else
+    (another leading row count, a missing dimension, a missing or out-of-range survival value
+    at an offered depth) is refused with a ValueError before any state changes, and the valid
+    report still lands afterwards."""
+    s, handles, plan, t = _packed_round_in_flight()
+    recs = [CompletionRecord(l.handle, l.epoch, tokens=(5, 5), offered=1, accepted=1) for l in plan.lanes]
+    s.advance_to(int((t + 4.7) * MS))
+    before = snapshot(s)
+    with pytest.raises(ValueError, match=message):
+        if survival is None:
+            s.complete_packed_round(5, recs, timing(4.7), sidecar)
+        else:
+            s.complete_packed_round_with_survival(5, recs, timing(4.7), sidecar, survival)
+    assert snapshot(s) == before
+    assert len(s.complete_packed_round(5, recs, timing(4.7), _sidecar())) == len(handles)
+
+
+@spec("planning-queue/survival-variants")
+def test_a_survival_value_of_zero_is_a_valid_observation():
+    """Survival values are probabilities, zero included: a proposal that certainly did not
+    survive (its survival value 0.0) is a valid observation, and the acceptance estimate at that
+    depth moves towards zero by the aged prior's share."""
+    s, handles, plan, t = _packed_round_in_flight()
+    recs = [CompletionRecord(l.handle, l.epoch, tokens=(5,), offered=1, accepted=0) for l in plan.lanes]
+    s.advance_to(int((t + 4.7) * MS))
+    gen = s.complete_packed_round_with_survival(5, recs, timing(4.7), _sidecar(), _survival(0.0))
+    assert sorted(g.handle.rid for g in gen) == [h.rid for h in handles]
+    req = s.requests[handles[0].rid]
+    w = 2 * 0.5 ** (2 / 128)  # the prior (0.5 at weight 2) aged by the two tokens generated so far
+    assert req.acceptance.get(req.proposal_source).mean[0] == pytest.approx(w * 0.5 / (w + 1))
 
 
 @spec("acceptance-learning/idle-clears", "timing-refresh/idle-discards")
