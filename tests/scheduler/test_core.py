@@ -11,6 +11,7 @@ from helios_jax.scheduler.config import PolicyConfig
 from helios_jax.scheduler.core import NS_PER_MS, PlanRejected, Scheduler
 from helios_jax.scheduler.plan import CompletionRecord, ExecutionClass, ExecutionTiming
 from helios_jax.scheduler.requests import ResourceError
+from helios_jax.scheduler.speculation import SOURCE_COPY, SOURCE_LEARNED
 from helios_jax.scheduler.view import LaneRole, Phase
 
 from .helpers import ORDINARY, RAGGED, SPEC
@@ -525,6 +526,43 @@ def test_the_output_limit_finishes_a_request_with_reason_length():
     assert ends == {long: (1, "length"), stop: (1, "stop")}
 
 
+@spec("confidence-acceptance/rejection-zero", "confidence-acceptance/accepted-positive")
+def test_a_rejection_observes_zero_at_every_longer_offered_prefix():
+    """A round that offers three proposals and accepts the first: depth 1 is a positive
+    observation, and the rejection at depth 2 is a zero observation for depths 2 and 3 alike
+    (a longer prefix cannot survive a rejected one). The request goes on decoding, so nothing
+    is censored; depths beyond the three offered are not observed."""
+    s = scheduler(SPEC)
+    h = s.admit([1] * 8, max_output=100)
+    _, _, t = run_once(s, 1, 0.0)
+    s.advance_to(int(t * MS))
+    plan = s.plan()
+    lane = plan.lanes[0]
+    assert plan.kind is GraphKind.SPECULATIVE and lane.query_length == 4
+    s.commit(plan, 2)
+    req = s.requests[h.rid]
+    before = req.acceptance.get(req.proposal_source).mean.copy()
+    s.advance_to(int((t + plan.expected_duration_ms) * MS))
+    gen = s.complete(2, [CompletionRecord(h, lane.epoch, tokens=(5, 5), offered=3, accepted=1)],
+                     timing(plan.expected_duration_ms))
+    assert gen[0].tokens == (5, 5) and not gen[0].finished
+    after = req.acceptance.get(req.proposal_source).mean
+    assert after[0] > before[0] and after[1] < before[1] and after[2] < before[2]
+    np.testing.assert_array_equal(after[3:], before[3:])
+
+
+def test_completing_with_nothing_in_flight_is_refused():
+    """complete() for a fence when no frame is in flight is a ValueError that names the oldest
+    frame in flight (None), like a completion out of fence order, not an IndexError."""
+    s = scheduler()
+    s.admit([1] * 8, max_output=4)
+    with pytest.raises(ValueError, match="oldest frame in flight is None"):
+        s.complete(1, [], timing(1.0))
+    plan, _, t = run_once(s, 1, 0.0)
+    with pytest.raises(ValueError, match="oldest frame in flight is None"):
+        s.complete(1, records(plan), timing(1.0))  # the same fence again
+
+
 @spec("timing-refresh/full-credit-displace", "timing-refresh/attempt-on-commit",
       "useful-service/refresh-separate", "planning-queue/gate-discovery-probe", "duration-estimates/stale-needs-empty")
 def test_full_refresh_credit_displaces_the_winner_with_the_oldest_stale_alternative():
@@ -642,6 +680,24 @@ def test_metrics_exposition():
     assert 'helios_scheduler_executions_total{class="ordinary"} 3' in text
     assert "helios_speculative_programs_total 2" in text
     assert 'helios_speculative_accepted_by_position_total{position="1"} 2' in text
+
+
+@spec("confidence-acceptance/spec-counters", "speculative-coverage/copy-no-draws")
+def test_learned_proposals_count_their_drafts_as_learned_draws():
+    """Every draft a learned proposal offers is a learned-proposal draw (the sampling metric
+    helios_speculative_learned_draws_total); copy proposals offer drafts but draw nothing."""
+    counts = {}
+    for source in (SOURCE_LEARNED, SOURCE_COPY):
+        s = scheduler(SPEC)
+        s.admit([1] * 8, max_output=20, proposal_source=source)
+        t = 0.0
+        for fence in range(1, 4):
+            _, _, t = run_once(s, fence, t, accepted=2)
+        lines = dict(line.rsplit(" ", 1) for line in s.metrics_text().splitlines() if not line.startswith("#"))
+        counts[source] = (int(lines["helios_speculative_drafts_offered_total"]),
+                          int(lines["helios_speculative_learned_draws_total"]))
+    offered = counts[SOURCE_LEARNED][0]
+    assert offered > 0 and counts == {SOURCE_LEARNED: (offered, offered), SOURCE_COPY: (offered, 0)}
 
 
 def test_metrics_text_is_well_formed_exposition():
