@@ -238,6 +238,24 @@ def test_a_terminal_capture_row_is_owned_by_the_request_it_captures():
     assert s.checkpoints.entries[row].ready and s.checkpoints.owned_rows()[row] == h.rid
 
 
+@spec("prerequisites/terminal-age-start", "prerequisites/terminal-clock-no-reset")
+def test_a_terminal_view_ages_from_the_preemption():
+    """A preempted request awaiting its terminal capture is seen by selection as a terminal
+    view whose terminal age runs from the preemption (its start), whatever the output age was:
+    5 ms after preempting it, the view's terminal age is 5 ms."""
+    s = sched()
+    h = s.admit([3] * 64, max_output=40)
+    t, fence = 0.0, 0
+    while s.requests[h.rid].phase is not Phase.DECODE or len(s.requests[h.rid].output) < 3:
+        fence += 1
+        _, _, t = step(s, fence, t)
+    s.advance_to(int((t + 1.0) * MS))
+    s.preempt(h)  # at t + 1
+    s.advance_to(int((t + 6.0) * MS))
+    view = next(v for v in s.views() if v.rid == h.rid)
+    assert view.phase is Phase.TERMINAL and view.terminal_age_ms == pytest.approx(5.0)
+
+
 def test_the_preemption_candidate_is_the_best_served_decoder_not_the_oldest():
     """Among decoding requests whose pages would make a waiting request fit, preemption_candidate
     picks the best served: the highest token rate (the lowest fairness price), as

@@ -251,6 +251,24 @@ def test_publication_replaces_the_delivery_update():
         s.published_output(h, 2)
 
 
+@spec("planning-queue/age-reset-published")
+def test_output_age_counts_from_admission_until_the_first_publication():
+    """A decoding request whose first token has not been published yet (the engine buffers it)
+    has waited for visible output since its admission: its view's age is the time since
+    admission, not zero. Publishing the burst resets the age at the publication time."""
+    s = scheduler()
+    s.advance_to(2 * MS)
+    h = s.admit([1] * 8, max_output=100)  # admitted at 2 ms
+    _, gen, t = run_once(s, 1, 2.0, publish=False)
+    assert gen[0].tokens and s.requests[h.rid].phase is Phase.DECODE
+    s.advance_to(int((t + 3.0) * MS))
+    view = next(v for v in s.views() if v.rid == h.rid)
+    assert view.age_ms == pytest.approx(t + 3.0 - 2.0)
+    s.published_output(h, 1)  # published now, at t + 3
+    s.advance_to(int((t + 5.0) * MS))
+    assert next(v for v in s.views() if v.rid == h.rid).age_ms == pytest.approx(2.0)
+
+
 @spec("service-accounting/cancelled-slot-reuse", "planning-queue/cancel-stops", "planning-queue/cancel-keeps-pages",
       "prerequisites/fenced-ownership", "planning-queue/pages-pinned")
 def test_cancellation_keeps_fenced_resources_and_never_charges_the_next_owner():
@@ -680,6 +698,31 @@ def test_metrics_exposition():
     assert 'helios_scheduler_executions_total{class="ordinary"} 3' in text
     assert "helios_speculative_programs_total 2" in text
     assert 'helios_speculative_accepted_by_position_total{position="1"} 2' in text
+
+
+@spec("confidence-acceptance/optimistic-estimate")
+def test_the_optimistic_estimate_is_on_the_same_pooled_mean_as_the_survival():
+    """A decoding view's optimistic estimate, min(1, mean + sqrt(ln 20 / (2 * aged weight))), is
+    taken on the same hierarchical mean as its survival: where a request's own evidence is thin,
+    both read the pooled observations of every request. After a first request's rounds rejected
+    every proposal (the pool's deeper means fall), a fresh request's survival follows the pool,
+    and its optimistic estimate is that survival plus the bonus of its aged weight."""
+    s = scheduler(SPEC)
+    first = s.admit([1] * 8, max_output=200)
+    t = 0.0
+    for fence in range(1, 8):
+        _, _, t = run_once(s, fence, t, accepted=0)
+    s.cancel(first)
+    h = s.admit([2] * 8, max_output=200)
+    _, _, t = run_once(s, 8, t)
+    s.advance_to(int(t * MS))
+    view = next(v for v in s.views() if v.rid == h.rid)
+    req = s.requests[h.rid]
+    est = req.acceptance.get(req.proposal_source)
+    own = est.means()  # the request's own estimate, without the pool
+    assert view.survival[1] < own[1] - 0.01  # the pool's rejections pull the fresh request down
+    bonus = np.sqrt(math.log(20) / (2 * est.aged_weight(len(req.output))))
+    np.testing.assert_allclose(view.optimistic, np.minimum(1.0, view.survival + bonus))
 
 
 @spec("confidence-acceptance/spec-counters", "speculative-coverage/copy-no-draws")
