@@ -256,6 +256,26 @@ def test_a_terminal_view_ages_from_the_preemption():
     assert view.phase is Phase.TERMINAL and view.terminal_age_ms == pytest.approx(5.0)
 
 
+@spec("planning-queue/age-reset-published", "useful-service/conditional-acceptance")
+def test_a_request_blocked_on_its_anchor_is_priced_with_the_decode_limits_and_age():
+    """A prompt that ends at its anchor finishes its prefill, publishes its first token and then
+    waits for the anchor's snapshot, blocked before decoding. Selection sees it with the limits
+    and output age of the decoding it enables: the age since that publication (not since
+    admission), the output left and the context left after its cursor."""
+    s = sched(max_model_len=200)
+    s.advance_to(4 * MS)  # admitted at 4 ms, the prefill runs later
+    h = s.admit([3] * 64, max_output=100)
+    _, gen, t = step(s, 1, 10.0)
+    req = s.requests[h.rid]
+    assert gen[0].tokens and req.phase is Phase.BLOCKED and req.enables is Phase.DECODE
+    published = t  # step() publishes at the completion
+    s.advance_to(int((published + 2.0) * MS))
+    view = next(v for v in s.views() if v.rid == h.rid)
+    assert view.phase is Phase.BLOCKED and view.prerequisites == (GraphKind.SNAPSHOT,)
+    assert view.age_ms == pytest.approx(2.0)
+    assert view.output_remaining == 99 and view.context_remaining == 200 - 64
+
+
 def test_the_preemption_candidate_is_the_best_served_decoder_not_the_oldest():
     """Among decoding requests whose pages would make a waiting request fit, preemption_candidate
     picks the best served: the highest token rate (the lowest fairness price), as

@@ -269,6 +269,42 @@ def test_output_age_counts_from_admission_until_the_first_publication():
     assert next(v for v in s.views() if v.rid == h.rid).age_ms == pytest.approx(2.0)
 
 
+@spec("prerequisites/atomic-span-chunk")
+def test_a_prefill_chunk_stops_before_an_image_span_it_cannot_hold_whole():
+    """An image span is atomic: a 5000-token prompt whose image occupies [4000, 4200) cannot
+    take the largest chunk (4096 tokens, which would end inside the image); the first chunk
+    stops at the image's start, and the request's view carries the span relative to its cursor."""
+    s = scheduler(SPEC)
+    h = s.admit(list(range(1, 5001)), max_output=2, image_spans=[(4000, 4200)])
+    t, fence, ends = 0.0, 0, []
+    while s.requests[h.rid].phase is not Phase.DECODE:
+        fence += 1
+        s.advance_to(int(t * MS))
+        view = next(v for v in s.views() if v.rid == h.rid)
+        consumed = s.requests[h.rid].consumed
+        assert view.atomic_spans == ((4000 - consumed, 4200 - consumed),)
+        plan, _, t = run_once(s, fence, t)
+        ends += [l.prompt_start + l.prompt_tokens for l in plan.lanes if l.role is LaneRole.PROMPT]
+    assert ends == [4000, 5000]
+
+
+@spec("useful-service/conditional-acceptance")
+def test_a_width_limit_of_one_is_valid_and_restricts_rounds_to_the_pending_token():
+    """A width limit counts target rows, the pending token included, so one is the tightest valid
+    restriction (a grammar state with one continuation): admission and restrict_width accept it,
+    and the request's rounds then verify no proposals."""
+    s = scheduler(SPEC)
+    h = s.admit([1] * 8, max_output=50, width_limit=1)
+    t = 0.0
+    for fence in range(1, 4):
+        plan, _, t = run_once(s, fence, t, accepted=3)
+        assert all(max(l.query_length, l.ceiling) <= 1 for l in plan.lanes if l.role is LaneRole.DECODE)
+    s.restrict_width(h, None)
+    s.restrict_width(h, 1)
+    s.advance_to(int(t * MS))
+    assert next(v for v in s.views() if v.rid == h.rid).width_limit == 1
+
+
 @spec("service-accounting/cancelled-slot-reuse", "planning-queue/cancel-stops", "planning-queue/cancel-keeps-pages",
       "prerequisites/fenced-ownership", "planning-queue/pages-pinned")
 def test_cancellation_keeps_fenced_resources_and_never_charges_the_next_owner():
