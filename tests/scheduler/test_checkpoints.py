@@ -276,6 +276,25 @@ def test_a_request_blocked_on_its_anchor_is_priced_with_the_decode_limits_and_ag
     assert view.output_remaining == 99 and view.context_remaining == 200 - 64
 
 
+@spec("planning-queue/mandatory-revokes", "prerequisites/multiwindow-snapshot-row")
+def test_a_multi_window_image_request_revokes_an_unused_anchor_guard():
+    """One snapshot row, guarded at admission for a text request's later anchor. A multi-window
+    image request needs a private row for its window state (mandatory execution, not an
+    optional capture): its admission revokes the unused guard and takes the row, instead of
+    being refused; both requests then run to completion, the text one without its anchor."""
+    s = sched(snapshot_rows=1, vision_window_tokens=100)
+    text = s.admit(list(range(1, 201)), max_output=2)
+    assert list(s.checkpoints.guards.values()) == [text.rid]
+    image = s.admit(list(range(1, 201)), max_output=2, image_spans=[(10, 60), (70, 150)])
+    row = s.requests[image.rid].window_row
+    assert row is not None and s.checkpoints.guards == {} and s.checkpoints.owned_rows() == {row: image.rid}
+    t, fence = 0.0, 0
+    while s.requests and fence < 40:
+        fence += 1
+        _, _, t = step(s, fence, t)
+    assert not s.requests and s.checkpoints.entries == {}
+
+
 def test_the_preemption_candidate_is_the_best_served_decoder_not_the_oldest():
     """Among decoding requests whose pages would make a waiting request fit, preemption_candidate
     picks the best served: the highest token rate (the lowest fairness price), as

@@ -269,6 +269,25 @@ def test_output_age_counts_from_admission_until_the_first_publication():
     assert next(v for v in s.views() if v.rid == h.rid).age_ms == pytest.approx(2.0)
 
 
+@spec("mixed-execution/fixed-width-shared")
+def test_a_fixed_width_scheduler_runs_only_programs_of_its_width():
+    """A scheduler loaded in fixed-width mode with fixed_width=4 selects among the width-4
+    host-allocated speculative programs only (and mixed graphs of that width), never the catalog's
+    widest (8) that fixed mode defaults to without a width."""
+    s = Scheduler(SPEC, mode=DecodeMode.FIXED, fixed_width=4)
+    s.seed_costs(0)
+    assert {g.token_capacity for g in s.graphs.graphs if g.kind in (GraphKind.SPECULATIVE, GraphKind.MIXED)} == {4}
+    s.admit([1] * 8, max_output=50)
+    s.admit([2] * 40, max_output=50)
+    t = 0.0
+    for fence in range(1, 5):
+        plan, _, t = run_once(s, fence, t, accepted=3)
+        if plan.kind in (GraphKind.SPECULATIVE, GraphKind.MIXED):
+            assert plan.graph.token_capacity == 4
+            assert all(l.query_length == 4 for l in plan.lanes if l.role is LaneRole.DECODE)
+    assert s.selections[GraphKind.SPECULATIVE.value] >= 2
+
+
 @spec("prerequisites/atomic-span-chunk")
 def test_a_prefill_chunk_stops_before_an_image_span_it_cannot_hold_whole():
     """An image span is atomic: a 5000-token prompt whose image occupies [4000, 4200) cannot
