@@ -298,9 +298,10 @@ def test_a_multi_window_image_request_revokes_an_unused_anchor_guard():
 def test_the_preemption_candidate_is_the_best_served_decoder_not_the_oldest():
     """Among decoding requests whose pages would make a waiting request fit, preemption_candidate
     picks the best served: the highest token rate (the lowest fairness price), as
-    docs/checkpoints.md says. Two requests admitted together, the first (lower id) served faster
-    because the second is restricted to one row per round: the first is the candidate, although
-    admission order and handle order would both name the second."""
+    docs/checkpoints.md says. Two requests admitted at the same time, the first (lower id) served
+    faster because the second is restricted to one row per round: the first is the candidate,
+    although the tie-breaks among equal rates (earliest admission, then the larger handle) would
+    name the second."""
     s = sched(kv_pages=24, page_size=16)
     a = s.admit([3] * 64, max_output=100)  # 64 + 100 + 7 -> 11 pages each; 2 left free
     b = s.admit([4] * 64, max_output=100)
