@@ -1,5 +1,7 @@
 """Checkpoint retention: anchors, extras within the allowance, the prefix cache, terminal
 captures, guards, victims and preemption."""
+import math
+
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -212,6 +214,124 @@ def test_preemption_trigger_and_resume():
     assert plan.kind is GraphKind.SNAPSHOT and gen[0].finish_reason == "preempted"
     assert a.rid not in s.requests and s.can_admit(64, 100)
     assert s.preemption_candidate(64, 100) is None  # nothing to preempt once it fits
+
+
+@spec("planning-queue/armed-retained", "prerequisites/preemption-no-complete")
+def test_a_terminal_capture_row_is_owned_by_the_request_it_captures():
+    """A preemption arms a terminal capture: the destination row is held for the preempted
+    request and the store attributes it to that request (owned_rows, like owned_pages and
+    owned_slots) while armed and after the snapshot completes, so row ownership can be
+    accounted per request like its pages and slot."""
+    s = sched()
+    other = s.admit([4] * 64, max_output=40)
+    h = s.admit([3] * 64, max_output=40)
+    t, fence = 0.0, 0
+    while any(r.phase is not Phase.DECODE or len(r.output) < 3 for r in s.requests.values()):
+        fence += 1  # past the anchors (the prompt ends): a terminal state is a new prefix
+        _, _, t = step(s, fence, t)
+    s.preempt(h)
+    row = s.requests[h.rid].capture_row
+    assert row is not None and s.checkpoints.owned_rows()[row] == h.rid  # not the other decoder
+    while h.rid in s.requests:
+        fence += 1
+        _, _, t = step(s, fence, t)
+    assert s.checkpoints.entries[row].ready and s.checkpoints.owned_rows()[row] == h.rid
+
+
+@spec("prerequisites/terminal-age-start", "prerequisites/terminal-clock-no-reset")
+def test_a_terminal_view_ages_from_the_preemption():
+    """A preempted request awaiting its terminal capture is seen by selection as a terminal
+    view whose terminal age runs from the preemption (its start), whatever the output age was:
+    5 ms after preempting it, the view's terminal age is 5 ms."""
+    s = sched()
+    h = s.admit([3] * 64, max_output=40)
+    t, fence = 0.0, 0
+    while s.requests[h.rid].phase is not Phase.DECODE or len(s.requests[h.rid].output) < 3:
+        fence += 1
+        _, _, t = step(s, fence, t)
+    s.advance_to(int((t + 1.0) * MS))
+    s.preempt(h)  # at t + 1
+    s.advance_to(int((t + 6.0) * MS))
+    view = next(v for v in s.views() if v.rid == h.rid)
+    assert view.phase is Phase.TERMINAL and view.terminal_age_ms == pytest.approx(5.0)
+
+
+@spec("planning-queue/age-reset-published", "useful-service/conditional-acceptance")
+def test_a_request_blocked_on_its_anchor_is_priced_with_the_decode_limits_and_age():
+    """A prompt that ends at its anchor finishes its prefill, publishes its first token and then
+    waits for the anchor's snapshot, blocked before decoding. Selection sees it with the limits
+    and output age of the decoding it enables: the age since that publication (not since
+    admission), the output left and the context left after its cursor."""
+    s = sched(max_model_len=200)
+    s.advance_to(4 * MS)  # admitted at 4 ms, the prefill runs later
+    h = s.admit([3] * 64, max_output=100)
+    _, gen, t = step(s, 1, 10.0)
+    req = s.requests[h.rid]
+    assert gen[0].tokens and req.phase is Phase.BLOCKED and req.enables is Phase.DECODE
+    published = t  # step() publishes at the completion
+    s.advance_to(int((published + 2.0) * MS))
+    view = next(v for v in s.views() if v.rid == h.rid)
+    assert view.phase is Phase.BLOCKED and view.prerequisites == (GraphKind.SNAPSHOT,)
+    assert view.age_ms == pytest.approx(2.0)
+    assert view.output_remaining == 99 and view.context_remaining == 200 - 64
+
+
+@spec("planning-queue/mandatory-revokes", "prerequisites/multiwindow-snapshot-row")
+def test_a_multi_window_image_request_revokes_an_unused_anchor_guard():
+    """One snapshot row, guarded at admission for a text request's later anchor. A multi-window
+    image request needs a private row for its window state (mandatory execution, not an
+    optional capture): its admission revokes the unused guard and takes the row, instead of
+    being refused; both requests then run to completion, the text one without its anchor."""
+    s = sched(snapshot_rows=1, vision_window_tokens=100)
+    text = s.admit(list(range(1, 201)), max_output=2)
+    assert list(s.checkpoints.guards.values()) == [text.rid]
+    image = s.admit(list(range(1, 201)), max_output=2, image_spans=[(10, 60), (70, 150)])
+    row = s.requests[image.rid].window_row
+    assert row is not None and s.checkpoints.guards == {} and s.checkpoints.owned_rows() == {row: image.rid}
+    t, fence = 0.0, 0
+    while s.requests and fence < 40:
+        fence += 1
+        _, _, t = step(s, fence, t)
+    assert not s.requests and s.checkpoints.entries == {}
+
+
+def test_the_preemption_candidate_is_the_best_served_decoder_not_the_oldest():
+    """Among decoding requests whose pages would make a waiting request fit, preemption_candidate
+    picks the best served: the highest token rate (the lowest fairness price), as
+    docs/checkpoints.md says. Two requests admitted at the same time, the first (lower id) served
+    faster because the second is restricted to one row per round: the first is the candidate,
+    although the tie-breaks among equal rates (earliest admission, then the larger handle) would
+    name the second."""
+    s = sched(kv_pages=24, page_size=16)
+    a = s.admit([3] * 64, max_output=100)  # 64 + 100 + 7 -> 11 pages each; 2 left free
+    b = s.admit([4] * 64, max_output=100)
+    s.restrict_width(b, 1)
+    t, fence = 0.0, 0
+    while not all(r.phase is Phase.DECODE and not r.prerequisites for r in s.requests.values()) or \
+            len(s.requests[a.rid].output) < 6:
+        fence += 1
+        _, _, t = step(s, fence, t, accepted=3)
+    rate = {h: s.requests[h.rid].history.log_x for h in (a, b)}
+    assert rate[a] > rate[b]
+    assert not s.can_admit(64, 100)
+    assert s.preemption_candidate(64, 100) == a
+
+
+@spec("planning-queue/extra-allowance")
+def test_each_extra_capture_spends_its_cost_from_the_allowance():
+    """The extra-work allowance is a budget: every extra capture admitted spends its cost (one
+    snapshot copy plus one prefill split) from it, so an allowance of one and a half captures
+    admits exactly one extra, the latest earlier message, and the next chunk stops there (not at
+    the earlier messages left out)."""
+    s = sched()
+    per_token, cost = s._prefill_ms_per_token(), s._extra_capture_cost_ms()
+    fraction = s.policy.checkpoint_extra_work_fraction
+    n = math.ceil(1.5 * cost / (fraction * per_token))  # allowance: 1.5 extra captures
+    assert cost <= fraction * per_token * n < 2 * cost
+    h = s.admit([3] * n, max_output=4, message_endpoints=[100, 200, 300])
+    req = s.requests[h.rid]
+    assert req.captures == [(200, Role.EXTRA), (300, Role.ANCHOR)]
+    assert next(v for v in s.views() if v.rid == h.rid).prompt_limit == 200
 
 
 def _ready(store, owner, tokens, role, now_ns):

@@ -11,6 +11,7 @@ from helios_jax.scheduler.config import PolicyConfig
 from helios_jax.scheduler.core import NS_PER_MS, PlanRejected, Scheduler
 from helios_jax.scheduler.plan import CompletionRecord, ExecutionClass, ExecutionTiming
 from helios_jax.scheduler.requests import ResourceError
+from helios_jax.scheduler.speculation import SOURCE_COPY, SOURCE_LEARNED
 from helios_jax.scheduler.view import LaneRole, Phase
 
 from .helpers import ORDINARY, RAGGED, SPEC
@@ -250,6 +251,79 @@ def test_publication_replaces_the_delivery_update():
         s.published_output(h, 2)
 
 
+@spec("planning-queue/age-reset-published")
+def test_output_age_counts_from_admission_until_the_first_publication():
+    """A decoding request whose first token has not been published yet (the engine buffers it)
+    has waited for visible output since its admission: its view's age is the time since
+    admission, not zero. Publishing the burst resets the age at the publication time."""
+    s = scheduler()
+    s.advance_to(2 * MS)
+    h = s.admit([1] * 8, max_output=100)  # admitted at 2 ms
+    _, gen, t = run_once(s, 1, 2.0, publish=False)
+    assert gen[0].tokens and s.requests[h.rid].phase is Phase.DECODE
+    s.advance_to(int((t + 3.0) * MS))
+    view = next(v for v in s.views() if v.rid == h.rid)
+    assert view.age_ms == pytest.approx(t + 3.0 - 2.0)
+    s.published_output(h, 1)  # published now, at t + 3
+    s.advance_to(int((t + 5.0) * MS))
+    assert next(v for v in s.views() if v.rid == h.rid).age_ms == pytest.approx(2.0)
+
+
+@spec("mixed-execution/fixed-width-shared")
+def test_a_fixed_width_scheduler_runs_only_programs_of_its_width():
+    """A scheduler loaded in fixed-width mode with fixed_width=4 selects among the width-4
+    host-allocated speculative programs only (and mixed graphs of that width), never the catalog's
+    widest (8) that fixed mode defaults to without a width."""
+    s = Scheduler(SPEC, mode=DecodeMode.FIXED, fixed_width=4)
+    s.seed_costs(0)
+    assert {g.token_capacity for g in s.graphs.graphs if g.kind in (GraphKind.SPECULATIVE, GraphKind.MIXED)} == {4}
+    s.admit([1] * 8, max_output=50)
+    s.admit([2] * 40, max_output=50)
+    t = 0.0
+    for fence in range(1, 5):
+        plan, _, t = run_once(s, fence, t, accepted=3)
+        if plan.kind in (GraphKind.SPECULATIVE, GraphKind.MIXED):
+            assert plan.graph.token_capacity == 4
+            assert all(l.query_length == 4 for l in plan.lanes if l.role is LaneRole.DECODE)
+    assert s.selections[GraphKind.SPECULATIVE.value] >= 2
+
+
+@spec("prerequisites/atomic-span-chunk")
+def test_a_prefill_chunk_stops_before_an_image_span_it_cannot_hold_whole():
+    """An image span is atomic: a 5000-token prompt whose image occupies [4000, 4200) cannot
+    take the largest chunk (4096 tokens, which would end inside the image); the first chunk
+    stops at the image's start, and the request's view carries the span relative to its cursor."""
+    s = scheduler(SPEC)
+    h = s.admit(list(range(1, 5001)), max_output=2, image_spans=[(4000, 4200)])
+    t, fence, ends = 0.0, 0, []
+    while s.requests[h.rid].phase is not Phase.DECODE:
+        fence += 1
+        s.advance_to(int(t * MS))
+        view = next(v for v in s.views() if v.rid == h.rid)
+        consumed = s.requests[h.rid].consumed
+        assert view.atomic_spans == ((4000 - consumed, 4200 - consumed),)
+        plan, _, t = run_once(s, fence, t)
+        ends += [l.prompt_start + l.prompt_tokens for l in plan.lanes if l.role is LaneRole.PROMPT]
+    assert ends == [4000, 5000]
+
+
+@spec("useful-service/conditional-acceptance")
+def test_a_width_limit_of_one_is_valid_and_restricts_rounds_to_the_pending_token():
+    """A width limit counts target rows, the pending token included, so one is the tightest valid
+    restriction (a grammar state with one continuation): admission and restrict_width accept it,
+    and the request's rounds then verify no proposals."""
+    s = scheduler(SPEC)
+    h = s.admit([1] * 8, max_output=50, width_limit=1)
+    t = 0.0
+    for fence in range(1, 4):
+        plan, _, t = run_once(s, fence, t, accepted=3)
+        assert all(max(l.query_length, l.ceiling) <= 1 for l in plan.lanes if l.role is LaneRole.DECODE)
+    s.restrict_width(h, None)
+    s.restrict_width(h, 1)
+    s.advance_to(int(t * MS))
+    assert next(v for v in s.views() if v.rid == h.rid).width_limit == 1
+
+
 @spec("service-accounting/cancelled-slot-reuse", "planning-queue/cancel-stops", "planning-queue/cancel-keeps-pages",
       "prerequisites/fenced-ownership", "planning-queue/pages-pinned")
 def test_cancellation_keeps_fenced_resources_and_never_charges_the_next_owner():
@@ -325,6 +399,103 @@ def test_device_allocation_completes_through_the_packed_round():
     assert not np.allclose(before, after)
 
 
+def _packed_round_in_flight():
+    """Four decoders on device-allocated speculative programs (ceiling 4, depth 3) and their
+    first packed round committed as fence 5: (scheduler, handles, plan, now_ms)."""
+    device_only = dataclasses.replace(RAGGED, graphs=tuple(
+        g for g in RAGGED.graphs if g.kind is GraphKind.PREFILL
+        or (g.allocation is not None and g.allocation.value == "prefix_limit")))
+    s = scheduler(device_only)
+    handles = [s.admit([1] * 8, max_output=100) for _ in range(4)]
+    t = 0.0
+    for fence in range(1, 5):
+        _, _, t = run_once(s, fence, t)
+    s.advance_to(int(t * MS))
+    plan = s.plan()
+    assert plan.graph.allocation.value == "prefix_limit" and all(l.ceiling == 4 for l in plan.lanes)
+    s.commit(plan, 5)
+    return s, handles, plan, t
+
+
+def _sidecar(shape=(2, RAGGED.request_slots, 3)):
+    sidecar = np.zeros(shape, np.float32)
+    sidecar[1:2, ...] = [0.9, 0.5, 0.2][: shape[-1]]
+    return sidecar
+
+
+@spec("planning-queue/survival-variants", "planning-queue/packed-round")
+def test_the_packed_round_with_survival_takes_both_the_sidecar_and_the_survival_rows():
+    """A device-allocated speculative program that also wrote completion_speculative_survival rows
+    completes through complete_packed_round_with_survival: one call commits the round's tokens,
+    the sidecar's row 1 drives the forecasts, and the survival rows (not the binary accept
+    counts) are the acceptance observations. Pins that this variant forwards the records, the
+    sidecar and the survival rows to the same completion as the other three."""
+    s, handles, plan, t = _packed_round_in_flight()
+    recs = [CompletionRecord(l.handle, l.epoch, tokens=(5, 5), offered=1, accepted=1) for l in plan.lanes]
+    sidecar = _sidecar()
+    survival = np.zeros((RAGGED.request_slots, 3))
+    survival[:, 0] = 0.8  # the one accepted proposal survived with probability 0.8, not 1
+    req = s.requests[handles[0].rid]
+    assert req.acceptance.get(req.proposal_source).mean[0] == 0.5  # the fresh prior, weight 2
+    s.advance_to(int((t + 4.7) * MS))
+    gen = s.complete_packed_round_with_survival(5, recs, timing(4.7), sidecar, survival)
+    assert sorted((g.handle.rid, g.tokens) for g in gen) == [(h.rid, (5, 5)) for h in handles]
+    assert s.in_flight == () and len(req.output) == 3
+    w = 2 * 0.5 ** (3 / 128)  # the prior's weight aged by the three tokens generated so far
+    np.testing.assert_allclose(req.forecast.mean, [(w * p + x) / (w + 1) for p, x in
+                                                   zip([0.5, 0.25, 0.125], [0.9, 0.5, 0.2])], rtol=1e-6)
+    assert req.acceptance.get(req.proposal_source).mean[0] == pytest.approx((w * 0.5 + 0.8) / (w + 1))
+
+
+def _survival(value, at=0):
+    """Survival rows as the host may pass them (nested lists), `value` at depth `at` + 1."""
+    rows = [[0.5, 0.5, 0.5] for _ in range(RAGGED.request_slots)]
+    for row in rows:
+        row[at] = value
+    return rows
+
+
+@spec("service-accounting/validate-first", "planning-queue/packed-round", "planning-queue/survival-variants")
+@pytest.mark.parametrize("sidecar, survival, message", [
+    (_sidecar((3, RAGGED.request_slots, 3)), None, "sidecar shape"),  # a third leading row
+    (_sidecar((2, RAGGED.request_slots, 3))[:, :, 0], None, "sidecar shape"),  # no draft dimension
+    (_sidecar(), _survival(None), "survival values must be probabilities"),  # a missing value
+    (_sidecar(), _survival(1.5), "survival values must be probabilities"),
+], ids=["three-leading-rows", "no-draft-dimension", "missing-survival-value", "survival-above-one"])
+def test_a_malformed_sidecar_or_survival_row_is_refused_before_anything_changes(sidecar, survival, message):
+    """The confidence sidecar is [2, request_slots, >= depth] (row 1 the joint prefix
+    probabilities) and survival values are probabilities; a completion carrying anything else
+    (another leading row count, a missing dimension, a missing or out-of-range survival value
+    at an offered depth) is refused with a ValueError before any state changes, and the valid
+    report still lands afterwards."""
+    s, handles, plan, t = _packed_round_in_flight()
+    recs = [CompletionRecord(l.handle, l.epoch, tokens=(5, 5), offered=1, accepted=1) for l in plan.lanes]
+    s.advance_to(int((t + 4.7) * MS))
+    before = snapshot(s)
+    with pytest.raises(ValueError, match=message):
+        if survival is None:
+            s.complete_packed_round(5, recs, timing(4.7), sidecar)
+        else:
+            s.complete_packed_round_with_survival(5, recs, timing(4.7), sidecar, survival)
+    assert snapshot(s) == before
+    assert len(s.complete_packed_round(5, recs, timing(4.7), _sidecar())) == len(handles)
+
+
+@spec("planning-queue/survival-variants")
+def test_a_survival_value_of_zero_is_a_valid_observation():
+    """Survival values are probabilities, zero included: a proposal that certainly did not
+    survive (its survival value 0.0) is a valid observation, and the acceptance estimate at that
+    depth moves towards zero by the aged prior's share."""
+    s, handles, plan, t = _packed_round_in_flight()
+    recs = [CompletionRecord(l.handle, l.epoch, tokens=(5,), offered=1, accepted=0) for l in plan.lanes]
+    s.advance_to(int((t + 4.7) * MS))
+    gen = s.complete_packed_round_with_survival(5, recs, timing(4.7), _sidecar(), _survival(0.0))
+    assert sorted(g.handle.rid for g in gen) == [h.rid for h in handles]
+    req = s.requests[handles[0].rid]
+    w = 2 * 0.5 ** (2 / 128)  # the prior (0.5 at weight 2) aged by the two tokens generated so far
+    assert req.acceptance.get(req.proposal_source).mean[0] == pytest.approx(w * 0.5 / (w + 1))
+
+
 @spec("acceptance-learning/idle-clears", "timing-refresh/idle-discards")
 def test_idle_clears_positive_credit():
     s = scheduler()
@@ -398,6 +569,71 @@ def test_stop_tokens_and_length_finish_requests():
     gen = s.complete(2, [CompletionRecord(plan.lanes[0].handle, plan.lanes[0].epoch, tokens=(9,))], timing(3.5))
     assert gen[0].finished and gen[0].finish_reason == "stop"
     assert h.rid not in s.requests  # retired, resources returned
+
+
+def test_the_output_limit_finishes_a_request_with_reason_length():
+    """A round that reaches max_output finishes the response with finish_reason "length" (the
+    engine reports it to the client as is); a stop token that is itself the last allowed token
+    reports "stop" instead. Two requests of three output tokens decode side by side; the second
+    samples its stop token as its third token."""
+    s = scheduler()
+    long = s.admit([1] * 8, max_output=3)
+    stop = s.admit([2] * 8, max_output=3, stop_token_ids=[9])
+    t, fence, ends = 0.0, 0, {}
+    while s.requests and fence < 10:
+        fence += 1
+        s.advance_to(int(t * MS))
+        plan = s.plan()
+        s.commit(plan, fence)
+        recs = records(plan)
+        for i, lane in enumerate(plan.lanes):
+            if lane.handle == stop and lane.role is LaneRole.DECODE and len(s.output(stop)) == 2:
+                recs[i] = CompletionRecord(lane.handle, lane.epoch, tokens=(9,), offered=recs[i].offered)
+        t += plan.expected_duration_ms
+        s.advance_to(int(t * MS))
+        for g in s.complete(fence, recs, timing(plan.expected_duration_ms)):
+            assert g.finished == (g.finish_reason is not None)
+            if g.finished:
+                ends[g.handle] = (len(g.tokens), g.finish_reason)
+    assert not s.requests
+    assert ends == {long: (1, "length"), stop: (1, "stop")}
+
+
+@spec("confidence-acceptance/rejection-zero", "confidence-acceptance/accepted-positive")
+def test_a_rejection_observes_zero_at_every_longer_offered_prefix():
+    """A round that offers three proposals and accepts the first: depth 1 is a positive
+    observation, and the rejection at depth 2 is a zero observation for depths 2 and 3 alike
+    (a longer prefix cannot survive a rejected one). The request goes on decoding, so nothing
+    is censored; depths beyond the three offered are not observed."""
+    s = scheduler(SPEC)
+    h = s.admit([1] * 8, max_output=100)
+    _, _, t = run_once(s, 1, 0.0)
+    s.advance_to(int(t * MS))
+    plan = s.plan()
+    lane = plan.lanes[0]
+    assert plan.kind is GraphKind.SPECULATIVE and lane.query_length == 4
+    s.commit(plan, 2)
+    req = s.requests[h.rid]
+    before = req.acceptance.get(req.proposal_source).mean.copy()
+    s.advance_to(int((t + plan.expected_duration_ms) * MS))
+    gen = s.complete(2, [CompletionRecord(h, lane.epoch, tokens=(5, 5), offered=3, accepted=1)],
+                     timing(plan.expected_duration_ms))
+    assert gen[0].tokens == (5, 5) and not gen[0].finished
+    after = req.acceptance.get(req.proposal_source).mean
+    assert after[0] > before[0] and after[1] < before[1] and after[2] < before[2]
+    np.testing.assert_array_equal(after[3:], before[3:])
+
+
+def test_completing_with_nothing_in_flight_is_refused():
+    """complete() for a fence when no frame is in flight is a ValueError that names the oldest
+    frame in flight (None), like a completion out of fence order, not an IndexError."""
+    s = scheduler()
+    s.admit([1] * 8, max_output=4)
+    with pytest.raises(ValueError, match="oldest frame in flight is None"):
+        s.complete(1, [], timing(1.0))
+    plan, _, t = run_once(s, 1, 0.0)
+    with pytest.raises(ValueError, match="oldest frame in flight is None"):
+        s.complete(1, records(plan), timing(1.0))  # the same fence again
 
 
 @spec("timing-refresh/full-credit-displace", "timing-refresh/attempt-on-commit",
@@ -517,6 +753,49 @@ def test_metrics_exposition():
     assert 'helios_scheduler_executions_total{class="ordinary"} 3' in text
     assert "helios_speculative_programs_total 2" in text
     assert 'helios_speculative_accepted_by_position_total{position="1"} 2' in text
+
+
+@spec("confidence-acceptance/optimistic-estimate")
+def test_the_optimistic_estimate_is_on_the_same_pooled_mean_as_the_survival():
+    """A decoding view's optimistic estimate, min(1, mean + sqrt(ln 20 / (2 * aged weight))), is
+    taken on the same hierarchical mean as its survival: where a request's own evidence is thin,
+    both read the pooled observations of every request. After a first request's rounds rejected
+    every proposal (the pool's deeper means fall), a fresh request's survival follows the pool,
+    and its optimistic estimate is that survival plus the bonus of its aged weight."""
+    s = scheduler(SPEC)
+    first = s.admit([1] * 8, max_output=200)
+    t = 0.0
+    for fence in range(1, 8):
+        _, _, t = run_once(s, fence, t, accepted=0)
+    s.cancel(first)
+    h = s.admit([2] * 8, max_output=200)
+    _, _, t = run_once(s, 8, t)
+    s.advance_to(int(t * MS))
+    view = next(v for v in s.views() if v.rid == h.rid)
+    req = s.requests[h.rid]
+    est = req.acceptance.get(req.proposal_source)
+    own = est.means()  # the request's own estimate, without the pool
+    assert view.survival[1] < own[1] - 0.01  # the pool's rejections pull the fresh request down
+    bonus = np.sqrt(math.log(20) / (2 * est.aged_weight(len(req.output))))
+    np.testing.assert_allclose(view.optimistic, np.minimum(1.0, view.survival + bonus))
+
+
+@spec("confidence-acceptance/spec-counters", "speculative-coverage/copy-no-draws")
+def test_learned_proposals_count_their_drafts_as_learned_draws():
+    """Every draft a learned proposal offers is a learned-proposal draw (the sampling metric
+    helios_speculative_learned_draws_total); copy proposals offer drafts but draw nothing."""
+    counts = {}
+    for source in (SOURCE_LEARNED, SOURCE_COPY):
+        s = scheduler(SPEC)
+        s.admit([1] * 8, max_output=20, proposal_source=source)
+        t = 0.0
+        for fence in range(1, 4):
+            _, _, t = run_once(s, fence, t, accepted=2)
+        lines = dict(line.rsplit(" ", 1) for line in s.metrics_text().splitlines() if not line.startswith("#"))
+        counts[source] = (int(lines["helios_speculative_drafts_offered_total"]),
+                          int(lines["helios_speculative_learned_draws_total"]))
+    offered = counts[SOURCE_LEARNED][0]
+    assert offered > 0 and counts == {SOURCE_LEARNED: (offered, offered), SOURCE_COPY: (offered, 0)}
 
 
 def test_metrics_text_is_well_formed_exposition():
