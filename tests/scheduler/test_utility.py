@@ -48,3 +48,17 @@ def test_nearly_equal_holds_for_equal_values_and_at_the_tolerance():
     assert utility.nearly_equal(2.0, 2.0) and utility.nearly_equal(0.0, 0.0)
     assert utility.nearly_equal(0.0, utility.REL_TIE)
     assert not utility.nearly_equal(0.0, 2 * utility.REL_TIE)
+
+
+def test_a_later_ordering_wins_only_beyond_the_tie_tolerance():
+    """Two lanes, B = P = 1 (no extension row fits): the ordering by full value takes lane 0
+    (0.5 now, a large extension), the ordering by pending value lane 1 (0.5 + 1.5e-9). Below a
+    magnitude of 1 the tie tolerance is absolute, 1e-9: lane 1 is better beyond it and wins; at
+    0.5 + 0.5e-9 the two tie and the earlier ordering's lane 0 stays."""
+    none = np.zeros(0, dtype=np.int64)
+    extension = np.array([[5.0], [0.0]])
+    ceilings = np.array([2, 1])
+    for gap, winner in ((1.5e-9, 1), (0.5e-9, 0)):
+        base = np.array([0.5, 0.5 + gap])
+        _, cohort, _ = utility.adaptive_ragged(base, extension, ceilings, none, none, 1, 1)
+        assert cohort == [winner], gap
