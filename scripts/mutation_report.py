@@ -137,6 +137,7 @@ def main(argv):
         sys.exit(f"no mutmut results under {mutants_dir}: run `make mutation` first")
     digits = sample_digits(FLAGS.sample)
     sampled = {source for source in by_module if digits.get(source, digits.get(""))}
+    every_result = {name: code for codes in by_module.values() for name, code in codes.items()}
     by_module = {source: in_sample(codes, digits.get(source, digits.get(""))) for source, codes in by_module.items()}
     equivalent = equivalents(pathlib.Path(FLAGS.equivalents))
 
@@ -162,7 +163,7 @@ def main(argv):
     print("\nkill rate = (killed + timeout) / (mutants - equivalent); survived includes the equivalent ones;"
           "\nother = no test reached the mutant, a crash, or not run yet"
           + ("\nsampled modules count only the mutants numbered ...[" + "], ...[".join(sorted(set(digits.values())))
-             + "]; the interval is the kill rate's 95% Wilson interval over all of that module's mutants"
+             + "]; the interval is the kill rate's 95% Wilson interval for all of the module's\nnon-equivalent mutants (approximate: the sample is systematic, not random)"
              if sampled else ""))
 
     if FLAGS.list_survivors:
@@ -175,10 +176,10 @@ def main(argv):
             print(f"  {st:>12}  {name}")
             if FLAGS.diffs:
                 print("\n".join("      " + line for line in _diff(name, source_of[name], mutants_dir)))
-        known = {name for codes in by_module.values() for name in codes}
+        # Rows outside a sample are still checked against their last result.
         stale = sorted(name for name in equivalent
-                       if name in known and status(next(c[name] for c in by_module.values() if name in c)) != "survived")
-        missing = sorted(name for name in equivalent if name not in known
+                       if name in every_result and status(every_result[name]) in ("killed", "timeout"))
+        missing = sorted(name for name in equivalent if name not in every_result
                          and any(name.startswith(_module(s) + ".") for s in by_module))
         for name in stale:
             print(f"  stale equivalent (no longer survives, check the row): {name}")
