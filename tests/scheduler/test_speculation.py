@@ -272,3 +272,19 @@ def test_prefix_survival_is_made_monotone_and_clipped_to_probabilities():
     est = PrefixEstimate(np.array([0.4, 0.6]), np.array([2.0, 2.0]))
     np.testing.assert_array_equal(est.means(), [0.4, 0.4])
     assert expected_output(np.array([0.4, 0.6]), 3) == pytest.approx(1.8)
+
+
+def test_pooled_means_follow_the_pool_they_are_asked_about():
+    """An estimate's cached means and optimistic estimates belong to one pool: asked about
+    another pool at the same revision, it answers from that pool's mean, not from the cache."""
+    from helios_jax.scheduler.speculation import PrefixEstimate
+
+    est = PrefixEstimate.from_prior(np.array([0.5, 0.25]))
+    low = PrefixEstimate.from_prior(np.array([0.02, 0.01]))
+    high = PrefixEstimate.from_prior(np.array([0.1, 0.05]))
+    assert low.revision == high.revision
+    assert est.means(low) == pytest.approx([0.02, 0.01])
+    assert est.means(high) == pytest.approx([0.1, 0.05])
+    bonus = math.sqrt(math.log(20) / (2 * 2.0))  # at the initial weight 2: 0.865
+    assert est.optimistic(0, low)[0] == pytest.approx(0.02 + bonus)
+    assert est.optimistic(0, high)[0] == pytest.approx(0.1 + bonus)
