@@ -107,19 +107,25 @@ class Report:
                 "worst_relative_gap": self.worst_relative_gap, "bounded_cases": self.bounded_cases}
 
 
+def random_mode(rng: np.random.Generator, catalog: Catalog) -> tuple[DecodeMode, int | None]:
+    """A decode mode the catalog supports, and for fixed-width execution one of its widths."""
+    modes = [DecodeMode.ORDINARY] if catalog.mode == "ordinary" else [DecodeMode.ADAPTIVE, DecodeMode.FIXED]
+    mode = modes[int(rng.integers(len(modes)))]
+    fixed_width = None
+    if mode is DecodeMode.FIXED:
+        widths = sorted({g.token_capacity for g in catalog.of_kind(GraphKind.SPECULATIVE)
+                         if g.allocation is Allocation.QUERY_LENGTH})
+        fixed_width = widths[int(rng.integers(len(widths)))]
+    return mode, fixed_width
+
+
 def run(catalog: Catalog, cases: int, seed: int, max_requests: int = 5, noise: float = 0.0,
         policy_config: PolicyConfig | None = None) -> Report:
     rng = np.random.default_rng(seed)
     report = Report()
     policy_config = policy_config or PolicyConfig()
-    modes = [DecodeMode.ORDINARY] if catalog.mode == "ordinary" else [DecodeMode.ADAPTIVE, DecodeMode.FIXED]
     for case in range(cases):
-        mode = modes[int(rng.integers(len(modes)))]
-        fixed_width = None
-        if mode is DecodeMode.FIXED:
-            widths = sorted({g.token_capacity for g in catalog.of_kind(GraphKind.SPECULATIVE)
-                             if g.allocation is Allocation.QUERY_LENGTH})
-            fixed_width = widths[int(rng.integers(len(widths)))]
+        mode, fixed_width = random_mode(rng, catalog)
         graphs = catalog.eligible(mode, fixed_width=fixed_width)
         costs = CostModel(policy_config.estimate_ttl_ns)
         for g in graphs:

@@ -365,18 +365,7 @@ def test_output_limits_account_for_queued_rounds():
 @spec("planning-queue/packed-round", "confidence-acceptance/completed-only", "confidence-acceptance/rank-zero",
       "confidence-acceptance/peer-valid-probs")
 def test_device_allocation_completes_through_the_packed_round():
-    device_only = dataclasses.replace(RAGGED, graphs=tuple(
-        g for g in RAGGED.graphs if g.kind is GraphKind.PREFILL
-        or (g.allocation is not None and g.allocation.value == "prefix_limit")))
-    s = scheduler(device_only)
-    handles = [s.admit([1] * 8, max_output=100) for _ in range(4)]
-    t = 0.0
-    for fence in range(1, 5):
-        _, _, t = run_once(s, fence, t)
-    s.advance_to(int(t * MS))
-    plan = s.plan()
-    assert plan.graph.allocation.value == "prefix_limit" and all(l.ceiling == 4 for l in plan.lanes)
-    s.commit(plan, 5)
+    s, handles, plan, _ = _packed_round_in_flight()
     recs = [CompletionRecord(l.handle, l.epoch, tokens=(5, 5), offered=1, accepted=1) for l in plan.lanes]
     with pytest.raises(ValueError, match="complete_packed_round"):
         s.complete(5, recs, timing(4.7))
@@ -399,13 +388,17 @@ def test_device_allocation_completes_through_the_packed_round():
     assert not np.allclose(before, after)
 
 
+def _device_only():
+    """ragged-small with its prefill and device-allocated (prefix_limit) programs only."""
+    return dataclasses.replace(RAGGED, graphs=tuple(
+        g for g in RAGGED.graphs if g.kind is GraphKind.PREFILL
+        or (g.allocation is not None and g.allocation.value == "prefix_limit")))
+
+
 def _packed_round_in_flight():
     """Four decoders on device-allocated speculative programs (ceiling 4, depth 3) and their
     first packed round committed as fence 5: (scheduler, handles, plan, now_ms)."""
-    device_only = dataclasses.replace(RAGGED, graphs=tuple(
-        g for g in RAGGED.graphs if g.kind is GraphKind.PREFILL
-        or (g.allocation is not None and g.allocation.value == "prefix_limit")))
-    s = scheduler(device_only)
+    s = scheduler(_device_only())
     handles = [s.admit([1] * 8, max_output=100) for _ in range(4)]
     t = 0.0
     for fence in range(1, 5):
@@ -839,10 +832,7 @@ def test_completed_rounds_move_the_population_priors_a_sixty_fourth():
     had generated 3 tokens (1 from the prefill, 2 now): their own weight 2 aged to
     w = 2 * 0.5**(3/128) before the observation, so depth 1 holds (w*0.5 + 1)/(w + 1).
     """
-    device_only = dataclasses.replace(RAGGED, graphs=tuple(
-        g for g in RAGGED.graphs if g.kind is GraphKind.PREFILL
-        or (g.allocation is not None and g.allocation.value == "prefix_limit")))
-    s = scheduler(device_only)
+    s = scheduler(_device_only())
     first = [s.admit([1] * 8, max_output=100) for _ in range(4)]
     t = 0.0
     for fence in range(1, 5):

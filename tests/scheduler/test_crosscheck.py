@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from helios_jax.catalog import Allocation, DecodeMode, GraphKind
+from helios_jax.catalog import Allocation, GraphKind
 from helios_jax.reference import cohorts, crosscheck
 from helios_jax.reference.cohorts import best_pair_naive
 from helios_jax.reference.prefix_allocation import prefix_allocation_naive
@@ -84,13 +84,7 @@ def test_pair_solver_is_exact(new, ready, terminal, b1, b2, min_new):
 def _lane_values_case(catalog, rng, max_requests, policy_config):
     """One crosscheck population on `catalog`, a few programs unmeasured: (views, selection
     input, naive objective, mode)."""
-    modes = [DecodeMode.ORDINARY] if catalog.mode == "ordinary" else [DecodeMode.ADAPTIVE, DecodeMode.FIXED]
-    mode = modes[int(rng.integers(len(modes)))]
-    fixed_width = None
-    if mode is DecodeMode.FIXED:
-        widths = sorted({g.token_capacity for g in catalog.of_kind(GraphKind.SPECULATIVE)
-                         if g.allocation is Allocation.QUERY_LENGTH})
-        fixed_width = widths[int(rng.integers(len(widths)))]
+    mode, fixed_width = crosscheck.random_mode(rng, catalog)
     graphs = catalog.eligible(mode, fixed_width=fixed_width)
     costs = CostModel(policy_config.estimate_ttl_ns)
     for g in graphs:
