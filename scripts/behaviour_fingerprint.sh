@@ -15,6 +15,8 @@ PY=${PY:-python}
 here=$(cd "$(dirname "$0")/.." && pwd)
 cd "$here"
 export JAX_PLATFORMS=cpu
+# Scripts import this checkout's package, not whatever an editable install points at.
+export PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}"
 
 $PY -m helios_jax.reference.crosscheck --cases=150 --seed=1 > "$out/crosscheck.txt"
 for cat in synthetic-h200 synthetic-h200-ordinary; do
