@@ -47,8 +47,8 @@ serve: $(VENV)/.stamp-base
 bench: $(VENV)/.stamp-base
 	$(PY) scripts/bench/scheduler_select.py
 
-# The tests in mutants/ import helios_jax from there; setup.py maps helios_jax.reference and
-# helios_jax.kernels to reference/ and kernels/, so the links keep those on this checkout's copies.
+# The tests in mutants/ import helios_jax from there; mutmut copies files but not the links
+# helios_jax/reference and helios_jax/kernels, so these links point the copy at this checkout's folders.
 mutation: $(VENV)/.stamp-mutation
 	mkdir -p mutants/helios_jax
 	ln -sfn ../../reference mutants/helios_jax/reference
