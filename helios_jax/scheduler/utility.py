@@ -17,7 +17,7 @@ Because duration and excluded-stream waiting cost do not depend on cohort member
 contribution is additive for a fixed program. The cohort solvers here use that:
 
 - unconstrained programs take their highest lane values (sorted prefix sums, in the policy's
-  ``table``);
+  lane tables, ``policy.tables.DecoderTable.table``);
 - :func:`fixed_ragged`: a host-allocated ragged program with complete prefixes chooses the
   highest-value cohort fitting both B and P (an exact capacity problem over weight classes);
 - :func:`adaptive_ragged`: adaptive ragged programs evaluate cohort prefixes under three bounded
@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import NamedTuple
 
 import numpy as np
 
@@ -71,7 +72,7 @@ class Decision:
 
     @classmethod
     def build(cls, views: list[RequestView], policy: PolicyConfig, *, sigma_decode: float,
-              sigma_terminal: float) -> "Decision":
+              sigma_terminal: float) -> Decision:
         logs = [0.0]
         for v in views:
             for x in (v.log_prefill_price, v.log_output_price, v.log_delivery_price):
@@ -96,7 +97,7 @@ class Decision:
             alpha=policy.adaptive_verification_alpha,
         )
 
-    def scaled(self, log_value: float | np.ndarray):
+    def scaled(self, log_value: float | np.ndarray) -> np.ndarray:
         return np.exp(np.asarray(log_value) - self.log_scale)
 
     def rate(self, numerator: float, duration_ms: float) -> float:
@@ -106,16 +107,24 @@ class Decision:
     def sequence_rate(self, numerator: float, total_ms: float) -> float:
         return numerator / total_ms - 0.5 * total_ms * self.waiting
 
-    def decode_age_term(self, age_ms, until_ms: float):
+    def decode_age_term(self, age_ms: float | np.ndarray, until_ms: float) -> np.ndarray:
         """c * sigma * (A + T) for served decoders (array-friendly)."""
         return self.decode_age * self.sigma_decode * (np.asarray(age_ms) + until_ms)
 
-    def terminal_lane(self, age_ms, until_ms: float):
+    def terminal_lane(self, age_ms: float | np.ndarray, until_ms: float) -> np.ndarray:
         """terminal_value + c * sigma * (A + T) for terminal rows."""
         return self.terminal_value + self.terminal_age * self.sigma_terminal * (np.asarray(age_ms) + until_ms)
 
 
-def ragged_table(values: np.ndarray, weights: np.ndarray, batch: int, rows: int) -> "RaggedTable":
+class WeightClass(NamedTuple):
+    """The lanes of one weight (target rows) in a ragged table, best first."""
+
+    weight: int
+    lanes: np.ndarray  # i64[m] lane indices by value, descending (stable)
+    prefix: np.ndarray  # f64[m + 1] sums of their values
+
+
+def ragged_table(values: np.ndarray, weights: np.ndarray, batch: int, rows: int) -> RaggedTable:
     """Best totals of cohorts of exactly j lanes using exactly r target rows, for every j and r.
 
     Exact: lanes are grouped by weight (target rows), each group contributes its best j lanes,
@@ -128,7 +137,7 @@ def ragged_table(values: np.ndarray, weights: np.ndarray, batch: int, rows: int)
     for w in np.unique(weights):
         idx = np.flatnonzero(weights == w)
         idx = idx[np.argsort(-values[idx], kind="stable")]
-        groups.append((int(w), idx, np.concatenate([[0.0], np.cumsum(values[idx])])))
+        groups.append(WeightClass(int(w), idx, np.concatenate([[0.0], np.cumsum(values[idx])])))
     neg = -np.inf
     dp = np.full((batch + 1, rows + 1), neg)
     dp[0, 0] = 0.0
@@ -153,9 +162,9 @@ def ragged_table(values: np.ndarray, weights: np.ndarray, batch: int, rows: int)
 class RaggedTable:
     """``ragged_table``'s result: ``best[j, r]`` (-inf where no cohort) and how to rebuild it."""
 
-    best: np.ndarray
-    groups: list
-    choices: list
+    best: np.ndarray  # f64[B + 1, P + 1]
+    groups: list[WeightClass]
+    choices: list[np.ndarray]  # per class: i64[B + 1, P + 1] lanes it contributes to best[j, r]
 
     def cohort(self, count: int, used: int) -> list[int]:
         """The lane indices behind ``best[count, used]``."""
@@ -167,7 +176,7 @@ class RaggedTable:
         return sorted(chosen)
 
 
-def fixed_ragged(values: np.ndarray, weights: np.ndarray, batch: int, rows: int):
+def fixed_ragged(values: np.ndarray, weights: np.ndarray, batch: int, rows: int) -> tuple[float, list[int]]:
     """Best cohort of at most `batch` lanes whose weights sum to at most `rows` (exact).
 
     Returns (total value, chosen lane indices) with an empty cohort when nothing fits.
@@ -178,8 +187,18 @@ def fixed_ragged(values: np.ndarray, weights: np.ndarray, batch: int, rows: int)
     return float(table.best.flat[flat]), table.cohort(count, used)
 
 
-def best_ragged_pair(new_vals, new_weights, ready_vals, ready_weights, terminal, prereq_batch: int,
-                     follow_batch: int, rows: int, *, min_new: int = 1):
+class RaggedPairCohort(NamedTuple):
+    """``best_ragged_pair``'s choice."""
+
+    total: float
+    new: list[int]  # newly ready lanes the following program serves
+    ready: list[int]  # already ready lanes it serves
+    terminal_count: int  # terminal rows filling the prerequisite (the best ones)
+
+
+def best_ragged_pair(new_vals: np.ndarray, new_weights: np.ndarray, ready_vals: np.ndarray,
+                     ready_weights: np.ndarray, terminal: np.ndarray, prereq_batch: int, follow_batch: int,
+                     rows: int, *, min_new: int = 1) -> RaggedPairCohort | None:
     """Exact cohorts for a prerequisite followed by a host-allocated ragged program.
 
     As :func:`best_pair`, with the following program's aggregate row capacity `rows` binding
@@ -187,7 +206,7 @@ def best_ragged_pair(new_vals, new_weights, ready_vals, ready_weights, terminal,
     best k newly ready lanes using r1 rows, plus the best already ready lanes within the batch
     left and P - r1 rows, plus the best terminal rows filling the prerequisite.
 
-    Returns (total, new lane indices, ready lane indices, j_terminal) or None.
+    Returns a :class:`RaggedPairCohort`, or None when no k is feasible.
     """
     k_max = min(len(new_vals), prereq_batch, follow_batch)
     if k_max < min_new:
@@ -196,7 +215,7 @@ def best_ragged_pair(new_vals, new_weights, ready_vals, ready_weights, terminal,
     ready_t = ragged_table(ready_vals, ready_weights, follow_batch, rows)
     term_s = np.sort(np.asarray(terminal, dtype=np.float64))[::-1]
     pt = np.concatenate([[0.0], np.cumsum(term_s)])
-    best = None
+    best: RaggedPairCohort | None = None
     for k in range(min_new, k_max + 1):
         jr_max = follow_batch - k
         ready = ready_t.best[: jr_max + 1]  # [j, r]
@@ -215,16 +234,24 @@ def best_ragged_pair(new_vals, new_weights, ready_vals, ready_weights, terminal,
         total = float(totals[r1]) + float(pt[min(prereq_batch - k, len(term_s))])
         if not np.isfinite(total):
             continue
-        if best is None or total > best[0] + REL_TIE * max(1.0, abs(best[0])):
+        if best is None or total > best.total + REL_TIE * max(1.0, abs(best.total)):
             r2 = int(r_at[rows - r1])
-            best = (total, new_t.cohort(k, r1), ready_t.cohort(int(j_at[r2]), r2),
-                    int(min(prereq_batch - k, len(term_s))))
+            best = RaggedPairCohort(total, new_t.cohort(k, r1), ready_t.cohort(int(j_at[r2]), r2),
+                                    int(min(prereq_batch - k, len(term_s))))
     return best
+
+
+class AdaptiveCohort(NamedTuple):
+    """``adaptive_ragged``'s choice."""
+
+    total: float
+    cohort: list[int]  # lane indices, ascending; empty when no prefix is allowed
+    rows: np.ndarray  # i64[n] allocated target rows per lane (0 outside the cohort)
 
 
 def adaptive_ragged(base: np.ndarray, extension: np.ndarray, ceilings: np.ndarray,
                     alloc_lanes: np.ndarray, alloc_depths: np.ndarray, batch: int, rows: int, *,
-                    new: np.ndarray | None = None, new_bonus: np.ndarray | None = None):
+                    new: np.ndarray | None = None, new_bonus: np.ndarray | None = None) -> AdaptiveCohort:
     """Adaptive ragged cohort selection under the three bounded orderings.
 
     Args:
@@ -238,12 +265,12 @@ def adaptive_ragged(base: np.ndarray, extension: np.ndarray, ceilings: np.ndarra
         makes ready (bool[n]), and the value added when a cohort holds k of them
         (``new_bonus[k]``: the prerequisite's own rows; -inf where k is not allowed, e.g. k = 0).
 
-    Returns (total value, cohort lane indices, per-lane allocated rows); the cohort is empty
-    when no prefix is allowed.
+    Returns an :class:`AdaptiveCohort`: total value, cohort lane indices, per-lane allocated
+    rows; the cohort is empty when no prefix is allowed.
     """
     n = base.shape[0]
     if n == 0:
-        return 0.0, [], np.zeros(0, dtype=np.int64)
+        return AdaptiveCohort(0.0, [], np.zeros(0, dtype=np.int64))
     depth_mask = np.arange(extension.shape[1])[None, :] < (ceilings[:, None] - 1)
     full = base + np.where(depth_mask, extension, 0.0).sum(axis=1)
     orderings = (
@@ -253,7 +280,7 @@ def adaptive_ragged(base: np.ndarray, extension: np.ndarray, ceilings: np.ndarra
     )
     ext_vals = extension[alloc_lanes, alloc_depths - 1] if alloc_lanes.size else np.zeros(0)
     m_max = min(batch, n, rows)
-    best = (-np.inf, None, None)  # ties keep the earlier ordering
+    best: AdaptiveCohort | None = None  # ties keep the earlier ordering
     for order in orderings:
         rank = np.empty(n, dtype=np.int64)
         rank[order] = np.arange(n)
@@ -262,24 +289,33 @@ def adaptive_ragged(base: np.ndarray, extension: np.ndarray, ceilings: np.ndarra
         member = rank[alloc_lanes][None, :] < ms[:, None]  # [m, items]
         taken = member & (np.cumsum(member, axis=1) <= (rows - ms)[:, None])
         totals = base_prefix[ms] + taken @ ext_vals
-        if new is not None:
+        if new is not None and new_bonus is not None:
             k = np.cumsum(new[order])[ms - 1]
             totals = totals + np.where(k < len(new_bonus), new_bonus[np.minimum(k, len(new_bonus) - 1)], -np.inf)
         i = int(np.argmax(totals))
         if not np.isfinite(totals[i]):
             continue
-        if best[1] is None or totals[i] > best[0] + REL_TIE * max(1.0, abs(best[0])):
+        if best is None or totals[i] > best.total + REL_TIE * max(1.0, abs(best.total)):
             alloc = np.zeros(n, dtype=np.int64)
             alloc[order[: ms[i]]] = 1
             np.add.at(alloc, alloc_lanes[taken[i]], 1)
-            best = (float(totals[i]), sorted(order[: ms[i]].tolist()), alloc)
-    if best[1] is None:
-        return 0.0, [], np.zeros(n, dtype=np.int64)
+            best = AdaptiveCohort(float(totals[i]), sorted(order[: ms[i]].tolist()), alloc)
+    if best is None:
+        return AdaptiveCohort(0.0, [], np.zeros(n, dtype=np.int64))
     return best
 
 
+class PairCohort(NamedTuple):
+    """``best_pair``'s choice: how many rows of each group, each group's best first."""
+
+    total: float
+    new_count: int  # newly ready rows the following graph serves
+    ready_count: int  # already ready rows filling its remaining capacity
+    terminal_count: int  # terminal rows filling the prerequisite's remaining capacity
+
+
 def best_pair(new: np.ndarray, ready: np.ndarray, terminal: np.ndarray, prereq_batch: int,
-              follow_batch: int, *, min_new: int = 1):
+              follow_batch: int, *, min_new: int = 1) -> PairCohort | None:
     """Exact cohort choice for a fixed prerequisite shape followed by a fixed inference shape.
 
     Enumerate k, the number of newly ready rows the following graph serves (at least
@@ -287,7 +323,7 @@ def best_pair(new: np.ndarray, ready: np.ndarray, terminal: np.ndarray, prereq_b
     remaining capacity with the largest already ready ones, and the prerequisite's remaining
     capacity with the largest terminal-completion ones. Sorted prefix sums give every k at once.
 
-    Returns (total, k, j_ready, j_terminal) or None when no k is feasible.
+    Returns a :class:`PairCohort` (total, k, j_ready, j_terminal), or None when no k is feasible.
     """
     new_s = np.sort(new)[::-1]
     ready_s = np.sort(ready)[::-1]
@@ -303,4 +339,4 @@ def best_pair(new: np.ndarray, ready: np.ndarray, terminal: np.ndarray, prereq_b
     jt = np.minimum(prereq_batch - ks, len(term_s))
     totals = pn[ks] + pr[jr] + pt[jt]
     i = int(np.argmax(totals))
-    return float(totals[i]), int(ks[i]), int(jr[i]), int(jt[i])
+    return PairCohort(float(totals[i]), int(ks[i]), int(jr[i]), int(jt[i]))
