@@ -1,0 +1,299 @@
+"""The following graph of a two-stage sequence: its cohort, solved jointly with the
+prerequisite's (spec, "Prerequisites and completion").
+
+A prerequisite program g1 makes some blocked requests ready; the following inference program g2
+then serves k >= 1 of them, already ready requests in its remaining rows, while g1's remaining
+rows finish terminal requests. For fixed shapes lane values are additive, so:
+
+- decode-like and prefill followers: sorted prefix sums over k (``utility.best_pair``), once
+  per population shape (:func:`populations`; a mixed follower's prompt row is absent, already
+  ready, or enabled by the prerequisite);
+- ragged speculative followers, whose aggregate rows P bind as well as B: exact for host
+  allocation in fixed mode (``utility.best_ragged_pair``), the adaptive orderings priced by the
+  resulting causal allocation otherwise (:func:`ragged_cohort`).
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import numpy as np
+
+from helios_jax.catalog import Allocation, DecodeMode, GraphDescriptor, GraphKind
+from helios_jax.scheduler import utility
+from helios_jax.scheduler.policy.selection import Selection
+from helios_jax.scheduler.policy.tables import DecoderTable, padded_rows
+from helios_jax.scheduler.rounds import prefix_allocation_order
+from helios_jax.scheduler.speculation import expected_output_table
+from helios_jax.scheduler.view import Lane, LaneRole, Phase, RequestView
+
+
+@dataclasses.dataclass(frozen=True)
+class Pair:
+    """A prerequisite program followed by one inference program, with their timing."""
+
+    prerequisite: GraphDescriptor  # g1
+    following: GraphDescriptor  # g2
+    group: list[RequestView]  # blocked requests whose next prerequisite g1 runs
+    terminals: list[RequestView]  # terminal rows g1 may finish (snapshot programs only)
+    terminal_values: np.ndarray  # f64[len(terminals)], their ages stopping at T
+    prerequisite_ms: float | None  # T
+    following_ms: float | None  # F
+    total_ms: float  # U = T + F; 0 when either is unknown
+
+    @property
+    def unknown(self) -> bool:
+        return self.prerequisite_ms is None or self.following_ms is None
+
+
+class FollowerCohort(NamedTuple):
+    """The joint choice for one pair: what the following graph serves, what the prerequisite
+    finishes besides the rows it enables."""
+
+    enabled: set[int]  # rids the prerequisite makes ready and the following graph serves
+    terminal_count: int  # terminal rows the prerequisite finishes (the best ones)
+    lanes: list[Lane]  # the following graph's lanes
+    value: float  # useful value of both stages
+
+
+@dataclasses.dataclass(frozen=True)
+class Population:
+    """One population shape of a following graph: contributions and lanes of its row groups."""
+
+    new_values: np.ndarray  # f64[k]: rows the prerequisite makes ready
+    new_lanes: list[Lane]
+    ready_values: np.ndarray  # f64[j]: rows already ready
+    ready_lanes: list[Lane]
+    room: int  # following-graph rows left for newly ready and ready rows
+    fixed: list[Lane] = dataclasses.field(default_factory=list)  # a chosen prompt row
+    fixed_new: bool = False  # the fixed prompt row is itself enabled by the prerequisite
+
+    @property
+    def fixed_value(self) -> float:
+        return float(sum(l.value for l in self.fixed))
+
+    @classmethod
+    def of(cls, new: Sequence[tuple[float, Lane]], ready: Sequence[tuple[float, Lane]], room: int, *,
+           fixed: Sequence[Lane] = (), fixed_new: bool = False) -> Population:
+        return cls(np.array([x[0] for x in new], dtype=np.float64), [x[1] for x in new],
+                   np.array([x[0] for x in ready], dtype=np.float64), [x[1] for x in ready],
+                   room, list(fixed), fixed_new)
+
+
+def following_graphs(sel: Selection, enables: Phase) -> list[GraphDescriptor]:
+    """Every prepared inference shape that can follow: prefill, scored prefill and mixed
+    programs for an enabled prompt; every generation program, ragged ones included, for an
+    enabled decoder."""
+    if enables is Phase.PREFILL:
+        return [g for g in sel.prepared.graphs if g.kind.is_prefill or g.kind is GraphKind.MIXED]
+    return list(sel.prepared.delivery)
+
+
+def is_ragged(g: GraphDescriptor) -> bool:
+    return g.kind is GraphKind.SPECULATIVE and g.token_capacity > 1 and not g.is_rectangular
+
+
+def new_decoder(sel: Selection, v: RequestView, g2: GraphDescriptor, until_ms: float) -> tuple[float, Lane]:
+    """A newly ready decoder's lane in the following graph, with an individual reference.
+
+    A multistage blocked stream's reference interval is its own future-delivery time, the
+    length of the sequence that delivers to it.
+    """
+    decision = sel.decision
+    survival = padded_rows([v.survival], sel.prepared.max_depth)
+    w = int(max(1, min(v.row_limit, g2.token_capacity, g2.proposal_depth + 1)))
+    expected = float(expected_output_table(survival, w, decision.alpha)[0, w])
+    output_price = float(decision.scaled(v.log_output_price))
+    delivery_price = float(decision.scaled(v.log_delivery_price))
+    value = output_price * expected + delivery_price + decision.decode_age * until_ms * (v.age_ms + until_ms)
+    return value, Lane(v.rid, v.slot, LaneRole.DECODE, query_length=w, expected_tokens=expected, value=value)
+
+
+def prompt_value(sel: Selection, v: RequestView, capacity: int, scored: bool = False) -> float:
+    """A prompt lane's value in a chunk of `capacity`; zero in the wrong prefill family
+    (a request that needs prompt scores runs only scored prefill, and no other does)."""
+    n = v.prompt_work(capacity)
+    if n <= 0 or v.needs_scores != scored:
+        return 0.0
+    value = float(sel.decision.scaled(v.log_prefill_price)) * n
+    if n == v.prompt_remaining:
+        value += float(sel.decision.scaled(v.log_output_price))
+    return value
+
+
+def prompt_lane(sel: Selection, v: RequestView, capacity: int, scored: bool = False) -> Lane:
+    n = v.prompt_work(capacity)
+    return Lane(v.rid, v.slot, LaneRole.PROMPT, prompt_tokens=n, value=prompt_value(sel, v, capacity, scored),
+                expected_tokens=1.0 if n == v.prompt_remaining else 0.0)
+
+
+def populations(sel: Selection, g2: GraphDescriptor, new_views: list[RequestView],
+                u: float) -> list[Population]:
+    """Every legal population shape of the following graph for one fixed pair of shapes.
+
+    Decode-like followers take newly ready and already ready decoders; prefill followers
+    take newly enabled and already ready prompts. A mixed follower's prompt row is absent,
+    already ready, or enabled by the prerequisite (then it is itself the newly ready row and
+    holds one prerequisite row); each case leaves an exact capacity problem for the decode
+    rows.
+    """
+    if g2.kind.is_prefill:
+        return [_prefill_population(sel, g2, new_views)]
+    decoders, prompts = sel.decoders, sel.prompts
+    b2 = g2.batch_capacity
+    new_dec = [new_decoder(sel, v, g2, u) for v in new_views if v.enables is Phase.DECODE]
+    ready_dec: list[tuple[float, Lane]] = []
+    if decoders.count:
+        table = decoders.table(g2.token_capacity, g2.proposal_depth)
+        ready_dec = list(zip((table.values + decoders.age_value_per_ms * u).tolist(),
+                             decoders.lanes(range(decoders.count), table.widths, u)))
+    shapes = [Population.of(new_dec, ready_dec, b2)]
+    if g2.kind is GraphKind.MIXED:
+        cap = g2.prefill_capacity
+        for i in range(prompts.count):
+            if prompts.work(cap)[i] > 0 and not prompts.needs_scores[i]:
+                shapes.append(Population.of(new_dec, ready_dec, b2 - 1, fixed=[prompts.lane(i, cap)]))
+        for v in new_views:
+            if v.enables is Phase.PREFILL and prompt_value(sel, v, cap) > 0:
+                shapes.append(Population.of(new_dec, ready_dec, b2 - 1,
+                                            fixed=[prompt_lane(sel, v, cap)], fixed_new=True))
+    return shapes
+
+
+def _prefill_population(sel: Selection, g2: GraphDescriptor, new_views: list[RequestView]) -> Population:
+    prompts = sel.prompts
+    cap, scored = g2.token_capacity, g2.kind is GraphKind.SCORED_PREFILL
+    new = [(prompt_value(sel, v, cap, scored), prompt_lane(sel, v, cap, scored)) for v in new_views
+           if v.enables is Phase.PREFILL]
+    ready = [(float(prompts.values(cap)[i]), prompts.lane(i, cap)) for i in range(prompts.count)
+             if prompts.needs_scores[i] == scored and prompts.work(cap)[i] > 0]
+    return Population.of([x for x in new if x[0] > 0], ready, g2.batch_capacity)
+
+
+def population_cohort(pair: Pair, pop: Population) -> FollowerCohort | None:
+    """The exact joint cohort for one population shape (``utility.best_pair``)."""
+    room1 = pair.prerequisite.batch_capacity - (1 if pop.fixed_new else 0)
+    res = utility.best_pair(pop.new_values, pop.ready_values, pair.terminal_values, room1, pop.room,
+                            min_new=0 if pop.fixed_new else 1)
+    if res is None:
+        return None
+    new_lanes = [pop.new_lanes[i] for i in np.argsort(-pop.new_values, kind="stable")[:res.new_count]]
+    ready_lanes = [pop.ready_lanes[i] for i in np.argsort(-pop.ready_values, kind="stable")[:res.ready_count]]
+    enabled = {l.rid for l in new_lanes} | ({l.rid for l in pop.fixed} if pop.fixed_new else set())
+    return FollowerCohort(enabled, res.terminal_count, pop.fixed + new_lanes + ready_lanes,
+                          res.total + pop.fixed_value)
+
+
+@dataclasses.dataclass(frozen=True)
+class _RaggedRows:
+    """A ragged follower's decoders: newly ready ones and already ready ones, valued to U."""
+
+    new: DecoderTable
+    ready: DecoderTable
+    new_rest: np.ndarray  # f64[k]: delivery and age value, with the individual reference U
+    ready_rest: np.ndarray  # f64[j]: delivery and age value to U
+    new_widths: np.ndarray  # i64[k]: lane ceilings on the following program
+    ready_widths: np.ndarray  # i64[j]
+
+
+class _RaggedChoice(NamedTuple):
+    new: list[int]  # newly ready lanes served
+    ready: list[int]  # already ready lanes served
+    terminal_count: int
+    new_rows: np.ndarray  # i64[k]: target rows of each newly ready lane
+    ready_rows: np.ndarray  # i64[j]
+
+
+def ragged_cohort(sel: Selection, pair: Pair, new_views: list[RequestView]) -> FollowerCohort | None:
+    """A prerequisite followed by a ragged speculative program, whose aggregate rows P bind
+    the cohort as well as B: exact for host allocation in fixed mode (``best_ragged_pair``),
+    the adaptive orderings priced by the resulting causal allocation otherwise, in both
+    cases with at least one newly ready row and the prerequisite's rows shared with terminal
+    rows."""
+    views = [v for v in new_views if v.enables is Phase.DECODE]
+    if not views:
+        return None
+    rows = _ragged_rows(sel, pair, views)
+    device = pair.following.allocation is Allocation.PREFIX_LIMIT
+    if sel.mode is DecodeMode.FIXED:
+        choice = _fixed_ragged_choice(pair, rows)
+    else:
+        choice = _adaptive_ragged_choice(pair, rows, device)
+    if choice is None:
+        return None
+    new_lanes = [_ragged_lane(rows.new, rows.new_rest, i, choice.new_rows[i], rows.new_widths[i], device)
+                 for i in choice.new]
+    ready_lanes = [_ragged_lane(rows.ready, rows.ready_rest, i, choice.ready_rows[i], rows.ready_widths[i],
+                                device) for i in choice.ready]
+    total = (sum(l.value for l in new_lanes + ready_lanes)
+             + float(np.sort(pair.terminal_values)[::-1][:choice.terminal_count].sum()))
+    return FollowerCohort({l.rid for l in new_lanes}, choice.terminal_count, new_lanes + ready_lanes, total)
+
+
+def _ragged_rows(sel: Selection, pair: Pair, views: list[RequestView]) -> _RaggedRows:
+    ready = sel.decoders
+    new = DecoderTable(views, sel.decision, sel.prepared.max_width, sel.prepared.max_depth)
+    u = pair.total_ms
+    # Newly ready streams use their individual future-delivery reference sigma_i = U; every
+    # served age resets at U.
+    new_rest = new.delivery_price + sel.decision.decode_age * u * (np.array([v.age_ms for v in views]) + u)
+    ready_rest = ready.settled_value + ready.age_value_per_ms * u if ready.count else np.zeros(0)
+    width, depth = pair.following.token_capacity, pair.following.proposal_depth
+    ready_widths = ready.lane_widths(width, depth) if ready.count else np.zeros(0, dtype=np.int64)
+    return _RaggedRows(new, ready, new_rest, ready_rest, new.lane_widths(width, depth), ready_widths)
+
+
+def _fixed_ragged_choice(pair: Pair, rows: _RaggedRows) -> _RaggedChoice | None:
+    new, ready = rows.new, rows.ready
+    new_values = new.output_price * new.expected_output[np.arange(new.count), rows.new_widths] + rows.new_rest
+    ready_values = (ready.output_price * ready.expected_output[np.arange(ready.count), rows.ready_widths]
+                    + rows.ready_rest if ready.count else np.zeros(0))
+    g2 = pair.following
+    res = utility.best_ragged_pair(new_values, rows.new_widths, ready_values, rows.ready_widths,
+                                   pair.terminal_values, pair.prerequisite.batch_capacity, g2.batch_capacity,
+                                   g2.target_capacity)
+    if res is None:
+        return None
+    return _RaggedChoice(res.new, res.ready, res.terminal_count, rows.new_widths, rows.ready_widths)
+
+
+def _adaptive_ragged_choice(pair: Pair, rows: _RaggedRows, device: bool) -> _RaggedChoice | None:
+    new, ready = rows.new, rows.ready
+    n_new, room1 = new.count, pair.prerequisite.batch_capacity
+    pending = (np.concatenate([new.output_price + rows.new_rest, ready.output_price + rows.ready_rest])
+               if ready.count else new.output_price + rows.new_rest)
+    extension = (np.vstack([new.extension_value, ready.extension_value]) if ready.count
+                 else new.extension_value)
+    ceilings = np.concatenate([rows.new_widths, rows.ready_widths])
+    rank_key = ((np.vstack([new.forecast, ready.forecast]) if ready.count else new.forecast) if device
+                else extension)
+    slots = np.concatenate([new.slots, ready.slots]) if ready.count else new.slots
+    by_slot = np.argsort(slots, kind="stable")
+    alloc_lanes, alloc_depths = prefix_allocation_order(
+        rank_key[by_slot], np.minimum(ceilings[by_slot], extension.shape[1] + 1))
+    terminal_sorted = np.sort(pair.terminal_values)[::-1]
+    terminal_prefix = np.concatenate([[0.0], np.cumsum(terminal_sorted)])
+    ks = np.arange(min(room1, n_new) + 1)
+    bonus = terminal_prefix[np.minimum(room1 - ks, terminal_sorted.size)]  # terminal rows beside k new
+    bonus[0] = -np.inf  # at least one newly ready row
+    is_new = np.arange(ceilings.size) < n_new
+    g2 = pair.following
+    _, cohort, alloc = utility.adaptive_ragged(pending, extension, ceilings, by_slot[alloc_lanes],
+                                               alloc_depths, g2.batch_capacity, g2.target_capacity,
+                                               new=is_new, new_bonus=bonus)
+    if not cohort:
+        return None
+    new_idx = [i for i in cohort if i < n_new]
+    ready_idx = [i - n_new for i in cohort if i >= n_new]
+    terminal_count = int(min(room1 - len(new_idx), terminal_sorted.size))
+    return _RaggedChoice(new_idx, ready_idx, terminal_count, alloc[:n_new], alloc[n_new:])
+
+
+def _ragged_lane(group: DecoderTable, rest: np.ndarray, i: int, rows: int, ceiling: int,
+                 device: bool) -> Lane:
+    """A decode lane of a ragged follower: predicted `rows` under device `ceiling`, or host rows."""
+    expected = float(group.expected_output[i, int(rows)])
+    return Lane(int(group.rids[i]), int(group.slots[i]), LaneRole.DECODE,
+                query_length=0 if device else int(rows), ceiling=int(ceiling) if device else 0,
+                expected_tokens=expected, value=float(group.output_price[i] * expected + rest[i]))

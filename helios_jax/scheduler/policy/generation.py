@@ -1,0 +1,124 @@
+"""Generation lanes: decode and speculative programs (spec, "Useful service and selection").
+
+- Unconstrained programs (decode, width one, rectangular speculative) take the highest additive
+  lane values: a prefix of the lane table's order.
+- Fixed-mode ragged host programs solve the B/P capacity problem exactly
+  (``utility.fixed_ragged``).
+- Adaptive ragged programs search cohort prefixes under three orderings, each priced by the
+  causal allocation it gets (``utility.adaptive_ragged``); device-allocated ones receive
+  host prices only through their lane ceilings (:func:`price_ceilings`).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from helios_jax.catalog import Allocation, DecodeMode, GraphDescriptor, GraphKind
+from helios_jax.scheduler import utility
+from helios_jax.scheduler.policy.ranking import ScoredRow
+from helios_jax.scheduler.policy.selection import Selection
+from helios_jax.scheduler.policy.tables import LaneTable
+from helios_jax.scheduler.rounds import allocate_prefix_rows, prefix_allocation_order
+
+
+def is_unconstrained(g: GraphDescriptor) -> bool:
+    """Every lane gets its full width: no aggregate row capacity P binds the cohort."""
+    return g.kind is GraphKind.DECODE or g.token_capacity == 1 or g.is_rectangular
+
+
+def generation_rows(sel: Selection) -> list[ScoredRow]:
+    """Each generation program's best cohort of runnable decoders."""
+    if sel.decoders.count == 0:
+        return []
+    rows = []
+    for g in sel.prepared.generation:
+        device = g.allocation is Allocation.PREFIX_LIMIT
+        table = sel.decoders.table(g.token_capacity, g.proposal_depth)
+        if is_unconstrained(g):
+            rows.append(_unconstrained_row(sel, g, table, device))
+            continue
+        if sel.mode is DecodeMode.FIXED:
+            row = _fixed_ragged_row(sel, g, table)
+        else:
+            row = _adaptive_ragged_row(sel, g, table.widths, device)
+        if row is not None:
+            rows.append(row)
+    return rows
+
+
+def _unconstrained_row(sel: Selection, g: GraphDescriptor, table: LaneTable, device: bool) -> ScoredRow:
+    decoders = sel.decoders
+    m = min(g.batch_capacity, decoders.count)
+    signature = (g.kind, device, g.proposal_depth, table.work_key, m)
+    return sel.row(g, float(table.prefix_values[m]), m * decoders.age_value_per_ms, signature,
+                   sel.decoder_lanes(table.order[:m], table.widths, g, device))
+
+
+def _fixed_ragged_row(sel: Selection, g: GraphDescriptor, table: LaneTable) -> ScoredRow | None:
+    decoders = sel.decoders
+    widths, values = table.widths, table.values
+    t = sel.duration(g) or 0.0
+    _, idx = utility.fixed_ragged(values + decoders.age_value_per_ms * t, widths, g.batch_capacity,
+                                  g.target_capacity)
+    if not idx:
+        return None
+    signature = (g.kind, False, g.proposal_depth, tuple((int(decoders.rids[i]), int(widths[i])) for i in idx))
+    return sel.row(g, float(values[idx].sum()), len(idx) * decoders.age_value_per_ms, signature,
+                   lambda: decoders.lanes(idx, widths, t))
+
+
+def _adaptive_ragged_row(sel: Selection, g: GraphDescriptor, widths: np.ndarray,
+                         device: bool) -> ScoredRow | None:
+    """Adaptive ragged selection: cohort prefixes under the three orderings, each priced by
+    the allocation it gets.
+
+    The host ranks its own rows by marginal value. The device ranks its causal frontier by
+    joint prefix probability (the forecast), never by host prices, within the lane
+    ceilings, and the ceilings are the only way prices reach its allocation
+    (:func:`price_ceilings`).
+    """
+    decoders = sel.decoders
+    t = sel.duration(g) or 0.0
+    pending_value = decoders.output_price + decoders.settled_value + decoders.age_value_per_ms * t
+    depth = decoders.extension_value.shape[1]
+    by_slot = np.argsort(decoders.slots, kind="stable")
+    rank_key = decoders.forecast if device else decoders.extension_value
+    alloc_lanes, alloc_depths = prefix_allocation_order(rank_key[by_slot],
+                                                        np.minimum(widths[by_slot], depth + 1))
+    _, cohort, alloc = utility.adaptive_ragged(pending_value, decoders.extension_value, widths,
+                                               by_slot[alloc_lanes], alloc_depths, g.batch_capacity,
+                                               g.target_capacity)
+    if not cohort:
+        return None
+    ceilings = price_ceilings(sel, cohort, widths, alloc, g.target_capacity) if device else None
+    value = float(sum(decoders.output_price[i] * decoders.expected_output[i, alloc[i]]
+                      + decoders.settled_value[i] for i in cohort))
+    served_rows = alloc if ceilings is None else ceilings  # device lanes: their work is the ceiling
+    work = tuple((int(decoders.rids[i]), int(served_rows[i])) for i in cohort)
+    signature = (g.kind, device, g.proposal_depth, work)
+    return sel.row(g, value, len(cohort) * decoders.age_value_per_ms, signature,
+                   lambda: decoders.lanes(cohort, alloc, t, ceilings=ceilings))
+
+
+def price_ceilings(sel: Selection, cohort: list[int], widths: np.ndarray, alloc: np.ndarray,
+                   rows: int) -> np.ndarray:
+    """Lane ceilings for a device-allocated cohort; updates `alloc` to the rows they give.
+
+    Maximal ceilings are min(D + 1, W, request limit). A price-aware frontier would rank each
+    lane's forecast times its output price; a lane to which it gives fewer rows than the
+    device's own frontier has its ceiling lowered to that many, so the rows it would take
+    go to the lanes prices favour, while those keep maximal ceilings and the device's
+    confidence still allocates among them. Equal prices rank like the device: every ceiling
+    stays maximal. (With equal confidences the device would otherwise give every tie to the
+    lowest slot, every round.)
+    """
+    decoders = sel.decoders
+    idx = np.array(sorted(cohort, key=lambda i: decoders.slots[i]))
+    active = np.ones(idx.size, dtype=bool)
+    priced_forecast = decoders.output_price[idx, None] * decoders.forecast[idx]
+    priced = allocate_prefix_rows(priced_forecast, widths[idx], active, rows)
+    ceilings = widths.copy()
+    ceilings[idx] = np.where(priced < alloc[idx], priced, widths[idx])
+    if np.array_equal(ceilings[idx], widths[idx]):
+        return ceilings
+    alloc[idx] = allocate_prefix_rows(decoders.forecast[idx], ceilings[idx], active, rows)
+    return ceilings

@@ -1,0 +1,116 @@
+"""Mixed programs: one prompt row beside decode rows (spec, "Useful service and selection").
+
+Per shape, two candidates: the best decode-only cohort (offered once per (B, W, D), on the
+smallest prompt capacity, since it is the same work on every one), and the best prompt row with
+the highest-value decoders in the remaining rows. Lane values are additive and the prompt row's
+value does not depend on the decoders, so this is exact over every legal cohort; prompt-only is
+legal. A prompt row is left out where a smaller shape serves the same decoders at the same
+widths and consumes the same prompt tokens (dominance, decided before scoring).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from helios_jax.catalog import GraphDescriptor
+from helios_jax.scheduler.policy.prepared import MixedShape
+from helios_jax.scheduler.policy.ranking import ScoredRow
+from helios_jax.scheduler.policy.selection import Selection
+from helios_jax.scheduler.policy.tables import LaneTable
+from helios_jax.scheduler.view import Lane
+
+# The decoder work beside a prompt row: (lanes, depth, widths key), or 0 when there is none.
+DecoderWork = tuple[int, int, bytes] | int
+
+
+class MixedFamily:
+    """The mixed candidates of one selection, with the caches its shapes share."""
+
+    def __init__(self, sel: Selection):
+        self.sel = sel
+        self.prompt_ok = ~sel.prompts.needs_scores  # scored prompts run only scored prefill
+        self._picks: dict[tuple[int, bytes], int | None] = {}
+        self._decoder_work: dict[MixedShape, DecoderWork] = {}
+
+    def rows(self) -> list[ScoredRow]:
+        decoders, prompts = self.sel.decoders, self.sel.prompts
+        rows = []
+        for g in self.sel.prepared.mixed:
+            table = decoders.table(g.token_capacity, g.proposal_depth)
+            if decoders.count and id(g) in self.sel.prepared.mixed_decode_only:
+                rows.append(self._decode_only_row(g, table))
+            if not prompts.count:
+                continue
+            row = self._prompt_row(g, table)
+            if row is not None:
+                rows.append(row)
+        return rows
+
+    def _decode_only_row(self, g: GraphDescriptor, table: LaneTable) -> ScoredRow:
+        sel = self.sel
+        m = min(g.batch_capacity, sel.decoders.count)
+        signature = (g.kind, -1, 0, g.proposal_depth, table.work_key, m)
+        return sel.row(g, float(table.prefix_values[m]), m * sel.decoders.age_value_per_ms, signature,
+                       sel.decoder_lanes(table.order[:m], table.widths, g, False))
+
+    def _prompt_row(self, g: GraphDescriptor, table: LaneTable) -> ScoredRow | None:
+        """The best prompt row with the m = min(B - 1, decoders) highest-value decoders."""
+        sel, decoders, prompts = self.sel, self.sel.decoders, self.sel.prompts
+        cap = g.prefill_capacity
+        m = min(g.batch_capacity - 1, decoders.count)
+        allowed = self._undominated_prompts(g, m)
+        if allowed is None:
+            return None
+        if not sel.costs.is_known(g.key):
+            smaller_capacities = [h.prefill_capacity for h in sel.prepared.smaller_mixed[g]]
+            allowed = allowed & ~prompts.excluded_from_exploration(smaller_capacities, prompts.work(cap))
+        pick_key = (cap, allowed.tobytes())
+        if pick_key not in self._picks:
+            self._picks[pick_key] = prompts.pick(allowed, cap)
+        i = self._picks[pick_key]
+        if i is None:
+            return None
+
+        def lanes() -> list[Lane]:
+            until_ms = sel.duration(g) or 0.0
+            return [prompts.lane(i, cap)] + decoders.lanes(table.order[:m], table.widths, until_ms)
+
+        value = float(prompts.values(cap)[i] + table.prefix_values[m])
+        return sel.row(g, value, m * decoders.age_value_per_ms, None, lanes)
+
+    def _decoder_signature(self, batch: int, width: int, depth: int) -> DecoderWork:
+        """The decoder work beside a prompt row in a (B, W, D) shape: lanes and widths (0: none)."""
+        key = (batch, width, depth)
+        hit = self._decoder_work.get(key)
+        if hit is None:
+            m = min(batch - 1, self.sel.decoders.count)
+            hit = 0 if m == 0 else (m, depth, self.sel.decoders.table(width, depth).work_key)
+            self._decoder_work[key] = hit
+        return hit
+
+    def _undominated_prompts(self, g: GraphDescriptor, m: int) -> np.ndarray | None:
+        """Prompt rows of mixed shape g that no smaller shape serves with the same work.
+
+        A smaller shape h carries the same candidate when it serves the same decoder lanes at the
+        same widths and consumes the same prompt tokens. Prompt work grows with capacity, so
+        equality with the largest smaller capacity decides; an equal capacity decides for every
+        row (None: all dominated).
+        """
+        prompts = self.sel.prompts
+        work = prompts.work(g.prefill_capacity)
+        mine = self._decoder_signature(g.batch_capacity, g.token_capacity, g.proposal_depth)
+        largest = None
+        for shape, capacity in self.sel.prepared.mixed_dominator_classes[g]:
+            if self._decoder_signature(*shape) != mine:
+                continue
+            if capacity == g.prefill_capacity:
+                return None
+            largest = capacity if largest is None else max(largest, capacity)
+        allowed = self.prompt_ok & (work > 0)
+        if largest is not None:
+            allowed &= prompts.work(largest) != work
+        return allowed
+
+
+def mixed_rows(sel: Selection) -> list[ScoredRow]:
+    """Every mixed program's decode-only and prompt-row candidates."""
+    return MixedFamily(sel).rows()

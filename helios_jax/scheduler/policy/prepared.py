@@ -1,0 +1,94 @@
+"""The prepared programs of one loaded mode, grouped once for repeated selection.
+
+Selection compares every loaded program many times a second; the groupings it needs (programs
+by family, the programs that dominate each one, the smaller prompt capacities that make an
+unmeasured one redundant) depend only on the catalog, so :class:`PreparedGraphs` computes them
+once when the scheduler loads a mode.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from helios_jax.catalog import GraphDescriptor, GraphKind
+
+PREREQUISITE_KINDS = (GraphKind.INITIALIZE, GraphKind.RESTORE, GraphKind.VISION, GraphKind.SNAPSHOT)
+
+# (batch capacity B, token capacity W, proposal depth D): what fixes a mixed program's decoder rows.
+MixedShape = tuple[int, int, int]
+
+
+def capacities(g: GraphDescriptor) -> tuple[int, ...]:
+    """(B, W, P, prompt capacity, image capacity): the capacities dominance compares."""
+    return (g.batch_capacity, g.token_capacity, g.target_capacity, g.prefill_capacity, g.image_capacity)
+
+
+def dominates(small: GraphDescriptor, big: GraphDescriptor) -> bool:
+    """Whether `small` does the same work with capacities all at most `big`'s, one smaller."""
+    a, b = capacities(small), capacities(big)
+    return a != b and all(x <= y for x, y in zip(a, b))
+
+
+def mixed_shape(g: GraphDescriptor) -> MixedShape:
+    return (g.batch_capacity, g.token_capacity, g.proposal_depth)
+
+
+class PreparedGraphs:
+    """The eligible programs of one loaded mode, grouped once for repeated selection."""
+
+    def __init__(self, graphs: Iterable[GraphDescriptor]):
+        self.graphs = tuple(graphs)
+        self.generation = [g for g in self.graphs if g.kind in (GraphKind.DECODE, GraphKind.SPECULATIVE)]
+        self.prefill = [g for g in self.graphs if g.kind.is_prefill]
+        self.mixed = [g for g in self.graphs if g.kind is GraphKind.MIXED]
+        self.snapshots = [g for g in self.graphs if g.kind is GraphKind.SNAPSHOT]
+        self.prerequisites = [g for g in self.graphs if g.kind in PREREQUISITE_KINDS]
+        self.delivery = [g for g in self.graphs if g.kind.is_generation]
+        self.dominators = {
+            g: [h for h in self.graphs if h.kind is g.kind and dominates(h, g)] for g in self.graphs}
+        self.dominator_ids = {id(g): {id(h) for h in hs} for g, hs in self.dominators.items()}
+        self.smaller_prefill = {
+            g: [h for h in self.prefill if h.kind is g.kind and h.token_capacity < g.token_capacity]
+            for g in self.prefill}
+        self.mixed_decode_only = self._mixed_decode_only()
+        self._drafted: PreparedGraphs | None = None
+        largest = {id(g): max((h.token_capacity for h in self.dominators[g]), default=None)
+                   for g in self.prefill}
+        self.largest_smaller_chunk: dict[int, int] = {k: v for k, v in largest.items() if v is not None}
+        self.smaller_mixed = {
+            g: [h for h in self.mixed if h.batch_capacity == g.batch_capacity
+                and h.token_capacity == g.token_capacity and h.prefill_capacity < g.prefill_capacity]
+            for g in self.mixed}
+        self.mixed_dominator_classes = {g: self._mixed_dominator_classes(g) for g in self.mixed}
+        self.max_width = max([g.token_capacity for g in self.delivery] + [1])
+        self.max_depth = max([g.proposal_depth for g in self.delivery] + [0])
+
+    def drafted(self) -> PreparedGraphs:
+        """The speculative programs with proposals (what acceptance probes choose among), grouped
+        once and kept."""
+        if self._drafted is None:
+            self._drafted = PreparedGraphs(
+                g for g in self.graphs if g.kind is GraphKind.SPECULATIVE and g.proposal_depth > 0)
+        return self._drafted
+
+    def _mixed_decode_only(self) -> set[int]:
+        """A decode-only population on a mixed shape is the same work on every prompt capacity of
+        that (B, W, D): only the smallest capacity can survive the dominance filter."""
+        smallest: dict[MixedShape, GraphDescriptor] = {}
+        for g in self.mixed:
+            shape = mixed_shape(g)
+            if shape not in smallest or g.prefill_capacity < smallest[shape].prefill_capacity:
+                smallest[shape] = g
+        return {id(g) for g in smallest.values()}
+
+    def _mixed_dominator_classes(self, g: GraphDescriptor) -> tuple[tuple[MixedShape, int], ...]:
+        """Mixed dominators grouped by the shape that fixes their decoder rows: (B, W, D) -> the
+        largest dominating prompt capacity (prompt work grows with capacity, so it decides)."""
+        classes: dict[MixedShape, int] = {}
+        for h in self.dominators[g]:
+            shape = mixed_shape(h)
+            classes[shape] = max(classes.get(shape, 0), h.prefill_capacity)
+        return tuple(classes.items())
+
+
+def as_prepared(graphs: Iterable[GraphDescriptor] | PreparedGraphs) -> PreparedGraphs:
+    return graphs if isinstance(graphs, PreparedGraphs) else PreparedGraphs(graphs)

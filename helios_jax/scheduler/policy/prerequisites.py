@@ -1,0 +1,180 @@
+"""Prerequisite programs: initialize, restore, vision and window snapshots before other work
+(spec, "Prerequisites and completion").
+
+A prerequisite earns nothing itself; it is scored by the inference it enables:
+
+- requests with one prerequisite left: the exact fixed-pair two-stage calculation against every
+  following inference shape (``following``), scored over U = T + F with output ages resetting
+  at the following graph's completion and terminal rows' ages stopping at T;
+- longer chains: the individual continuation index V*T/(T+F), where V is the request's value
+  once ready and F the further time until it is earned.
+
+Unused prerequisite capacity advances further blocked rows at no extra physical cost.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from helios_jax.catalog import GraphDescriptor, GraphKind
+from helios_jax.scheduler.policy.following import (
+    FollowerCohort,
+    Pair,
+    following_graphs,
+    is_ragged,
+    population_cohort,
+    populations,
+    prompt_value,
+    ragged_cohort,
+)
+from helios_jax.scheduler.policy.ranking import ScoredRow
+from helios_jax.scheduler.policy.selection import Selection, free_prerequisite_rows
+from helios_jax.scheduler.view import Candidate, Lane, LaneRole, Phase, RequestView
+
+
+def prerequisite_rows(sel: Selection) -> list[ScoredRow]:
+    """Each prerequisite program's two-stage sequences and continuation candidate."""
+    if not sel.blocked:
+        return []
+    rows = []
+    for g1 in sel.prepared.prerequisites:
+        group = [v for v in sel.blocked if v.prerequisites[0] is g1.kind]
+        if not group:
+            continue
+        singles = [v for v in group if len(v.prerequisites) == 1]
+        rows.extend(_pair_rows(sel, g1, group, singles))
+        row = _continuation_row(sel, g1, group)
+        if row is not None:
+            rows.append(row)
+    return rows
+
+
+def _pair_rows(sel: Selection, g1: GraphDescriptor, group: list[RequestView],
+               singles: list[RequestView]) -> list[ScoredRow]:
+    """Every (g1, following shape) pair's best joint cohort, as sequence rows."""
+    rows: list[ScoredRow] = []
+    terminals = sel.terminals if g1.kind is GraphKind.SNAPSHOT else []
+    terminal_ages = np.array([v.terminal_age_ms for v in terminals])
+    for enables in (Phase.DECODE, Phase.PREFILL):
+        new_views = [v for v in singles if v.enables is enables]
+        if not new_views:
+            continue
+        for g2 in following_graphs(sel, enables):
+            pair = _pair(sel, g1, g2, group, terminals, terminal_ages)
+            if is_ragged(g2):
+                cohorts = [ragged_cohort(sel, pair, new_views)]
+            else:
+                cohorts = [population_cohort(pair, pop)
+                           for pop in populations(sel, g2, new_views, pair.total_ms)]
+            rows.extend(_sequence_row(sel, pair, c) for c in cohorts if c is not None)
+    return rows
+
+
+def _pair(sel: Selection, g1: GraphDescriptor, g2: GraphDescriptor, group: list[RequestView],
+          terminals: list[RequestView], terminal_ages: np.ndarray) -> Pair:
+    decision = sel.decision
+    t1, f = sel.duration(g1), sel.duration(g2)
+    if t1 is None or f is None:
+        return Pair(g1, g2, group, terminals, decision.terminal_lane(terminal_ages, 0.0), t1, f, 0.0)
+    u = t1 + f
+    # Terminal rows finish at T: their age stops there, saving the waiting cost they would
+    # otherwise accrue over the rest of the sequence.
+    values = decision.terminal_lane(terminal_ages, t1)
+    values = values + decision.terminal_age * (terminal_ages * f + 0.5 * (u * u - t1 * t1))
+    return Pair(g1, g2, group, terminals, values, t1, f, u)
+
+
+def _sequence_row(sel: Selection, pair: Pair, cohort: FollowerCohort) -> ScoredRow:
+    """The prerequisite's lanes (the rows it enables, the best terminal rows, then free rows)
+    and the two-stage score over U = T + F."""
+    g1, g2, decision = pair.prerequisite, pair.following, sel.decision
+    terminals, values = pair.terminals, pair.terminal_values
+    first = [Lane(v.rid, v.slot, LaneRole.PREREQUISITE) for v in pair.group if v.rid in cohort.enabled]
+    first += [Lane(terminals[i].rid, terminals[i].slot, LaneRole.TERMINAL, value=float(values[i]))
+              for i in np.argsort(-values, kind="stable")[:cohort.terminal_count]]
+    first += free_prerequisite_rows(pair.group, g1.batch_capacity - len(first), cohort.enabled)
+    follow_lanes = tuple(cohort.lanes)
+    value = cohort.value
+    score = value if pair.unknown else decision.sequence_rate(value, pair.total_ms)
+    signature = (g1.kind, tuple(sorted(l.work for l in first)), g2.key,
+                 tuple(sorted(l.work for l in follow_lanes)))
+
+    def build() -> Candidate:
+        following = Candidate(graph=g2, lanes=follow_lanes, duration_ms=pair.following_ms, score=0.0,
+                              useful_value=float(sum(l.value for l in follow_lanes)),
+                              log_scale=decision.log_scale)
+        return Candidate(graph=g1, lanes=tuple(first), duration_ms=pair.prerequisite_ms, score=float(score),
+                         useful_value=float(value), log_scale=decision.log_scale, stale=sel.is_stale(g1),
+                         following=following, sequence_ms=None if pair.unknown else pair.total_ms)
+
+    return ScoredRow(g1, float(score), pair.prerequisite_ms, signature, build)
+
+
+def _continuation_row(sel: Selection, g1: GraphDescriptor, group: list[RequestView]) -> ScoredRow | None:
+    """Chains with more prerequisite stages: each row contributes V*T/(T+F)."""
+    multis = [v for v in group if len(v.prerequisites) > 1]
+    if not multis:
+        return None
+    t1 = sel.duration(g1)
+    shares = []
+    for v in multis:
+        value, further = _continuation(sel, v)
+        if t1 is None or further is None:
+            shares.append(value)  # unknown durations compare optimistically by value
+        else:
+            shares.append(value * t1 / (t1 + further))
+    contributions = np.array(shares)
+    order = np.argsort(-contributions, kind="stable")[: g1.batch_capacity]
+
+    def lanes() -> list[Lane]:
+        out = [Lane(multis[i].rid, multis[i].slot, LaneRole.PREREQUISITE, value=float(contributions[i]))
+               for i in order]
+        return out + free_prerequisite_rows(group, g1.batch_capacity - len(out), {l.rid for l in out})
+
+    signature = (g1.kind, "continuation", tuple(sorted(multis[i].rid for i in order)))
+    return sel.row(g1, float(contributions[order].sum()), 0.0, signature, lanes)
+
+
+def _continuation(sel: Selection, v: RequestView) -> tuple[float, float | None]:
+    """(V, F): the request's value once ready and the further time until it is earned.
+
+    F sums the fastest known duration of each remaining prerequisite kind and the following
+    inference; V is the first inference's value (the best prefill chunk by value rate, or a
+    width-one decode step with its delivery and age terms).
+    """
+    further = _further_prerequisites_ms(sel, v)
+    if v.enables is Phase.PREFILL:
+        value, t = _first_prefill(sel, v)
+    else:
+        known = [t for g in sel.prepared.delivery if (t := sel.duration(g)) is not None]
+        t = min(known) if known else None
+        total = None if (further is None or t is None) else further + t
+        output_price = float(sel.decision.scaled(v.log_output_price))
+        delivery_price = float(sel.decision.scaled(v.log_delivery_price))
+        age = 0.0 if total is None else sel.decision.decode_age * total * (v.age_ms + total)
+        value = output_price + delivery_price + age
+    if further is None or t is None:
+        return value, None
+    return value, further + t
+
+
+def _further_prerequisites_ms(sel: Selection, v: RequestView) -> float | None:
+    """The fastest known duration of each prerequisite after the next one (None: one unknown)."""
+    further = 0.0
+    for kind in v.prerequisites[1:]:
+        known = [t for g in sel.prepared.graphs if g.kind is kind and (t := sel.duration(g)) is not None]
+        if not known:
+            return None
+        further += min(known)
+    return further
+
+
+def _first_prefill(sel: Selection, v: RequestView) -> tuple[float, float | None]:
+    """(value, duration) of the first prefill chunk: the best measured one by value rate; with
+    none measured, the most valuable one."""
+    options = [(prompt_value(sel, v, g.token_capacity, g.kind is GraphKind.SCORED_PREFILL), sel.duration(g))
+               for g in sel.prepared.prefill]
+    known = [(value / t, value, t) for value, t in options if value > 0 and t is not None]
+    if known:
+        _, value, t = max(known)
+        return value, t
+    return max([value for value, _ in options] + [0.0]), None

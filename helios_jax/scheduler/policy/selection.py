@@ -1,0 +1,124 @@
+"""One selection: its input, and the state every program family scores against.
+
+:class:`Selection` sorts the views into the solvers' tie order, builds the decision-wide
+quantities (``utility.Decision``: log scale, reference intervals sigma, waiting cost), the lane
+tables of runnable decoders and prompts, the terminal and blocked rows, and the duration
+estimate of every prepared program. The families (``generation``, ``prefill``, ``mixed``,
+``snapshots``, ``prerequisites``) read it and return :class:`~.ranking.ScoredRow`\\ s.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable, Iterable, Sequence
+
+import numpy as np
+
+from helios_jax.catalog import MAX_REQUEST_SLOTS, DecodeMode, GraphDescriptor
+from helios_jax.scheduler import utility
+from helios_jax.scheduler.config import PolicyConfig
+from helios_jax.scheduler.cost import CostModel
+from helios_jax.scheduler.policy.prepared import PreparedGraphs, as_prepared
+from helios_jax.scheduler.policy.ranking import ScoredRow, Signature
+from helios_jax.scheduler.policy.tables import DecoderTable, PromptTable
+from helios_jax.scheduler.view import Candidate, Lane, LaneRole, Phase, RequestView
+
+LaneBuilder = Callable[[], Sequence[Lane]]
+
+
+@dataclasses.dataclass(frozen=True)
+class SelectionInput:
+    views: Sequence[RequestView]
+    graphs: Sequence[GraphDescriptor] | PreparedGraphs  # eligible under `mode`
+    costs: CostModel
+    now_ns: int
+    policy: PolicyConfig
+    mode: DecodeMode = DecodeMode.ADAPTIVE
+    # The loaded programs that set decision-wide references (sigma), when `graphs` is a subset
+    # to score (acceptance probes score only drafted programs on the ordinary decision's scale).
+    reference: Sequence[GraphDescriptor] | PreparedGraphs | None = None
+
+
+class Selection:
+    """The population of one decision, as the program families score it."""
+
+    def __init__(self, inp: SelectionInput):
+        if len(inp.views) > MAX_REQUEST_SLOTS:
+            raise ValueError(
+                f"selection is bounded to {MAX_REQUEST_SLOTS} request slots, got {len(inp.views)}")
+        self.inp = inp
+        self.prepared = as_prepared(inp.graphs)
+        reference = self.prepared if inp.reference is None else as_prepared(inp.reference)
+        costs = self.costs = inp.costs
+        # Least recently used first (never selected first of all), then earlier admitted: every
+        # cohort solver sorts lanes stably, so lanes of equal value go in this order
+        # (duration-estimates/tie-order), whatever order the caller listed the views in.
+        views = sorted(inp.views,
+                       key=lambda v: (-1 if v.last_selected_ns is None else v.last_selected_ns, v.rid))
+        self.views = views
+        delivery_bearing = sum(1 for v in views if v.delivery_bearing)
+        terminal = sum(1 for v in views if v.phase is Phase.TERMINAL)
+        self.decision = utility.Decision.build(
+            views, inp.policy,
+            sigma_decode=utility.reference_interval(delivery_bearing, reference.delivery, costs),
+            sigma_terminal=utility.reference_interval(terminal, reference.snapshots, costs))
+        runnable = [v for v in views if v.runnable]
+        self.decoders = DecoderTable([v for v in runnable if v.phase is Phase.DECODE], self.decision,
+                                     self.prepared.max_width, self.prepared.max_depth)
+        self.prompts = PromptTable([v for v in runnable if v.phase is Phase.PREFILL], self.decision)
+        self.terminals = [v for v in runnable if v.phase is Phase.TERMINAL]
+        self.blocked = [v for v in runnable if v.phase is Phase.BLOCKED and v.prerequisites]
+        self._durations = {id(g): costs.estimate_ms(g.key) for g in self.prepared.graphs}
+
+    @property
+    def mode(self) -> DecodeMode:
+        return self.inp.mode
+
+    def duration(self, g: GraphDescriptor) -> float | None:
+        """The program's duration estimate in ms (None: unmeasured)."""
+        try:
+            return self._durations[id(g)]
+        except KeyError:
+            t = self._durations[id(g)] = self.costs.estimate_ms(g.key)
+            return t
+
+    def is_stale(self, g: GraphDescriptor) -> bool:
+        return self.costs.is_stale(g.key, self.inp.now_ns)
+
+    def row(self, g: GraphDescriptor, value_at_zero: float, value_per_ms: float, signature: Signature,
+            lanes: LaneBuilder) -> ScoredRow:
+        """Score one candidate whose useful value grows by value_per_ms * T (the age terms); an
+        unknown duration gets the optimistic work score, its useful value."""
+        t = self._durations[id(g)]
+        if t is None:
+            score = value = value_at_zero
+        else:
+            value = value_at_zero + value_per_ms * t
+            score = self.decision.rate(value, t)
+        return ScoredRow(g, float(score), t, signature,
+                         functools.partial(self._candidate, g, t, float(score), float(value), lanes))
+
+    def _candidate(self, g: GraphDescriptor, t: float | None, score: float, value: float,
+                   lanes: LaneBuilder) -> Candidate:
+        return Candidate(graph=g, lanes=tuple(lanes()), duration_ms=t, score=score, useful_value=value,
+                         log_scale=self.decision.log_scale, stale=self.is_stale(g))
+
+    def decoder_lanes(self, idx: np.ndarray, widths: np.ndarray, g: GraphDescriptor,
+                      device: bool) -> LaneBuilder:
+        """The builder of decode lanes `idx` at `widths` on `g` (device: widths are ceilings)."""
+        decoders = self.decoders
+        t = self.duration(g) or 0.0
+        return lambda: decoders.lanes(idx, widths, t, ceilings=widths if device else None)
+
+
+def free_prerequisite_rows(views: Iterable[RequestView], room: int, taken: Iterable[int]) -> list[Lane]:
+    """Unused prerequisite capacity advances further rows at no extra physical cost."""
+    taken = set(taken)
+    out = []
+    for v in views:
+        if room <= 0:
+            break
+        if v.rid not in taken:
+            out.append(Lane(v.rid, v.slot, LaneRole.PREREQUISITE, value=0.0))
+            room -= 1
+    return out

@@ -1,0 +1,173 @@
+"""Lane tables: one selection's runnable decoders and prompts as arrays.
+
+Every family scores the same requests against many programs. :class:`DecoderTable` holds the
+parts of each decoder's lane value that do not depend on the program's duration T, and builds
+(cached per program width and depth) the :class:`LaneTable` that the cohort solvers rank;
+:class:`PromptTable` holds each prompt's work and value per prompt capacity. Prices are scaled
+by the decision's shared factor (``utility.Decision.scaled``).
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import NamedTuple
+
+import numpy as np
+
+from helios_jax.scheduler import utility
+from helios_jax.scheduler.speculation import expected_output_table, monotone
+from helios_jax.scheduler.view import Lane, LaneRole, RequestView
+
+
+def padded_rows(rows: Sequence[np.ndarray], depth: int) -> np.ndarray:
+    """Per-request prefix estimates as one monotone f64[len(rows), depth] array, zero-padded."""
+    if rows and depth and all(getattr(r, "shape", (0,))[-1:] == (depth,) for r in rows):
+        return monotone(np.array(rows, dtype=np.float64))  # the common case: one stack
+    out = np.zeros((len(rows), depth))
+    for i, r in enumerate(rows):
+        r = np.asarray(r, dtype=np.float64).reshape(-1)[:depth]
+        out[i, : r.size] = r
+    return monotone(out) if depth else out
+
+
+class LaneTable(NamedTuple):
+    """The decoders' lanes on programs of one width and depth, ranked for the cohort solvers."""
+
+    widths: np.ndarray  # i64[n] target rows per lane (pending token included)
+    values: np.ndarray  # f64[n] lane values at T = 0
+    order: np.ndarray  # i64[n] lanes best first; ties: less recently used, then lower slot
+    prefix_values: np.ndarray  # f64[n + 1] sums of `values` along `order`
+    work_key: bytes  # `widths` as bytes: the lanes' work in dominance signatures
+
+
+class DecoderTable:
+    """Runnable decoding requests as arrays (the T-independent parts of their lane values)."""
+
+    def __init__(self, views: list[RequestView], decision: utility.Decision, max_width: int, depth: int):
+        self.views = views
+        count = self.count = len(views)
+        self.decision = decision
+        self.rids = np.array([v.rid for v in views], dtype=np.int64)
+        self.slots = np.array([v.slot for v in views], dtype=np.int64)
+        self.last_selected_ns = np.array([v.last_selected_ns for v in views], dtype=np.int64)
+        self.output_price = decision.scaled(np.array([v.log_output_price for v in views], dtype=np.float64))
+        self.delivery_price = decision.scaled(
+            np.array([v.log_delivery_price for v in views], dtype=np.float64))
+        age = np.array([v.age_ms for v in views], dtype=np.float64)
+        self.row_limit = np.array([v.row_limit for v in views], dtype=np.float64)
+        self.survival = padded_rows([v.survival for v in views], depth)  # f64[n, D]
+        self.forecast = padded_rows([v.forecast for v in views], depth)  # f64[n, D] joint prefix probs
+        # f64[n, max_width + 1]: expected committed tokens at each width
+        self.expected_output = (expected_output_table(self.survival, max_width, decision.alpha) if count
+                                else np.zeros((0, max_width + 1)))
+        # f64[n, D]: value of target row d + 1 (prefix d + 1 surviving)
+        self.extension_value = self.output_price[:, None] * self.survival ** decision.alpha
+        # f64[n]: delivery and c*sigma*A, the value a served lane earns besides its tokens at T = 0
+        self.settled_value = self.delivery_price + decision.decode_age_term(age, 0.0)
+        # c*sigma: value per ms of T per served lane
+        self.age_value_per_ms = decision.decode_age * decision.sigma_decode
+        self._tables: dict[tuple[int, int], LaneTable] = {}
+
+    def lane_widths(self, width: int, depth: int) -> np.ndarray:
+        """Per-lane target rows: program width, proposals, output limit and context."""
+        return np.maximum(np.minimum(self.row_limit, min(width, depth + 1)), 1).astype(np.int64)
+
+    def lane_values(self, widths: np.ndarray) -> np.ndarray:
+        return self.output_price * self.expected_output[np.arange(self.count), widths] + self.settled_value
+
+    def table(self, width: int, depth: int) -> LaneTable:
+        """The lanes on programs of this width and depth, cached.
+
+        Equal values rank the less recently used request first, then the lower slot.
+        """
+        hit = self._tables.get((width, depth))
+        if hit is None:
+            widths = self.lane_widths(width, depth)
+            values = self.lane_values(widths)
+            order = np.lexsort((self.slots, self.last_selected_ns, -values))
+            prefix = np.concatenate([[0.0], np.cumsum(values[order])])
+            hit = self._tables[(width, depth)] = LaneTable(widths, values, order, prefix, widths.tobytes())
+        return hit
+
+    def lanes(self, idx: Iterable[int], rows: np.ndarray, until_ms: float, *,
+              ceilings: np.ndarray | None = None) -> list[Lane]:
+        """DECODE lanes: host query lengths `rows`, or device `ceilings` with predicted `rows`."""
+        out = []
+        for i in idx:
+            i = int(i)
+            expected = float(self.expected_output[i, int(rows[i])])
+            value = float(self.output_price[i] * expected + self.settled_value[i]
+                          + self.age_value_per_ms * until_ms)
+            out.append(Lane(int(self.rids[i]), int(self.slots[i]), LaneRole.DECODE,
+                            query_length=0 if ceilings is not None else int(rows[i]),
+                            ceiling=int(ceilings[i]) if ceilings is not None else 0,
+                            expected_tokens=expected, value=value))
+        return out
+
+
+class PromptTable:
+    """Runnable requests with uncached prompt tokens, vectorised over prompt capacities."""
+
+    def __init__(self, views: list[RequestView], decision: utility.Decision):
+        self.views = views
+        self.count = len(views)
+        self.rids = np.array([v.rid for v in views], dtype=np.int64)
+        self.last_selected_ns = np.array([v.last_selected_ns for v in views], dtype=np.int64)
+        self.prefill_price = decision.scaled(np.array([v.log_prefill_price for v in views], dtype=np.float64))
+        self.output_price = decision.scaled(np.array([v.log_output_price for v in views], dtype=np.float64))
+        self.prompt_remaining = np.array([v.prompt_remaining for v in views], dtype=np.int64)
+        self.prompt_limit = np.array([v.prompt_remaining if v.prompt_limit is None else v.prompt_limit
+                                      for v in views], dtype=np.int64)
+        self.needs_scores = np.array([v.needs_scores for v in views], dtype=bool)
+        self.span_rows = [i for i, v in enumerate(views) if v.atomic_spans]  # rows with atomic image spans
+        endpoint = np.array([v.prompt_remaining if v.endpoint is None else v.endpoint for v in views],
+                            dtype=np.int64)
+        # i64[n]: tokens to the next message or prompt endpoint, within what a chunk may consume
+        self.endpoint = np.minimum(np.minimum(endpoint, self.prompt_remaining), self.prompt_limit)
+        self._work: dict[int, np.ndarray] = {}
+        self._values: dict[int, np.ndarray] = {}
+
+    def work(self, capacity: int) -> np.ndarray:
+        """i64[n]: prompt tokens each request's chunk of `capacity` consumes."""
+        hit = self._work.get(capacity)
+        if hit is None:
+            hit = np.minimum(np.minimum(self.prompt_remaining, self.prompt_limit), capacity)
+            for i in self.span_rows:
+                hit[i] = self.views[i].prompt_work(capacity)
+            self._work[capacity] = hit
+        return hit
+
+    def values(self, capacity: int) -> np.ndarray:
+        """f64[n]: priced prompt tokens, plus the output price when the chunk ends the prompt."""
+        hit = self._values.get(capacity)
+        if hit is None:
+            n = self.work(capacity)
+            ends = np.where(n == self.prompt_remaining, self.output_price, 0.0)
+            hit = np.where(n > 0, self.prefill_price * n + ends, 0.0)
+            self._values[capacity] = hit
+        return hit
+
+    def excluded_from_exploration(self, smaller_capacities: Iterable[int], work: np.ndarray) -> np.ndarray:
+        """Rows for which a smaller prepared capacity consumes the same tokens up to the endpoint."""
+        mine = np.minimum(work, self.endpoint)
+        excluded = np.zeros(self.count, dtype=bool)
+        for capacity in smaller_capacities:
+            excluded |= np.minimum(self.work(capacity), self.endpoint) == mine
+        return excluded
+
+    def pick(self, allowed: np.ndarray, capacity: int) -> int | None:
+        """The best allowed prompt row; equal values prefer the less recently used request."""
+        if not allowed.any():
+            return None
+        vals = np.where(allowed, self.values(capacity), -np.inf)
+        top = vals.max()
+        tied = np.flatnonzero(allowed & (vals >= top - utility.REL_TIE * max(1.0, abs(top))))
+        if tied.size == 1:
+            return int(tied[0])
+        keys = (self.rids[tied], -self.work(capacity)[tied], self.last_selected_ns[tied])
+        return int(tied[np.lexsort(keys)[0]])
+
+    def lane(self, i: int, capacity: int) -> Lane:
+        n = int(self.work(capacity)[i])
+        return Lane(int(self.rids[i]), self.views[i].slot, LaneRole.PROMPT, prompt_tokens=n,
+                    value=float(self.values(capacity)[i]),
+                    expected_tokens=1.0 if n == self.prompt_remaining[i] else 0.0)
