@@ -22,7 +22,7 @@ competes through its best non-dominated cohort; one module per program family:
 
 Shared pieces: ``prepared`` groups a mode's programs once (:class:`PreparedGraphs`);
 ``selection`` holds one decision's input and state; ``tables`` the lane tables of runnable
-decoders and prompts; ``ranking`` the scored rows, the dominance filter and the tie order
+decoders and prompts; ``ranking`` the scored candidates, the dominance filter and the tie order
 (:func:`better`); ``selector`` the entry points :func:`scored`, :func:`candidates` and
 :func:`select`.
 
@@ -36,14 +36,14 @@ from helios_jax.scheduler.policy.prepared import (
     as_prepared,
     capacities,
 )
-from helios_jax.scheduler.policy.ranking import ScoredRow, best, better, recency
+from helios_jax.scheduler.policy.ranking import ScoredCandidate, best, better, recency
 from helios_jax.scheduler.policy.selection import SelectionInput
 from helios_jax.scheduler.policy.selector import candidates, scored, select
 
 __all__ = [
     "PREREQUISITE_KINDS",
     "PreparedGraphs",
-    "ScoredRow",
+    "ScoredCandidate",
     "SelectionInput",
     "as_prepared",
     "best",

@@ -23,7 +23,7 @@ import numpy as np
 from helios_jax.catalog import Allocation, DecodeMode, GraphDescriptor, GraphKind
 from helios_jax.scheduler import utility
 from helios_jax.scheduler.policy.selection import Selection
-from helios_jax.scheduler.policy.tables import DecoderTable, padded_rows
+from helios_jax.scheduler.policy.tables import DecoderTable, padded_prefixes
 from helios_jax.scheduler.rounds import prefix_allocation_order
 from helios_jax.scheduler.speculation import expected_output_table
 from helios_jax.scheduler.view import Lane, LaneRole, Phase, RequestView
@@ -101,7 +101,7 @@ def new_decoder(sel: Selection, v: RequestView, g2: GraphDescriptor, until_ms: f
     length of the sequence that delivers to it.
     """
     decision = sel.decision
-    survival = padded_rows([v.survival], sel.prepared.max_depth)
+    survival = padded_prefixes([v.survival], sel.prepared.max_depth)
     w = int(max(1, min(v.row_limit, g2.token_capacity, g2.proposal_depth + 1)))
     expected = float(expected_output_table(survival, w, decision.alpha)[0, w])
     output_price = float(decision.scaled(v.log_output_price))
@@ -186,13 +186,13 @@ def population_cohort(pair: Pair, pop: Population) -> FollowerCohort | None:
 
 
 @dataclasses.dataclass(frozen=True)
-class _RaggedRows:
+class _RaggedDecoders:
     """A ragged follower's decoders: newly ready ones and already ready ones, valued to U."""
 
     new: DecoderTable
     ready: DecoderTable
-    new_rest: np.ndarray  # f64[k]: delivery and age value, with the individual reference U
-    ready_rest: np.ndarray  # f64[j]: delivery and age value to U
+    new_delivery_value: np.ndarray  # f64[k]: delivery and age value, with the individual reference U
+    ready_delivery_value: np.ndarray  # f64[j]: delivery and age value to U
     new_widths: np.ndarray  # i64[k]: lane ceilings on the following program
     ready_widths: np.ndarray  # i64[j]
 
@@ -214,58 +214,62 @@ def ragged_cohort(sel: Selection, pair: Pair, new_views: list[RequestView]) -> F
     views = [v for v in new_views if v.enables is Phase.DECODE]
     if not views:
         return None
-    rows = _ragged_rows(sel, pair, views)
+    groups = _ragged_decoders(sel, pair, views)
     device = pair.following.allocation is Allocation.PREFIX_LIMIT
     if sel.mode is DecodeMode.FIXED:
-        choice = _fixed_ragged_choice(pair, rows)
+        choice = _fixed_ragged_choice(pair, groups)
     else:
-        choice = _adaptive_ragged_choice(pair, rows, device)
+        choice = _adaptive_ragged_choice(pair, groups, device)
     if choice is None:
         return None
-    new_lanes = [_ragged_lane(rows.new, rows.new_rest, i, choice.new_rows[i], rows.new_widths[i], device)
-                 for i in choice.new]
-    ready_lanes = [_ragged_lane(rows.ready, rows.ready_rest, i, choice.ready_rows[i], rows.ready_widths[i],
-                                device) for i in choice.ready]
+    new_lanes = [_ragged_lane(groups.new, groups.new_delivery_value, i, choice.new_rows[i],
+                              groups.new_widths[i], device) for i in choice.new]
+    ready_lanes = [_ragged_lane(groups.ready, groups.ready_delivery_value, i, choice.ready_rows[i],
+                                groups.ready_widths[i], device) for i in choice.ready]
     total = (sum(l.value for l in new_lanes + ready_lanes)
              + float(np.sort(pair.terminal_values)[::-1][:choice.terminal_count].sum()))
     return FollowerCohort({l.rid for l in new_lanes}, choice.terminal_count, new_lanes + ready_lanes, total)
 
 
-def _ragged_rows(sel: Selection, pair: Pair, views: list[RequestView]) -> _RaggedRows:
+def _ragged_decoders(sel: Selection, pair: Pair, views: list[RequestView]) -> _RaggedDecoders:
     ready = sel.decoders
     new = DecoderTable(views, sel.decision, sel.prepared.max_width, sel.prepared.max_depth)
     u = pair.total_ms
     # Newly ready streams use their individual future-delivery reference sigma_i = U; every
     # served age resets at U.
-    new_rest = new.delivery_price + sel.decision.decode_age * u * (np.array([v.age_ms for v in views]) + u)
-    ready_rest = ready.settled_value + ready.age_value_per_ms * u if ready.count else np.zeros(0)
+    ages = np.array([v.age_ms for v in views])
+    new_delivery = new.delivery_price + sel.decision.decode_age * u * (ages + u)
+    ready_delivery = ready.delivery_value + ready.age_value_per_ms * u if ready.count else np.zeros(0)
     width, depth = pair.following.token_capacity, pair.following.proposal_depth
     ready_widths = ready.lane_widths(width, depth) if ready.count else np.zeros(0, dtype=np.int64)
-    return _RaggedRows(new, ready, new_rest, ready_rest, new.lane_widths(width, depth), ready_widths)
+    new_widths = new.lane_widths(width, depth)
+    return _RaggedDecoders(new, ready, new_delivery, ready_delivery, new_widths, ready_widths)
 
 
-def _fixed_ragged_choice(pair: Pair, rows: _RaggedRows) -> _RaggedChoice | None:
-    new, ready = rows.new, rows.ready
-    new_values = new.output_price * new.expected_output[np.arange(new.count), rows.new_widths] + rows.new_rest
-    ready_values = (ready.output_price * ready.expected_output[np.arange(ready.count), rows.ready_widths]
-                    + rows.ready_rest if ready.count else np.zeros(0))
+def _fixed_ragged_choice(pair: Pair, groups: _RaggedDecoders) -> _RaggedChoice | None:
+    new, ready = groups.new, groups.ready
+    new_values = (new.output_price * new.expected_output[np.arange(new.count), groups.new_widths]
+                  + groups.new_delivery_value)
+    ready_values = (ready.output_price * ready.expected_output[np.arange(ready.count), groups.ready_widths]
+                    + groups.ready_delivery_value if ready.count else np.zeros(0))
     g2 = pair.following
-    res = utility.best_ragged_pair(new_values, rows.new_widths, ready_values, rows.ready_widths,
+    res = utility.best_ragged_pair(new_values, groups.new_widths, ready_values, groups.ready_widths,
                                    pair.terminal_values, pair.prerequisite.batch_capacity, g2.batch_capacity,
                                    g2.target_capacity)
     if res is None:
         return None
-    return _RaggedChoice(res.new, res.ready, res.terminal_count, rows.new_widths, rows.ready_widths)
+    return _RaggedChoice(res.new, res.ready, res.terminal_count, groups.new_widths, groups.ready_widths)
 
 
-def _adaptive_ragged_choice(pair: Pair, rows: _RaggedRows, device: bool) -> _RaggedChoice | None:
-    new, ready = rows.new, rows.ready
+def _adaptive_ragged_choice(pair: Pair, groups: _RaggedDecoders, device: bool) -> _RaggedChoice | None:
+    new, ready = groups.new, groups.ready
     n_new, room1 = new.count, pair.prerequisite.batch_capacity
-    pending = (np.concatenate([new.output_price + rows.new_rest, ready.output_price + rows.ready_rest])
-               if ready.count else new.output_price + rows.new_rest)
+    new_pending = new.output_price + groups.new_delivery_value
+    pending = (np.concatenate([new_pending, ready.output_price + groups.ready_delivery_value]) if ready.count
+               else new_pending)
     extension = (np.vstack([new.extension_value, ready.extension_value]) if ready.count
                  else new.extension_value)
-    ceilings = np.concatenate([rows.new_widths, rows.ready_widths])
+    ceilings = np.concatenate([groups.new_widths, groups.ready_widths])
     rank_key = ((np.vstack([new.forecast, ready.forecast]) if ready.count else new.forecast) if device
                 else extension)
     slots = np.concatenate([new.slots, ready.slots]) if ready.count else new.slots
@@ -290,10 +294,10 @@ def _adaptive_ragged_choice(pair: Pair, rows: _RaggedRows, device: bool) -> _Rag
     return _RaggedChoice(new_idx, ready_idx, terminal_count, alloc[:n_new], alloc[n_new:])
 
 
-def _ragged_lane(group: DecoderTable, rest: np.ndarray, i: int, rows: int, ceiling: int,
+def _ragged_lane(group: DecoderTable, delivery_value: np.ndarray, i: int, rows: int, ceiling: int,
                  device: bool) -> Lane:
     """A decode lane of a ragged follower: predicted `rows` under device `ceiling`, or host rows."""
     expected = float(group.expected_output[i, int(rows)])
     return Lane(int(group.rids[i]), int(group.slots[i]), LaneRole.DECODE,
                 query_length=0 if device else int(rows), ceiling=int(ceiling) if device else 0,
-                expected_tokens=expected, value=float(group.output_price[i] * expected + rest[i]))
+                expected_tokens=expected, value=float(group.output_price[i] * expected + delivery_value[i]))

@@ -14,7 +14,7 @@ import numpy as np
 
 from helios_jax.catalog import Allocation, DecodeMode, GraphDescriptor, GraphKind
 from helios_jax.scheduler import utility
-from helios_jax.scheduler.policy.ranking import ScoredRow
+from helios_jax.scheduler.policy.ranking import ScoredCandidate
 from helios_jax.scheduler.policy.selection import Selection
 from helios_jax.scheduler.policy.tables import LaneTable
 from helios_jax.scheduler.rounds import allocate_prefix_rows, prefix_allocation_order
@@ -25,35 +25,36 @@ def is_unconstrained(g: GraphDescriptor) -> bool:
     return g.kind is GraphKind.DECODE or g.token_capacity == 1 or g.is_rectangular
 
 
-def generation_rows(sel: Selection) -> list[ScoredRow]:
+def generation_candidates(sel: Selection) -> list[ScoredCandidate]:
     """Each generation program's best cohort of runnable decoders."""
     if sel.decoders.count == 0:
         return []
-    rows = []
+    found = []
     for g in sel.prepared.generation:
         device = g.allocation is Allocation.PREFIX_LIMIT
         table = sel.decoders.table(g.token_capacity, g.proposal_depth)
         if is_unconstrained(g):
-            rows.append(_unconstrained_row(sel, g, table, device))
+            found.append(_unconstrained_candidate(sel, g, table, device))
             continue
         if sel.mode is DecodeMode.FIXED:
-            row = _fixed_ragged_row(sel, g, table)
+            candidate = _fixed_ragged_candidate(sel, g, table)
         else:
-            row = _adaptive_ragged_row(sel, g, table.widths, device)
-        if row is not None:
-            rows.append(row)
-    return rows
+            candidate = _adaptive_ragged_candidate(sel, g, table.widths, device)
+        if candidate is not None:
+            found.append(candidate)
+    return found
 
 
-def _unconstrained_row(sel: Selection, g: GraphDescriptor, table: LaneTable, device: bool) -> ScoredRow:
+def _unconstrained_candidate(sel: Selection, g: GraphDescriptor, table: LaneTable,
+                             device: bool) -> ScoredCandidate:
     decoders = sel.decoders
     m = min(g.batch_capacity, decoders.count)
     signature = (g.kind, device, g.proposal_depth, table.work_key, m)
-    return sel.row(g, float(table.prefix_values[m]), m * decoders.age_value_per_ms, signature,
-                   sel.decoder_lanes(table.order[:m], table.widths, g, device))
+    return sel.score(g, float(table.prefix_values[m]), m * decoders.age_value_per_ms, signature,
+                     sel.decoder_lanes(table.order[:m], table.widths, g, device))
 
 
-def _fixed_ragged_row(sel: Selection, g: GraphDescriptor, table: LaneTable) -> ScoredRow | None:
+def _fixed_ragged_candidate(sel: Selection, g: GraphDescriptor, table: LaneTable) -> ScoredCandidate | None:
     decoders = sel.decoders
     widths, values = table.widths, table.values
     t = sel.duration(g) or 0.0
@@ -62,12 +63,12 @@ def _fixed_ragged_row(sel: Selection, g: GraphDescriptor, table: LaneTable) -> S
     if not idx:
         return None
     signature = (g.kind, False, g.proposal_depth, tuple((int(decoders.rids[i]), int(widths[i])) for i in idx))
-    return sel.row(g, float(values[idx].sum()), len(idx) * decoders.age_value_per_ms, signature,
-                   lambda: decoders.lanes(idx, widths, t))
+    return sel.score(g, float(values[idx].sum()), len(idx) * decoders.age_value_per_ms, signature,
+                     lambda: decoders.lanes(idx, widths, t))
 
 
-def _adaptive_ragged_row(sel: Selection, g: GraphDescriptor, widths: np.ndarray,
-                         device: bool) -> ScoredRow | None:
+def _adaptive_ragged_candidate(sel: Selection, g: GraphDescriptor, widths: np.ndarray,
+                         device: bool) -> ScoredCandidate | None:
     """Adaptive ragged selection: cohort prefixes under the three orderings, each priced by
     the allocation it gets.
 
@@ -78,7 +79,7 @@ def _adaptive_ragged_row(sel: Selection, g: GraphDescriptor, widths: np.ndarray,
     """
     decoders = sel.decoders
     t = sel.duration(g) or 0.0
-    pending_value = decoders.output_price + decoders.settled_value + decoders.age_value_per_ms * t
+    pending_value = decoders.output_price + decoders.delivery_value + decoders.age_value_per_ms * t
     depth = decoders.extension_value.shape[1]
     by_slot = np.argsort(decoders.slots, kind="stable")
     rank_key = decoders.forecast if device else decoders.extension_value
@@ -91,12 +92,12 @@ def _adaptive_ragged_row(sel: Selection, g: GraphDescriptor, widths: np.ndarray,
         return None
     ceilings = price_ceilings(sel, cohort, widths, alloc, g.target_capacity) if device else None
     value = float(sum(decoders.output_price[i] * decoders.expected_output[i, alloc[i]]
-                      + decoders.settled_value[i] for i in cohort))
+                      + decoders.delivery_value[i] for i in cohort))
     served_rows = alloc if ceilings is None else ceilings  # device lanes: their work is the ceiling
     work = tuple((int(decoders.rids[i]), int(served_rows[i])) for i in cohort)
     signature = (g.kind, device, g.proposal_depth, work)
-    return sel.row(g, value, len(cohort) * decoders.age_value_per_ms, signature,
-                   lambda: decoders.lanes(cohort, alloc, t, ceilings=ceilings))
+    return sel.score(g, value, len(cohort) * decoders.age_value_per_ms, signature,
+                     lambda: decoders.lanes(cohort, alloc, t, ceilings=ceilings))
 
 
 def price_ceilings(sel: Selection, cohort: list[int], widths: np.ndarray, alloc: np.ndarray,

@@ -13,7 +13,7 @@ import numpy as np
 
 from helios_jax.catalog import GraphDescriptor
 from helios_jax.scheduler.policy.prepared import MixedShape
-from helios_jax.scheduler.policy.ranking import ScoredRow
+from helios_jax.scheduler.policy.ranking import ScoredCandidate
 from helios_jax.scheduler.policy.selection import Selection
 from helios_jax.scheduler.policy.tables import LaneTable
 from helios_jax.scheduler.view import Lane
@@ -31,28 +31,28 @@ class MixedFamily:
         self._picks: dict[tuple[int, bytes], int | None] = {}
         self._decoder_work: dict[MixedShape, DecoderWork] = {}
 
-    def rows(self) -> list[ScoredRow]:
+    def candidates(self) -> list[ScoredCandidate]:
         decoders, prompts = self.sel.decoders, self.sel.prompts
-        rows = []
+        found = []
         for g in self.sel.prepared.mixed:
             table = decoders.table(g.token_capacity, g.proposal_depth)
             if decoders.count and id(g) in self.sel.prepared.mixed_decode_only:
-                rows.append(self._decode_only_row(g, table))
+                found.append(self._decode_only_candidate(g, table))
             if not prompts.count:
                 continue
-            row = self._prompt_row(g, table)
-            if row is not None:
-                rows.append(row)
-        return rows
+            candidate = self._prompt_row_candidate(g, table)
+            if candidate is not None:
+                found.append(candidate)
+        return found
 
-    def _decode_only_row(self, g: GraphDescriptor, table: LaneTable) -> ScoredRow:
+    def _decode_only_candidate(self, g: GraphDescriptor, table: LaneTable) -> ScoredCandidate:
         sel = self.sel
         m = min(g.batch_capacity, sel.decoders.count)
         signature = (g.kind, -1, 0, g.proposal_depth, table.work_key, m)
-        return sel.row(g, float(table.prefix_values[m]), m * sel.decoders.age_value_per_ms, signature,
-                       sel.decoder_lanes(table.order[:m], table.widths, g, False))
+        return sel.score(g, float(table.prefix_values[m]), m * sel.decoders.age_value_per_ms, signature,
+                         sel.decoder_lanes(table.order[:m], table.widths, g, False))
 
-    def _prompt_row(self, g: GraphDescriptor, table: LaneTable) -> ScoredRow | None:
+    def _prompt_row_candidate(self, g: GraphDescriptor, table: LaneTable) -> ScoredCandidate | None:
         """The best prompt row with the m = min(B - 1, decoders) highest-value decoders."""
         sel, decoders, prompts = self.sel, self.sel.decoders, self.sel.prompts
         cap = g.prefill_capacity
@@ -75,7 +75,7 @@ class MixedFamily:
             return [prompts.lane(i, cap)] + decoders.lanes(table.order[:m], table.widths, until_ms)
 
         value = float(prompts.values(cap)[i] + table.prefix_values[m])
-        return sel.row(g, value, m * decoders.age_value_per_ms, None, lanes)
+        return sel.score(g, value, m * decoders.age_value_per_ms, None, lanes)
 
     def _decoder_signature(self, batch: int, width: int, depth: int) -> DecoderWork:
         """The decoder work beside a prompt row in a (B, W, D) shape: lanes and widths (0: none)."""
@@ -111,6 +111,6 @@ class MixedFamily:
         return allowed
 
 
-def mixed_rows(sel: Selection) -> list[ScoredRow]:
+def mixed_candidates(sel: Selection) -> list[ScoredCandidate]:
     """Every mixed program's decode-only and prompt-row candidates."""
-    return MixedFamily(sel).rows()
+    return MixedFamily(sel).candidates()

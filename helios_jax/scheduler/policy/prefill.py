@@ -11,25 +11,25 @@ from __future__ import annotations
 import functools
 
 from helios_jax.catalog import GraphDescriptor, GraphKind
-from helios_jax.scheduler.policy.ranking import ScoredRow
+from helios_jax.scheduler.policy.ranking import ScoredCandidate
 from helios_jax.scheduler.policy.selection import Selection
 from helios_jax.scheduler.policy.tables import PromptTable
 from helios_jax.scheduler.view import Lane
 
 
-def prefill_rows(sel: Selection) -> list[ScoredRow]:
+def prefill_candidates(sel: Selection) -> list[ScoredCandidate]:
     """Each prefill program's best prompt row (scored prefill: only requests that need scores)."""
     prompts = sel.prompts
     if prompts.count == 0:
         return []
-    rows = []
+    found = []
     for g in sel.prepared.prefill:
         i = _best_prompt(sel, g)
         if i is not None:
             cap = g.token_capacity
-            rows.append(sel.row(g, float(prompts.values(cap)[i]), 0.0, None,
-                                functools.partial(_prompt_lanes, prompts, i, cap)))
-    return rows
+            found.append(sel.score(g, float(prompts.values(cap)[i]), 0.0, None,
+                                   functools.partial(_prompt_lanes, prompts, i, cap)))
+    return found
 
 
 def _best_prompt(sel: Selection, g: GraphDescriptor) -> int | None:

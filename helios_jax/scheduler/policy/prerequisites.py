@@ -26,32 +26,32 @@ from helios_jax.scheduler.policy.following import (
     prompt_value,
     ragged_cohort,
 )
-from helios_jax.scheduler.policy.ranking import ScoredRow
+from helios_jax.scheduler.policy.ranking import ScoredCandidate
 from helios_jax.scheduler.policy.selection import Selection, free_prerequisite_rows
 from helios_jax.scheduler.view import Candidate, Lane, LaneRole, Phase, RequestView
 
 
-def prerequisite_rows(sel: Selection) -> list[ScoredRow]:
+def prerequisite_candidates(sel: Selection) -> list[ScoredCandidate]:
     """Each prerequisite program's two-stage sequences and continuation candidate."""
     if not sel.blocked:
         return []
-    rows = []
+    found = []
     for g1 in sel.prepared.prerequisites:
         group = [v for v in sel.blocked if v.prerequisites[0] is g1.kind]
         if not group:
             continue
         singles = [v for v in group if len(v.prerequisites) == 1]
-        rows.extend(_pair_rows(sel, g1, group, singles))
-        row = _continuation_row(sel, g1, group)
-        if row is not None:
-            rows.append(row)
-    return rows
+        found.extend(_sequence_candidates(sel, g1, group, singles))
+        candidate = _continuation_candidate(sel, g1, group)
+        if candidate is not None:
+            found.append(candidate)
+    return found
 
 
-def _pair_rows(sel: Selection, g1: GraphDescriptor, group: list[RequestView],
-               singles: list[RequestView]) -> list[ScoredRow]:
+def _sequence_candidates(sel: Selection, g1: GraphDescriptor, group: list[RequestView],
+               singles: list[RequestView]) -> list[ScoredCandidate]:
     """Every (g1, following shape) pair's best joint cohort, as sequence rows."""
-    rows: list[ScoredRow] = []
+    found: list[ScoredCandidate] = []
     terminals = sel.terminals if g1.kind is GraphKind.SNAPSHOT else []
     terminal_ages = np.array([v.terminal_age_ms for v in terminals])
     for enables in (Phase.DECODE, Phase.PREFILL):
@@ -65,8 +65,8 @@ def _pair_rows(sel: Selection, g1: GraphDescriptor, group: list[RequestView],
             else:
                 cohorts = [population_cohort(pair, pop)
                            for pop in populations(sel, g2, new_views, pair.total_ms)]
-            rows.extend(_sequence_row(sel, pair, c) for c in cohorts if c is not None)
-    return rows
+            found.extend(_sequence_candidate(sel, pair, c) for c in cohorts if c is not None)
+    return found
 
 
 def _pair(sel: Selection, g1: GraphDescriptor, g2: GraphDescriptor, group: list[RequestView],
@@ -83,7 +83,7 @@ def _pair(sel: Selection, g1: GraphDescriptor, g2: GraphDescriptor, group: list[
     return Pair(g1, g2, group, terminals, values, t1, f, u)
 
 
-def _sequence_row(sel: Selection, pair: Pair, cohort: FollowerCohort) -> ScoredRow:
+def _sequence_candidate(sel: Selection, pair: Pair, cohort: FollowerCohort) -> ScoredCandidate:
     """The prerequisite's lanes (the rows it enables, the best terminal rows, then free rows)
     and the two-stage score over U = T + F."""
     g1, g2, decision = pair.prerequisite, pair.following, sel.decision
@@ -106,10 +106,11 @@ def _sequence_row(sel: Selection, pair: Pair, cohort: FollowerCohort) -> ScoredR
                          useful_value=float(value), log_scale=decision.log_scale, stale=sel.is_stale(g1),
                          following=following, sequence_ms=None if pair.unknown else pair.total_ms)
 
-    return ScoredRow(g1, float(score), pair.prerequisite_ms, signature, build)
+    return ScoredCandidate(g1, float(score), pair.prerequisite_ms, signature, build)
 
 
-def _continuation_row(sel: Selection, g1: GraphDescriptor, group: list[RequestView]) -> ScoredRow | None:
+def _continuation_candidate(sel: Selection, g1: GraphDescriptor,
+                            group: list[RequestView]) -> ScoredCandidate | None:
     """Chains with more prerequisite stages: each row contributes V*T/(T+F)."""
     multis = [v for v in group if len(v.prerequisites) > 1]
     if not multis:
@@ -131,7 +132,7 @@ def _continuation_row(sel: Selection, g1: GraphDescriptor, group: list[RequestVi
         return out + free_prerequisite_rows(group, g1.batch_capacity - len(out), {l.rid for l in out})
 
     signature = (g1.kind, "continuation", tuple(sorted(multis[i].rid for i in order)))
-    return sel.row(g1, float(contributions[order].sum()), 0.0, signature, lanes)
+    return sel.score(g1, float(contributions[order].sum()), 0.0, signature, lanes)
 
 
 def _continuation(sel: Selection, v: RequestView) -> tuple[float, float | None]:

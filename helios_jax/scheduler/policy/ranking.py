@@ -1,4 +1,4 @@
-"""Scored rows, the dominance filter and the spec's tie order.
+"""Scored candidates, the dominance filter and the spec's tie order.
 
 Order: an indeterminate candidate beats any determinate one; then the higher score (value rate,
 or useful value for indeterminate ones); equal values prefer the shorter known time, more served
@@ -18,11 +18,11 @@ from helios_jax.scheduler import utility
 from helios_jax.scheduler.policy.prepared import PreparedGraphs, capacities
 from helios_jax.scheduler.view import Candidate, RequestView
 
-# A dominance group: rows with equal signatures do the same logical work (None: never compared).
+# A dominance group: candidates with equal signatures do the same logical work (None: never compared).
 Signature = Hashable | None
 
 
-class ScoredRow:
+class ScoredCandidate:
     """A scored candidate whose lanes are built on demand (``build()``)."""
 
     __slots__ = ("_build", "duration_ms", "graph", "score", "signature")
@@ -43,10 +43,10 @@ class ScoredRow:
         return self.duration_ms is None
 
 
-def prune_dominated(rows: list[ScoredRow], prepared: PreparedGraphs) -> list[ScoredRow]:
+def prune_dominated(candidates: list[ScoredCandidate], prepared: PreparedGraphs) -> list[ScoredCandidate]:
     """The dominance filter within groups of equal kind, cohort and logical work."""
-    groups: dict[Hashable, list[ScoredRow]] = {}
-    for r in rows:
+    groups: dict[Hashable, list[ScoredCandidate]] = {}
+    for r in candidates:
         if r.signature is not None:
             groups.setdefault(r.signature, []).append(r)
     dropped = set()
@@ -56,7 +56,7 @@ def prune_dominated(rows: list[ScoredRow], prepared: PreparedGraphs) -> list[Sco
             for r in group:
                 if prepared.dominator_ids[id(r.graph)] & present:
                     dropped.add(id(r))
-    return [r for r in rows if id(r) not in dropped]
+    return [r for r in candidates if id(r) not in dropped]
 
 
 def better(a: Candidate, b: Candidate, recency: dict[int, int]) -> bool:

@@ -4,7 +4,7 @@
 quantities (``utility.Decision``: log scale, reference intervals sigma, waiting cost), the lane
 tables of runnable decoders and prompts, the terminal and blocked rows, and the duration
 estimate of every prepared program. The families (``generation``, ``prefill``, ``mixed``,
-``snapshots``, ``prerequisites``) read it and return :class:`~.ranking.ScoredRow`\\ s.
+``snapshots``, ``prerequisites``) read it and return :class:`~.ranking.ScoredCandidate` lists.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from helios_jax.scheduler import utility
 from helios_jax.scheduler.config import PolicyConfig
 from helios_jax.scheduler.cost import CostModel
 from helios_jax.scheduler.policy.prepared import PreparedGraphs, as_prepared
-from helios_jax.scheduler.policy.ranking import ScoredRow, Signature
+from helios_jax.scheduler.policy.ranking import ScoredCandidate, Signature
 from helios_jax.scheduler.policy.tables import DecoderTable, PromptTable
 from helios_jax.scheduler.view import Candidate, Lane, LaneRole, Phase, RequestView
 
@@ -85,8 +85,8 @@ class Selection:
     def is_stale(self, g: GraphDescriptor) -> bool:
         return self.costs.is_stale(g.key, self.inp.now_ns)
 
-    def row(self, g: GraphDescriptor, value_at_zero: float, value_per_ms: float, signature: Signature,
-            lanes: LaneBuilder) -> ScoredRow:
+    def score(self, g: GraphDescriptor, value_at_zero: float, value_per_ms: float, signature: Signature,
+              lanes: LaneBuilder) -> ScoredCandidate:
         """Score one candidate whose useful value grows by value_per_ms * T (the age terms); an
         unknown duration gets the optimistic work score, its useful value."""
         t = self._durations[id(g)]
@@ -95,10 +95,10 @@ class Selection:
         else:
             value = value_at_zero + value_per_ms * t
             score = self.decision.rate(value, t)
-        return ScoredRow(g, float(score), t, signature,
-                         functools.partial(self._candidate, g, t, float(score), float(value), lanes))
+        return ScoredCandidate(g, float(score), t, signature,
+                         functools.partial(self._materialise, g, t, float(score), float(value), lanes))
 
-    def _candidate(self, g: GraphDescriptor, t: float | None, score: float, value: float,
+    def _materialise(self, g: GraphDescriptor, t: float | None, score: float, value: float,
                    lanes: LaneBuilder) -> Candidate:
         return Candidate(graph=g, lanes=tuple(lanes()), duration_ms=t, score=score, useful_value=value,
                          log_scale=self.decision.log_scale, stale=self.is_stale(g))

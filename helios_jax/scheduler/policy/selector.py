@@ -2,22 +2,22 @@
 from __future__ import annotations
 
 from helios_jax.scheduler import utility
-from helios_jax.scheduler.policy.generation import generation_rows
-from helios_jax.scheduler.policy.mixed import mixed_rows
-from helios_jax.scheduler.policy.prefill import prefill_rows
-from helios_jax.scheduler.policy.prerequisites import prerequisite_rows
-from helios_jax.scheduler.policy.ranking import ScoredRow, best, prune_dominated
+from helios_jax.scheduler.policy.generation import generation_candidates
+from helios_jax.scheduler.policy.mixed import mixed_candidates
+from helios_jax.scheduler.policy.prefill import prefill_candidates
+from helios_jax.scheduler.policy.prerequisites import prerequisite_candidates
+from helios_jax.scheduler.policy.ranking import ScoredCandidate, best, prune_dominated
 from helios_jax.scheduler.policy.selection import Selection, SelectionInput
-from helios_jax.scheduler.policy.snapshots import terminal_rows
+from helios_jax.scheduler.policy.snapshots import terminal_candidates
 from helios_jax.scheduler.view import Candidate
 
 
-def scored(inp: SelectionInput) -> list[ScoredRow]:
+def scored(inp: SelectionInput) -> list[ScoredCandidate]:
     """Every program's best non-dominated candidate(s), scored but not yet materialised."""
     sel = Selection(inp)
-    rows = (generation_rows(sel) + prefill_rows(sel) + mixed_rows(sel) + terminal_rows(sel)
-            + prerequisite_rows(sel))
-    return prune_dominated(rows, sel.prepared)
+    found = (generation_candidates(sel) + prefill_candidates(sel) + mixed_candidates(sel)
+             + terminal_candidates(sel) + prerequisite_candidates(sel))
+    return prune_dominated(found, sel.prepared)
 
 
 def candidates(inp: SelectionInput) -> list[Candidate]:
@@ -28,13 +28,13 @@ def candidates(inp: SelectionInput) -> list[Candidate]:
 def select(inp: SelectionInput) -> Candidate | None:
     """The preferred candidate, or None when nothing is runnable.
 
-    Only the leading rows (all indeterminate ones, or those within the tie tolerance of the
-    best score) are materialised and compared in full.
+    Only the leading candidates (all indeterminate ones, or those within the tie tolerance of
+    the best score) are materialised and compared in full.
     """
-    rows = scored(inp)
-    if not rows:
+    found = scored(inp)
+    if not found:
         return None
-    pool = [r for r in rows if r.indeterminate] or rows
+    pool = [r for r in found if r.indeterminate] or found
     top = max(r.score for r in pool)
     tied = [r for r in pool if utility.nearly_equal(r.score, top)]
     return best([r.build() for r in tied], inp.views)

@@ -18,12 +18,12 @@ from helios_jax.scheduler.speculation import expected_output_table, monotone
 from helios_jax.scheduler.view import Lane, LaneRole, RequestView
 
 
-def padded_rows(rows: Sequence[np.ndarray], depth: int) -> np.ndarray:
-    """Per-request prefix estimates as one monotone f64[len(rows), depth] array, zero-padded."""
-    if rows and depth and all(getattr(r, "shape", (0,))[-1:] == (depth,) for r in rows):
-        return monotone(np.array(rows, dtype=np.float64))  # the common case: one stack
-    out = np.zeros((len(rows), depth))
-    for i, r in enumerate(rows):
+def padded_prefixes(prefixes: Sequence[np.ndarray], depth: int) -> np.ndarray:
+    """Per-request prefix estimates as one monotone f64[len(prefixes), depth] array, zero-padded."""
+    if prefixes and depth and all(getattr(r, "shape", (0,))[-1:] == (depth,) for r in prefixes):
+        return monotone(np.array(prefixes, dtype=np.float64))  # the common case: one stack
+    out = np.zeros((len(prefixes), depth))
+    for i, r in enumerate(prefixes):
         r = np.asarray(r, dtype=np.float64).reshape(-1)[:depth]
         out[i, : r.size] = r
     return monotone(out) if depth else out
@@ -54,15 +54,15 @@ class DecoderTable:
             np.array([v.log_delivery_price for v in views], dtype=np.float64))
         age = np.array([v.age_ms for v in views], dtype=np.float64)
         self.row_limit = np.array([v.row_limit for v in views], dtype=np.float64)
-        self.survival = padded_rows([v.survival for v in views], depth)  # f64[n, D]
-        self.forecast = padded_rows([v.forecast for v in views], depth)  # f64[n, D] joint prefix probs
+        self.survival = padded_prefixes([v.survival for v in views], depth)  # f64[n, D]
+        self.forecast = padded_prefixes([v.forecast for v in views], depth)  # f64[n, D] joint prefix probs
         # f64[n, max_width + 1]: expected committed tokens at each width
         self.expected_output = (expected_output_table(self.survival, max_width, decision.alpha) if count
                                 else np.zeros((0, max_width + 1)))
         # f64[n, D]: value of target row d + 1 (prefix d + 1 surviving)
         self.extension_value = self.output_price[:, None] * self.survival ** decision.alpha
         # f64[n]: delivery and c*sigma*A, the value a served lane earns besides its tokens at T = 0
-        self.settled_value = self.delivery_price + decision.decode_age_term(age, 0.0)
+        self.delivery_value = self.delivery_price + decision.decode_age_term(age, 0.0)
         # c*sigma: value per ms of T per served lane
         self.age_value_per_ms = decision.decode_age * decision.sigma_decode
         self._tables: dict[tuple[int, int], LaneTable] = {}
@@ -72,7 +72,7 @@ class DecoderTable:
         return np.maximum(np.minimum(self.row_limit, min(width, depth + 1)), 1).astype(np.int64)
 
     def lane_values(self, widths: np.ndarray) -> np.ndarray:
-        return self.output_price * self.expected_output[np.arange(self.count), widths] + self.settled_value
+        return self.output_price * self.expected_output[np.arange(self.count), widths] + self.delivery_value
 
     def table(self, width: int, depth: int) -> LaneTable:
         """The lanes on programs of this width and depth, cached.
@@ -95,7 +95,7 @@ class DecoderTable:
         for i in idx:
             i = int(i)
             expected = float(self.expected_output[i, int(rows[i])])
-            value = float(self.output_price[i] * expected + self.settled_value[i]
+            value = float(self.output_price[i] * expected + self.delivery_value[i]
                           + self.age_value_per_ms * until_ms)
             out.append(Lane(int(self.rids[i]), int(self.slots[i]), LaneRole.DECODE,
                             query_length=0 if ceilings is not None else int(rows[i]),
