@@ -68,7 +68,7 @@ def _fixed_ragged_candidate(sel: Selection, g: GraphDescriptor, table: LaneTable
 
 
 def _adaptive_ragged_candidate(sel: Selection, g: GraphDescriptor, widths: np.ndarray,
-                         device: bool) -> ScoredCandidate | None:
+                               device: bool) -> ScoredCandidate | None:
     """Adaptive ragged selection: cohort prefixes under the three orderings, each priced by
     the allocation it gets.
 

@@ -57,7 +57,7 @@ class MixedFamily:
         sel, decoders, prompts = self.sel, self.sel.decoders, self.sel.prompts
         cap = g.prefill_capacity
         m = min(g.batch_capacity - 1, decoders.count)
-        allowed = self._undominated_prompts(g, m)
+        allowed = self._undominated_prompts(g)
         if allowed is None:
             return None
         if not sel.costs.is_known(g.key):
@@ -77,7 +77,7 @@ class MixedFamily:
         value = float(prompts.values(cap)[i] + table.prefix_values[m])
         return sel.score(g, value, m * decoders.age_value_per_ms, None, lanes)
 
-    def _decoder_signature(self, batch: int, width: int, depth: int) -> DecoderWork:
+    def _decoder_work_of(self, batch: int, width: int, depth: int) -> DecoderWork:
         """The decoder work beside a prompt row in a (B, W, D) shape: lanes and widths (0: none)."""
         key = (batch, width, depth)
         hit = self._decoder_work.get(key)
@@ -87,7 +87,7 @@ class MixedFamily:
             self._decoder_work[key] = hit
         return hit
 
-    def _undominated_prompts(self, g: GraphDescriptor, m: int) -> np.ndarray | None:
+    def _undominated_prompts(self, g: GraphDescriptor) -> np.ndarray | None:
         """Prompt rows of mixed shape g that no smaller shape serves with the same work.
 
         A smaller shape h carries the same candidate when it serves the same decoder lanes at the
@@ -97,10 +97,10 @@ class MixedFamily:
         """
         prompts = self.sel.prompts
         work = prompts.work(g.prefill_capacity)
-        mine = self._decoder_signature(g.batch_capacity, g.token_capacity, g.proposal_depth)
+        mine = self._decoder_work_of(g.batch_capacity, g.token_capacity, g.proposal_depth)
         largest = None
         for shape, capacity in self.sel.prepared.mixed_dominator_classes[g]:
-            if self._decoder_signature(*shape) != mine:
+            if self._decoder_work_of(*shape) != mine:
                 continue
             if capacity == g.prefill_capacity:
                 return None

@@ -49,8 +49,8 @@ def prerequisite_candidates(sel: Selection) -> list[ScoredCandidate]:
 
 
 def _sequence_candidates(sel: Selection, g1: GraphDescriptor, group: list[RequestView],
-               singles: list[RequestView]) -> list[ScoredCandidate]:
-    """Every (g1, following shape) pair's best joint cohort, as sequence rows."""
+                         singles: list[RequestView]) -> list[ScoredCandidate]:
+    """Every (g1, following shape) pair's best joint cohort, as two-stage sequence candidates."""
     found: list[ScoredCandidate] = []
     terminals = sel.terminals if g1.kind is GraphKind.SNAPSHOT else []
     terminal_ages = np.array([v.terminal_age_ms for v in terminals])

@@ -43,7 +43,8 @@ class ScoredCandidate:
         return self.duration_ms is None
 
 
-def prune_dominated(candidates: list[ScoredCandidate], prepared: PreparedGraphs) -> list[ScoredCandidate]:
+def prune_dominated(candidates: list[ScoredCandidate],
+                    prepared: PreparedGraphs) -> list[ScoredCandidate]:
     """The dominance filter within groups of equal kind, cohort and logical work."""
     groups: dict[Hashable, list[ScoredCandidate]] = {}
     for r in candidates:

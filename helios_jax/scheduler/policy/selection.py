@@ -96,10 +96,10 @@ class Selection:
             value = value_at_zero + value_per_ms * t
             score = self.decision.rate(value, t)
         return ScoredCandidate(g, float(score), t, signature,
-                         functools.partial(self._materialise, g, t, float(score), float(value), lanes))
+                               functools.partial(self._materialise, g, t, float(score), float(value), lanes))
 
     def _materialise(self, g: GraphDescriptor, t: float | None, score: float, value: float,
-                   lanes: LaneBuilder) -> Candidate:
+                     lanes: LaneBuilder) -> Candidate:
         return Candidate(graph=g, lanes=tuple(lanes()), duration_ms=t, score=score, useful_value=value,
                          log_scale=self.decision.log_scale, stale=self.is_stale(g))
 

@@ -25,7 +25,7 @@ def terminal_candidates(sel: Selection) -> list[ScoredCandidate]:
 
 
 def _snapshot_candidate(sel: Selection, g: GraphDescriptor, ages: np.ndarray, order: np.ndarray,
-                  free: list[RequestView]) -> ScoredCandidate:
+                        free: list[RequestView]) -> ScoredCandidate:
     decision = sel.decision
     per_row = decision.terminal_age * decision.sigma_terminal
     m = min(g.batch_capacity, len(order))
