@@ -35,7 +35,7 @@ from helios_jax.catalog import Allocation, DecodeMode, GraphKind
 from helios_jax.engine_config import EngineConfig
 from helios_jax.runtime.api import GenerationRequest, RequestStream, StreamEvent
 from helios_jax.runtime.detokenize import TextStream
-from helios_jax.runtime.executor import Executor, Frame, RequestInputs, completion_records, survival_rows
+from helios_jax.runtime.executor import Dispatch, Executor, RequestInputs, completion_records, survival_rows
 from helios_jax.runtime.tokenizer import HFTokenizer
 from helios_jax.scheduler.config import PolicyConfig
 from helios_jax.scheduler.core import NS_PER_MS, Scheduler
@@ -264,7 +264,7 @@ class HeliosEngine:
         while self.executor.inflight and self.executor.inflight[0].done.is_set():
             self._complete(self.executor.inflight[0])
 
-    def _complete(self, frame: Frame) -> None:
+    def _complete(self, frame: Dispatch) -> None:
         if frame.error is not None:
             raise RuntimeError(f"fence {frame.fence} ({frame.plan.graph.name}) failed: {frame.error}")
         plan = frame.plan
