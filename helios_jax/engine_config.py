@@ -282,13 +282,11 @@ def _check_nonnegative_float(flag: str, value) -> None:
 
 
 def _flag_int_list(flag: str, values: Sequence[str] | None) -> tuple[int, ...] | None:
-    """A list flag's strings as integers; unset or empty -> None."""
-    if not values:
-        return None
+    """A list flag's strings as integers (`parse_int_list`); unset or empty -> None."""
     try:
-        return tuple(int(v) for v in values)
+        return parse_int_list(values)
     except ValueError:
-        _fail(flag, f"must be a comma-separated list of integers, got {','.join(values)!r}")
+        _fail(flag, f"must be a comma-separated list of integers, got {','.join(values or ())!r}")
 
 
 @dataclasses.dataclass(frozen=True)
