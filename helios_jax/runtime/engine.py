@@ -27,22 +27,23 @@ import os
 import queue
 import threading
 import time
+import warnings
 from typing import Callable
 
 import numpy as np
 
-from helios_jax.catalog import Allocation, DecodeMode, GraphKind
-from helios_jax.engine_config import EngineConfig
+from helios_jax.catalog import GraphKind
+from helios_jax.compilation_cache import enable_compilation_cache
+from helios_jax.engine_config import EngineConfig, EngineOptions
+from helios_jax.prepare import load_engine_model, prepare, warm_up
 from helios_jax.runtime.api import GenerationRequest, RequestStream, StreamEvent
 from helios_jax.runtime.detokenize import TextStream
-from helios_jax.runtime.executor import Executor, Frame, RequestInputs, completion_records, survival_rows
+from helios_jax.runtime.executor import Dispatch, Executor, RequestInputs, completion_records, survival_rows
 from helios_jax.runtime.tokenizer import HFTokenizer
 from helios_jax.scheduler.config import PolicyConfig
 from helios_jax.scheduler.core import NS_PER_MS, Scheduler
 
 log = logging.getLogger("helios_jax.engine")
-
-MODES = {"off": DecodeMode.ORDINARY, "fixed": DecodeMode.FIXED, "adaptive": DecodeMode.ADAPTIVE}
 
 
 @dataclasses.dataclass
@@ -73,12 +74,14 @@ class HeliosEngine:
         # The scheduler's context leaves room for the draft storage a speculative round writes.
         self.max_model_len = engine_config.max_model_len - draft
         fixed_width = max(engine_config.proposal_depths) + 1 if engine_config.speculation == "fixed" else None
-        self.scheduler = Scheduler(self.catalog, mode=MODES[engine_config.speculation],
+        self.scheduler = Scheduler(self.catalog, mode=engine_config.decode_mode,
                                    policy_config=policy_config or PolicyConfig(), fixed_width=fixed_width,
                                    page_size=engine_config.page_size, kv_pages=engine_config.kv_pages,
                                    max_model_len=self.max_model_len, draft_storage=draft, initialize_requests=True)
         if programs is None:
-            programs = self._compile(model_config, params, progress)
+            prepared = prepare(model_config, params, engine_config, name=model_name, progress=progress)
+            programs, params = prepared.programs, prepared.params
+            warm_up(programs, params, progress)
         self.executor = Executor(programs, params, programs.init_state(),
                                  on_ready=lambda frame: self._events.put(("ready", frame)))
         self._events: queue.Queue = queue.Queue()
@@ -94,33 +97,6 @@ class HeliosEngine:
         self._thread = threading.Thread(target=self._loop, name="helios-engine", daemon=True)
         if start:
             self.start()
-
-    def _compile(self, model_config, params, progress):
-        from helios_jax.programs import build_programs
-
-        programs = build_programs(model_config, params, self.config, self.catalog)
-
-        def report(i, n, program):
-            if progress:
-                progress(f"compiled {i}/{n} {program.name} ({program.compile_seconds:.1f} s)")
-
-        programs.compile_all(report)
-        self._warm_up(programs, params, progress)
-        return programs
-
-    def _warm_up(self, programs, params, progress) -> None:
-        """Run every program once on a scratch state, so that no request pays (and no duration
-        estimate records) a program's one-time first-execution costs."""
-        import jax
-
-        from helios_jax.prepare import measurement_inputs
-
-        state = programs.init_state()
-        for program in programs.values():
-            state, outputs = program(params, state, measurement_inputs(program, self.config, 1))
-            jax.block_until_ready(outputs)
-        if progress:
-            progress(f"warmed up {len(programs)} programs")
 
     # == the Engine interface =================================================================
     def start(self) -> None:
@@ -264,7 +240,7 @@ class HeliosEngine:
         while self.executor.inflight and self.executor.inflight[0].done.is_set():
             self._complete(self.executor.inflight[0])
 
-    def _complete(self, frame: Frame) -> None:
+    def _complete(self, frame: Dispatch) -> None:
         if frame.error is not None:
             raise RuntimeError(f"fence {frame.fence} ({frame.plan.graph.name}) failed: {frame.error}")
         plan = frame.plan
@@ -342,31 +318,30 @@ class HeliosEngine:
         self._stop.set()
 
 
-def build_engine(options, progress: Callable[[str], None] | None = print) -> HeliosEngine:
-    """The engine `python -m helios_jax.serve` runs (``helios_jax.serve.flags.EngineOptions``)."""
-    import jax
+def build_real_engine(options: EngineOptions, progress: Callable[[str], None] | None = print) -> HeliosEngine:
+    """The real engine for the engine flags (``python -m helios_jax.serve``'s default factory).
 
-    from helios_jax.model import load_checkpoint
-    from helios_jax.model.default import default_model_path
+    Loads the model (`helios_jax.prepare.load_engine_model`: ``--model`` or the embedded one, in
+    ``--dtype`` or float32 on a CPU), resolves the flags against it (`EngineOptions.engine_config`),
+    and prepares the programs with the persistent compilation cache on, so restarts reuse them.
 
-    # Restarts reuse compiled programs: the persistent compilation cache, unless configured.
-    if not os.environ.get("JAX_COMPILATION_CACHE_DIR"):
-        jax.config.update("jax_compilation_cache_dir",
-                          os.path.join(os.path.expanduser("~"), ".cache", "helios_jax", "xla"))
-    path = options.model or str(default_model_path())
+    Raises:
+      ValueError: the model folder has no ``tokenizer.json``, or the flags do not fit the model.
+    """
+    enable_compilation_cache()
     if progress:
-        progress(f"loading model from {path}")
-    # CPUs without bfloat16 arithmetic run float32 much faster (2.9x at concurrency 1 for the
-    # default model, docs/benchmarks-engine.md); accelerators keep the checkpoint's dtype.
-    dtype = "float32" if jax.default_backend() == "cpu" else None
-    model = load_checkpoint(path, dtype=dtype)
+        progress(f"loading model from {options.model or 'the embedded default model'}")
+    model = load_engine_model(options.model, dtype=options.dtype)
     if model.tokenizer is None:
-        raise ValueError(f"{path} has no tokenizer.json")
-    tokenizer = HFTokenizer(model.tokenizer)
-    max_len = options.max_model_len or min(model.config.max_position_embeddings, 4096)
-    speculation = options.speculation if model.config.has_mtp else "off"
-    config = options.engine_config(max_model_len=max_len, dtype=model.config.dtype, speculation=speculation,
-                                   **({"draft_tokens": 0} if speculation == "off" else {}))
-    name = os.path.basename(os.path.normpath(path)) if options.model else "helios-default"
-    return HeliosEngine(model_config=model.config, params=model.params, tokenizer=tokenizer, engine_config=config,
+        raise ValueError(f"{options.model} has no tokenizer.json")
+    name = os.path.basename(os.path.normpath(options.model)) if options.model else "helios-default"
+    return HeliosEngine(model_config=model.config, params=model.params, tokenizer=HFTokenizer(model.tokenizer),
+                        engine_config=options.engine_config(model.config),
                         policy_config=options.policy_config(), model_name=name, progress=progress)
+
+
+def build_engine(options: EngineOptions, progress: Callable[[str], None] | None = print) -> HeliosEngine:
+    """Deprecated name of :func:`build_real_engine`."""
+    warnings.warn("helios_jax.runtime.engine.build_engine is deprecated: use build_real_engine",
+                  DeprecationWarning, stacklevel=2)
+    return build_real_engine(options, progress)

@@ -1,10 +1,11 @@
 """The executor: pack a plan's inputs, dispatch its prepared program, observe completion.
 
-A frame is dispatched asynchronously (JAX returns before the device finishes); a waiter thread
-observes its completion (``block_until_ready``) and stamps the time. Up to two frames are in
-flight. Device intervals follow ARCHITECTURE.md: an isolated frame's interval runs from dispatch
-to ready; a queued frame's from its predecessor's completion to ready (the waiter of a queued
-frame first waits for its predecessor's stamp, so stamps are ordered). The host wall interval
+A frame is dispatched asynchronously (JAX returns before the device finishes) and tracked as a
+:class:`Dispatch` until it completes; a waiter thread observes its completion
+(``block_until_ready``) and stamps the time. Up to two frames are in flight. Device intervals
+follow ARCHITECTURE.md: an isolated frame's interval runs from dispatch to ready; a queued frame's
+from its predecessor's completion to ready (the waiter of a queued frame first waits for its
+predecessor's stamp, so stamps are ordered). The host wall interval
 runs from dispatch through observed completion. Host packing and polling stay outside both.
 
 Outputs become one :class:`CompletionRecord` per lane, in plan order, plus the confidence sidecar
@@ -39,13 +40,19 @@ class RequestInputs:
 
 
 @dataclasses.dataclass
-class Frame:
+class Dispatch:
+    """A dispatched frame awaiting completion: the executor's in-flight record of one plan.
+
+    (The scheduler's ``Frame`` is the committed plan in flight as the scheduler sees it; this
+    is its execution: outputs, timestamps and the completion event.)
+    """
+
     fence: int
     plan: ScheduledPlan
     outputs: Any
     dispatched_ns: int
     queued: bool
-    predecessor: "Frame | None"
+    predecessor: Dispatch | None
     ready_ns: int | None = None
     done: threading.Event = dataclasses.field(default_factory=threading.Event)
     error: BaseException | None = None
@@ -137,47 +144,48 @@ def survival_rows(plan: ScheduledPlan, outputs, request_slots: int, depth: int) 
 class Executor:
     """Dispatches plans onto prepared programs over one donated device state."""
 
-    def __init__(self, programs: Mapping, params, state, *, on_ready: Callable[[Frame], None],
+    def __init__(self, programs: Mapping, params, state, *, on_ready: Callable[[Dispatch], None],
                  clock: Callable[[], int] = time.perf_counter_ns):
         self.programs = programs
         self.params = params
         self.state = state
         self.on_ready = on_ready
         self.clock = clock
-        self.inflight: list[Frame] = []
+        self.inflight: list[Dispatch] = []
         self.history: collections.deque = collections.deque(maxlen=1024)  # (graph, ExecutionTiming)
         self.graph_counts: dict[str, int] = {}
         self.graph_ns: dict[str, int] = {}
 
-    def dispatch(self, plan: ScheduledPlan, fence: int, info: Mapping[int, RequestInputs]) -> Frame:
+    def dispatch(self, plan: ScheduledPlan, fence: int, info: Mapping[int, RequestInputs]) -> Dispatch:
         program = self.programs[plan.graph.key]
         inputs = pack_inputs(program, plan, info)
         predecessor = self.inflight[-1] if self.inflight else None
         dispatched = self.clock()
         self.state, outputs = program(self.params, self.state, inputs)
-        frame = Frame(fence, plan, outputs, dispatched, queued=predecessor is not None, predecessor=predecessor)
-        self.inflight.append(frame)
+        dispatched_frame = Dispatch(fence, plan, outputs, dispatched, queued=predecessor is not None,
+                                    predecessor=predecessor)
+        self.inflight.append(dispatched_frame)
         wait = getattr(program, "wait", jax.block_until_ready)
-        threading.Thread(target=self._watch, args=(frame, wait), daemon=True,
+        threading.Thread(target=self._watch, args=(dispatched_frame, wait), daemon=True,
                          name=f"helios-frame-{fence}").start()
-        return frame
+        return dispatched_frame
 
-    def _watch(self, frame: Frame, wait) -> None:
+    def _watch(self, dispatched: Dispatch, wait) -> None:
         try:
-            if frame.predecessor is not None:
-                frame.predecessor.done.wait()
-            wait(frame.outputs)
+            if dispatched.predecessor is not None:
+                dispatched.predecessor.done.wait()
+            wait(dispatched.outputs)
         except BaseException as e:  # reported to the engine loop, which fails the frame's requests
-            frame.error = e
-        frame.ready_ns = self.clock()
-        frame.done.set()
-        self.on_ready(frame)
+            dispatched.error = e
+        dispatched.ready_ns = self.clock()
+        dispatched.done.set()
+        self.on_ready(dispatched)
 
-    def retire(self, frame: Frame) -> None:
-        """The engine processed `frame`'s completion."""
-        self.inflight.remove(frame)
-        name = frame.plan.graph.name
-        t = frame.timing()
-        self.history.append((frame.plan.graph, t))
+    def retire(self, dispatched: Dispatch) -> None:
+        """The engine processed `dispatched`'s completion."""
+        self.inflight.remove(dispatched)
+        name = dispatched.plan.graph.name
+        t = dispatched.timing()
+        self.history.append((dispatched.plan.graph, t))
         self.graph_counts[name] = self.graph_counts.get(name, 0) + 1
         self.graph_ns[name] = self.graph_ns.get(name, 0) + int(max(t.device_intervals_ns))

@@ -13,7 +13,7 @@ one order for both endpoints, so the first problem a client sees is the most bas
 5. the context: prompt tokens plus ``max_tokens`` must fit ``max_model_len``.
 
 The builders are pure functions of plain data (text, token strings, log-probabilities, counts),
-so the server loop in ``app.py`` only collects :class:`StreamEvent` fields and calls them.
+so the server (``streaming.py``) only collects :class:`StreamEvent` fields and calls them.
 
 Log-probabilities: the engine computes the sampled token's log-probability only, never the
 alternatives. Completions therefore accept ``logprobs=0`` (each token's own log-probability,

@@ -1,5 +1,5 @@
 """Pieces the engine, speculation and load benchmarks share: statistics, the machine record,
-held-out prompts, and the persistent compilation cache.
+held-out prompts, and the persistent compilation cache's default folder.
 
 The scripts run as `python scripts/bench/<name>.py`, so this folder is on `sys.path` and they
 import this module by name.
@@ -14,8 +14,11 @@ import sysconfig
 
 import numpy as np
 
-# Where the server keeps its compiled programs; the benchmarks share it by default.
-DEFAULT_CACHE_DIR = os.path.join(os.path.expanduser("~"), ".cache", "helios_jax", "xla")
+from helios_jax.compilation_cache import DEFAULT_COMPILATION_CACHE_DIR
+
+# Where the server keeps its compiled programs; the benchmarks share it by default
+# (`helios_jax.compilation_cache.enable_compilation_cache` sets it up; empty disables it).
+DEFAULT_CACHE_DIR = DEFAULT_COMPILATION_CACHE_DIR
 EOS_TEXTS = ("<|endoftext|>", "<|im_end|>")
 
 
@@ -40,16 +43,6 @@ def machine() -> dict:
     load = os.getloadavg() if hasattr(os, "getloadavg") else None
     return dict(cpus=os.cpu_count(), cpu=cpu, python=platform.python_version(), jax=jax.__version__,
                 backend=jax.default_backend(), loadavg_at_start=load)
-
-
-def set_compilation_cache(folder: str | None) -> None:
-    """Use `folder` as the persistent compilation cache; empty or None disables the cache."""
-    import jax
-
-    if folder:
-        jax.config.update("jax_compilation_cache_dir", folder)
-    else:
-        jax.config.update("jax_enable_compilation_cache", False)
 
 
 def held_out_texts() -> list[tuple[str, str]]:

@@ -52,8 +52,9 @@ import time
 
 import numpy as np
 from absl import app, flags
+from helios_jax.compilation_cache import enable_compilation_cache
 from bench_common import (DEFAULT_CACHE_DIR, EOS_TEXTS, machine, percentile, prompt_windows,
-                          set_compilation_cache, summary)
+                          summary)
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("dtypes", ["float32", "bfloat16"], "compute dtypes to compare (same bf16-rounded weights)")
@@ -651,7 +652,7 @@ def plots(results: dict, folder: str) -> list[str]:
 
 def main(argv) -> int:
     del argv
-    set_compilation_cache(FLAGS.compilation_cache_dir)
+    enable_compilation_cache(FLAGS.compilation_cache_dir)
     started = time.perf_counter()
     results = dict(command=" ".join(sys.argv), machine=machine(),
                    flags={k: FLAGS[k].value for k in ("dtypes", "concurrency", "systems", "prompt_tokens",

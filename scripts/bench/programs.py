@@ -25,8 +25,9 @@ import sys
 import jax
 from absl import app, flags
 
+from helios_jax.compilation_cache import enable_compilation_cache
 from helios_jax.engine_config import SPECULATION_MODES, EngineConfig, parse_int_list
-from helios_jax.prepare import load_model, prepare
+from helios_jax.prepare import load_engine_model, prepare, random_model
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("model", None, "checkpoint folder (default: the tiny random model)")
@@ -54,10 +55,13 @@ def engine_from_flags() -> EngineConfig:
 
 
 def run() -> dict:
-    if not FLAGS.use_cache:
-        jax.config.update("jax_enable_compilation_cache", False)
+    enable_compilation_cache(None if FLAGS.use_cache else "")  # "": disabled, cold compile times
     engine = engine_from_flags()
-    config, params = load_model(FLAGS.model)
+    if FLAGS.model:
+        model = load_engine_model(FLAGS.model, dtype="float32")
+        config, params = model.config, model.params
+    else:
+        config, params = random_model()
     prepared = prepare(config, params, engine, name="bench", do_measure=True, runs=FLAGS.runs, progress=None)
     rows = []
     for program in prepared.programs.values():

@@ -40,7 +40,8 @@ import time
 
 import numpy as np
 from absl import app, flags
-from bench_common import DEFAULT_CACHE_DIR, machine, percentile, prompt_windows, set_compilation_cache
+from helios_jax.compilation_cache import enable_compilation_cache
+from bench_common import DEFAULT_CACHE_DIR, machine, percentile, prompt_windows
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("modes", ["off", "fixed", "adaptive"], "speculation modes")
@@ -191,7 +192,7 @@ def program_costs(engine) -> dict:
 
 def main(argv) -> int:
     del argv
-    set_compilation_cache(FLAGS.compilation_cache_dir)
+    enable_compilation_cache(FLAGS.compilation_cache_dir)
     started = time.perf_counter()
     from helios_jax.model.default import load_default_model
 

@@ -1,8 +1,18 @@
 """EngineConfig plans the catalog by the spec's coverage rules and rejects bad configurations."""
 import pytest
+from absl import flags
 
-from helios_jax.catalog import Allocation, GraphKind, shipped_catalog
-from helios_jax.engine_config import EngineConfig, default_prefill_chunks, parse_int_list
+from helios_jax.catalog import Allocation, DecodeMode, GraphKind, shipped_catalog
+from helios_jax.engine_config import (
+    DECODE_MODES,
+    DEFAULT_MAX_MODEL_LEN,
+    SPECULATION_MODES,
+    EngineConfig,
+    EngineOptions,
+    default_prefill_chunks,
+    parse_int_list,
+)
+from helios_jax.model import tiny_config
 
 spec = pytest.mark.spec
 
@@ -94,3 +104,34 @@ def test_derived_sizes():
 def test_rejects_bad_configs(fields, message):
     with pytest.raises(ValueError, match=message):
         EngineConfig(**fields)
+
+
+def test_speculation_names_map_to_one_decode_mode_each():
+    assert {name: EngineConfig(speculation=name, **({"draft_tokens": 0} if name == "off" else {})).decode_mode
+            for name in SPECULATION_MODES} == DECODE_MODES
+    assert set(DECODE_MODES.values()) == set(DecodeMode)
+
+
+def test_options_resolve_against_the_model():
+    """Unset --max_model_len: the model's limit, at most 4096; unset --dtype: the model's; a model
+    without an MTP head decodes ordinarily whatever --speculation asks."""
+    long_model = tiny_config(mtp_num_layers=1, max_position_embeddings=40_960, dtype="bfloat16")
+    config = EngineOptions().engine_config(long_model)
+    assert (config.max_model_len, config.dtype, config.speculation) == (DEFAULT_MAX_MODEL_LEN, "bfloat16", "adaptive")
+    short = EngineOptions(dtype="float32").engine_config(tiny_config(mtp_num_layers=0, max_position_embeddings=256))
+    assert (short.max_model_len, short.dtype, short.speculation, short.draft_tokens) == (256, "float32", "off", 0)
+    assert EngineOptions(max_model_len=512).engine_config(long_model).max_model_len == 512
+    assert EngineOptions().engine_config() == EngineConfig()  # planning without a model: the config's defaults
+
+
+def test_one_flag_definition_for_every_command():
+    """prepare's flags are the server's engine flags less the scheduler policy; both parse alike."""
+    serve_like, prepare_like = flags.FlagValues(), flags.FlagValues()
+    EngineOptions.define_flags(serve_like)
+    EngineOptions.define_flags(prepare_like, policy=False)
+    args = ["x", "--concurrency=8", "--prefill_chunks=64,128", "--proposal_depths=1,3", "--dtype=bfloat16"]
+    serve_like(args)
+    prepare_like(args)
+    assert EngineOptions.from_flags(serve_like) == EngineOptions.from_flags(prepare_like) == EngineOptions(
+        concurrency=8, prefill_chunks=(64, 128), proposal_depths=(1, 3), dtype="bfloat16")
+    assert "scheduler_policy" in serve_like and "scheduler_policy" not in prepare_like

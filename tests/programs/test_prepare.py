@@ -9,7 +9,8 @@ from absl import flags
 from helios_jax.catalog import Catalog, GraphKind
 from helios_jax.engine_config import EngineConfig
 from helios_jax.model import save_checkpoint
-from helios_jax.prepare import define_flags, engine_from_flags, load_model, prepare
+from helios_jax.prepare import load_engine_model, prepare, random_model
+from helios_jax.prepare.command import define_flags, engine_from_flags
 
 spec = pytest.mark.spec
 ENGINE = EngineConfig(request_slots=1, prefill_chunks=(16,), speculation="adaptive", draft_tokens=1,
@@ -18,7 +19,7 @@ ENGINE = EngineConfig(request_slots=1, prefill_chunks=(16,), speculation="adapti
 
 @pytest.fixture(scope="module")
 def prepared():
-    config, params = load_model(None)
+    config, params = random_model()
     return config, params, prepare(config, params, ENGINE, name="tiny", do_measure=True, runs=2, progress=None)
 
 
@@ -70,9 +71,10 @@ def test_flags_mirror_the_engine_config():
 
 
 def test_load_model_reads_a_checkpoint_folder(tmp_path):
-    config, params = load_model(None, seed=3)
+    config, params = random_model(seed=3)
     save_checkpoint(tmp_path, config, params)
-    loaded_config, loaded = load_model(str(tmp_path))
+    loaded_model = load_engine_model(str(tmp_path), dtype="float32")
+    loaded_config, loaded = loaded_model.config, loaded_model.params
     assert loaded_config == config
     for a, b in zip(jax.tree_util.tree_leaves(params), jax.tree_util.tree_leaves(loaded)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

@@ -5,10 +5,11 @@ import importlib.util
 import pytest
 from absl import flags
 
+from helios_jax.engine_config import EngineOptions
 from helios_jax.scheduler.config import PolicyConfig
-from helios_jax.serve import app
+from helios_jax.serve.engines import engine_factory
 from helios_jax.serve.fake import FakeEngine
-from helios_jax.serve.flags import EngineOptions, ServerConfig, config_from_flags, define_flags
+from helios_jax.serve.flags import ServerConfig, config_from_flags, define_flags
 
 spec = pytest.mark.spec
 
@@ -104,14 +105,7 @@ def test_speculation_off_allows_zero_draft_tokens_and_builds_an_engine_config():
     assert (config.request_slots, config.speculation, config.max_model_len) == (2, "off", 512)
 
 
-def test_build_engine_fake_uses_the_flags():
-    engine = app.build_engine(parse("--engine=fake", "--max_model_len=300", "--fake_token_delay_ms=2"))
+def test_engine_factory_fake_uses_the_flags():
+    engine = engine_factory(parse("--engine=fake", "--max_model_len=300", "--fake_token_delay_ms=2"))()
     assert isinstance(engine, FakeEngine)
     assert (engine.max_model_len, engine.token_delay_s) == (300, 0.002)
-
-
-@pytest.mark.skipif(importlib.util.find_spec("helios_jax.runtime.engine") is not None,
-                    reason="the real engine exists; building it is its own tests' business")
-def test_build_engine_real_names_the_missing_module():
-    with pytest.raises(app.EngineUnavailable, match=r"helios_jax\.runtime\.engine does not exist yet.*--engine=fake"):
-        app.build_engine(parse("--engine=real"))

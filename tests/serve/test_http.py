@@ -211,7 +211,7 @@ def test_malformed_http_gets_an_error_object_too(server, raw, status):
 
 
 def test_oversized_and_chunked_bodies_are_refused(server):
-    from helios_jax.serve.app import MAX_BODY_BYTES
+    from helios_jax.serve.handler import MAX_BODY_BYTES
     r = post(server, "/v1/completions", raw=b"{}", headers={"Content-Length": str(MAX_BODY_BYTES + 1)})
     assert (r.status, r.json()["error"]["code"]) == (413, "request_too_large")
     r = post(server, "/v1/completions", raw=b"{}", headers={"Content-Length": "", "Transfer-Encoding": "chunked"})

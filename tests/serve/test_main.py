@@ -8,10 +8,6 @@ import sys
 import time
 import urllib.request
 
-import pytest
-
-from helios_jax.serve.app import REAL_ENGINE_MODULE
-
 
 def start(*args: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "helios_jax.serve", *args], stdout=subprocess.PIPE,
@@ -59,13 +55,3 @@ def test_bad_flags_fail_before_serving_and_name_the_flag():
     assert proc.returncode != 0
     assert "--mtp_adaptive_verification_alpha must be finite and greater than zero, got 0.0" in proc.stderr
     assert "listening" not in proc.stderr
-
-
-@pytest.mark.skipif(__import__("importlib").util.find_spec(REAL_ENGINE_MODULE) is not None,
-                    reason="the real engine exists")
-def test_a_missing_real_engine_is_a_clear_error():
-    proc = subprocess.run([sys.executable, "-m", "helios_jax.serve", "--port=0"], capture_output=True, text=True,
-                          timeout=30)
-    assert proc.returncode == 1
-    assert f"the real engine module {REAL_ENGINE_MODULE} does not exist yet" in proc.stderr
-    assert "--engine=fake" in proc.stderr

@@ -1,0 +1,120 @@
+"""Timed executions of prepared programs on synthetic full-occupancy inputs (step 5 of `prepare`),
+and the warm-up run the engine gives every program before its first request.
+"""
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from helios_jax.catalog import Catalog, GraphKind
+from helios_jax.engine_config import EngineConfig
+from helios_jax.programs import Program, ProgramSet
+from helios_jax.programs.state import DeviceState
+
+
+def _pages(engine: EngineConfig, row: int) -> list[int]:
+    n = engine.pages_per_row
+    return [(row * n + j) % engine.kv_pages for j in range(n)]
+
+
+def measurement_inputs(program: Program, engine: EngineConfig, context: int):
+    """Full-occupancy host inputs for timing: every lane active on slots 0..B-1, decode rows at
+    `context` tokens of history, prompts filling the chunk."""
+    shape = program.shape
+    kind = shape.kind
+    lanes = list(range(min(shape.lanes, engine.request_slots)))
+    tables = [_pages(engine, s) for s in lanes]
+    if kind.is_prefill:
+        return program.pack(slot=0, tokens=np.arange(shape.prefill_capacity) % 97, page_table=tables[0],
+                            prompt_ends=True)
+    if kind is GraphKind.DECODE:
+        return program.pack(slots=lanes, page_tables=tables)
+    if kind is GraphKind.SPECULATIVE:
+        rows = [shape.width] * len(lanes)
+        if shape.device_allocation:
+            return program.pack(slots=lanes, page_tables=tables, ceilings=[min(r, shape.depth + 1) for r in rows])
+        while sum(rows) > shape.target_capacity:  # ragged host programs: fill P exactly
+            rows[rows.index(max(rows))] -= 1
+        return program.pack(slots=lanes, page_tables=tables, query_lengths=rows)
+    if kind is GraphKind.MIXED:
+        lengths = [shape.prefill_capacity] + [shape.width] * (len(lanes) - 1)
+        return program.pack(slots=lanes, page_tables=tables, query_lengths=lengths, prefill_row=0,
+                            prompt_tokens=np.arange(shape.prefill_capacity) % 89, prompt_ends=True)
+    if kind is GraphKind.INITIALIZE:
+        return program.pack(slots=lanes, temperature=[0.0] * len(lanes), top_p=[1.0] * len(lanes),
+                            top_k=[0] * len(lanes), seeds=lanes)
+    used = -(-context // engine.page_size)
+    snapshot_rows = [engine.request_slots + i for i in range(min(shape.lanes, engine.snapshot_rows))]
+    lanes = lanes[: len(snapshot_rows)]
+    src = [_pages(engine, s)[:used] for s in lanes]
+    dst = [_pages(engine, r)[:used] for r in snapshot_rows]
+    if kind is GraphKind.SNAPSHOT:
+        return program.pack(src_rows=lanes, dst_rows=snapshot_rows, src_pages=src, dst_pages=dst)
+    return program.pack(src_rows=snapshot_rows, dst_rows=lanes, src_pages=dst, dst_pages=src)
+
+
+def _with_cursors(state: DeviceState, cursor: jax.Array) -> DeviceState:
+    return state.replace(cursor=cursor)
+
+
+_set_cursors = jax.jit(_with_cursors, donate_argnums=0)
+
+
+def measure(programs: ProgramSet, params, *, runs: int = 5, context: int | None = None,
+            progress: Callable[[str], None] | None = None) -> dict:
+    """Median execution time (ms) per program, measured after one warm-up run.
+
+    Each run starts from the same cursors (decoders at `context`, prompts at 0; default half the
+    context length, kept within max_model_len). A run is timed from dispatch to
+    `block_until_ready` on its outputs and new state; cursor resets happen outside the timing.
+    """
+    engine = programs.engine_config
+    # Decoders may write up to W + D positions past their cursor.
+    reach = max((p.shape.width + p.shape.depth for p in programs.values() if p.shape.kind.is_generation), default=1)
+    margin = engine.max_model_len - reach - 1
+    context = max(1, min(engine.max_model_len // 2 if context is None else context, margin))
+    cursors = np.full((engine.state_rows,), context, np.int32)
+    state = programs.init_state()
+    results = {}
+    for program in programs.values():
+        inputs = measurement_inputs(program, engine, context)
+        start_cursors = cursors.copy()
+        if program.shape.kind.is_prefill or program.shape.kind is GraphKind.MIXED:
+            start_cursors[0] = 0  # the prompt lane starts a request
+        samples = []
+        for i in range(runs + 1):
+            state = _set_cursors(state, jnp.asarray(start_cursors))
+            jax.block_until_ready(state)
+            t0 = time.perf_counter()
+            state, out = program(params, state, inputs)
+            jax.block_until_ready((state, out))
+            if i:  # the first run warms caches and allocators
+                samples.append((time.perf_counter() - t0) * 1e3)
+        results[program.key] = statistics.median(samples)
+        if progress:
+            progress(f"measured {program.name}: {results[program.key]:.3f} ms")
+    return results
+
+
+def measured_catalog(catalog: Catalog, durations: dict) -> Catalog:
+    """The catalog with each graph's measured duration_ms (the shared JSON format)."""
+    graphs = tuple(dataclasses.replace(g, duration_ms=round(float(durations[g.key]), 4)) if g.key in durations else g
+                   for g in catalog.graphs)
+    return dataclasses.replace(catalog, graphs=graphs)
+
+
+def warm_up(programs: ProgramSet, params, progress: Callable[[str], None] | None = None) -> None:
+    """Run every program once on a scratch state, so that no request pays (and no duration
+    estimate records) a program's one-time first-execution costs."""
+    state = programs.init_state()
+    for program in programs.values():
+        state, outputs = program(params, state, measurement_inputs(program, programs.engine_config, 1))
+        jax.block_until_ready(outputs)
+    if progress:
+        progress(f"warmed up {len(programs)} programs")
