@@ -214,13 +214,11 @@ def _workload(config: SimConfig, depth: int, rng: np.random.Generator) -> _Workl
     else:
         raise ValueError(f"unknown scenario {config.scenario!r}")
     if config.acceptance_history == "preseeded":
-        history, forecast = preseeded_history(config, depth), preseeded_forecast(config, depth)
-    elif config.acceptance_history == "untrained":
-        history = forecast = None
-    else:
-        raise ValueError(
-            f"acceptance_history must be untrained or preseeded, got {config.acceptance_history!r}")
-    return _Workload(prompts, outputs, arrivals, history, forecast)
+        return _Workload(prompts, outputs, arrivals, preseeded_history(config, depth),
+                         preseeded_forecast(config, depth))
+    if config.acceptance_history == "untrained":
+        return _Workload(prompts, outputs, arrivals, history=None, forecast=None)
+    raise ValueError(f"acceptance_history must be untrained or preseeded, got {config.acceptance_history!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -281,9 +279,8 @@ class _Simulation:
             if not self.sched.can_admit(work.prompts[i], work.outputs[i]):
                 return
             self.waiting.popleft()
-            extra = {} if work.forecast is None else {"forecast_history": work.forecast}
             h = self.sched.admit([TOKEN] * work.prompts[i], max_output=work.outputs[i], stop_token_ids=(EOS,),
-                                 acceptance_history=work.history, **extra)
+                                 acceptance_history=work.history, forecast_history=work.forecast)
             self.by_rid[h.rid] = i
 
     def _fill_window(self) -> None:
