@@ -132,7 +132,10 @@ def _xla_attention(q, k_pages, v_pages, page_tables, context_lens, query_starts,
     a slice of it would be copied (a whole layer of cache per call) before the gather.
     """
     num_tokens, num_q_heads, head_dim = q.shape
-    _, num_kv_heads, total_pages, page_size, _ = k_pages.shape
+    num_layers, num_kv_heads, total_pages, page_size, _ = k_pages.shape
+    k_flat = k_pages.reshape(num_layers * num_kv_heads * total_pages, page_size, head_dim)
+    v_flat = v_pages.reshape(k_flat.shape)
+    head_base = (layer * num_kv_heads + jnp.arange(num_kv_heads, dtype=jnp.int32)) * total_pages  # [K]
     num_rows, pages_per_row = page_tables.shape
     group = num_q_heads // num_kv_heads
     block_q = query_tile_length(num_tokens, num_rows, 1, tiles.xla_block_q)
@@ -144,27 +147,26 @@ def _xla_attention(q, k_pages, v_pages, page_tables, context_lens, query_starts,
     num_items = index.shape[0]
     qg = gather_query_tiles(q, index).reshape(num_items, block_q, num_kv_heads, group, head_dim)
     pages_per_block = max(1, min(tiles.xla_block_k // page_size, pages_per_row))
-    acc, row_sum = _xla_online_softmax(qg, k_pages, v_pages, items, sm_scale=sm_scale, layer=layer,
+    acc, row_sum = _xla_online_softmax(qg, k_flat, v_flat, head_base, items, sm_scale=sm_scale,
                                        pages_per_block=pages_per_block)
     out = acc / jnp.where(row_sum > 0, row_sum, 1.0)[..., None]  # padding tokens: 0, dropped below
     out = jnp.transpose(out, (0, 3, 1, 2, 4)).reshape(num_items, block_q, num_q_heads, head_dim)
     return scatter_tiles(out, index, num_tokens, q.dtype)
 
 
-def _xla_online_softmax(qg, k_pages, v_pages, items: WorkItems, *, sm_scale, layer, pages_per_block):
+def _xla_online_softmax(qg, k_flat, v_flat, head_base, items: WorkItems, *, sm_scale, pages_per_block):
     """The online softmax of every work item's query tile over its keys, one key block of
     `pages_per_block` whole pages per step, as many steps as the longest item needs.
 
     Args:
       qg: [N, block_q, K, G, D] query tiles, the q heads grouped by their kv head.
+      k_flat, v_flat: [layers * K * pages, page_size, D], every layer's pages flattened.
+      head_base: i32[K] the flat index of page 0 of each kv head of the layer read.
     Returns:
       (acc f32[N, K, G, block_q, D] unnormalised outputs, row_sum f32[N, K, G, block_q]).
     """
     num_items, block_q, num_kv_heads, group, head_dim = qg.shape
-    num_layers, _, total_pages, page_size, _ = k_pages.shape
-    k_flat = k_pages.reshape(num_layers * num_kv_heads * total_pages, page_size, head_dim)
-    v_flat = v_pages.reshape(k_flat.shape)
-    head_base = (layer * num_kv_heads + jnp.arange(num_kv_heads, dtype=jnp.int32)) * total_pages  # [K]
+    page_size = k_flat.shape[1]
     pages_per_row = items.page_ids.shape[1]
     block_k = pages_per_block * page_size
     num_blocks = -(-pages_per_row // pages_per_block)
