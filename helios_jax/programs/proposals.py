@@ -1,7 +1,9 @@
 """D sequential proposals per lane from the MTP head: learned draws or supplied copy prefixes.
 
-This is `helios_jax.model.mtp.propose` generalised in three ways that complete speculative
-generation needs (tests check that greedy learned proposals equal `propose` token for token):
+This is the one production draft loop. It is the plain paged MTP proposal loop (whose
+independent copy, the oracle `helios_jax.reference.mtp.paged_proposals`, the tests hold it to:
+greedy learned proposals equal it token for token) generalised in three ways that complete
+speculative generation needs:
   - per-lane sampling settings: greedy lanes take the argmax, sampled lanes draw from their own
     tempered, top-k/top-p filtered draft distribution q (`sampling.sampling_probs`), so rejection
     sampling can compare against the distribution each proposal was really drawn from;
