@@ -5,9 +5,9 @@
 draws in the same order) so that a clean clone without ``../shared`` (CI) generates the same
 catalogs; ``tests/test_catalog_family.py`` compares the two wherever the shared file exists.
 Durations follow a roofline-style cost model of an 8B-class model on one H200-class GPU: every
-graph reads the weights once (weights_ms), pays compute per target
-token (token_ms), attention per row (row_ms), and the MTP head per proposal step
-(draft_ms + draft_row_ms * B), each duration then jittered by a uniform factor.
+graph reads the weights once (weights_ms), pays compute per target token (token_ms), attention
+per row (row_ms), and the MTP head per proposal step (draft_ms + draft_row_ms * B), each
+duration then jittered by a uniform factor.
 
 :func:`family` samples the catalogs the scheduler's properties must hold on (issue 12): request
 slots from {8, 16, 32, 64}; speculative token capacity R a power of two in 32..256 with R >= slots;
