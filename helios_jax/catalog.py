@@ -58,7 +58,12 @@ from helios_jax.catalog_descriptor import (
     descriptor_from_json,
     descriptor_to_json,
 )
-from helios_jax.catalog_planning import MixedShape, batch_buckets, mixed_shapes, wider_prompt_bucket
+from helios_jax.catalog_planning import (
+    MixedShape,
+    batch_buckets,
+    mixed_shapes,
+    wider_prompt_bucket,
+)
 
 __all__ = [
     "DEFAULT_COMPLETION_TOKEN_CAPACITY",
