@@ -262,8 +262,8 @@ def test_width_one_decoding_keeps_the_draft_context_for_wider_rounds():
 def test_the_old_model_propose_names_still_resolve_with_a_deprecation_warning():
     """`propose` and `Proposals` moved from helios_jax.model(.mtp) to the oracle module
     helios_jax.reference.mtp (`paged_proposals`); the old names still resolve there, and warn."""
-    from helios_jax import model
     import helios_jax.model.mtp as old_mtp
+    from helios_jax import model
     from helios_jax.reference import mtp as oracle
 
     with pytest.warns(DeprecationWarning, match="reference.mtp.paged_proposals"):
