@@ -33,11 +33,12 @@ may be any integer (they are replaced by page 0 before any read), page contents 
 context may be NaN (keys and values there are zeroed before the products, scores masked), and
 padding query tokens may be NaN (they are never read: query tiles substitute zeros).
 
-Work decomposition (both implementations): each active row is cut into tiles of `block_q`
-consecutive query tokens; a tile is one work item (row, first token). With sum(query_lens) <= T
-there are at most min(T, ceil(T / block_q) + R) items (every tile holds a token, every row at
-most one partial tile), a static bound, so the whole computation has static shapes. block_q follows the packing density: T / R rounded up to a power of two, capped
-by the tile table, so decode-only programs use 1-token tiles and prefill chunks wide ones.
+Work decomposition (both implementations; `ragged_work_items.py`): each active row is cut into
+tiles of `block_q` consecutive query tokens; a tile is one work item (row, first token). With
+sum(query_lens) <= T there are at most min(T, ceil(T / block_q) + R) items (every tile holds a
+token, every row at most one partial tile), a static bound, so the whole computation has static
+shapes. block_q follows the packing density: T / R rounded up to a power of two, capped by the
+tile table, so decode-only programs use 1-token tiles and prefill chunks wide ones.
 Both paths run an online softmax over key blocks of whole pages and stop at the last key a
 tile needs (its last token's position), not at the end of the row's page window: the XLA
 path steps every work item together through as many blocks as the longest item needs
@@ -57,6 +58,16 @@ import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
+
+from helios_jax.kernels.ragged_work_items import (
+    WorkItems,
+    gather_query_tiles,
+    next_power_of_two,
+    query_tile_length,
+    scatter_tiles,
+    token_index,
+    work_items,
+)
 
 # Finite, so that a fully masked row never produces inf - inf = NaN.
 _MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
@@ -82,15 +93,6 @@ class RaggedAttentionTiles:
 DEFAULT_TILES = RaggedAttentionTiles()
 
 
-def _next_power_of_two(n: int) -> int:
-    return 1 if n <= 1 else 1 << (n - 1).bit_length()
-
-
-def _block_q(num_tokens: int, num_rows: int, lo: int, hi: int) -> int:
-    """Query tokens per tile: the mean packed row length, as a power of two in [lo, hi]."""
-    return min(max(_next_power_of_two(-(-num_tokens // max(num_rows, 1))), lo), hi)
-
-
 def pallas_shape_problem(head_dim: int, page_size: int, pages_per_row: int) -> str | None:
     """Why the compiled (Triton) kernel cannot take these shapes, or None when it can.
 
@@ -101,7 +103,7 @@ def pallas_shape_problem(head_dim: int, page_size: int, pages_per_row: int) -> s
         return f"head_dim {head_dim} must be a power of two >= 16 for the Triton kernel"
     if page_size & (page_size - 1):
         return f"page_size {page_size} must be a power of two for the Triton kernel"
-    if _next_power_of_two(pages_per_row) * page_size < 16:
+    if next_power_of_two(pages_per_row) * page_size < 16:
         return f"a row's page window ({pages_per_row} x {page_size}) must hold >= 16 keys for the Triton kernel"
     return None
 
@@ -115,67 +117,12 @@ def select_impl(impl: str, *, head_dim: int, page_size: int, pages_per_row: int)
     return "xla"
 
 
-@dataclasses.dataclass(frozen=True)
-class _WorkItems:
-    """Static-size list of (row, query tile) work items; padding items have n_valid 0."""
-
-    row: jax.Array  # i32[N]
-    packed_start: jax.Array  # i32[N] packed index of the tile's first token
-    first_pos: jax.Array  # i32[N] absolute position of the tile's first token
-    n_valid: jax.Array  # i32[N] real tokens in the tile (0..block_q)
-    context_len: jax.Array  # i32[N]
-    page_ids: jax.Array  # i32[N, pages_per_row] row's page table, unused slots set to page 0
-
-
-def _work_items(page_tables, context_lens, query_starts, query_lens, *, num_tokens, block_q, total_pages, page_size):
-    num_rows = page_tables.shape[0]
-    # Each tile holds >= 1 token, and each row has at most one partial tile.
-    num_items = min(num_tokens, -(-num_tokens // block_q) + num_rows)
-    query_lens = jnp.maximum(query_lens, 0)
-    tiles = -(-query_lens // block_q)  # i32[R] tiles per row
-    ends = jnp.cumsum(tiles)  # item ids [ends[r] - tiles[r], ends[r]) belong to row r
-    item = jnp.arange(num_items, dtype=jnp.int32)
-    row = jnp.minimum(jnp.searchsorted(ends, item, side="right"), num_rows - 1).astype(jnp.int32)
-    offset = (item - (ends[row] - tiles[row])) * block_q  # first token of the tile, in the row
-    n_valid = jnp.where(item < ends[-1], jnp.clip(query_lens[row] - offset, 0, block_q), 0)
-    context_len = context_lens[row]
-    used_pages = -(-context_len // page_size)
-    slot = jnp.arange(page_tables.shape[1], dtype=jnp.int32)
-    page_ids = jnp.where(slot[None, :] < used_pages[:, None], page_tables[row], 0)
-    return _WorkItems(
-        row=row,
-        packed_start=query_starts[row] + offset,
-        first_pos=context_len - query_lens[row] + offset,
-        n_valid=n_valid.astype(jnp.int32),
-        context_len=context_len,
-        page_ids=jnp.clip(page_ids, 0, total_pages - 1).astype(jnp.int32),
-    )
-
-
-def _token_index(items: _WorkItems, block_q: int, num_tokens: int) -> jax.Array:
-    """i32[N, block_q] packed index of each tile token; num_tokens (one past the end) if padding."""
-    k = jnp.arange(block_q, dtype=jnp.int32)
-    return jnp.where(k[None, :] < items.n_valid[:, None], items.packed_start[:, None] + k[None, :], num_tokens)
-
-
-def _gather_query_tiles(q, index):
-    """[N, block_q, H, D] query tiles; padding tokens read an appended zero row, never q's NaN."""
-    q_padded = jnp.concatenate([q, jnp.zeros((1,) + q.shape[1:], q.dtype)])
-    return q_padded[index]
-
-
-def _scatter_tiles(tiles, index, num_tokens, dtype):
-    """Writes [N, block_q, H, D] tile outputs back to [T, H, D]; padding tokens are dropped."""
-    out = jnp.zeros((num_tokens + 1,) + tiles.shape[2:], dtype)
-    out = out.at[index.reshape(-1)].set(tiles.reshape((-1,) + tiles.shape[2:]).astype(dtype))
-    return out[:num_tokens]
-
-
 # ---------------------------------------------------------------------------------------------
 # XLA implementation (the CPU path).
 
 
-def _xla_attention(q, k_pages, v_pages, page_tables, context_lens, query_starts, query_lens, *, sm_scale, tiles, layer):
+def _xla_attention(q, k_pages, v_pages, page_tables, context_lens, query_starts, query_lens, *, sm_scale, tiles,
+                   layer):
     """All work items at once, an online softmax over key blocks of whole pages.
 
     The loop runs only as many key blocks as the longest item needs (its last token's
@@ -191,16 +138,36 @@ def _xla_attention(q, k_pages, v_pages, page_tables, context_lens, query_starts,
     head_base = (layer * num_kv_heads + jnp.arange(num_kv_heads, dtype=jnp.int32)) * total_pages  # [K]
     num_rows, pages_per_row = page_tables.shape
     group = num_q_heads // num_kv_heads
-    block_q = _block_q(num_tokens, num_rows, 1, tiles.xla_block_q)
-    items = _work_items(
+    block_q = query_tile_length(num_tokens, num_rows, 1, tiles.xla_block_q)
+    items = work_items(
         page_tables, context_lens, query_starts, query_lens,
         num_tokens=num_tokens, block_q=block_q, total_pages=total_pages, page_size=page_size,
     )
-    index = _token_index(items, block_q, num_tokens)
+    index = token_index(items, block_q, num_tokens)
     num_items = index.shape[0]
-    qg = _gather_query_tiles(q, index).reshape(num_items, block_q, num_kv_heads, group, head_dim)
-
+    qg = gather_query_tiles(q, index).reshape(num_items, block_q, num_kv_heads, group, head_dim)
     pages_per_block = max(1, min(tiles.xla_block_k // page_size, pages_per_row))
+    acc, row_sum = _xla_online_softmax(qg, k_flat, v_flat, head_base, items, sm_scale=sm_scale,
+                                       pages_per_block=pages_per_block)
+    out = acc / jnp.where(row_sum > 0, row_sum, 1.0)[..., None]  # padding tokens: 0, dropped below
+    out = jnp.transpose(out, (0, 3, 1, 2, 4)).reshape(num_items, block_q, num_q_heads, head_dim)
+    return scatter_tiles(out, index, num_tokens, q.dtype)
+
+
+def _xla_online_softmax(qg, k_flat, v_flat, head_base, items: WorkItems, *, sm_scale, pages_per_block):
+    """The online softmax of every work item's query tile over its keys, one key block of
+    `pages_per_block` whole pages per step, as many steps as the longest item needs.
+
+    Args:
+      qg: [N, block_q, K, G, D] query tiles, the q heads grouped by their kv head.
+      k_flat, v_flat: [layers * K * pages, page_size, D], every layer's pages flattened.
+      head_base: i32[K] the flat index of page 0 of each kv head of the layer read.
+    Returns:
+      (acc f32[N, K, G, block_q, D] unnormalised outputs, row_sum f32[N, K, G, block_q]).
+    """
+    num_items, block_q, num_kv_heads, group, head_dim = qg.shape
+    page_size = k_flat.shape[1]
+    pages_per_row = items.page_ids.shape[1]
     block_k = pages_per_block * page_size
     num_blocks = -(-pages_per_row // pages_per_block)
     page_ids = jnp.pad(items.page_ids, ((0, 0), (0, num_blocks * pages_per_block - pages_per_row)))
@@ -234,9 +201,7 @@ def _xla_attention(q, k_pages, v_pages, page_tables, context_lens, query_starts,
     init = (jnp.zeros(shape + (head_dim,), jnp.float32), jnp.full(shape, _MASK_VALUE, jnp.float32),
             jnp.zeros(shape, jnp.float32))
     acc, _, row_sum = lax.fori_loop(0, blocks_needed, key_block, init)
-    out = acc / jnp.where(row_sum > 0, row_sum, 1.0)[..., None]  # padding tokens: 0, dropped below
-    out = jnp.transpose(out, (0, 3, 1, 2, 4)).reshape(num_items, block_q, num_q_heads, head_dim)
-    return _scatter_tiles(out, index, num_tokens, q.dtype)
+    return acc, row_sum
 
 
 # ---------------------------------------------------------------------------------------------
@@ -301,22 +266,22 @@ def _pallas_attention(
     _, num_kv_heads, total_pages, page_size, _ = k_pages.shape
     num_rows, pages_per_row = page_tables.shape
     group = num_q_heads // num_kv_heads
-    group_p = _next_power_of_two(group)
-    block_q = _block_q(
+    group_p = next_power_of_two(group)
+    block_q = query_tile_length(
         num_tokens, num_rows,
         max(1, tiles.pallas_min_rows // group_p), max(1, tiles.pallas_block_rows // group_p),
     )
     rows = block_q * group_p
-    pages_per_row_p = _next_power_of_two(pages_per_row)
+    pages_per_row_p = next_power_of_two(pages_per_row)
     pages_per_block = min(max(1, tiles.pallas_block_k // page_size), pages_per_row_p)
-    items = _work_items(
+    items = work_items(
         page_tables, context_lens, query_starts, query_lens,
         num_tokens=num_tokens, block_q=block_q, total_pages=total_pages, page_size=page_size,
     )
     num_items = items.row.shape[0]
-    index = _token_index(items, block_q, num_tokens)
+    index = token_index(items, block_q, num_tokens)
     # [N, bq, H, D] -> [N, Hkv, bq * Gp, D]: one contiguous row block per (item, kv head).
-    q_tiles = _gather_query_tiles(q, index).reshape(num_items, block_q, num_kv_heads, group, head_dim)
+    q_tiles = gather_query_tiles(q, index).reshape(num_items, block_q, num_kv_heads, group, head_dim)
     q_tiles = jnp.pad(q_tiles, ((0, 0), (0, 0), (0, 0), (0, group_p - group), (0, 0)))
     q_tiles = q_tiles.transpose(0, 2, 1, 3, 4).reshape(num_items, num_kv_heads, rows, head_dim)
     page_ids = jnp.pad(items.page_ids, ((0, 0), (0, pages_per_row_p - pages_per_row)))
@@ -347,7 +312,7 @@ def _pallas_attention(
     )(meta, page_ids, q_tiles, k_pages, v_pages)
     out = out.reshape(num_items, num_kv_heads, block_q, group_p, head_dim)[:, :, :, :group]
     out = out.transpose(0, 2, 1, 3, 4).reshape(num_items, block_q, num_q_heads, head_dim)
-    return _scatter_tiles(out, index, num_tokens, q.dtype)
+    return scatter_tiles(out, index, num_tokens, q.dtype)
 
 
 @functools.partial(jax.jit, static_argnames=("sm_scale", "impl", "interpret", "tiles", "layer"))

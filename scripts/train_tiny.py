@@ -28,7 +28,7 @@ What every step does (docs/default-model.md has the numbers of the shipped run):
        pass k: the entry at i is (g^{k-1}_{i-1}, x_{i+1}) and predicts x_{i+2}, where g^{k-1} is
                pass k-1's draft hidden state. It attends to pass 0's entries at positions
                <= i-k and to one entry of each pass 1..k (at i-k+1, ..., i): exactly the draft
-               context `propose` builds at step k of a round that starts at p = i - k (with the
+               context `draft_proposals` builds at step k of a round that starts at p = i - k (with the
                true tokens in place of the drafts). This trains draft depths 2 and 3 on the
                inputs they see when serving.
   5. Save. `helios_jax.model.save_checkpoint` (bfloat16 by default, --save_dtype), plus

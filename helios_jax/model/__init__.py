@@ -6,12 +6,14 @@ Modules, leaf first:
   cache       PagedKVCache [layers, kv_heads, pages, page_size, head_dim], PackedBatch.
   attention   dense causal attention and the paged attend over the ragged paged kernel.
   forward     pure forwards: full sequence, packed paged step, logits, MTP steps.
-  mtp         D sequential draft proposals (greedy or sampled).
+  mtp         deprecated: `propose` moved to helios_jax.reference.mtp.paged_proposals.
   weights     safetensors <-> flax tree, transformers' tensor names plus `mtp.*`.
   checkpoint  load_checkpoint / save_checkpoint of a whole folder.
 
 docs/model.md describes the architecture, the cache layout and the checkpoint format.
 """
+import importlib
+
 from helios_jax.model.cache import (
     PackedBatch,
     PagedKVCache,
@@ -33,7 +35,6 @@ from helios_jax.model.forward import (
     param_shapes,
     softmax_scale,
 )
-from helios_jax.model.mtp import Proposals, propose
 from helios_jax.model.qwen3 import Params, Qwen3
 
 __all__ = [
@@ -42,7 +43,6 @@ __all__ = [
     "PackedBatch",
     "PagedKVCache",
     "Params",
-    "Proposals",
     "Qwen3",
     "cache_write_locations",
     "compute_logits",
@@ -56,9 +56,17 @@ __all__ = [
     "load_checkpoint",
     "packed_token_rows",
     "param_shapes",
-    "propose",
     "save_checkpoint",
     "softmax_scale",
     "tiny_config",
     "write_kv",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """`propose` and `Proposals` moved to helios_jax.reference.mtp (see helios_jax.model.mtp)."""
+    # import_module, not `from helios_jax.model import mtp`: that form asks this very hook first.
+    mtp = importlib.import_module("helios_jax.model.mtp")
+    if name in mtp.MOVED:
+        return mtp.moved(name, stacklevel=3)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

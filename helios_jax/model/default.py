@@ -12,7 +12,7 @@ cache-free loop over the pure forwards, one round per target forward.
     round (verified tokens x_0..x_{p+1}; x_{p+1} is pending, chosen by the target):
       drafts   step k = 0..D-1 runs the head over the draft context, whose entry at i <= p is
                (h_i, x_{i+1}) and whose entry at p + j (1 <= j <= k) is (g_{p+j-1}, d_{p+j+1}),
-               exactly what `propose` keeps in its paged cache; step k drafts d_{p+k+2}
+               exactly what `draft_proposals` keeps in its paged cache; step k drafts d_{p+k+2}
       verify   one target forward over x_0..x_{p+1}, d_{p+2}..d_{p+D+1} gives the greedy tokens
                y_{p+2}..y_{p+D+2}; the drafts are accepted up to the first mismatch (a of them),
                and y_{p+a+2} becomes the next pending token
@@ -21,7 +21,9 @@ cache-free loop over the pure forwards, one round per target forward.
 
 Every call runs on a fixed-length buffer (causal attention makes the padding after the context
 irrelevant), so one compilation serves a whole measurement. The paged serving path
-(`forward_packed`, `propose`) computes the same drafts; tests/model/test_mtp.py checks that.
+(`forward_packed`, `helios_jax.programs.proposals.draft_proposals`) computes the same drafts:
+tests/model/test_mtp.py holds the paged oracle `reference/mtp.py: paged_proposals` to the naive one,
+and tests/programs/test_speculative.py holds `draft_proposals` to the paged oracle.
 """
 from __future__ import annotations
 

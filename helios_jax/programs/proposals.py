@@ -1,7 +1,9 @@
 """D sequential proposals per lane from the MTP head: learned draws or supplied copy prefixes.
 
-This is `helios_jax.model.mtp.propose` generalised in three ways that complete speculative
-generation needs (tests check that greedy learned proposals equal `propose` token for token):
+This is the one production draft loop. It is the plain paged MTP proposal loop (whose
+independent copy, the oracle `helios_jax.reference.mtp.paged_proposals`, the tests hold it to:
+greedy learned proposals equal it token for token) generalised in three ways that complete
+speculative generation needs:
   - per-lane sampling settings: greedy lanes take the argmax, sampled lanes draw from their own
     tempered, top-k/top-p filtered draft distribution q (`sampling.sampling_probs`), so rejection
     sampling can compare against the distribution each proposal was really drawn from;
@@ -53,6 +55,7 @@ def draft_proposals(
     depth: int,
     attention=None,
 ) -> DraftProposals:
+    """Runs the D sequential proposal steps of every active lane (module docstring), one scan."""
     lanes = hidden.shape[0]
     vocab = config.vocab_size
     query_lens = active.astype(jnp.int32)
@@ -61,33 +64,20 @@ def draft_proposals(
     is_copy = active & (copy_lengths >= 0)
     available = jnp.where(active, jnp.where(is_copy, jnp.minimum(copy_lengths, depth), depth), 0)
 
-    def pack(values, fill):
-        base = jnp.full((lanes,) + values.shape[1:], fill, values.dtype)
-        return base.at[packed_index].set(values, mode="drop")
-
     def step(carry, k):
         cache, h, x = carry
         pos = cursor - 1 + k
         batch = PackedBatch(
-            tokens=pack(x, 0),
-            positions=pack(pos, 0),
-            page_tables=page_tables,
+            tokens=_pack(x, packed_index), positions=_pack(pos, packed_index), page_tables=page_tables,
             context_lens=jnp.where(active, pos + 1, 0).astype(jnp.int32),
-            query_starts=query_starts,
-            query_lens=query_lens,
+            query_starts=query_starts, query_lens=query_lens,
         )
-        packed_hidden, cache = draft_forward_packed(config, params, cache, pack(h, 0), batch,
+        packed_hidden, cache = draft_forward_packed(config, params, cache, _pack(h, packed_index), batch,
                                                     attention=attention)
         g = packed_hidden[jnp.clip(query_starts, 0, lanes - 1)]  # back to lane order
         logits = compute_logits(config, params, g)
-        q = sampling_probs(logits, temperature, top_k, top_p)
-        uniform = jax.vmap(lambda kk: jax.random.uniform(jax.random.fold_in(kk, k)))(key)
-        drawn = sample_inverse_cdf(q, uniform)
-        present = k < available
-        token = jnp.where(present, jnp.where(is_copy, copy_tokens[:, k], drawn), 0).astype(jnp.int32)
-        q = jnp.where(is_copy[:, None], jax.nn.one_hot(token, vocab, dtype=jnp.float32), q)
-        conf = jnp.take_along_axis(confidence_probs(logits, temperature), token[:, None], axis=-1)[:, 0]
-        conf = jnp.where(present, conf, 0.0)
+        token, q, conf = _proposal(logits, k, temperature=temperature, top_k=top_k, top_p=top_p, key=key,
+                                   is_copy=is_copy, copy_tokens=copy_tokens, available=available)
         return (cache, g.astype(hidden.dtype), token), (token, q, conf)
 
     carry = (cache, hidden, pending.astype(jnp.int32))
@@ -99,3 +89,28 @@ def draft_proposals(
         available=available.astype(jnp.int32),
         cache=cache,
     )
+
+
+def _pack(values: jax.Array, packed_index: jax.Array) -> jax.Array:
+    """Lane-order rows -> dense packed order (lane b at packed_index[b]; indices past the end,
+    the inactive lanes, are dropped); unfilled packed rows are 0."""
+    lanes = packed_index.shape[0]
+    base = jnp.full((lanes,) + values.shape[1:], 0, values.dtype)
+    return base.at[packed_index].set(values, mode="drop")
+
+
+def _proposal(logits, k, *, temperature, top_k, top_p, key, is_copy, copy_tokens, available):
+    """Step k's proposal per lane from its draft logits f32[B, V]: a draw from the lane's filtered
+    draft distribution q, or the supplied copy token with q its point mass; 0 past `available`.
+
+    Returns:
+      (token i32[B], q f32[B, V], draft confidence of the token f32[B], 0 where absent).
+    """
+    q = sampling_probs(logits, temperature, top_k, top_p)
+    uniform = jax.vmap(lambda kk: jax.random.uniform(jax.random.fold_in(kk, k)))(key)
+    drawn = sample_inverse_cdf(q, uniform)
+    present = k < available  # lane b produces available[b] proposals
+    token = jnp.where(present, jnp.where(is_copy, copy_tokens[:, k], drawn), 0).astype(jnp.int32)
+    q = jnp.where(is_copy[:, None], jax.nn.one_hot(token, logits.shape[-1], dtype=jnp.float32), q)
+    conf = jnp.take_along_axis(confidence_probs(logits, temperature), token[:, None], axis=-1)[:, 0]
+    return token, q, jnp.where(present, conf, 0.0)

@@ -35,7 +35,14 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from helios_jax.model import ModelConfig, PackedBatch, compute_logits, draft_forward_packed, forward_packed
+from helios_jax.model import (
+    ModelConfig,
+    PackedBatch,
+    PagedKVCache,
+    compute_logits,
+    draft_forward_packed,
+    forward_packed,
+)
 from helios_jax.model.cache import packed_token_rows
 from helios_jax.programs.acceptance import accept_proposals
 from helios_jax.programs.impls import Impl
@@ -175,6 +182,18 @@ def _scatter_rows(array: jax.Array, rows: jax.Array, values: jax.Array) -> jax.A
     return array.at[rows].set(values.astype(array.dtype), mode="drop")
 
 
+@struct.dataclass
+class _Drafts:
+    """Stage 2's proposals, lane order (empty extents when the round draws none)."""
+
+    cache: PagedKVCache | None  # the MTP cache with the provisional entries (None: no draft head)
+    proposals: jax.Array  # i32[B, W-1] the proposals the verification rows carry
+    q: jax.Array  # f32[B, W-1, V] the distribution each proposal was drawn from
+    available: jax.Array  # i32[B] proposals produced per lane
+    confidence: jax.Array  # f32[B, D] draft confidence of each proposal, 0 for non-decode lanes
+    joint: jax.Array  # f32[B, D] joint prefix probabilities: cumulative products of confidence
+
+
 def packed_round(config: ModelConfig, params, state: DeviceState, x: RoundInputs, plan: RoundPlan,
                  impl: Impl, *, sidecar_shape: tuple[int, int]):
     """Runs one round (module docstring).
@@ -182,58 +201,20 @@ def packed_round(config: ModelConfig, params, state: DeviceState, x: RoundInputs
     Returns:
       (state, RoundOutputs, prompt log-probabilities f32[T] when plan.scored else None).
     """
-    b, w, d, t_cap = plan.lanes, plan.width, plan.depth, plan.packed
     attention = impl.attention_kernel()
     lanes = _gather(state, x, plan)  # 1
     next_key, propose_key, accept_key, sample_key = (lanes.keys[:, i] for i in range(4))
+    drafts = _propose(config, params, state.draft, lanes, x, plan, propose_key, attention)  # 2
 
-    draft_cache = state.draft  # 2. propose
-    if d > 0:
-        props = draft_proposals(
-            config, params, draft_cache, hidden=lanes.last_hidden, pending=lanes.pending, cursor=lanes.cursor,
-            page_tables=x.page_tables, active=lanes.is_decode, temperature=lanes.temperature, top_k=lanes.top_k,
-            top_p=lanes.top_p, key=propose_key, copy_tokens=x.copy_tokens, copy_lengths=x.copy_lengths,
-            depth=d, attention=attention,
-        )
-        draft_cache = props.cache
-        confidence = jnp.where(lanes.is_decode[:, None], props.confidence, 0.0)
-        proposals, q, available = props.tokens[:, : w - 1], props.probs[:, : w - 1], props.available
-    else:
-        confidence = jnp.zeros((b, 0), jnp.float32)
-        proposals = jnp.zeros((b, w - 1), jnp.int32)
-        q = jnp.zeros((b, w - 1, config.vocab_size), jnp.float32)
-        available = jnp.zeros((b,), jnp.int32)
-    joint = jnp.cumprod(confidence, axis=1)
-
-    lens = _allocate(lanes, x, plan, impl, joint, available)  # 3
-    batch = _pack_target(lanes, x, plan, proposals, lens)  # 4. one packed target forward
+    lens = _allocate(lanes, x, plan, impl, drafts.joint, drafts.available)  # 3
+    batch = _pack_target(lanes, x, plan, drafts.proposals, lens)  # 4. one packed target forward
     hidden, target_cache = forward_packed(config, params, state.target, batch, attention=attention)
-    starts = batch.query_starts
+    column = jnp.arange(plan.width, dtype=jnp.int32)[None, :]  # i32[1, W] a lane's row index
+    acc, counts = _accept(config, params, lanes, x, plan, hidden, batch, drafts, column,  # 5
+                          accept_key, sample_key)
+    committed, new_hidden, new_pending = _commit(lanes, hidden, batch, acc, counts, plan)  # 6
 
-    # 5. accept: decode lanes at their W rows, the prompt lane at its last token.
-    column = jnp.arange(w, dtype=jnp.int32)[None, :]
-    sample_index = jnp.where(lanes.is_prompt[:, None], starts[:, None] + lens[:, None] - 1, starts[:, None] + column)
-    logits = compute_logits(config, params, hidden[jnp.clip(sample_index, 0, t_cap - 1)])  # f32[B, W, V]
-    def per_row(values):  # a lane's setting for each of its W rows
-        return jnp.broadcast_to(values[:, None], (b, w))
-
-    p = sampling_probs(logits, per_row(lanes.temperature), per_row(lanes.top_k), per_row(lanes.top_p))
-    accept_u = jax.vmap(lambda k: jax.vmap(lambda j: jax.random.uniform(jax.random.fold_in(k, j)))(
-        jnp.arange(w - 1)))(accept_key).reshape(b, w - 1)
-    sample_u = jax.vmap(jax.random.uniform)(sample_key)
-    acc = accept_proposals(p, q, proposals, jnp.where(lanes.is_decode, lens, 1), accept_u, sample_u)
-    counts = jnp.where(lanes.is_decode, acc.counts, 0)
-    if plan.prompt_capacity:
-        counts = jnp.where(lanes.is_prompt & x.prompt_ends, 1, counts)
-    counts = counts.astype(jnp.int32)
-
-    # 6. commit
-    committed = jnp.where(lanes.is_decode, acc.accepted + 1, jnp.where(lanes.is_prompt, lens, 0)).astype(jnp.int32)
-    new_hidden = hidden[jnp.clip(starts + committed - 1, 0, t_cap - 1)]
-    new_hidden = jnp.where((committed > 0)[:, None], new_hidden, lanes.last_hidden)
-    last_token = jnp.take_along_axis(acc.tokens, jnp.clip(counts - 1, 0, w - 1)[:, None], axis=1)[:, 0]
-    new_pending = jnp.where(counts > 0, last_token, lanes.pending)
-
+    draft_cache = drafts.cache
     if plan.maintain_draft and draft_cache is not None:  # 7
         draft_cache = _absorb(config, params, draft_cache, lanes, batch, hidden, committed, attention)
 
@@ -251,14 +232,87 @@ def packed_round(config: ModelConfig, params, state: DeviceState, x: RoundInputs
         tokens=jnp.where(column < counts[:, None], acc.tokens, 0).astype(jnp.int32),
         counts=counts,
         query_lengths=lens,
-        sidecar=_sidecar(lanes, confidence, joint, sidecar_shape),
+        sidecar=_sidecar(lanes, drafts.confidence, drafts.joint, sidecar_shape),
         survival=jnp.where(lanes.is_decode[:, None], acc.survival, 0.0),
     )
     logprobs = None
     if plan.scored:
         logprobs = _prompt_logprobs(config, params, hidden, batch.tokens, lanes.last_hidden, lanes.cursor,
-                                    lanes.is_prompt, starts, lens)
+                                    lanes.is_prompt, batch.query_starts, lens)
     return new_state, outputs, logprobs
+
+
+def _propose(config, params, draft_cache, lanes: _Lanes, x: RoundInputs, plan: RoundPlan, key,
+             attention) -> _Drafts:
+    """Stage 2: D > 0 sequential MTP proposals for the decode lanes (`proposals.py`), cut to the
+    W - 1 that verification rows carry; empty proposals (and the cache untouched) when D = 0."""
+    b, w, d = plan.lanes, plan.width, plan.depth
+    if d > 0:
+        props = draft_proposals(
+            config, params, draft_cache, hidden=lanes.last_hidden, pending=lanes.pending, cursor=lanes.cursor,
+            page_tables=x.page_tables, active=lanes.is_decode, temperature=lanes.temperature,
+            top_k=lanes.top_k, top_p=lanes.top_p, key=key, copy_tokens=x.copy_tokens,
+            copy_lengths=x.copy_lengths, depth=d, attention=attention,
+        )
+        draft_cache = props.cache
+        confidence = jnp.where(lanes.is_decode[:, None], props.confidence, 0.0)
+        proposals, q, available = props.tokens[:, : w - 1], props.probs[:, : w - 1], props.available
+    else:
+        confidence = jnp.zeros((b, 0), jnp.float32)
+        proposals = jnp.zeros((b, w - 1), jnp.int32)
+        q = jnp.zeros((b, w - 1, config.vocab_size), jnp.float32)
+        available = jnp.zeros((b,), jnp.int32)
+    return _Drafts(cache=draft_cache, proposals=proposals, q=q, available=available, confidence=confidence,
+                   joint=jnp.cumprod(confidence, axis=1))
+
+
+def _accept(config, params, lanes: _Lanes, x: RoundInputs, plan: RoundPlan, hidden, batch: PackedBatch,
+            drafts: _Drafts, column, accept_key, sample_key):
+    """Stage 5: target distributions at each decode lane's W rows and at the prompt lane's last
+    token; greedy/rejection acceptance (`acceptance.py`); the prompt lane just samples.
+
+    Returns:
+      (the acceptance result, i32[B] tokens each lane emits: a + 1 for a decode lane, one for a
+      prompt lane whose chunk ends the prompt, none otherwise).
+    """
+    b, w, t_cap = plan.lanes, plan.width, plan.packed
+    starts, lens = batch.query_starts, batch.query_lens
+    # The prompt lane samples at its last prompt token, a decode lane at each of its W rows.
+    sample_index = jnp.where(lanes.is_prompt[:, None], starts[:, None] + lens[:, None] - 1,
+                             starts[:, None] + column)
+    logits = compute_logits(config, params, hidden[jnp.clip(sample_index, 0, t_cap - 1)])  # f32[B, W, V]
+
+    def per_row(values):  # a lane's setting for each of its W rows
+        return jnp.broadcast_to(values[:, None], (b, w))
+
+    p = sampling_probs(logits, per_row(lanes.temperature), per_row(lanes.top_k), per_row(lanes.top_p))
+    accept_u = jax.vmap(lambda k: jax.vmap(lambda j: jax.random.uniform(jax.random.fold_in(k, j)))(
+        jnp.arange(w - 1)))(accept_key).reshape(b, w - 1)
+    sample_u = jax.vmap(jax.random.uniform)(sample_key)
+    rows = jnp.where(lanes.is_decode, lens, 1)
+    acc = accept_proposals(p, drafts.q, drafts.proposals, rows, accept_u, sample_u)
+    counts = jnp.where(lanes.is_decode, acc.counts, 0)
+    if plan.prompt_capacity:
+        counts = jnp.where(lanes.is_prompt & x.prompt_ends, 1, counts)
+    return acc, counts.astype(jnp.int32)
+
+
+def _commit(lanes: _Lanes, hidden, batch: PackedBatch, acc, counts, plan: RoundPlan):
+    """Stage 6: m committed tokens per lane (a + 1 for a decode lane, the chunk for the prompt
+    lane); the lane's new pending token and carried hidden state h_{c+m-1}.
+
+    Returns:
+      (committed i32[B], new carried hidden [B, H], new pending i32[B]).
+    """
+    w, t_cap = plan.width, plan.packed
+    lens = batch.query_lens
+    committed = jnp.where(lanes.is_decode, acc.accepted + 1, jnp.where(lanes.is_prompt, lens, 0))
+    committed = committed.astype(jnp.int32)
+    new_hidden = hidden[jnp.clip(batch.query_starts + committed - 1, 0, t_cap - 1)]
+    new_hidden = jnp.where((committed > 0)[:, None], new_hidden, lanes.last_hidden)
+    last_token = jnp.take_along_axis(acc.tokens, jnp.clip(counts - 1, 0, w - 1)[:, None], axis=1)[:, 0]
+    new_pending = jnp.where(counts > 0, last_token, lanes.pending)
+    return committed, new_hidden, new_pending
 
 
 def _prompt_logprobs(config, params, hidden, tokens, last_hidden, cursor, is_prompt, starts, lens):

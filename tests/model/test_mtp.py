@@ -2,7 +2,7 @@
 
 - the full-sequence head (`draft_forward_full`) against `mtp_forward`;
 - the draft context absorbed through the paged cache in packed chunks;
-- D sequential proposals (`propose`, one scan over paged steps) against `naive_proposals`,
+- D sequential proposals (`paged_proposals`, one scan over paged steps) against `naive_proposals`,
   which recomputes the whole draft sequence per proposal: greedy exactly, sampled by
   teacher-forcing the oracle with the sampled tokens and comparing distributions;
 - width-one decoding that maintains the draft context pair by pair, then resumes proposals.
@@ -21,11 +21,10 @@ from helios_jax.model import (
     forward_full,
     forward_packed,
     init_paged_cache,
-    propose,
     tiny_config,
 )
 from helios_jax.model.forward import compute_logits
-from helios_jax.reference.mtp import mtp_forward, naive_proposals
+from helios_jax.reference.mtp import mtp_forward, naive_proposals, paged_proposals
 from helios_jax.reference.qwen3 import qwen3_forward
 
 from .helpers import PagePool, hf_weights, max_abs, pack_step, random_params
@@ -48,7 +47,7 @@ target_step = jax.jit(
     forward_packed, static_argnums=0, static_argnames="attention", donate_argnums=2
 )
 propose_jit = jax.jit(
-    propose,
+    paged_proposals,
     static_argnums=0,
     static_argnames=("depth", "return_probs", "attention"),
     donate_argnums=2,
@@ -258,3 +257,18 @@ def test_width_one_decoding_keeps_the_draft_context_for_wider_rounds():
         full = np.asarray(full_hidden(config, params, jnp.asarray(seqs[r][: p[r] + 1])))
         want, _ = naive_proposals(weights, config, full, seqs[r][1 : p[r] + 2], depth)
         np.testing.assert_array_equal(np.asarray(out.tokens)[r], want)
+
+
+def test_the_old_model_propose_names_still_resolve_with_a_deprecation_warning():
+    """`propose` and `Proposals` moved from helios_jax.model(.mtp) to the oracle module
+    helios_jax.reference.mtp (`paged_proposals`); the old names still resolve there, and warn."""
+    import helios_jax.model.mtp as old_mtp
+    from helios_jax import model
+    from helios_jax.reference import mtp as oracle
+
+    with pytest.warns(DeprecationWarning, match="reference.mtp.paged_proposals"):
+        assert model.propose is oracle.paged_proposals
+    with pytest.warns(DeprecationWarning, match="reference.mtp.paged_proposals"):
+        assert old_mtp.propose is oracle.paged_proposals
+    with pytest.warns(DeprecationWarning, match="reference.mtp.Proposals"):
+        assert model.Proposals is oracle.Proposals

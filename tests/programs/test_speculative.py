@@ -230,15 +230,16 @@ def test_top_k_one_sampling_equals_greedy_and_the_seed_fixes_sampling(spec_progr
 
 
 @spec("speculative-coverage/learned-d")
-def test_greedy_learned_proposals_equal_model_propose(spec_programs, params):
-    """The programs' proposal scan (per-lane sampling, copy lanes) reduces to the model's
-    `propose` for greedy learned lanes: same tokens, and the confidence is propose's q."""
+def test_greedy_learned_proposals_equal_the_paged_oracle(spec_programs, params):
+    """The programs' proposal scan (per-lane sampling, copy lanes) reduces to the independent
+    paged oracle `paged_proposals` for greedy learned lanes: same tokens, and the confidence is
+    the oracle's q."""
     import jax
     import jax.numpy as jnp
 
-    from helios_jax.model import propose
     from helios_jax.programs.proposals import draft_proposals
     from helios_jax.programs.state import wrap_keys
+    from helios_jax.reference.mtp import paged_proposals
 
     d, _ = _start(spec_programs, params)
     s = d.state
@@ -250,7 +251,7 @@ def test_greedy_learned_proposals_equal_model_propose(spec_programs, params):
         page_tables=tables, active=jnp.array([True, True]), temperature=jnp.zeros(2), top_k=jnp.zeros(2, jnp.int32),
         top_p=jnp.ones(2), key=wrap_keys(s.rng[slots]), copy_tokens=jnp.zeros((2, 3), jnp.int32),
         copy_lengths=jnp.full((2,), -1, jnp.int32), depth=3))(s.draft)
-    theirs = jax.jit(lambda cache: propose(MODEL, params, cache, s.last_hidden[slots], s.pending[slots], cursor - 1,
-                                           tables, jnp.array([True, True]), depth=3))(s.draft)
+    theirs = jax.jit(lambda cache: paged_proposals(MODEL, params, cache, s.last_hidden[slots], s.pending[slots],
+                                                   cursor - 1, tables, jnp.array([True, True]), depth=3))(s.draft)
     np.testing.assert_array_equal(np.asarray(ours.tokens), np.asarray(theirs.tokens))
     np.testing.assert_allclose(np.asarray(ours.confidence), np.asarray(theirs.token_probs), atol=1e-6)

@@ -92,7 +92,7 @@ def test_spread_counts_whole_rotation_cycles(phase):
     whatever the scheduler does; whole cycles from a symmetric start report 0."""
     cohorts = [(0, 1), (2, 3), (4, 5)]
     stats = _stats(6)
-    window = sim._SpreadWindow(100)
+    window = sim.SpreadWindow(100)
     _rotate(stats, window, cohorts, start_round=phase)
     w = window.result
     assert w["spread_tokens"] == 0 and w["rounds"] == 102 and w["cycles"] == 34 and w["cut_cycles"] == 0
@@ -108,7 +108,7 @@ def test_spread_counts_whole_rotation_cycles(phase):
 def test_spread_still_shows_unfair_service_within_cycles():
     """Whole cycles remove phase, not unfairness: a stream served twice in every cycle gains twice."""
     stats = _stats(3)
-    window = sim._SpreadWindow(100)
+    window = sim.SpreadWindow(100)
     _rotate(stats, window, [(0, 1), (0, 2)])  # stream 0 in every round, 1 and 2 every other
     assert window.result["spread_tokens"] == 8 * 50 and window.result["cycles"] == 50
 
@@ -117,7 +117,7 @@ def test_spread_still_shows_unfair_service_within_cycles():
 def test_a_starved_stream_cuts_cycles_and_shows_as_spread():
     """A cycle that never closes is cut after `rounds` rounds, so the window still ends."""
     stats = _stats(3)
-    window = sim._SpreadWindow(10)
+    window = sim.SpreadWindow(10)
     rounds = _rotate(stats, window, [(0, 1)])  # stream 2 never served
     assert rounds == 20  # a cut first cycle (the start), then one cut cycle of ten (the window)
     assert window.result["cut_cycles"] == 1 and window.result["spread_tokens"] == 8 * 10
