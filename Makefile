@@ -1,7 +1,7 @@
 # Two commands do all the set-up on a fresh machine:
 #   make serve   create .venv, install, serve the embedded default model on 127.0.0.1
-#   make test    create .venv, install the test extras, run the suite
-# and one habit (docs/mutation.md):
+#   make test    create .venv, install the test extras, lint (make lint), run the suite
+# `make format` applies ruff's fixes and format. And one habit (docs/mutation.md):
 #   make mutation  mutate the host scheduler and the catalog, run the jax-free scheduler tests
 #                  against every mutant, print the kill rate per module and the survivors
 #                  (MUTATE=helios_jax/scheduler/cost.py restricts it to files or folders;
@@ -18,9 +18,12 @@ comma := ,
 # mutmut names a mutant module.function__mutmut_N: helios_jax/scheduler/cost.py -> helios_jax.scheduler.cost.*
 # SAMPLE=37 appends __mutmut_*[37]: a systematic sample, every function's mutants numbered ...3 and ...7.
 MUTANT_SUFFIX = $(if $(SAMPLE),__mutmut_*[$(SAMPLE)])
-MUTANT_GLOBS = $(foreach p,$(or $(MUTATE),$(if $(SAMPLE),helios_jax/scheduler/ helios_jax/catalog.py)),'$(subst /,.,$(patsubst %.py,%,$(patsubst %/,%,$(p)))).*$(MUTANT_SUFFIX)')
+# What `make mutation SAMPLE=...` mutates when MUTATE is not given (pyproject's only_mutate).
+MUTATED = helios_jax/scheduler/ helios_jax/catalog.py helios_jax/catalog_descriptor.py \
+	helios_jax/catalog_contracts.py helios_jax/catalog_planning.py
+MUTANT_GLOBS = $(foreach p,$(or $(MUTATE),$(if $(SAMPLE),$(MUTATED))),'$(subst /,.,$(patsubst %.py,%,$(patsubst %/,%,$(p)))).*$(MUTANT_SUFFIX)')
 
-.PHONY: test serve install bench mutation clean
+.PHONY: test lint format serve install bench mutation clean
 
 $(VENV)/.stamp-base: pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -38,8 +41,18 @@ $(VENV)/.stamp-mutation: $(VENV)/.stamp-base
 
 install: $(VENV)/.stamp-base
 
-test: $(VENV)/.stamp-test
+test: $(VENV)/.stamp-test lint
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+# ruff (lint and format, configured in pyproject.toml) over the tree, mypy over helios_jax/scheduler.
+lint: $(VENV)/.stamp-test
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+format: $(VENV)/.stamp-test
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
 
 serve: $(VENV)/.stamp-base
 	$(PY) -m helios_jax.serve $(SERVE_ARGS)
