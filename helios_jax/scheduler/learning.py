@@ -58,14 +58,17 @@ def probe(
         if row.indeterminate or not row.score > ordinary.score:
             continue
         c = row.build()
+        duration = c.duration_ms
+        if duration is None:
+            continue  # not indeterminate: built with a known duration
         added = [(l.rid, ordinary_width.get(l.rid, 1), lane_width(l)) for l in c.lanes
                  if l.role is LaneRole.DECODE and lane_width(l) > ordinary_width.get(l.rid, 1)
                  and remaining.get(l.rid, 0) > lane_width(l)]
         if not added:
             continue
-        gain = (c.score - ordinary.score) / c.duration_ms
+        gain = (c.score - ordinary.score) / duration
         informed = min(information(*a) for a in added)
-        key = (gain, -informed, -c.duration_ms, tuple(-x for x in policy.capacities(c.graph)))
+        key = (gain, -informed, -duration, tuple(-x for x in policy.capacities(c.graph)))
         if best is None or _greater(key, best_key):
             best, best_key = c, key
     return best
