@@ -4,14 +4,19 @@ A request is *resident* from admission until it retires and its last submitted f
 completed; only then are its request slot, KV pages and state rows returned. Cancellation stops
 selection at once but keeps that fenced ownership, so a cancelled handle can never charge or
 corrupt a later request that reuses its slot (the slot's generation changes).
+
+A :class:`Request` keeps what the client asked, its progress and its learned estimates flat; the
+state that ``captures.py`` manages is grouped: its checkpoint rows and pending capture endpoints
+(:class:`CaptureState`) and its image windows (:class:`ImageWindows`).
 """
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import Any, Iterable
 
 from helios_jax.catalog import GraphKind
+from helios_jax.scheduler.checkpoints import Role
 from helios_jax.scheduler.plan import Handle
 from helios_jax.scheduler.service import ServiceHistory
 from helios_jax.scheduler.speculation import AcceptanceHistory, PrefixEstimate
@@ -42,7 +47,7 @@ class Pool:
             self._owner[x] = owner
         return out
 
-    def free(self, items, owner: int) -> None:
+    def free(self, items: Iterable[int], owner: int) -> None:
         for x in items:
             if self._owner.get(x) != owner:
                 raise ResourceError(f"{self.name}: {x} is not owned by request {owner}")
@@ -56,6 +61,28 @@ class Pool:
 
 class ResourceError(RuntimeError):
     """A request slot, KV page or state row is not available (admission is refused)."""
+
+
+@dataclasses.dataclass
+class CaptureState:
+    """A request's checkpoint rows, capture endpoints still to reach and capture allowances."""
+
+    restore_row: int | None = None  # the checkpoint a pending RESTORE reads
+    row: int | None = None  # the armed destination of a pending SNAPSHOT
+    endpoints: list[tuple[int, Role]] = dataclasses.field(default_factory=list)  # still to capture
+    extra_allowance_ms: float = 0.0  # checkpoint extra-work allowance left (prefill share)
+    terminal_allowance_ms: float = 0.0  # earned by productive decode toward a terminal capture
+
+
+@dataclasses.dataclass
+class ImageWindows:
+    """A request's image windows: whole images bounded by the prepared feature storage."""
+
+    bounds: list[tuple[int, tuple[int, ...]]] = dataclasses.field(default_factory=list)
+    # [(first token of the window's first image, image indices)] per window
+    active: int = 0  # the active image window
+    encoded: int = 0  # images of the active window already encoded
+    row: int | None = None  # the private snapshot row of a multi-window request
 
 
 @dataclasses.dataclass
@@ -92,16 +119,9 @@ class Request:
     last_publication_ns: int | None = None
     last_selected_ns: int = -1
     inflight: list[int] = dataclasses.field(default_factory=list)  # fences with a lane of it
-    restore_row: int | None = None  # the checkpoint a pending RESTORE reads
-    capture_row: int | None = None  # the armed destination of a pending SNAPSHOT
-    captures: list = dataclasses.field(default_factory=list)  # [(endpoint, Role)] still to capture
-    extra_allowance_ms: float = 0.0  # checkpoint extra-work allowance left (prefill share)
-    terminal_allowance_ms: float = 0.0  # earned by productive decode toward a terminal capture
+    capture: CaptureState = dataclasses.field(default_factory=CaptureState)
+    image_windows: ImageWindows = dataclasses.field(default_factory=ImageWindows)
     preempted: bool = False
-    windows: list = dataclasses.field(default_factory=list)  # [(first token, image indices)] per window
-    window: int = 0  # the active image window
-    window_images_done: int = 0  # images of the active window already encoded
-    window_row: int | None = None  # the private snapshot row of a multi-window request
     generation: int = 0  # bumped when a restore binds the state to a fresh request generation
     width_limit: int | None = None  # grammar or stop restrictions: target rows per round, pending token included
 

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from helios_jax.catalog import DecodeMode, GraphKind
+from helios_jax.scheduler import pricing
 from helios_jax.scheduler.core import NS_PER_MS
 from helios_jax.scheduler.plan import CompletionRecord
 from helios_jax.scheduler.speculation import PrefixEstimate, SOURCE_LEARNED
@@ -460,7 +461,8 @@ def test_the_token_rate_counts_output_tokens():
     assert plan.lanes[0].prompt_tokens == 4096 and not plan.lanes[0].finishes_prompt
     assert req.history.log_x is None
     # the missing rate when the finishing chunk is committed, at t: its history starts there
-    start = s._missing_rate(req, int(t * MS), s._normalizers(), {req.rid: req.history})
+    known = pricing.resident_rates(s.requests, {req.rid: req.history})
+    start = pricing.missing_rate(req, int(t * MS), s._normalizers(), known, s.policy)
     plan, gen, t2 = run_once(s, 2, t)
     assert plan.lanes[0].finishes_prompt and gen[0].tokens
     dt = t2 - t
