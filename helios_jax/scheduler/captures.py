@@ -267,6 +267,17 @@ class Captures:
 
     # == completed state operations =========================================================
     def prerequisite_done(self, req: Request, kind: GraphKind, now_ns: int) -> None:
+        """A completed prerequisite of `kind` (the request's next one): its rows, then the next
+        prerequisite or the phase it enables, in a new epoch."""
+        if not req.prerequisites or req.prerequisites[0] is not kind:
+            return
+        self._state_operation_done(req, kind, now_ns)
+        req.prerequisites.pop(0)
+        if not req.prerequisites:
+            req.phase = req.enables or Phase.PREFILL
+        req.epoch += 1
+
+    def _state_operation_done(self, req: Request, kind: GraphKind, now_ns: int) -> None:
         """The effects of a completed SNAPSHOT, RESTORE or VISION prerequisite on its rows."""
         capture, windows = req.capture, req.image_windows
         if kind is GraphKind.SNAPSHOT and capture.row is not None:

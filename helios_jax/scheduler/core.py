@@ -26,7 +26,6 @@ empty window (completion feedback).
 from __future__ import annotations
 
 import collections
-import dataclasses
 import math
 from typing import Any, Iterable, Sequence
 
@@ -40,34 +39,13 @@ from helios_jax.scheduler.cost import CostModel
 from helios_jax.scheduler.plan import (CompletionRecord, Completed, ExecutionClass, ExecutionTiming, Frame,
                                        GeneratedToken, Handle, PlanLane, ScheduledPlan, TraceRecord,
                                        validate_completion)
-from helios_jax.scheduler.pricing import NS_PER_MS
 from helios_jax.scheduler.refresh import acceptance_ledger, timing_ledger
-from helios_jax.scheduler.requests import Pool, Request, ResourceError, pages_for
-from helios_jax.scheduler.rounds import forecast_observations
-from helios_jax.scheduler.speculation import (SOURCE_LEARNED, SOURCES, AcceptanceHistory, PopulationPrior,
-                                              PrefixEstimate, acceptance_observations, initial_prior)
+from helios_jax.scheduler.requests import (Pool, Request, ResourceError, admission_fields, check_width_limit,
+                                           pages_for)
+from helios_jax.scheduler.service import NS_PER_MS
+from helios_jax.scheduler.speculation import SOURCE_LEARNED, PrefixEstimate
 from helios_jax.scheduler.stats import SchedulerStats
 from helios_jax.scheduler.view import Candidate, Lane, LaneRole, Phase, RequestView
-
-
-def _check_width_limit(width_limit: int | None) -> None:
-    if width_limit is not None and (isinstance(width_limit, bool) or not isinstance(width_limit, int)
-                                    or width_limit < 1):
-        raise ValueError(f"width_limit must be a positive integer or None, got {width_limit!r}")
-
-
-def _check_prompt(prompt: tuple[int, ...], max_output: int, max_model_len: int, proposal_source: str) -> None:
-    if not prompt:
-        raise ValueError("a prompt needs at least one token")
-    if any(t < 0 for t in prompt):
-        raise ValueError("prompt token ids must be nonnegative")
-    if max_output < 1:
-        raise ValueError(f"max_output must be at least 1, got {max_output}")
-    if len(prompt) + max_output > max_model_len:
-        raise ValueError(f"prompt ({len(prompt)}) plus max_output ({max_output}) exceeds the "
-                         f"context of {max_model_len} tokens")
-    if proposal_source not in SOURCES:
-        raise ValueError(f"unknown proposal source {proposal_source!r}")
 
 
 class PlanRejected(RuntimeError):
@@ -103,11 +81,7 @@ class Scheduler:
         self._slot_generation = [0] * catalog.request_slots
         self._next_rid = 0
         self.requests: dict[int, Request] = {}
-        self.acceptance_priors = {s: PopulationPrior(self.depth) for s in SOURCES}
-        # Every completed observation per source, pooled (weight 2 at 0.5**d, cap 128): where a
-        # request's own evidence is thin, selection reads it hierarchically from this pool.
-        self.acceptance_pools = {s: PrefixEstimate.from_prior(initial_prior(self.depth)) for s in SOURCES}
-        self.forecast_prior = PopulationPrior(self.depth)
+        self.population = learning.Population(self.depth)
         self.timing_ledger = timing_ledger()
         self.acceptance_ledger = acceptance_ledger()
         self.now_ns = 0
@@ -170,15 +144,8 @@ class Scheduler:
         A prompt that extends a stored checkpoint starts with a RESTORE of it and is charged only
         its uncached tokens.
         """
-        tokens = tuple(int(t) for t in prompt)
-        _check_prompt(tokens, max_output, self.max_model_len, proposal_source)
-        _check_width_limit(width_limit)
-        endpoints = tuple(sorted(int(e) for e in message_endpoints))
-        if any(not 0 < e <= len(tokens) for e in endpoints):
-            raise ValueError("message endpoints must lie within the prompt")
-        spans = tuple(sorted((int(s), int(e)) for s, e in image_spans))
-        if any(not 0 <= s < e <= len(tokens) for s, e in spans):
-            raise ValueError("image spans must be nonempty and lie within the prompt")
+        tokens, endpoints, spans = admission_fields(prompt, max_output, message_endpoints, image_spans,
+                                                    proposal_source, width_limit, self.max_model_len)
         windows = self.captures.admission_windows(spans, len(tokens))
         handle, slot, pages = self._reserve(self.pages_needed(len(tokens), max_output))
         req = Request(
@@ -187,9 +154,8 @@ class Scheduler:
             image_spans=spans, needs_scores=bool(needs_scores), host_stops=bool(host_stops),
             sampling=sampling, proposal_source=proposal_source, pages=pages, admitted_ns=self.now_ns,
             history=service.ServiceHistory(),
-            acceptance=AcceptanceHistory(self.acceptance_priors, preseeded=acceptance_history),
-            forecast=(PrefixEstimate.from_prior(self.forecast_prior.mean) if forecast_history is None
-                      else forecast_history.copy()), width_limit=width_limit,
+            acceptance=self.population.new_acceptance(acceptance_history),
+            forecast=self.population.new_forecast(forecast_history), width_limit=width_limit,
         )
         self.captures.admit(req, windows, self.initialize_requests, self.policy.checkpoint_extra_work_fraction,
                             self.now_ns)
@@ -217,7 +183,7 @@ class Scheduler:
         The engine uses it when it knows that tokens past a point are useless this round (a
         grammar state that admits one continuation, a stop string matched up to its last
         token); selection then prices and sizes the request's lanes within it."""
-        _check_width_limit(width_limit)
+        check_width_limit(width_limit)
         self._lookup(handle).width_limit = width_limit
 
     # == ending requests ====================================================================
@@ -256,15 +222,7 @@ class Scheduler:
         """
         if self.can_admit(prompt_len, max_output):
             return None
-        needed = self.pages_needed(prompt_len, max_output)
-        candidates = []
-        for r in self.requests.values():
-            if r.active and r.phase is Phase.DECODE and self.pages.available + len(r.pages) >= needed:
-                rate = r.history.log_x if r.history.log_x is not None else -math.inf
-                candidates.append((rate, -r.admitted_ns, r.handle))
-        if not candidates:
-            return None
-        return max(candidates)[2]
+        return pricing.best_served(self.requests, self.pages.available, self.pages_needed(prompt_len, max_output))
 
     def finish(self, handle: Handle, reason: str = "stop") -> None:
         """A host-detected stop (stop string, parser): the request ends after committed output."""
@@ -351,7 +309,7 @@ class Scheduler:
         """Request views with prices and ages projected to the planning start (``pricing.views``)."""
         start = self._planning_start_ns() if start_ns is None else start_ns
         inputs = pricing.PricingInputs(self.requests, tuple(self.frames), self.policy, self._normalizers(),
-                                       self.acceptance_pools, self.max_model_len)
+                                       self.population.acceptance_pools, self.max_model_len)
         return pricing.views(inputs, start)
 
     def plan(self) -> ScheduledPlan | None:
@@ -371,31 +329,9 @@ class Scheduler:
         ordinary = policy.select(inp)
         if ordinary is None:
             return None
-        chosen, reason, credit = ordinary, ExecutionClass.ORDINARY, 0.0
-        if ordinary.indeterminate:
-            reason = ExecutionClass.DISCOVERY
-        elif self.timing_ledger.can_start():
-            alternative = self._refresh_alternative(inp, ordinary)
-            if alternative is not None:
-                chosen, reason, credit = alternative, ExecutionClass.TIMING_REFRESH, self.timing_ledger.balance_ms
-        if reason is ExecutionClass.ORDINARY and self.acceptance_ledger.can_start():
-            optimistic = [v if v.survival.size == 0 and v.optimistic.size == 0 else
-                          dataclasses.replace(v, survival=v.optimistic) for v in views]
-            probe = learning.probe(inp, ordinary, optimistic, self._information)
-            if probe is not None:
-                chosen, reason, credit = probe, ExecutionClass.ACCEPTANCE_LEARNING, self.acceptance_ledger.balance_ms
+        chosen, reason, credit = learning.explore(inp, ordinary, self.graphs.graphs, self.timing_ledger,
+                                                  self.acceptance_ledger, self._information)
         return self._freeze(chosen, reason, credit, start)
-
-    def _refresh_alternative(self, inp: policy.SelectionInput, ordinary: Candidate) -> Candidate | None:
-        """The stale alternative a full timing-refresh ledger lets displace the ordinary winner:
-        oldest by the later of last valid observation and last attempt, then by value."""
-        if not any(self.costs.is_stale(g.key, self.now_ns) for g in self.graphs.graphs):
-            return None
-        rows = [r for r in policy.scored(inp) if not r.indeterminate and r.graph != ordinary.graph
-                and self.costs.is_stale(r.graph.key, self.now_ns)]
-        if not rows:
-            return None
-        return min(rows, key=lambda r: (self.costs.refresh_order_ns(r.graph.key), -r.score)).build()
 
     def _information(self, rid: int, from_width: int, to_width: int) -> float:
         req = self.requests[rid]
@@ -452,12 +388,7 @@ class Scheduler:
             req.inflight.append(fence)
             req.last_selected_ns = self.now_ns
         self.selections[plan.graph.kind.value] += 1
-        self.trace.append(TraceRecord(
-            fence=fence, kind=plan.graph.kind, batch_capacity=plan.graph.batch_capacity,
-            proposal_depth=plan.graph.proposal_depth, token_capacity=plan.graph.token_capacity,
-            target_capacity=plan.graph.target_capacity, selected_cost_ms=plan.expected_duration_ms,
-            observation_age_ns=self.costs.observation_age_ns(plan.graph.key, self.now_ns), reason=plan.reason,
-            exploration_credit_ms=plan.exploration_credit_ms, served=len(plan.lanes)))
+        self.trace.append(TraceRecord.of(fence, plan, self.costs.observation_age_ns(plan.graph.key, self.now_ns)))
 
     def _recheck(self, plan: ScheduledPlan) -> None:
         """Ownership, epochs and cursors of every lane, the window and the funding ledger."""
@@ -535,7 +466,9 @@ class Scheduler:
         self._account(frame.plan, timing, raw_ms, valid_timing)
         served, generated = self._apply_lanes(frame, records, conf, surv, timing.device_ns / NS_PER_MS)
         # Service history: one measured interval per successful frame with a device interval.
-        delivery_before = self._serve(frame, served, raw_ms) if valid_timing and raw_ms > 0 else {}
+        delivery_before: dict[int, float | None] = {}
+        if valid_timing and raw_ms > 0:
+            delivery_before = service.record_interval(self.requests, frame, served, raw_ms, self.policy)
         self._last_completed = Completed(fence, raw_ms if valid_timing else None, timing.device_ns / NS_PER_MS,
                                          delivery_before, {g.handle.rid for g in generated})
         for req in list(self.requests.values()):
@@ -593,19 +526,15 @@ class Scheduler:
         if lane.role is LaneRole.PROMPT:
             return self._apply_prompt(req, lane, rec)
         if lane.role is LaneRole.DECODE:
-            tokens = self._commit_tokens(req, list(rec.tokens))
+            tokens = req.commit_tokens(rec.tokens)
             self._learn(req, lane, rec, plan, tokens, conf, surv)
             # Productive decode earns the extra-work fraction of its share of the measured time
             # toward a distinct terminal capture.
             req.capture.terminal_allowance_ms += \
                 self.policy.checkpoint_extra_work_fraction * frame_ms / max(1, len(plan.lanes))
             return tokens
-        if lane.role is LaneRole.PREREQUISITE and req.prerequisites and req.prerequisites[0] is plan.graph.kind:
+        if lane.role is LaneRole.PREREQUISITE:
             self.captures.prerequisite_done(req, plan.graph.kind, self.now_ns)
-            req.prerequisites.pop(0)
-            if not req.prerequisites:
-                req.phase = req.enables or Phase.PREFILL
-            req.epoch += 1
         elif lane.role is LaneRole.TERMINAL:
             self.captures.terminal_done(req, self.now_ns)
             self._retire(req)
@@ -617,7 +546,7 @@ class Scheduler:
         tokens = []
         if lane.finishes_prompt:
             req.phase = Phase.DECODE
-            tokens = self._commit_tokens(req, list(rec.tokens))
+            tokens = req.commit_tokens(rec.tokens)
         if not req.finished and not self.captures.cross_window(req, self.now_ns):
             self.captures.reach_endpoint(req, Phase.DECODE if lane.finishes_prompt else Phase.PREFILL, self.now_ns)
         return tokens
@@ -625,19 +554,13 @@ class Scheduler:
     def _learn(self, req: Request, lane: PlanLane, rec: CompletionRecord, plan: ScheduledPlan, tokens: list[int],
                conf: np.ndarray | None, surv: np.ndarray | None) -> None:
         """Acceptance observations of a decode lane's verified proposals, and its forecast."""
-        offered = rec.offered
+        offered, source = rec.offered, req.proposal_source
         if offered > 0:
-            # A stop or limit at accepted proposal j ends the request: depths 1..j were
-            # accepted (observed), the suffix after j is censored.
-            terminated = len(tokens) if req.finished and len(tokens) <= rec.accepted else None
-            obs = acceptance_observations(self.depth, offered, rec.accepted, terminated_after=terminated,
-                                          survival=None if surv is None else surv[lane.slot, :offered].tolist())
-            req.acceptance.get(req.proposal_source).observe(obs, len(req.output))
-            self.acceptance_priors[req.proposal_source].observe(obs)
-            self.acceptance_pools[req.proposal_source].observe(obs, 0)
+            self.population.observe_acceptance(req, rec, len(tokens),
+                                               None if surv is None else surv[lane.slot, :offered].tolist())
             self.speculative["drafts_offered"] += offered
             self.speculative["drafts_accepted"] += rec.accepted
-            if req.proposal_source == SOURCE_LEARNED:
+            if source == SOURCE_LEARNED:
                 # Learned-proposal draws (sampling metrics); copy proposals draw nothing.
                 self.speculative["learned_drafts"] += offered
             for d in range(offered):
@@ -645,45 +568,7 @@ class Scheduler:
                 if d < rec.accepted:
                     self.accepted_by_position[d + 1] += 1
         if conf is not None:
-            ceiling = lane.ceiling or lane.query_length
-            fobs = forecast_observations(conf[1, lane.slot], min(ceiling, plan.graph.proposal_depth + 1), self.depth)
-            req.forecast.observe(fobs, len(req.output))
-            self.forecast_prior.observe(fobs)
-
-    def _commit_tokens(self, req: Request, tokens: list[int]) -> list[int]:
-        """Append output up to the first stop token or the output limit."""
-        out = []
-        for t in tokens:
-            if len(req.output) >= req.max_output:
-                break
-            req.output.append(int(t))
-            out.append(int(t))
-            if t in req.stop_token_ids:
-                req.finish_reason = "stop"
-                break
-        if req.finish_reason is None and len(req.output) >= req.max_output:
-            req.finish_reason = "length"
-        return out
-
-    def _serve(self, frame: Frame, served: dict[int, float], raw_ms: float) -> dict[int, float | None]:
-        """One measured service interval for every participant; returns each one's log z before
-        the interval's zero-delivery update (a publication replaces that update)."""
-        histories = {rid: r.history for rid, r in self.requests.items()}
-        known = pricing.resident_rates(self.requests, histories)
-        priors = {h.rid: pricing.missing_rate(self.requests[h.rid], frame.committed_ns, frame.normalizers, known,
-                                              self.policy)
-                  for h in frame.participants
-                  if h.rid in self.requests and self.requests[h.rid].history.log_x is None}
-        delivery_before = {}
-        for h in frame.participants:
-            req = self.requests.get(h.rid)
-            if req is None or req.handle != h or req.cancelled:
-                continue
-            service.update_token_history(req.history, served.get(req.rid, 0.0), raw_ms, self.policy,
-                                         priors.get(req.rid, 0.0))
-            delivery_before[req.rid] = req.history.log_z
-            req.history.log_z = service.delivery_update(req.history.log_z, 0.0, raw_ms, self.policy)
-        return delivery_before
+            self.population.observe_forecast(req, lane, conf[1, lane.slot], plan.graph.proposal_depth)
 
     # == publication ========================================================================
     def published_output(self, handle: Handle, fence: int) -> None:

@@ -182,6 +182,14 @@ class TraceRecord:
     exploration_credit_ms: float
     served: int
 
+    @classmethod
+    def of(cls, fence: int, plan: ScheduledPlan, observation_age_ns: int | None) -> "TraceRecord":
+        g = plan.graph
+        return cls(fence=fence, kind=g.kind, batch_capacity=g.batch_capacity, proposal_depth=g.proposal_depth,
+                   token_capacity=g.token_capacity, target_capacity=g.target_capacity,
+                   selected_cost_ms=plan.expected_duration_ms, observation_age_ns=observation_age_ns,
+                   reason=plan.reason, exploration_credit_ms=plan.exploration_credit_ms, served=len(plan.lanes))
+
 
 def validate_probabilities(name: str, values: np.ndarray) -> None:
     if np.any(~np.isfinite(values)) or np.any((values < 0) | (values > 1)):

@@ -13,18 +13,17 @@ resets the output age at the frame's expected end.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Mapping, Sequence, TypedDict
 
 from helios_jax.scheduler import service
 from helios_jax.scheduler.captures import next_capture, window_stop
 from helios_jax.scheduler.config import PolicyConfig
-from helios_jax.scheduler.plan import Frame
+from helios_jax.scheduler.plan import Frame, Handle
 from helios_jax.scheduler.requests import Request
-from helios_jax.scheduler.service import ServiceHistory
+from helios_jax.scheduler.service import NS_PER_MS, ServiceHistory, missing_rate, resident_rates
 from helios_jax.scheduler.speculation import PrefixEstimate
 from helios_jax.scheduler.view import Phase, RequestView
-
-NS_PER_MS = 1_000_000
 
 Histories = dict[int, ServiceHistory]
 
@@ -74,19 +73,6 @@ def queued_advance(req: Request, frames: Sequence[Frame]) -> int:
     return sum(f.plan.max_advance(l) for f in frames for l in f.plan.lanes if l.handle == req.handle)
 
 
-def resident_rates(requests: Mapping[int, Request], histories: Histories) -> list[float | None]:
-    """Every active resident's token rate (log, or None while missing) in `histories`."""
-    return [histories[r.rid].log_x for r in requests.values() if r.active and r.rid in histories]
-
-
-def missing_rate(req: Request, at_ns: int, norm: service.Normalizers, known: list[float | None],
-                 policy: PolicyConfig) -> float:
-    """The priced token rate of a request not served yet (``service.missing_log_token_rate``);
-    `known`: the residents' token rates (:func:`resident_rates`)."""
-    return service.missing_log_token_rate(norm, len(known), known, (at_ns - req.admitted_ns) / NS_PER_MS,
-                                          policy.adaptation_ms)
-
-
 def projected_histories(inp: PricingInputs) -> tuple[Histories, dict[int, int | None]]:
     """Copies of service histories after the queued frames' frozen expected service, and the
     expected delivery time of each request with a queued delivery."""
@@ -113,6 +99,17 @@ def projected_histories(inp: PricingInputs) -> tuple[Histories, dict[int, int | 
             if deliveries:
                 delivered_at[h.rid] = f.expected_end_ns
     return histories, delivered_at
+
+
+def best_served(requests: Mapping[int, Request], free_pages: int, pages_needed: int) -> Handle | None:
+    """The active decoding request whose pages would let `pages_needed` fit, with the highest
+    token rate (the lowest fairness price), then the latest admitted; None when there is none."""
+    candidates = []
+    for r in requests.values():
+        if r.active and r.phase is Phase.DECODE and free_pages + len(r.pages) >= pages_needed:
+            rate = r.history.log_x if r.history.log_x is not None else -math.inf
+            candidates.append((rate, -r.admitted_ns, r.handle))
+    return max(candidates)[2] if candidates else None
 
 
 def views(inp: PricingInputs, start_ns: int) -> list[RequestView]:

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 from helios_jax.catalog import GraphKind
 from helios_jax.scheduler.checkpoints import Role
 from helios_jax.scheduler.plan import Handle
 from helios_jax.scheduler.service import ServiceHistory
-from helios_jax.scheduler.speculation import AcceptanceHistory, PrefixEstimate
+from helios_jax.scheduler.speculation import SOURCES, AcceptanceHistory, PrefixEstimate
 from helios_jax.scheduler.view import Phase
 
 
@@ -168,6 +168,53 @@ class Request:
 
     def spans_from_cursor(self) -> tuple[tuple[int, int], ...]:
         return tuple((s - self.consumed, e - self.consumed) for s, e in self.image_spans if e > self.consumed)
+
+    def commit_tokens(self, tokens: Iterable[int]) -> list[int]:
+        """Append output up to the first stop token or the output limit; returns what was kept."""
+        out = []
+        for t in tokens:
+            if len(self.output) >= self.max_output:
+                break
+            self.output.append(int(t))
+            out.append(int(t))
+            if t in self.stop_token_ids:
+                self.finish_reason = "stop"
+                break
+        if self.finish_reason is None and len(self.output) >= self.max_output:
+            self.finish_reason = "length"
+        return out
+
+
+def check_width_limit(width_limit: int | None) -> None:
+    if width_limit is not None and (isinstance(width_limit, bool) or not isinstance(width_limit, int)
+                                    or width_limit < 1):
+        raise ValueError(f"width_limit must be a positive integer or None, got {width_limit!r}")
+
+
+def admission_fields(prompt: Sequence[int], max_output: int, message_endpoints: Iterable[int],
+                     image_spans: Iterable[tuple[int, int]], proposal_source: str, width_limit: int | None,
+                     max_model_len: int) -> tuple[tuple[int, ...], tuple[int, ...], tuple[tuple[int, int], ...]]:
+    """A checked admission: (prompt tokens, sorted message endpoints, sorted image spans)."""
+    tokens = tuple(int(t) for t in prompt)
+    if not tokens:
+        raise ValueError("a prompt needs at least one token")
+    if any(t < 0 for t in tokens):
+        raise ValueError("prompt token ids must be nonnegative")
+    if max_output < 1:
+        raise ValueError(f"max_output must be at least 1, got {max_output}")
+    if len(tokens) + max_output > max_model_len:
+        raise ValueError(f"prompt ({len(tokens)}) plus max_output ({max_output}) exceeds the "
+                         f"context of {max_model_len} tokens")
+    if proposal_source not in SOURCES:
+        raise ValueError(f"unknown proposal source {proposal_source!r}")
+    check_width_limit(width_limit)
+    endpoints = tuple(sorted(int(e) for e in message_endpoints))
+    if any(not 0 < e <= len(tokens) for e in endpoints):
+        raise ValueError("message endpoints must lie within the prompt")
+    spans = tuple(sorted((int(s), int(e)) for s, e in image_spans))
+    if any(not 0 <= s < e <= len(tokens) for s, e in spans):
+        raise ValueError("image spans must be nonempty and lie within the prompt")
+    return tokens, endpoints, spans
 
 
 def pages_for(tokens: int, page_size: int) -> int:
