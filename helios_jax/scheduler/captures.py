@@ -75,7 +75,8 @@ class Captures:
             raise ResourceError("a multi-window image request needs a private snapshot row")
         return windows
 
-    def admit(self, req: Request, windows: list[Window], initialize: bool, fraction: float, now_ns: int) -> None:
+    def admit(self, req: Request, windows: list[Window], initialize: bool, fraction: float,
+              now_ns: int) -> None:
         """A new request's first prerequisites (vision, restore or initialize) and capture plan."""
         hit = self.checkpoints.lookup(req.prompt) if self.enabled and not req.image_spans else None
         if windows:
@@ -150,7 +151,8 @@ class Captures:
         offset = sum(req.image_spans[i][1] - req.image_spans[i][0] for i in images[:done])
         return batch, offset
 
-    def lane_state(self, req: Request, role: LaneRole, kind: GraphKind) -> tuple[int | None, tuple[int, ...], int]:
+    def lane_state(self, req: Request, role: LaneRole,
+                   kind: GraphKind) -> tuple[int | None, tuple[int, ...], int]:
         """A plan lane's snapshot row, vision images and feature offset."""
         row = None
         if role is LaneRole.TERMINAL or (role is LaneRole.PREREQUISITE and kind is GraphKind.SNAPSHOT):
@@ -243,7 +245,8 @@ class Captures:
 
     def ends_at_anchor(self, req: Request) -> bool:
         """The request ends right at its anchor (its prompt end, with one output token)."""
-        return len(req.output) <= 1 and any(e == req.consumed and r is Role.ANCHOR for e, r in req.capture.endpoints)
+        return len(req.output) <= 1 and any(e == req.consumed and r is Role.ANCHOR
+                                            for e, r in req.capture.endpoints)
 
     def begin_terminal_capture(self, req: Request, now_ns: int, *, funded: bool = False) -> bool:
         """Enter the terminal phase with an armed destination row, when the capture is funded
@@ -255,7 +258,8 @@ class Captures:
             return False
         cost = self.cost_ms(GraphKind.SNAPSHOT, now_ns)
         tokens = req.prompt + tuple(req.output[:-1])
-        if cost is None or (not funded and req.capture.terminal_allowance_ms < cost) or self.checkpoints.holds(tokens):
+        if cost is None or (not funded and req.capture.terminal_allowance_ms < cost) \
+                or self.checkpoints.holds(tokens):
             return False
         if not self.checkpoints.obtainable(req.rid):
             return False

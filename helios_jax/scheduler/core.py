@@ -37,8 +37,8 @@ from helios_jax.scheduler.captures import Captures
 from helios_jax.scheduler.config import PolicyConfig
 from helios_jax.scheduler.cost import CostModel
 from helios_jax.scheduler.plan import (CompletionRecord, Completed, ExecutionClass, ExecutionTiming, Frame,
-                                       GeneratedToken, Handle, PlanLane, ScheduledPlan, TraceRecord,
-                                       validate_completion)
+                                       GeneratedToken, Handle, PlanLane, PlanRejected, ScheduledPlan,
+                                       TraceRecord, check_commit, validate_completion)
 from helios_jax.scheduler.refresh import acceptance_ledger, timing_ledger
 from helios_jax.scheduler.requests import (Pool, Request, ResourceError, admission_fields, check_width_limit,
                                            pages_for)
@@ -47,18 +47,17 @@ from helios_jax.scheduler.speculation import SOURCE_LEARNED, PrefixEstimate
 from helios_jax.scheduler.stats import SchedulerStats
 from helios_jax.scheduler.view import Candidate, Lane, LaneRole, Phase, RequestView
 
-
-class PlanRejected(RuntimeError):
-    """commit() refused a plan: stale epochs, lost ownership, a full window or a dependency."""
+__all__ = ["NS_PER_MS", "PlanRejected", "Scheduler"]  # PlanRejected and NS_PER_MS: plan.py, service.py
 
 
 class Scheduler:
     """Host scheduler over one loaded catalog and decode mode."""
 
     def __init__(self, catalog: Catalog, *, mode: DecodeMode | str | None = None,
-                 policy_config: PolicyConfig | None = None, fixed_width: int | None = None, page_size: int = 16,
-                 kv_pages: int | None = None, max_model_len: int = 1 << 20, draft_storage: int | None = None,
-                 initialize_requests: bool = False, snapshot_rows: int | None = None, checkpoints: bool = False,
+                 policy_config: PolicyConfig | None = None, fixed_width: int | None = None,
+                 page_size: int = 16, kv_pages: int | None = None, max_model_len: int = 1 << 20,
+                 draft_storage: int | None = None, initialize_requests: bool = False,
+                 snapshot_rows: int | None = None, checkpoints: bool = False,
                  vision_window_tokens: int | None = None):
         if mode is None:
             mode = DecodeMode.ORDINARY if catalog.mode == "ordinary" else DecodeMode.ADAPTIVE
@@ -72,12 +71,14 @@ class Scheduler:
         self.depth = max(1, self.graphs.max_depth)
         self.draft_storage = self.graphs.max_depth if draft_storage is None else draft_storage
         self.initialize_requests = initialize_requests
-        self.captures = Captures(self.graphs, self.costs, checkpoints=checkpoints, snapshot_rows=snapshot_rows,
-                                 request_slots=catalog.request_slots, vision_window_tokens=vision_window_tokens)
+        self.captures = Captures(self.graphs, self.costs, checkpoints=checkpoints,
+                                 snapshot_rows=snapshot_rows, request_slots=catalog.request_slots,
+                                 vision_window_tokens=vision_window_tokens)
         self.checkpoints = self.captures.checkpoints
         self.slots = Pool(catalog.request_slots, "request slots")
         default_context = max_model_len if max_model_len < (1 << 20) else 8192
-        self.pages = Pool(kv_pages or catalog.request_slots * pages_for(default_context, page_size), "KV pages")
+        default_pages = catalog.request_slots * pages_for(default_context, page_size)
+        self.pages = Pool(kv_pages or default_pages, "KV pages")
         self._slot_generation = [0] * catalog.request_slots
         self._next_rid = 0
         self.requests: dict[int, Request] = {}
@@ -90,8 +91,8 @@ class Scheduler:
         self._admitted_any = False
         self.executions: collections.Counter[str] = collections.Counter()  # class -> count
         self.execution_ns: collections.Counter[str] = collections.Counter()  # class -> ns
-        self.speculative: collections.Counter[str] = collections.Counter()  # programs, drafts offered/accepted
-        self.accepted_by_position: collections.Counter[int] = collections.Counter()  # depth -> accepted drafts
+        self.speculative: collections.Counter[str] = collections.Counter()  # programs, drafts
+        self.accepted_by_position: collections.Counter[int] = collections.Counter()  # depth -> accepted
         self.offered_by_position: collections.Counter[int] = collections.Counter()
         self.selections: collections.Counter[str] = collections.Counter()  # graph kind -> committed plans
         self.trace: collections.deque[TraceRecord] = collections.deque(maxlen=4096)
@@ -117,13 +118,15 @@ class Scheduler:
         return pages_for(ceiling, self.page_size)
 
     def can_admit(self, prompt_len: int, max_output: int) -> bool:
-        return self.slots.can_allocate() and self.pages.can_allocate(self.pages_needed(prompt_len, max_output))
+        needed = self.pages_needed(prompt_len, max_output)
+        return self.slots.can_allocate() and self.pages.can_allocate(needed)
 
     def admit(self, prompt: Sequence[int], *, max_output: int, message_endpoints: Iterable[int] = (),
               image_spans: Iterable[tuple[int, int]] = (), stop_token_ids: Iterable[int] = (),
               needs_scores: bool = False, host_stops: bool = False, sampling: Any = None,
-              proposal_source: str = SOURCE_LEARNED, acceptance_history: dict[str, PrefixEstimate] | None = None,
-              width_limit: int | None = None, forecast_history: PrefixEstimate | None = None) -> Handle:
+              proposal_source: str = SOURCE_LEARNED,
+              acceptance_history: dict[str, PrefixEstimate] | None = None, width_limit: int | None = None,
+              forecast_history: PrefixEstimate | None = None) -> Handle:
         """Make a request resident; raises ResourceError when no slot or pages are free.
 
         Args:
@@ -157,8 +160,8 @@ class Scheduler:
             acceptance=self.population.new_acceptance(acceptance_history),
             forecast=self.population.new_forecast(forecast_history), width_limit=width_limit,
         )
-        self.captures.admit(req, windows, self.initialize_requests, self.policy.checkpoint_extra_work_fraction,
-                            self.now_ns)
+        fraction = self.policy.checkpoint_extra_work_fraction
+        self.captures.admit(req, windows, self.initialize_requests, fraction, self.now_ns)
         self.requests[handle.rid] = req
         self._admitted_any = True
         return handle
@@ -222,7 +225,8 @@ class Scheduler:
         """
         if self.can_admit(prompt_len, max_output):
             return None
-        return pricing.best_served(self.requests, self.pages.available, self.pages_needed(prompt_len, max_output))
+        needed = self.pages_needed(prompt_len, max_output)
+        return pricing.best_served(self.requests, self.pages.available, needed)
 
     def finish(self, handle: Handle, reason: str = "stop") -> None:
         """A host-detected stop (stop string, parser): the request ends after committed output."""
@@ -294,10 +298,6 @@ class Scheduler:
         last = self.frames[-1]
         return last.expected_end_ns is None or self.now_ns > last.expected_end_ns  # overrun
 
-    def _needs_feedback(self, req: Request) -> bool:
-        """A request whose next round needs completion feedback of its queued rounds."""
-        return bool(req.inflight) and req.host_stops
-
     def _normalizers(self) -> service.Normalizers:
         """The loaded catalog's measured generation programs, recomputed when an estimate changes."""
         version = self.costs.version
@@ -342,7 +342,7 @@ class Scheduler:
         lanes = [self._plan_lane(c.graph.kind, lane) for lane in c.lanes]
         needs_empty = (not c.graph.kind.may_share_window or c.indeterminate or c.stale
                        or reason is not ExecutionClass.ORDINARY
-                       or any(self._needs_feedback(self.requests[l.rid]) for l in c.lanes))
+                       or any(self.requests[l.rid].needs_feedback for l in c.lanes))
         if c.graph.allocation is Allocation.PREFIX_LIMIT:
             # The device breaks frontier ties by lane position: lanes in slot order make that
             # the original request slot, the order the host priced the allocation with.
@@ -359,7 +359,8 @@ class Scheduler:
         row, images, offset = self.captures.lane_state(req, lane.role, kind)
         return PlanLane(handle=req.handle, slot=req.slot, epoch=req.epoch, role=lane.role,
                         prompt_tokens=lane.prompt_tokens, prompt_start=req.consumed if prompt else 0,
-                        query_length=lane.query_length, ceiling=lane.ceiling, expected_tokens=lane.expected_tokens,
+                        query_length=lane.query_length, ceiling=lane.ceiling,
+                        expected_tokens=lane.expected_tokens,
                         finishes_prompt=prompt and req.consumed + lane.prompt_tokens == req.prompt_len,
                         snapshot_row=row, images=images, feature_offset=offset)
 
@@ -374,11 +375,13 @@ class Scheduler:
         """
         if self.frames and fence <= self.frames[-1].fence:
             raise ValueError(f"fences must increase: {fence} after {self.frames[-1].fence}")
-        self._recheck(plan)
-        if plan.reason is ExecutionClass.TIMING_REFRESH:
-            self.timing_ledger.start()
-        elif plan.reason is ExecutionClass.ACCEPTANCE_LEARNING:
-            self.acceptance_ledger.start()
+        ledger = {ExecutionClass.TIMING_REFRESH: self.timing_ledger,
+                  ExecutionClass.ACCEPTANCE_LEARNING: self.acceptance_ledger}.get(plan.reason)
+        check_commit(plan, self.requests, queued=bool(self.frames), window_blocked=self._window_blocked(),
+                     fresh=self.costs.is_fresh(plan.graph.key, self.now_ns),
+                     funded=ledger is None or ledger.can_start())
+        if ledger is not None:
+            ledger.start()
         if plan.reason is ExecutionClass.TIMING_REFRESH or plan.reason is ExecutionClass.DISCOVERY \
                 or self.costs.is_stale(plan.graph.key, self.now_ns):
             self.costs.note_attempt(plan.graph.key, self.now_ns)
@@ -388,49 +391,29 @@ class Scheduler:
             req.inflight.append(fence)
             req.last_selected_ns = self.now_ns
         self.selections[plan.graph.kind.value] += 1
-        self.trace.append(TraceRecord.of(fence, plan, self.costs.observation_age_ns(plan.graph.key, self.now_ns)))
-
-    def _recheck(self, plan: ScheduledPlan) -> None:
-        """Ownership, epochs and cursors of every lane, the window and the funding ledger."""
-        for i, lane in enumerate(plan.lanes):
-            req = self.requests.get(lane.handle.rid)
-            if req is None or req.handle != lane.handle:
-                raise PlanRejected(f"lane {i}: request {lane.handle} is no longer resident")
-            if not req.active:
-                raise PlanRejected(f"lane {i}: request {lane.handle} was cancelled or finished")
-            if req.epoch != lane.epoch:
-                raise PlanRejected(f"lane {i}: request {lane.handle} moved from epoch {lane.epoch} to {req.epoch}")
-            if lane.role is LaneRole.PROMPT and lane.prompt_start != req.consumed:
-                raise PlanRejected(f"lane {i}: prompt position moved")
-        needs_empty = plan.needs_empty_window or not self.costs.is_fresh(plan.graph.key, self.now_ns)
-        if self.frames:
-            if needs_empty:
-                raise PlanRejected("this plan needs an empty window; wait for queued work to complete")
-            if self._window_blocked():
-                raise PlanRejected("the execution window is full, draining or overrun")
-            if any(self._needs_feedback(self.requests[l.handle.rid]) for l in plan.lanes):
-                raise PlanRejected("a lane needs completion feedback before another frame")
-        ledger = {ExecutionClass.TIMING_REFRESH: self.timing_ledger,
-                  ExecutionClass.ACCEPTANCE_LEARNING: self.acceptance_ledger}.get(plan.reason)
-        if ledger is not None and not ledger.can_start():
-            raise PlanRejected(f"the {plan.reason.value} credit that funded this plan is no longer full")
+        age_ns = self.costs.observation_age_ns(plan.graph.key, self.now_ns)
+        self.trace.append(TraceRecord.of(fence, plan, age_ns))
 
     def _frame(self, plan: ScheduledPlan, fence: int) -> Frame:
         """The frame record: its participants, expected end and frozen expected service."""
         # Participants: resident, selectable requests at dispatch (later admissions are not).
-        participants = tuple(r.handle for r in self.requests.values() if r.active and r.phase is not Phase.BLOCKED)
+        participants = tuple(r.handle for r in self.requests.values()
+                             if r.active and r.phase is not Phase.BLOCKED)
         previous_end = self.frames[-1].expected_end_ns if self.frames else self.now_ns
         expected_end = None
         if plan.expected_duration_ms is not None:
-            expected_end = max(self.now_ns, previous_end or self.now_ns) + int(plan.expected_duration_ms * NS_PER_MS)
+            start = max(self.now_ns, previous_end or self.now_ns)
+            expected_end = start + int(plan.expected_duration_ms * NS_PER_MS)
         # Expected output tokens (a finishing prompt lane's first token included): the token
         # rate x counts output, not prompt tokens (docs/scheduling-utility.md).
-        expected_service = {lane.handle.rid: (lane.expected_tokens, 1.0 if lane.role is LaneRole.DECODE else 0.0)
+        expected_service = {lane.handle.rid: (lane.expected_tokens, float(lane.role is LaneRole.DECODE))
                             for lane in plan.lanes}
-        return Frame(fence, plan, self.now_ns, expected_end, participants, self._normalizers(), expected_service)
+        return Frame(fence, plan, self.now_ns, expected_end, participants, self._normalizers(),
+                     expected_service)
 
     # == completion =========================================================================
-    def complete(self, fence: int, records: Sequence[CompletionRecord], timing: ExecutionTiming) -> list[GeneratedToken]:
+    def complete(self, fence: int, records: Sequence[CompletionRecord],
+                 timing: ExecutionTiming) -> list[GeneratedToken]:
         return self._complete(fence, records, timing, confidence=None, survival=None)
 
     def complete_packed_round(self, fence: int, records: Sequence[CompletionRecord], timing: ExecutionTiming,
@@ -469,13 +452,15 @@ class Scheduler:
         delivery_before: dict[int, float | None] = {}
         if valid_timing and raw_ms > 0:
             delivery_before = service.record_interval(self.requests, frame, served, raw_ms, self.policy)
-        self._last_completed = Completed(fence, raw_ms if valid_timing else None, timing.device_ns / NS_PER_MS,
-                                         delivery_before, {g.handle.rid for g in generated})
+        interval_ms = raw_ms if valid_timing else None
+        self._last_completed = Completed(fence, interval_ms, timing.device_ns / NS_PER_MS, delivery_before,
+                                         {g.handle.rid for g in generated})
         for req in list(self.requests.values()):
             self._maybe_release(req)
         return generated
 
-    def _account(self, plan: ScheduledPlan, timing: ExecutionTiming, raw_ms: float, valid_timing: bool) -> None:
+    def _account(self, plan: ScheduledPlan, timing: ExecutionTiming, raw_ms: float,
+                 valid_timing: bool) -> None:
         """Duration estimates, exploration ledgers and execution counters of one execution."""
         # Duration estimates: device replay intervals only (queued or isolated), corrected.
         self.costs.observe(plan.graph.key, timing.device_intervals_ns, self.now_ns,
@@ -495,7 +480,8 @@ class Scheduler:
         self.execution_ns[plan.reason.value] += int(credited * NS_PER_MS)
 
     def _apply_lanes(self, frame: Frame, records: list[CompletionRecord], conf: np.ndarray | None,
-                     surv: np.ndarray | None, frame_ms: float) -> tuple[dict[int, float], list[GeneratedToken]]:
+                     surv: np.ndarray | None,
+                     frame_ms: float) -> tuple[dict[int, float], list[GeneratedToken]]:
         """Committed state, lane by lane: output tokens served per request and what to publish."""
         served: dict[int, float] = collections.defaultdict(float)
         generated = []
@@ -517,7 +503,8 @@ class Scheduler:
                 self._end(req)
             if tokens:
                 done = req.finished and req.phase is not Phase.TERMINAL
-                generated.append(GeneratedToken(req.handle, tuple(tokens), done, req.finish_reason if done else None))
+                reason = req.finish_reason if done else None
+                generated.append(GeneratedToken(req.handle, tuple(tokens), done, reason))
         return served, generated
 
     def _apply_lane(self, req: Request, lane: PlanLane, rec: CompletionRecord, plan: ScheduledPlan,
@@ -548,11 +535,12 @@ class Scheduler:
             req.phase = Phase.DECODE
             tokens = req.commit_tokens(rec.tokens)
         if not req.finished and not self.captures.cross_window(req, self.now_ns):
-            self.captures.reach_endpoint(req, Phase.DECODE if lane.finishes_prompt else Phase.PREFILL, self.now_ns)
+            enables = Phase.DECODE if lane.finishes_prompt else Phase.PREFILL
+            self.captures.reach_endpoint(req, enables, self.now_ns)
         return tokens
 
-    def _learn(self, req: Request, lane: PlanLane, rec: CompletionRecord, plan: ScheduledPlan, tokens: list[int],
-               conf: np.ndarray | None, surv: np.ndarray | None) -> None:
+    def _learn(self, req: Request, lane: PlanLane, rec: CompletionRecord, plan: ScheduledPlan,
+               tokens: list[int], conf: np.ndarray | None, surv: np.ndarray | None) -> None:
         """Acceptance observations of a decode lane's verified proposals, and its forecast."""
         offered, source = rec.offered, req.proposal_source
         if offered > 0:
@@ -589,13 +577,7 @@ class Scheduler:
         req = self.requests.get(handle.rid)
         if req is None or req.handle != handle:
             return  # retired since (its final burst): nothing left to price
-        if handle.rid not in last.published and last.interval_ms is not None:
-            last.published.add(handle.rid)
-            before = last.delivery_before.get(handle.rid, req.history.log_z)
-            if before is None:
-                req.history.log_z = service.first_delivery_log_rate(last.frame_ms)
-            else:
-                req.history.log_z = service.delivery_update(before, 1.0, last.interval_ms, self.policy)
+        last.publish(handle.rid, req.history, self.policy)
         req.last_publication_ns = self.now_ns
 
     # == introspection ======================================================================
@@ -603,15 +585,17 @@ class Scheduler:
         """The counters and ledger balances now (``helios_jax.serve.metrics`` renders them)."""
         classes = [c.value for c in ExecutionClass]
         depths = sorted(self.offered_by_position)
+        spec = self.speculative
         return SchedulerStats(
             executions=tuple((c, self.executions[c]) for c in classes),
             execution_ns=tuple((c, self.execution_ns[c]) for c in classes),
             selections=tuple(sorted(self.selections.items())),
-            speculative_programs=self.speculative["programs"], drafts_offered=self.speculative["drafts_offered"],
-            learned_draws=self.speculative["learned_drafts"], drafts_accepted=self.speculative["drafts_accepted"],
+            speculative_programs=spec["programs"], drafts_offered=spec["drafts_offered"],
+            learned_draws=spec["learned_drafts"], drafts_accepted=spec["drafts_accepted"],
             accepted_by_position=tuple((d, self.accepted_by_position[d]) for d in depths),
             offered_by_position=tuple((d, self.offered_by_position[d]) for d in depths),
-            refresh_credit_ms=self.timing_ledger.balance_ms, learning_credit_ms=self.acceptance_ledger.balance_ms)
+            refresh_credit_ms=self.timing_ledger.balance_ms,
+            learning_credit_ms=self.acceptance_ledger.balance_ms)
 
     @property
     def in_flight(self) -> tuple[int, ...]:

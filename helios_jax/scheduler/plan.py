@@ -13,13 +13,17 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 
 from helios_jax.catalog import DecodeMode, GraphDescriptor, GraphKind
-from helios_jax.scheduler.service import Normalizers
+from helios_jax.scheduler import service
+from helios_jax.scheduler.config import PolicyConfig
 from helios_jax.scheduler.view import Candidate, LaneRole
+
+if TYPE_CHECKING:  # the request records, which import this module
+    from helios_jax.scheduler.requests import Request
 
 
 class ExecutionClass(str, enum.Enum):
@@ -188,13 +192,50 @@ class TraceRecord:
         return cls(fence=fence, kind=g.kind, batch_capacity=g.batch_capacity, proposal_depth=g.proposal_depth,
                    token_capacity=g.token_capacity, target_capacity=g.target_capacity,
                    selected_cost_ms=plan.expected_duration_ms, observation_age_ns=observation_age_ns,
-                   reason=plan.reason, exploration_credit_ms=plan.exploration_credit_ms, served=len(plan.lanes))
+                   reason=plan.reason, exploration_credit_ms=plan.exploration_credit_ms,
+                   served=len(plan.lanes))
 
 
 def validate_probabilities(name: str, values: np.ndarray) -> None:
     if np.any(~np.isfinite(values)) or np.any((values < 0) | (values > 1)):
         raise ValueError(f"{name} must hold probabilities in [0, 1]")
 
+
+
+class PlanRejected(RuntimeError):
+    """commit() refused a plan: stale epochs, lost ownership, a full window or a dependency."""
+
+
+def check_commit(plan: ScheduledPlan, requests: Mapping[int, Request], *, queued: bool, window_blocked: bool,
+                 fresh: bool, funded: bool) -> None:
+    """Recheck a plan at commit without rerunning selection; raises PlanRejected.
+
+    Every lane's request must still be resident under its handle, active, in the planned epoch
+    and (prompt lanes) at the planned prompt position. Behind queued work (`queued`) the plan
+    must not need an empty window (nor be priced on an estimate that is no longer `fresh`), the
+    window must not be `window_blocked`, and no lane may need completion feedback. A refresh or
+    probe must still be `funded` by a full ledger.
+    """
+    for i, lane in enumerate(plan.lanes):
+        req = requests.get(lane.handle.rid)
+        if req is None or req.handle != lane.handle:
+            raise PlanRejected(f"lane {i}: request {lane.handle} is no longer resident")
+        if not req.active:
+            raise PlanRejected(f"lane {i}: request {lane.handle} was cancelled or finished")
+        if req.epoch != lane.epoch:
+            raise PlanRejected(f"lane {i}: request {lane.handle} moved from epoch {lane.epoch} "
+                               f"to {req.epoch}")
+        if lane.role is LaneRole.PROMPT and lane.prompt_start != req.consumed:
+            raise PlanRejected(f"lane {i}: prompt position moved")
+    if queued:
+        if plan.needs_empty_window or not fresh:
+            raise PlanRejected("this plan needs an empty window; wait for queued work to complete")
+        if window_blocked:
+            raise PlanRejected("the execution window is full, draining or overrun")
+        if any(requests[l.handle.rid].needs_feedback for l in plan.lanes):
+            raise PlanRejected("a lane needs completion feedback before another frame")
+    if not funded:
+        raise PlanRejected(f"the {plan.reason.value} credit that funded this plan is no longer full")
 
 
 @dataclasses.dataclass
@@ -206,7 +247,7 @@ class Frame:
     committed_ns: int
     expected_end_ns: int | None
     participants: tuple[Handle, ...]
-    normalizers: Normalizers
+    normalizers: service.Normalizers
     expected_service: dict[int, tuple[float, float]]  # rid -> (expected tokens, expected deliveries)
 
 
@@ -220,6 +261,19 @@ class Completed:
     delivery_before: dict[int, float | None]  # rid -> log z before the interval's zero-delivery update
     publishable: set[int]  # rids that received tokens in this completion
     published: set[int] = dataclasses.field(default_factory=set)
+
+    def publish(self, rid: int, history: service.ServiceHistory, policy: PolicyConfig) -> None:
+        """The first publication of `rid` replaces the interval's zero-delivery update with one
+        served delivery (a missing delivery history starts at one delivery over the frame); a
+        completion without a measured interval changes no delivery history."""
+        if rid in self.published or self.interval_ms is None:
+            return
+        self.published.add(rid)
+        before = self.delivery_before.get(rid, history.log_z)
+        if before is None:
+            history.log_z = service.first_delivery_log_rate(self.frame_ms)
+        else:
+            history.log_z = service.delivery_update(before, 1.0, self.interval_ms, policy)
 
 
 def validate_completion(frame: Frame, records: Sequence[CompletionRecord], timing: ExecutionTiming,
@@ -252,12 +306,14 @@ def _validate_lane(where: str, plan: ScheduledPlan, lane: PlanLane, rec: Complet
     if not isinstance(rec, CompletionRecord):
         raise TypeError(f"{where}: expected a CompletionRecord, got {type(rec).__name__}")
     if rec.handle != lane.handle or rec.epoch != lane.epoch:
-        raise ValueError(f"{where}: record is for {rec.handle} epoch {rec.epoch}, plan has epoch {lane.epoch}")
+        raise ValueError(f"{where}: record is for {rec.handle} epoch {rec.epoch}, "
+                         f"plan has epoch {lane.epoch}")
     if any((not isinstance(t, (int, np.integer))) or t < 0 for t in rec.tokens):
         raise ValueError(f"{where}: token ids must be nonnegative integers")
     if lane.role is LaneRole.PROMPT:
         if rec.prompt_tokens != lane.prompt_tokens:
-            raise ValueError(f"{where}: consumed {rec.prompt_tokens} prompt tokens, plan has {lane.prompt_tokens}")
+            raise ValueError(f"{where}: consumed {rec.prompt_tokens} prompt tokens, "
+                             f"plan has {lane.prompt_tokens}")
         if len(rec.tokens) != (1 if lane.finishes_prompt else 0):
             raise ValueError(f"{where}: a prompt chunk emits one token only when it finishes the prompt")
         if rec.offered or rec.accepted:

@@ -136,14 +136,15 @@ def views(inp: PricingInputs, start_ns: int) -> list[RequestView]:
             out.append(_decode_view(inp, r, common, start_ns, delivered_at.get(r.rid, r.last_publication_ns)))
         elif r.phase is Phase.TERMINAL:
             since = r.terminal_since_ns if r.terminal_since_ns is not None else start_ns
-            out.append(RequestView(phase=Phase.TERMINAL, terminal_age_ms=max(0.0, (start_ns - since) / NS_PER_MS),
-                                   **common))
+            age_ms = max(0.0, (start_ns - since) / NS_PER_MS)
+            out.append(RequestView(phase=Phase.TERMINAL, terminal_age_ms=age_ms, **common))
         else:
             out.append(_blocked_view(inp, r, common, start_ns))
     return out
 
 
-def _decode_view(inp: PricingInputs, r: Request, common: _Common, start_ns: int, last: int | None) -> RequestView:
+def _decode_view(inp: PricingInputs, r: Request, common: _Common, start_ns: int,
+                 last: int | None) -> RequestView:
     """A decoding request: output left after its queued rounds, output age and acceptance."""
     queued = queued_advance(r, inp.frames)
     remaining = r.max_output - len(r.output) - queued
@@ -177,4 +178,5 @@ def _prompt_fields(r: Request) -> _PromptFields:
     stops = [x for x in (next_capture(r), window_stop(r)) if x is not None]
     return _PromptFields(prompt_remaining=r.prompt_remaining,
                          prompt_limit=min(stops) - r.consumed if stops else None,
-                         atomic_spans=r.spans_from_cursor(), endpoint=r.next_endpoint(), needs_scores=r.needs_scores)
+                         atomic_spans=r.spans_from_cursor(), endpoint=r.next_endpoint(),
+                         needs_scores=r.needs_scores)

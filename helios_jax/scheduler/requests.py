@@ -155,6 +155,11 @@ class Request:
         return self.phase is Phase.DECODE or (self.phase is Phase.BLOCKED and self.enables is Phase.DECODE)
 
     @property
+    def needs_feedback(self) -> bool:
+        """Its next round needs completion feedback of its queued rounds (host stops)."""
+        return bool(self.inflight) and self.host_stops
+
+    @property
     def cursor(self) -> int:
         """Tokens whose KV is committed (prompt consumed plus all outputs but the pending one)."""
         return self.consumed + max(0, len(self.output) - 1)
@@ -191,9 +196,12 @@ def check_width_limit(width_limit: int | None) -> None:
         raise ValueError(f"width_limit must be a positive integer or None, got {width_limit!r}")
 
 
+Spans = tuple[tuple[int, int], ...]
+
+
 def admission_fields(prompt: Sequence[int], max_output: int, message_endpoints: Iterable[int],
                      image_spans: Iterable[tuple[int, int]], proposal_source: str, width_limit: int | None,
-                     max_model_len: int) -> tuple[tuple[int, ...], tuple[int, ...], tuple[tuple[int, int], ...]]:
+                     max_model_len: int) -> tuple[tuple[int, ...], tuple[int, ...], Spans]:
     """A checked admission: (prompt tokens, sorted message endpoints, sorted image spans)."""
     tokens = tuple(int(t) for t in prompt)
     if not tokens:

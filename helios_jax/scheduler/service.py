@@ -135,7 +135,8 @@ def missing_log_token_rate(normalizers: Normalizers, residents: int, known_log_r
     return base - max(0.0, waited_ms) / tau_ms
 
 
-def resident_rates(requests: Mapping[int, Request], histories: Mapping[int, ServiceHistory]) -> list[float | None]:
+def resident_rates(requests: Mapping[int, Request],
+                   histories: Mapping[int, ServiceHistory]) -> list[float | None]:
     """Every active resident's token rate (log, or None while missing) in `histories`."""
     return [histories[r.rid].log_x for r in requests.values() if r.active and r.rid in histories]
 
@@ -148,8 +149,8 @@ def missing_rate(req: Request, at_ns: int, norm: Normalizers, known: list[float 
                                   policy.adaptation_ms)
 
 
-def record_interval(requests: Mapping[int, Request], frame: Frame, served: Mapping[int, float], interval_ms: float,
-                    policy: PolicyConfig) -> dict[int, float | None]:
+def record_interval(requests: Mapping[int, Request], frame: Frame, served: Mapping[int, float],
+                    interval_ms: float, policy: PolicyConfig) -> dict[int, float | None]:
     """One measured service interval of `frame` for every participant still resident (served
     output tokens, zero deliveries); returns each one's log z before that zero-delivery update,
     which its first publication replaces."""
@@ -162,7 +163,8 @@ def record_interval(requests: Mapping[int, Request], frame: Frame, served: Mappi
         req = requests.get(h.rid)
         if req is None or req.handle != h or req.cancelled:
             continue
-        update_token_history(req.history, served.get(req.rid, 0.0), interval_ms, policy, priors.get(req.rid, 0.0))
+        prior = priors.get(req.rid, 0.0)
+        update_token_history(req.history, served.get(req.rid, 0.0), interval_ms, policy, prior)
         delivery_before[req.rid] = req.history.log_z
         req.history.log_z = delivery_update(req.history.log_z, 0.0, interval_ms, policy)
     return delivery_before

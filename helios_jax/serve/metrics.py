@@ -265,11 +265,13 @@ def render_scheduler_stats(stats: SchedulerStats) -> str:
     lines += [f'helios_scheduler_executions_total{{class="{c}"}} {n}' for c, n in stats.executions]
     lines += ["# HELP helios_scheduler_execution_nanoseconds_total Raw execution time by accounting class.",
               "# TYPE helios_scheduler_execution_nanoseconds_total counter"]
-    lines += [f'helios_scheduler_execution_nanoseconds_total{{class="{c}"}} {ns}' for c, ns in stats.execution_ns]
+    lines += [f'helios_scheduler_execution_nanoseconds_total{{class="{c}"}} {ns}'
+              for c, ns in stats.execution_ns]
     lines += ["# HELP helios_scheduler_selections_total Committed plans by program kind.",
               "# TYPE helios_scheduler_selections_total counter"]
     lines += [f'helios_scheduler_selections_total{{kind="{k}"}} {n}' for k, n in stats.selections]
-    lines += ["# HELP helios_speculative_programs_total Complete speculative programs (not producer or target calls).",
+    lines += ["# HELP helios_speculative_programs_total "
+              "Complete speculative programs (not producer or target calls).",
               "# TYPE helios_speculative_programs_total counter",
               f"helios_speculative_programs_total {stats.speculative_programs}",
               "# TYPE helios_speculative_drafts_offered_total counter",
