@@ -5,6 +5,7 @@ Modules keep the names of the spec's Rust modules: ``policy`` (candidates and se
 (duration estimates), ``speculation`` (acceptance estimates), ``rounds`` (speculative round
 candidates and confidence forecasts); ``view`` holds the plain data exchanged with the selector
 and ``config`` the policy preferences. The lifecycle object ``core.Scheduler`` delegates pricing
-views to ``pricing`` (pure functions), captures and image windows to ``captures`` (over the
-``checkpoints`` rows), completion checks to ``plan`` and reports counters as a ``stats`` snapshot.
+views to ``pricing`` (pure functions), resident requests and lane effects to ``residents``,
+captures and image windows to ``captures`` (over the ``checkpoints`` rows), commit and completion
+checks to ``plan``, pooled estimates to ``learning`` and its counters to ``stats``.
 """

@@ -16,8 +16,10 @@ A request's life through this object (the engine drives it; time is passed in):
    resets at the actual publication time).
 5. A finished or cancelled request releases its slot and pages after its last submitted fence.
 
-Checkpoint captures and image windows are delegated to ``captures.Captures``; counters are read
-through ``stats()`` (a ``SchedulerStats`` snapshot the server renders as Prometheus text).
+The scheduler decides when; its collaborators hold the state: ``residents.Residents`` (request
+slots, KV pages, lane effects, ending and release), ``captures.Captures`` (checkpoint captures and
+image windows), ``learning.Population`` (pooled estimates) and ``stats.Counters``, read through
+``stats()`` (a ``SchedulerStats`` snapshot the server renders as Prometheus text).
 
 The window has two frame slots. Only ordinary decode and complete speculative generation may
 occupy both; every other kind, unknown or stale costs, host stops and phase transitions need an
@@ -34,17 +36,18 @@ import numpy as np
 from helios_jax.catalog import Allocation, Catalog, DecodeMode, GraphKind
 from helios_jax.scheduler import learning, policy, pricing, service
 from helios_jax.scheduler.captures import Captures
+from helios_jax.scheduler.checkpoints import CheckpointStore
 from helios_jax.scheduler.config import PolicyConfig
 from helios_jax.scheduler.cost import CostModel
 from helios_jax.scheduler.plan import (CompletionRecord, Completed, ExecutionClass, ExecutionTiming, Frame,
                                        GeneratedToken, Handle, PlanLane, PlanRejected, ScheduledPlan,
                                        TraceRecord, check_commit, validate_completion)
 from helios_jax.scheduler.refresh import acceptance_ledger, timing_ledger
-from helios_jax.scheduler.requests import (Pool, Request, ResourceError, admission_fields, check_width_limit,
-                                           pages_for)
+from helios_jax.scheduler.requests import Pool, Request, admission_fields, check_width_limit, pages_for
+from helios_jax.scheduler.residents import Residents
 from helios_jax.scheduler.service import NS_PER_MS
 from helios_jax.scheduler.speculation import SOURCE_LEARNED, PrefixEstimate
-from helios_jax.scheduler.stats import SchedulerStats
+from helios_jax.scheduler.stats import Counters, SchedulerStats
 from helios_jax.scheduler.view import Candidate, Lane, LaneRole, Phase, RequestView
 
 __all__ = ["NS_PER_MS", "PlanRejected", "Scheduler"]  # PlanRejected and NS_PER_MS: plan.py, service.py
@@ -74,28 +77,18 @@ class Scheduler:
         self.captures = Captures(self.graphs, self.costs, checkpoints=checkpoints,
                                  snapshot_rows=snapshot_rows, request_slots=catalog.request_slots,
                                  vision_window_tokens=vision_window_tokens)
-        self.checkpoints = self.captures.checkpoints
-        self.slots = Pool(catalog.request_slots, "request slots")
+        self.population = learning.Population(self.depth)
+        self.counters = Counters()
         default_context = max_model_len if max_model_len < (1 << 20) else 8192
         default_pages = catalog.request_slots * pages_for(default_context, page_size)
-        self.pages = Pool(kv_pages or default_pages, "KV pages")
-        self._slot_generation = [0] * catalog.request_slots
-        self._next_rid = 0
-        self.requests: dict[int, Request] = {}
-        self.population = learning.Population(self.depth)
+        self.residents = Residents(catalog.request_slots, kv_pages or default_pages, self.captures,
+                                   self.population, self.counters)
         self.timing_ledger = timing_ledger()
         self.acceptance_ledger = acceptance_ledger()
         self.now_ns = 0
         self.frames: collections.deque[Frame] = collections.deque()
         self._last_completed: Completed | None = None
         self._admitted_any = False
-        self.executions: collections.Counter[str] = collections.Counter()  # class -> count
-        self.execution_ns: collections.Counter[str] = collections.Counter()  # class -> ns
-        self.speculative: collections.Counter[str] = collections.Counter()  # programs, drafts
-        self.accepted_by_position: collections.Counter[int] = collections.Counter()  # depth -> accepted
-        self.offered_by_position: collections.Counter[int] = collections.Counter()
-        self.selections: collections.Counter[str] = collections.Counter()  # graph kind -> committed plans
-        self.trace: collections.deque[TraceRecord] = collections.deque(maxlen=4096)
         self._normalizer_cache: tuple[int, service.Normalizers] | None = None
 
     # == configuration ======================================================================
@@ -150,7 +143,7 @@ class Scheduler:
         tokens, endpoints, spans = admission_fields(prompt, max_output, message_endpoints, image_spans,
                                                     proposal_source, width_limit, self.max_model_len)
         windows = self.captures.admission_windows(spans, len(tokens))
-        handle, slot, pages = self._reserve(self.pages_needed(len(tokens), max_output))
+        handle, slot, pages = self.residents.reserve(self.pages_needed(len(tokens), max_output))
         req = Request(
             handle=handle, slot=slot, prompt=tokens, max_output=int(max_output),
             stop_token_ids=frozenset(int(t) for t in stop_token_ids), message_endpoints=endpoints,
@@ -166,19 +159,6 @@ class Scheduler:
         self._admitted_any = True
         return handle
 
-    def _reserve(self, pages_needed: int) -> tuple[Handle, int, list[int]]:
-        """A request slot (its generation bumped) and `pages_needed` KV pages for a new request."""
-        if not self.slots.can_allocate():
-            raise ResourceError("no free request slot")
-        if not self.pages.can_allocate(pages_needed):
-            raise ResourceError(f"{pages_needed} KV pages needed, {self.pages.available} free")
-        rid = self._next_rid
-        self._next_rid += 1
-        slot = self.slots.allocate(1, rid)[0]
-        self._slot_generation[slot] += 1
-        pages = self.pages.allocate(pages_needed, rid)
-        return Handle(rid, self._slot_generation[slot]), slot, pages
-
     def restrict_width(self, handle: Handle, width_limit: int | None) -> None:
         """Set a request's grammar or stop restriction: later rounds give it at most
         `width_limit` target rows (pending token included); None lifts the restriction.
@@ -187,15 +167,12 @@ class Scheduler:
         grammar state that admits one continuation, a stop string matched up to its last
         token); selection then prices and sizes the request's lanes within it."""
         check_width_limit(width_limit)
-        self._lookup(handle).width_limit = width_limit
+        self.residents.lookup(handle).width_limit = width_limit
 
     # == ending requests ====================================================================
     def cancel(self, handle: Handle) -> None:
         """Stop selecting the request now; its resources stay owned through its last fence."""
-        req = self._lookup(handle)
-        req.cancelled = True
-        self.captures.drop_captures(req)
-        self._maybe_release(req)
+        self.residents.cancel(self.residents.lookup(handle))
 
     def preempt(self, handle: Handle) -> None:
         """Retire a resident request without completing its response.
@@ -205,15 +182,9 @@ class Scheduler:
         charged only what it did not have. The engine decides when to preempt; see
         :meth:`preemption_candidate` for the trigger it uses.
         """
-        req = self._lookup(handle)
-        if not req.active:
-            return
-        req.preempted = True
-        req.finish_reason = "preempted"
-        req.epoch += 1
-        self.captures.drop_captures(req)
-        if not self.captures.begin_terminal_capture(req, self.now_ns, funded=True):
-            self._retire(req)
+        req = self.residents.lookup(handle)
+        if req.active:
+            self.residents.preempt(req, self.now_ns)
 
     def preemption_candidate(self, prompt_len: int, max_output: int) -> Handle | None:
         """The resident decoding request to preempt so that a waiting request fits, or None.
@@ -230,48 +201,18 @@ class Scheduler:
 
     def finish(self, handle: Handle, reason: str = "stop") -> None:
         """A host-detected stop (stop string, parser): the request ends after committed output."""
-        req = self._lookup(handle)
+        req = self.residents.lookup(handle)
         if req.active and not req.finished:
             req.finish_reason = reason
             req.epoch += 1
-            self._end(req)
-
-    def _end(self, req: Request) -> None:
-        """A validated termination: a funded terminal capture, or retirement now.
-
-        A request that ends right at its anchor (its prompt end, with one output token) still
-        captures the anchor: the terminal capture then holds exactly the anchor's state.
-        """
-        at_anchor = self.captures.ends_at_anchor(req)
-        self.captures.drop_captures(req)
-        if not self.captures.begin_terminal_capture(req, self.now_ns, funded=at_anchor):
-            self._retire(req)
-
-    def _retire(self, req: Request) -> None:
-        """A finished request leaves selection; resources return after its last fence."""
-        req.retired = True
-        self.captures.retire(req)
-        self._maybe_release(req)
-
-    def _maybe_release(self, req: Request) -> None:
-        if (req.retired or req.cancelled) and not req.inflight and req.rid in self.requests:
-            self.captures.release(req)  # its last fence has completed: its rows go first
-            self.slots.free([req.slot], req.rid)
-            self.pages.free(req.pages, req.rid)
-            del self.requests[req.rid]
-
-    def _lookup(self, handle: Handle) -> Request:
-        req = self.requests.get(handle.rid)
-        if req is None or req.handle != handle:
-            raise KeyError(f"unknown or stale request handle {handle}")
-        return req
+            self.residents.end(req, self.now_ns)
 
     def page_table(self, handle: Handle) -> list[int]:
         """The request's reserved KV page ids, in position order."""
-        return list(self._lookup(handle).pages)
+        return list(self.residents.lookup(handle).pages)
 
     def output(self, handle: Handle) -> list[int]:
-        return list(self._lookup(handle).output)
+        return list(self.residents.lookup(handle).output)
 
     # == time ===============================================================================
     def advance_to(self, now_ns: int) -> None:
@@ -390,9 +331,7 @@ class Scheduler:
             req = self.requests[lane.handle.rid]
             req.inflight.append(fence)
             req.last_selected_ns = self.now_ns
-        self.selections[plan.graph.kind.value] += 1
-        age_ns = self.costs.observation_age_ns(plan.graph.key, self.now_ns)
-        self.trace.append(TraceRecord.of(fence, plan, age_ns))
+        self.counters.committed(fence, plan, self.costs.observation_age_ns(plan.graph.key, self.now_ns))
 
     def _frame(self, plan: ScheduledPlan, fence: int) -> Frame:
         """The frame record: its participants, expected end and frozen expected service."""
@@ -447,7 +386,8 @@ class Scheduler:
         raw_ms = timing.service_interval_ns / NS_PER_MS
         valid_timing = timing.device_ns > 0
         self._account(frame.plan, timing, raw_ms, valid_timing)
-        served, generated = self._apply_lanes(frame, records, conf, surv, timing.device_ns / NS_PER_MS)
+        served, generated = self.residents.apply(frame, records, conf, surv, timing.device_ns / NS_PER_MS,
+                                                 self.policy.checkpoint_extra_work_fraction, self.now_ns)
         # Service history: one measured interval per successful frame with a device interval.
         delivery_before: dict[int, float | None] = {}
         if valid_timing and raw_ms > 0:
@@ -456,7 +396,7 @@ class Scheduler:
         self._last_completed = Completed(fence, interval_ms, timing.device_ns / NS_PER_MS, delivery_before,
                                          {g.handle.rid for g in generated})
         for req in list(self.requests.values()):
-            self._maybe_release(req)
+            self.residents.release(req)
         return generated
 
     def _account(self, plan: ScheduledPlan, timing: ExecutionTiming, raw_ms: float,
@@ -474,89 +414,7 @@ class Scheduler:
             self.timing_ledger.close(credited)
         elif plan.reason is ExecutionClass.ACCEPTANCE_LEARNING:
             self.acceptance_ledger.close(credited)
-        self.executions[plan.reason.value] += 1
-        if plan.graph.kind is GraphKind.SPECULATIVE:
-            self.speculative["programs"] += 1  # complete programs, not producer and target calls
-        self.execution_ns[plan.reason.value] += int(credited * NS_PER_MS)
-
-    def _apply_lanes(self, frame: Frame, records: list[CompletionRecord], conf: np.ndarray | None,
-                     surv: np.ndarray | None,
-                     frame_ms: float) -> tuple[dict[int, float], list[GeneratedToken]]:
-        """Committed state, lane by lane: output tokens served per request and what to publish."""
-        served: dict[int, float] = collections.defaultdict(float)
-        generated = []
-        for lane, rec in zip(frame.plan.lanes, records):
-            req = self.requests.get(lane.handle.rid)
-            if req is None or req.handle != lane.handle:
-                continue
-            req.inflight.remove(frame.fence)
-            if not req.active or (req.finished and lane.role is not LaneRole.TERMINAL):
-                self._maybe_release(req)  # effects after cancellation or termination are dropped
-                continue
-            tokens = self._apply_lane(req, lane, rec, frame.plan, conf, surv, frame_ms)
-            served[req.rid] += len(tokens)  # output tokens: the fairness rate x counts no prompt tokens
-            if lane.role is LaneRole.TERMINAL:
-                # The terminal capture completed: the response's completion becomes visible.
-                generated.append(GeneratedToken(req.handle, (), True, req.finish_reason))
-                continue
-            if req.finished:
-                self._end(req)
-            if tokens:
-                done = req.finished and req.phase is not Phase.TERMINAL
-                reason = req.finish_reason if done else None
-                generated.append(GeneratedToken(req.handle, tuple(tokens), done, reason))
-        return served, generated
-
-    def _apply_lane(self, req: Request, lane: PlanLane, rec: CompletionRecord, plan: ScheduledPlan,
-                    conf: np.ndarray | None, surv: np.ndarray | None, frame_ms: float) -> list[int]:
-        """Commit one lane's effects; returns the tokens it commits for the request."""
-        if lane.role is LaneRole.PROMPT:
-            return self._apply_prompt(req, lane, rec)
-        if lane.role is LaneRole.DECODE:
-            tokens = req.commit_tokens(rec.tokens)
-            self._learn(req, lane, rec, plan, tokens, conf, surv)
-            # Productive decode earns the extra-work fraction of its share of the measured time
-            # toward a distinct terminal capture.
-            req.capture.terminal_allowance_ms += \
-                self.policy.checkpoint_extra_work_fraction * frame_ms / max(1, len(plan.lanes))
-            return tokens
-        if lane.role is LaneRole.PREREQUISITE:
-            self.captures.prerequisite_done(req, plan.graph.kind, self.now_ns)
-        elif lane.role is LaneRole.TERMINAL:
-            self.captures.terminal_done(req, self.now_ns)
-            self._retire(req)
-        return []
-
-    def _apply_prompt(self, req: Request, lane: PlanLane, rec: CompletionRecord) -> list[int]:
-        req.consumed += rec.prompt_tokens
-        req.epoch += 1
-        tokens = []
-        if lane.finishes_prompt:
-            req.phase = Phase.DECODE
-            tokens = req.commit_tokens(rec.tokens)
-        if not req.finished and not self.captures.cross_window(req, self.now_ns):
-            enables = Phase.DECODE if lane.finishes_prompt else Phase.PREFILL
-            self.captures.reach_endpoint(req, enables, self.now_ns)
-        return tokens
-
-    def _learn(self, req: Request, lane: PlanLane, rec: CompletionRecord, plan: ScheduledPlan,
-               tokens: list[int], conf: np.ndarray | None, surv: np.ndarray | None) -> None:
-        """Acceptance observations of a decode lane's verified proposals, and its forecast."""
-        offered, source = rec.offered, req.proposal_source
-        if offered > 0:
-            self.population.observe_acceptance(req, rec, len(tokens),
-                                               None if surv is None else surv[lane.slot, :offered].tolist())
-            self.speculative["drafts_offered"] += offered
-            self.speculative["drafts_accepted"] += rec.accepted
-            if source == SOURCE_LEARNED:
-                # Learned-proposal draws (sampling metrics); copy proposals draw nothing.
-                self.speculative["learned_drafts"] += offered
-            for d in range(offered):
-                self.offered_by_position[d + 1] += 1
-                if d < rec.accepted:
-                    self.accepted_by_position[d + 1] += 1
-        if conf is not None:
-            self.population.observe_forecast(req, lane, conf[1, lane.slot], plan.graph.proposal_depth)
+        self.counters.executed(plan, int(credited * NS_PER_MS))
 
     # == publication ========================================================================
     def published_output(self, handle: Handle, fence: int) -> None:
@@ -583,19 +441,7 @@ class Scheduler:
     # == introspection ======================================================================
     def stats(self) -> SchedulerStats:
         """The counters and ledger balances now (``helios_jax.serve.metrics`` renders them)."""
-        classes = [c.value for c in ExecutionClass]
-        depths = sorted(self.offered_by_position)
-        spec = self.speculative
-        return SchedulerStats(
-            executions=tuple((c, self.executions[c]) for c in classes),
-            execution_ns=tuple((c, self.execution_ns[c]) for c in classes),
-            selections=tuple(sorted(self.selections.items())),
-            speculative_programs=spec["programs"], drafts_offered=spec["drafts_offered"],
-            learned_draws=spec["learned_drafts"], drafts_accepted=spec["drafts_accepted"],
-            accepted_by_position=tuple((d, self.accepted_by_position[d]) for d in depths),
-            offered_by_position=tuple((d, self.offered_by_position[d]) for d in depths),
-            refresh_credit_ms=self.timing_ledger.balance_ms,
-            learning_credit_ms=self.acceptance_ledger.balance_ms)
+        return self.counters.snapshot(self.timing_ledger.balance_ms, self.acceptance_ledger.balance_ms)
 
     @property
     def in_flight(self) -> tuple[int, ...]:
@@ -606,3 +452,48 @@ class Scheduler:
 
     def owned_slots(self) -> dict[int, int]:
         return self.slots.owned()
+
+    # Collaborators' state under the names callers (engine, simulator, benchmarks, tests) read.
+    @property
+    def requests(self) -> dict[int, Request]:
+        return self.residents.requests
+
+    @property
+    def slots(self) -> Pool:
+        return self.residents.slots
+
+    @property
+    def pages(self) -> Pool:
+        return self.residents.pages
+
+    @property
+    def checkpoints(self) -> CheckpointStore:
+        return self.captures.checkpoints
+
+    @property
+    def executions(self) -> collections.Counter[str]:
+        return self.counters.executions
+
+    @property
+    def execution_ns(self) -> collections.Counter[str]:
+        return self.counters.execution_ns
+
+    @property
+    def speculative(self) -> collections.Counter[str]:
+        return self.counters.speculative
+
+    @property
+    def accepted_by_position(self) -> collections.Counter[int]:
+        return self.counters.accepted_by_position
+
+    @property
+    def offered_by_position(self) -> collections.Counter[int]:
+        return self.counters.offered_by_position
+
+    @property
+    def selections(self) -> collections.Counter[str]:
+        return self.counters.selections
+
+    @property
+    def trace(self) -> collections.deque[TraceRecord]:
+        return self.counters.trace
