@@ -143,7 +143,7 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     def _admit(self, prompt, out, host_stops, needs_scores, endpoints, images):
         spans, start = [], 5
-        for size in images if self.s.images_per_execution else ():
+        for size in images if self.s.captures.images_per_execution else ():
             if start + size > prompt:
                 break
             spans.append((start, start + size))
