@@ -117,7 +117,8 @@ class SchedulerMachine(RuleBasedStateMachine):
     def _state(self):
         s = self.s
         reqs = {rid: (r.epoch, r.consumed, tuple(r.output), r.finish_reason, r.phase, r.cancelled, r.retired,
-                      r.history.log_x, r.history.log_z, tuple(r.inflight), r.capture.row, r.capture.restore_row,
+                      r.history.log_x, r.history.log_z, tuple(r.inflight), r.capture.row,
+                      r.capture.restore_row,
                       tuple(r.capture.endpoints), tuple(r.prerequisites), r.last_publication_ns,
                       r.acceptance.get(r.proposal_source).means().tobytes(), r.forecast.means().tobytes())
                 for rid, r in s.requests.items()}
@@ -642,7 +643,8 @@ class SchedulerMachine(RuleBasedStateMachine):
                 owner = s.requests.get(cp.owner)
                 assert owner is not None and owner.image_windows.row == row
             elif not cp.ready:
-                assert any(r.capture.row == row for r in s.requests.values()), f"row {row} armed, never captured"
+                armed = any(r.capture.row == row for r in s.requests.values())
+                assert armed, f"row {row} armed, never captured"
             key = (row, cp.tokens, cp.owner)
             if key not in self.seen_checkpoints:  # a new capture: its owner holds those tokens
                 self.seen_checkpoints.add(key)
