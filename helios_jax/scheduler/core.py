@@ -32,6 +32,7 @@ import math
 from typing import Any, Iterable, Sequence
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from helios_jax.catalog import Allocation, Catalog, DecodeMode, GraphKind
 from helios_jax.scheduler import learning, policy, pricing, service
@@ -356,24 +357,24 @@ class Scheduler:
         return self._complete(fence, records, timing, confidence=None, survival=None)
 
     def complete_packed_round(self, fence: int, records: Sequence[CompletionRecord], timing: ExecutionTiming,
-                              confidence: Any) -> list[GeneratedToken]:
+                              confidence: ArrayLike) -> list[GeneratedToken]:
         """Completion of a confidence-producing speculative program (the f32 sidecar
         [2, request_slots, draft_capacity]; row 1 holds joint prefix probabilities). A sequence
         of sidecars is one per rank: all must be valid, rank zero's drives the forecasts."""
         return self._complete(fence, records, timing, confidence=confidence, survival=None)
 
     def complete_with_survival(self, fence: int, records: Sequence[CompletionRecord], timing: ExecutionTiming,
-                               survival: Any) -> list[GeneratedToken]:
+                               survival: ArrayLike) -> list[GeneratedToken]:
         """Completion with completion_speculative_survival rows [request_slots, draft_capacity]."""
         return self._complete(fence, records, timing, confidence=None, survival=survival)
 
     def complete_packed_round_with_survival(self, fence: int, records: Sequence[CompletionRecord],
-                                            timing: ExecutionTiming, confidence: Any,
-                                            survival: Any) -> list[GeneratedToken]:
+                                            timing: ExecutionTiming, confidence: ArrayLike,
+                                            survival: ArrayLike) -> list[GeneratedToken]:
         return self._complete(fence, records, timing, confidence=confidence, survival=survival)
 
     def _complete(self, fence: int, records: Sequence[CompletionRecord], timing: ExecutionTiming,
-                  confidence: Any, survival: Any) -> list[GeneratedToken]:
+                  confidence: ArrayLike | None, survival: ArrayLike | None) -> list[GeneratedToken]:
         if not self.frames or self.frames[0].fence != fence:
             expected = self.frames[0].fence if self.frames else None
             raise ValueError(f"completion for fence {fence}, but the oldest frame in flight is {expected}")

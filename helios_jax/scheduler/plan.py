@@ -13,9 +13,10 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from helios_jax.catalog import DecodeMode, GraphDescriptor, GraphKind
 from helios_jax.scheduler import service
@@ -277,7 +278,8 @@ class Completed:
 
 
 def validate_completion(frame: Frame, records: Sequence[CompletionRecord], timing: ExecutionTiming,
-                        confidence: Any, survival: Any, request_slots: int) -> np.ndarray | None:
+                        confidence: ArrayLike | None, survival: ArrayLike | None,
+                        request_slots: int) -> np.ndarray | None:
     """Check a completion against its frame; raises before anything changes.
 
     Returns rank zero's confidence sidecar as float64 (None without one)."""
@@ -341,7 +343,7 @@ def _validate_decode(where: str, plan: ScheduledPlan, lane: PlanLane, rec: Compl
                          f"got {len(rec.tokens)} tokens for {rec.accepted} accepted")
 
 
-def _validate_sidecars(frame: Frame, confidence: Any, request_slots: int) -> np.ndarray:
+def _validate_sidecars(frame: Frame, confidence: ArrayLike, request_slots: int) -> np.ndarray:
     """Every rank's confidence sidecar [2, request_slots, >= P] holds probabilities on the
     frame's lanes; returns rank zero's."""
     plan = frame.plan
@@ -358,7 +360,7 @@ def _validate_sidecars(frame: Frame, confidence: Any, request_slots: int) -> np.
     return np.asarray(sidecars[0], dtype=np.float64)
 
 
-def _validate_survival(frame: Frame, records: Sequence[CompletionRecord], survival: Any,
+def _validate_survival(frame: Frame, records: Sequence[CompletionRecord], survival: ArrayLike,
                        request_slots: int) -> None:
     surv = np.asarray(survival, dtype=np.float64)
     if surv.ndim != 2 or surv.shape[0] != request_slots:
