@@ -28,7 +28,6 @@ empty window (completion feedback).
 from __future__ import annotations
 
 import collections
-import math
 from typing import Any, Iterable, Sequence
 
 import numpy as np
@@ -271,14 +270,10 @@ class Scheduler:
         ordinary = policy.select(inp)
         if ordinary is None:
             return None
+        information = learning.aged_information(self.requests)
         chosen, reason, credit = learning.explore(inp, ordinary, self.graphs.graphs, self.timing_ledger,
-                                                  self.acceptance_ledger, self._information)
+                                                  self.acceptance_ledger, information)
         return self._freeze(chosen, reason, credit, start)
-
-    def _information(self, rid: int, from_width: int, to_width: int) -> float:
-        req = self.requests[rid]
-        weights = req.acceptance.get(req.proposal_source).aged_weight(len(req.output))
-        return float(np.min(weights[from_width - 1: to_width - 1])) if to_width > from_width else math.inf
 
     def _freeze(self, c: Candidate, reason: ExecutionClass, credit: float, start: int) -> ScheduledPlan:
         lanes = [self._plan_lane(c.graph.kind, lane) for lane in c.lanes]

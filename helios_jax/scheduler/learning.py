@@ -19,7 +19,8 @@ completed rounds teach, pooled over requests, is kept here too (:class:`Populati
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Sequence
+import math
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -51,6 +52,17 @@ def explore(inp: policy.SelectionInput, ordinary: Candidate, loaded: Sequence[Gr
         if found is not None:
             return found, ExecutionClass.ACCEPTANCE_LEARNING, acceptance.balance_ms
     return ordinary, ExecutionClass.ORDINARY, 0.0
+
+
+def aged_information(requests: Mapping[int, Request]) -> Callable[[int, int, int], float]:
+    """The probe's information measure: (rid, from_width, to_width) -> the aged weight of the
+    least-informed depth a wider round would add to the request's acceptance estimate (inf when
+    it adds none)."""
+    def information(rid: int, from_width: int, to_width: int) -> float:
+        req = requests[rid]
+        weights = req.acceptance.get(req.proposal_source).aged_weight(len(req.output))
+        return float(np.min(weights[from_width - 1: to_width - 1])) if to_width > from_width else math.inf
+    return information
 
 
 def refresh_alternative(inp: policy.SelectionInput, ordinary: Candidate,
