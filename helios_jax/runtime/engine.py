@@ -119,7 +119,9 @@ class HeliosEngine:
         return stream
 
     def metrics_text(self) -> str:
-        lines = [self.scheduler.metrics_text(),
+        from helios_jax.serve.metrics import render_scheduler_stats
+
+        lines = [render_scheduler_stats(self.scheduler.stats()),
                  "# HELP helios_graph_executions_total Completed executions per prepared program.",
                  "# TYPE helios_graph_executions_total counter"]
         for name, n in sorted(self.executor.graph_counts.items()):

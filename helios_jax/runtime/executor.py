@@ -92,12 +92,12 @@ def pack_inputs(program, plan: ScheduledPlan, info: Mapping[int, RequestInputs])
         lengths = [l.prompt_tokens if i == row else l.query_length for i, l in enumerate(lanes)]
         prompt = ()
         ends = False
-        if row >= 0:
+        if row is not None:
             lane = lanes[row]
             prompt = req[row].prompt[lane.prompt_start: lane.prompt_start + lane.prompt_tokens]
             ends = lane.finishes_prompt
         return program.pack(slots=slots, page_tables=tables, query_lengths=lengths,
-                            prefill_row=None if row < 0 else row, prompt_tokens=prompt, prompt_ends=ends)
+                            prefill_row=row, prompt_tokens=prompt, prompt_ends=ends)
     raise ValueError(f"the engine does not run {kind.value} programs (checkpoints and images are off)")
 
 

@@ -4,5 +4,8 @@ Modules keep the names of the spec's Rust modules: ``policy`` (candidates and se
 ``utility`` (value arithmetic and cohort selection), ``service`` (service prices), ``cost``
 (duration estimates), ``speculation`` (acceptance estimates), ``rounds`` (speculative round
 candidates and confidence forecasts); ``view`` holds the plain data exchanged with the selector
-and ``config`` the policy preferences.
+and ``config`` the policy preferences. The lifecycle object ``core.Scheduler`` delegates pricing
+views to ``pricing`` (pure functions), resident requests and lane effects to ``residents``,
+captures and image windows to ``captures`` (over the ``checkpoints`` rows), commit and completion
+checks to ``plan``, pooled estimates to ``learning`` and its counters to ``stats``.
 """

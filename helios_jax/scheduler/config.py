@@ -64,11 +64,9 @@ class PolicyConfig:
             config = cls(delivery_fairness=0.0, decode_age_price=0.0)
         else:
             raise ValueError(f"unknown scheduler policy {name!r}; choose one of {POLICY_PRESETS}")
-        overrides = {}
-        if terminal_value is not None:
-            overrides["terminal_value"] = terminal_value
-        if terminal_age_price is not None:
-            overrides["terminal_age_price"] = terminal_age_price
-        if adaptive_verification_alpha is not None:
-            overrides["adaptive_verification_alpha"] = adaptive_verification_alpha
-        return dataclasses.replace(config, **overrides)
+        value = config.terminal_value if terminal_value is None else terminal_value
+        age_price = config.terminal_age_price if terminal_age_price is None else terminal_age_price
+        alpha = config.adaptive_verification_alpha if adaptive_verification_alpha is None \
+            else adaptive_verification_alpha
+        return dataclasses.replace(config, terminal_value=value, terminal_age_price=age_price,
+                                   adaptive_verification_alpha=alpha)

@@ -11,16 +11,114 @@ ordinary winner by a probe: a complete speculative program that
 Candidates rank by optimistic score improvement per physical execution time; equal gains prefer
 the least-informed added prefix, then the shorter execution and the smaller physical geometry;
 a tie in all of these keeps the candidate scored first, so the probe is deterministic.
-Timing refresh takes precedence (the caller checks it first); fixed-width execution never probes.
+Timing refresh takes precedence (:func:`explore` checks it first); fixed-width execution never
+probes. :func:`explore` makes the whole funded choice for ``Scheduler.plan``: discovery for an
+indeterminate winner, else a timing refresh, else a probe, else the ordinary winner. What
+completed rounds teach, pooled over requests, is kept here too (:class:`Population`).
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Sequence
+import math
+from typing import Callable, Mapping, Sequence
 
-from helios_jax.catalog import DecodeMode
+import numpy as np
+
+from helios_jax.catalog import DecodeMode, GraphDescriptor
 from helios_jax.scheduler import policy, utility
+from helios_jax.scheduler.plan import CompletionRecord, ExecutionClass, PlanLane
+from helios_jax.scheduler.refresh import Ledger
+from helios_jax.scheduler.requests import Request
+from helios_jax.scheduler.rounds import forecast_observations
+from helios_jax.scheduler.speculation import (SOURCES, AcceptanceHistory, PopulationPrior, PrefixEstimate,
+                                              acceptance_observations, initial_prior)
 from helios_jax.scheduler.view import Candidate, LaneRole, RequestView
+
+
+def explore(inp: policy.SelectionInput, ordinary: Candidate, loaded: Sequence[GraphDescriptor],
+            timing: Ledger, acceptance: Ledger,
+            information: Callable[[int, int, int], float]) -> tuple[Candidate, ExecutionClass, float]:
+    """The plan's candidate, accounting class and the credit that funds it (0 unless funded)."""
+    if ordinary.indeterminate:
+        return ordinary, ExecutionClass.DISCOVERY, 0.0
+    if timing.can_start():
+        alternative = refresh_alternative(inp, ordinary, loaded)
+        if alternative is not None:
+            return alternative, ExecutionClass.TIMING_REFRESH, timing.balance_ms
+    if acceptance.can_start():
+        optimistic = [v if v.survival.size == 0 and v.optimistic.size == 0 else
+                      dataclasses.replace(v, survival=v.optimistic) for v in inp.views]
+        found = probe(inp, ordinary, optimistic, information)
+        if found is not None:
+            return found, ExecutionClass.ACCEPTANCE_LEARNING, acceptance.balance_ms
+    return ordinary, ExecutionClass.ORDINARY, 0.0
+
+
+def aged_information(requests: Mapping[int, Request]) -> Callable[[int, int, int], float]:
+    """The probe's information measure: (rid, from_width, to_width) -> the aged weight of the
+    least-informed depth a wider round would add to the request's acceptance estimate (inf when
+    it adds none)."""
+    def information(rid: int, from_width: int, to_width: int) -> float:
+        req = requests[rid]
+        weights = req.acceptance.get(req.proposal_source).aged_weight(len(req.output))
+        return float(np.min(weights[from_width - 1: to_width - 1])) if to_width > from_width else math.inf
+    return information
+
+
+def refresh_alternative(inp: policy.SelectionInput, ordinary: Candidate,
+                        loaded: Sequence[GraphDescriptor]) -> Candidate | None:
+    """The stale alternative a full timing-refresh ledger lets displace the ordinary winner:
+    oldest by the later of last valid observation and last attempt, then by value."""
+    costs, now = inp.costs, inp.now_ns
+    if not any(costs.is_stale(g.key, now) for g in loaded):
+        return None
+    rows = [r for r in policy.scored(inp) if not r.indeterminate and r.graph != ordinary.graph
+            and costs.is_stale(r.graph.key, now)]
+    if not rows:
+        return None
+    return min(rows, key=lambda r: (costs.refresh_order_ns(r.graph.key), -r.score)).build()
+
+
+class Population:
+    """What completed rounds teach, pooled over requests (the learned population estimates).
+
+    Per proposal source: a population prior that new requests start from, and a pool of every
+    completed observation (weight 2 at 0.5**d, cap 128) that selection reads hierarchically where
+    a request's own evidence is thin; and the population prior of confidence forecasts.
+    """
+
+    def __init__(self, depth: int):
+        self.depth = depth
+        self.acceptance_priors = {s: PopulationPrior(depth) for s in SOURCES}
+        self.acceptance_pools = {s: PrefixEstimate.from_prior(initial_prior(depth)) for s in SOURCES}
+        self.forecast_prior = PopulationPrior(depth)
+
+    def new_acceptance(self, preseeded: dict[str, PrefixEstimate] | None) -> AcceptanceHistory:
+        return AcceptanceHistory(self.acceptance_priors, preseeded=preseeded)
+
+    def new_forecast(self, history: PrefixEstimate | None) -> PrefixEstimate:
+        return PrefixEstimate.from_prior(self.forecast_prior.mean) if history is None else history.copy()
+
+    def observe_acceptance(self, req: Request, rec: CompletionRecord, committed: int,
+                           survival: Sequence[float] | None) -> None:
+        """A completed round's verified proposals, observed by the request's estimate of its
+        proposal source, that source's prior and its pool (`committed`: tokens the round kept)."""
+        # A stop or limit at accepted proposal j ends the request: depths 1..j were accepted
+        # (observed), the suffix after j is censored.
+        terminated = committed if req.finished and committed <= rec.accepted else None
+        obs = acceptance_observations(self.depth, rec.offered, rec.accepted, terminated_after=terminated,
+                                      survival=survival)
+        req.acceptance.get(req.proposal_source).observe(obs, len(req.output))
+        self.acceptance_priors[req.proposal_source].observe(obs)
+        self.acceptance_pools[req.proposal_source].observe(obs, 0)
+
+    def observe_forecast(self, req: Request, lane: PlanLane, joint: np.ndarray, proposal_depth: int) -> None:
+        """A confidence sidecar's joint prefix probabilities for one lane, observed by the
+        request's forecast and the population forecast prior."""
+        ceiling = lane.ceiling or lane.query_length
+        obs = forecast_observations(joint, min(ceiling, proposal_depth + 1), self.depth)
+        req.forecast.observe(obs, len(req.output))
+        self.forecast_prior.observe(obs)
 
 
 def lane_width(lane) -> int:
@@ -58,14 +156,17 @@ def probe(
         if row.indeterminate or not row.score > ordinary.score:
             continue
         c = row.build()
+        duration = c.duration_ms
+        if duration is None:
+            continue  # not indeterminate: built with a known duration
         added = [(l.rid, ordinary_width.get(l.rid, 1), lane_width(l)) for l in c.lanes
                  if l.role is LaneRole.DECODE and lane_width(l) > ordinary_width.get(l.rid, 1)
                  and remaining.get(l.rid, 0) > lane_width(l)]
         if not added:
             continue
-        gain = (c.score - ordinary.score) / c.duration_ms
+        gain = (c.score - ordinary.score) / duration
         informed = min(information(*a) for a in added)
-        key = (gain, -informed, -c.duration_ms, tuple(-x for x in policy.capacities(c.graph)))
+        key = (gain, -informed, -duration, tuple(-x for x in policy.capacities(c.graph)))
         if best is None or _greater(key, best_key):
             best, best_key = c, key
     return best

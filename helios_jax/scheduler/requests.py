@@ -4,17 +4,22 @@ A request is *resident* from admission until it retires and its last submitted f
 completed; only then are its request slot, KV pages and state rows returned. Cancellation stops
 selection at once but keeps that fenced ownership, so a cancelled handle can never charge or
 corrupt a later request that reuses its slot (the slot's generation changes).
+
+A :class:`Request` keeps what the client asked, its progress and its learned estimates flat; the
+state that ``captures.py`` manages is grouped: its checkpoint rows and pending capture endpoints
+(:class:`CaptureState`) and its image windows (:class:`ImageWindows`).
 """
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import Any, Iterable, Sequence
 
 from helios_jax.catalog import GraphKind
+from helios_jax.scheduler.checkpoints import Role
 from helios_jax.scheduler.plan import Handle
 from helios_jax.scheduler.service import ServiceHistory
-from helios_jax.scheduler.speculation import AcceptanceHistory, PrefixEstimate
+from helios_jax.scheduler.speculation import SOURCES, AcceptanceHistory, PrefixEstimate
 from helios_jax.scheduler.view import Phase
 
 
@@ -42,7 +47,7 @@ class Pool:
             self._owner[x] = owner
         return out
 
-    def free(self, items, owner: int) -> None:
+    def free(self, items: Iterable[int], owner: int) -> None:
         for x in items:
             if self._owner.get(x) != owner:
                 raise ResourceError(f"{self.name}: {x} is not owned by request {owner}")
@@ -56,6 +61,28 @@ class Pool:
 
 class ResourceError(RuntimeError):
     """A request slot, KV page or state row is not available (admission is refused)."""
+
+
+@dataclasses.dataclass
+class CaptureState:
+    """A request's checkpoint rows, capture endpoints still to reach and capture allowances."""
+
+    restore_row: int | None = None  # the checkpoint a pending RESTORE reads
+    row: int | None = None  # the armed destination of a pending SNAPSHOT
+    endpoints: list[tuple[int, Role]] = dataclasses.field(default_factory=list)  # still to capture
+    extra_allowance_ms: float = 0.0  # checkpoint extra-work allowance left (prefill share)
+    terminal_allowance_ms: float = 0.0  # earned by productive decode toward a terminal capture
+
+
+@dataclasses.dataclass
+class ImageWindows:
+    """A request's image windows: whole images bounded by the prepared feature storage."""
+
+    bounds: list[tuple[int, tuple[int, ...]]] = dataclasses.field(default_factory=list)
+    # [(first token of the window's first image, image indices)] per window
+    active: int = 0  # the active image window
+    encoded: int = 0  # images of the active window already encoded
+    row: int | None = None  # the private snapshot row of a multi-window request
 
 
 @dataclasses.dataclass
@@ -92,16 +119,9 @@ class Request:
     last_publication_ns: int | None = None
     last_selected_ns: int = -1
     inflight: list[int] = dataclasses.field(default_factory=list)  # fences with a lane of it
-    restore_row: int | None = None  # the checkpoint a pending RESTORE reads
-    capture_row: int | None = None  # the armed destination of a pending SNAPSHOT
-    captures: list = dataclasses.field(default_factory=list)  # [(endpoint, Role)] still to capture
-    extra_allowance_ms: float = 0.0  # checkpoint extra-work allowance left (prefill share)
-    terminal_allowance_ms: float = 0.0  # earned by productive decode toward a terminal capture
+    capture: CaptureState = dataclasses.field(default_factory=CaptureState)
+    image_windows: ImageWindows = dataclasses.field(default_factory=ImageWindows)
     preempted: bool = False
-    windows: list = dataclasses.field(default_factory=list)  # [(first token, image indices)] per window
-    window: int = 0  # the active image window
-    window_images_done: int = 0  # images of the active window already encoded
-    window_row: int | None = None  # the private snapshot row of a multi-window request
     generation: int = 0  # bumped when a restore binds the state to a fresh request generation
     width_limit: int | None = None  # grammar or stop restrictions: target rows per round, pending token included
 
@@ -135,6 +155,11 @@ class Request:
         return self.phase is Phase.DECODE or (self.phase is Phase.BLOCKED and self.enables is Phase.DECODE)
 
     @property
+    def needs_feedback(self) -> bool:
+        """Its next round needs completion feedback of its queued rounds (host stops)."""
+        return bool(self.inflight) and self.host_stops
+
+    @property
     def cursor(self) -> int:
         """Tokens whose KV is committed (prompt consumed plus all outputs but the pending one)."""
         return self.consumed + max(0, len(self.output) - 1)
@@ -148,6 +173,56 @@ class Request:
 
     def spans_from_cursor(self) -> tuple[tuple[int, int], ...]:
         return tuple((s - self.consumed, e - self.consumed) for s, e in self.image_spans if e > self.consumed)
+
+    def commit_tokens(self, tokens: Iterable[int]) -> list[int]:
+        """Append output up to the first stop token or the output limit; returns what was kept."""
+        out = []
+        for t in tokens:
+            if len(self.output) >= self.max_output:
+                break
+            self.output.append(int(t))
+            out.append(int(t))
+            if t in self.stop_token_ids:
+                self.finish_reason = "stop"
+                break
+        if self.finish_reason is None and len(self.output) >= self.max_output:
+            self.finish_reason = "length"
+        return out
+
+
+def check_width_limit(width_limit: int | None) -> None:
+    if width_limit is not None and (isinstance(width_limit, bool) or not isinstance(width_limit, int)
+                                    or width_limit < 1):
+        raise ValueError(f"width_limit must be a positive integer or None, got {width_limit!r}")
+
+
+Spans = tuple[tuple[int, int], ...]
+
+
+def admission_fields(prompt: Sequence[int], max_output: int, message_endpoints: Iterable[int],
+                     image_spans: Iterable[tuple[int, int]], proposal_source: str, width_limit: int | None,
+                     max_model_len: int) -> tuple[tuple[int, ...], tuple[int, ...], Spans]:
+    """A checked admission: (prompt tokens, sorted message endpoints, sorted image spans)."""
+    tokens = tuple(int(t) for t in prompt)
+    if not tokens:
+        raise ValueError("a prompt needs at least one token")
+    if any(t < 0 for t in tokens):
+        raise ValueError("prompt token ids must be nonnegative")
+    if max_output < 1:
+        raise ValueError(f"max_output must be at least 1, got {max_output}")
+    if len(tokens) + max_output > max_model_len:
+        raise ValueError(f"prompt ({len(tokens)}) plus max_output ({max_output}) exceeds the "
+                         f"context of {max_model_len} tokens")
+    if proposal_source not in SOURCES:
+        raise ValueError(f"unknown proposal source {proposal_source!r}")
+    check_width_limit(width_limit)
+    endpoints = tuple(sorted(int(e) for e in message_endpoints))
+    if any(not 0 < e <= len(tokens) for e in endpoints):
+        raise ValueError("message endpoints must lie within the prompt")
+    spans = tuple(sorted((int(s), int(e)) for s, e in image_spans))
+    if any(not 0 <= s < e <= len(tokens) for s, e in spans):
+        raise ValueError("image spans must be nonempty and lie within the prompt")
+    return tokens, endpoints, spans
 
 
 def pages_for(tokens: int, page_size: int) -> int:

@@ -33,11 +33,17 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable, Mapping
 
 from helios_jax.catalog import GraphDescriptor
 from helios_jax.scheduler.config import PolicyConfig
 from helios_jax.scheduler.cost import CostModel
+
+if TYPE_CHECKING:  # records of the lifecycle, which imports this module
+    from helios_jax.scheduler.plan import Frame
+    from helios_jax.scheduler.requests import Request
+
+NS_PER_MS = 1_000_000
 
 NEG_INF = -math.inf
 # Stream rate assumed when no generation program is measured yet (cold start), per ms.
@@ -127,6 +133,41 @@ def missing_log_token_rate(normalizers: Normalizers, residents: int, known_log_r
     if known:
         base = min(base, min(known))
     return base - max(0.0, waited_ms) / tau_ms
+
+
+def resident_rates(requests: Mapping[int, Request],
+                   histories: Mapping[int, ServiceHistory]) -> list[float | None]:
+    """Every active resident's token rate (log, or None while missing) in `histories`."""
+    return [histories[r.rid].log_x for r in requests.values() if r.active and r.rid in histories]
+
+
+def missing_rate(req: Request, at_ns: int, norm: Normalizers, known: list[float | None],
+                 policy: PolicyConfig) -> float:
+    """The priced token rate of `req` at `at_ns` while it has no token history
+    (:func:`missing_log_token_rate`); `known`: the residents' token rates (:func:`resident_rates`)."""
+    return missing_log_token_rate(norm, len(known), known, (at_ns - req.admitted_ns) / NS_PER_MS,
+                                  policy.adaptation_ms)
+
+
+def record_interval(requests: Mapping[int, Request], frame: Frame, served: Mapping[int, float],
+                    interval_ms: float, policy: PolicyConfig) -> dict[int, float | None]:
+    """One measured service interval of `frame` for every participant still resident (served
+    output tokens, zero deliveries); returns each one's log z before that zero-delivery update,
+    which its first publication replaces."""
+    histories = {rid: r.history for rid, r in requests.items()}
+    known = resident_rates(requests, histories)
+    priors = {h.rid: missing_rate(requests[h.rid], frame.committed_ns, frame.normalizers, known, policy)
+              for h in frame.participants if h.rid in requests and requests[h.rid].history.log_x is None}
+    delivery_before = {}
+    for h in frame.participants:
+        req = requests.get(h.rid)
+        if req is None or req.handle != h or req.cancelled:
+            continue
+        prior = priors.get(req.rid, 0.0)
+        update_token_history(req.history, served.get(req.rid, 0.0), interval_ms, policy, prior)
+        delivery_before[req.rid] = req.history.log_z
+        req.history.log_z = delivery_update(req.history.log_z, 0.0, interval_ms, policy)
+    return delivery_before
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """The selector's plain-data interface: request views in, candidates out.
 
-The lifecycle (``core.py``) builds one :class:`RequestView` per resident request from its state,
-with prices and ages already projected to the planning start time; the selector
+``pricing.py`` builds one :class:`RequestView` per resident request from its state (for
+``Scheduler.views()``), with prices and ages already projected to the planning start time; the selector
 (``policy.py``) turns views and the catalog into :class:`Candidate` programs. Both are frozen so
 that a plan can outlive later state changes.
 """

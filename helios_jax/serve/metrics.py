@@ -13,6 +13,9 @@ renders cumulative buckets::
     x_seconds_bucket{le="+Inf"} 1
     x_seconds_sum 0.5
     x_seconds_count 1
+
+:func:`render_scheduler_stats` writes the scheduler's series (the spec's ``flare_*`` counters as
+``helios_*``) from a ``Scheduler.stats()`` snapshot; the engine's ``metrics_text()`` uses it.
 """
 from __future__ import annotations
 
@@ -20,7 +23,10 @@ import bisect
 import math
 import re
 import threading
-from typing import Iterable, Sequence
+from typing import TYPE_CHECKING, Iterable, Sequence
+
+if TYPE_CHECKING:
+    from helios_jax.scheduler.stats import SchedulerStats
 
 _NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
 _LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
@@ -250,3 +256,38 @@ class ServerMetrics:
 
     def render(self) -> str:
         return self.registry.render()
+
+
+def render_scheduler_stats(stats: SchedulerStats) -> str:
+    """Prometheus exposition of a scheduler snapshot (the spec's flare_* as helios_*)."""
+    lines = ["# HELP helios_scheduler_executions_total Executions by accounting class.",
+             "# TYPE helios_scheduler_executions_total counter"]
+    lines += [f'helios_scheduler_executions_total{{class="{c}"}} {n}' for c, n in stats.executions]
+    lines += ["# HELP helios_scheduler_execution_nanoseconds_total Raw execution time by accounting class.",
+              "# TYPE helios_scheduler_execution_nanoseconds_total counter"]
+    lines += [f'helios_scheduler_execution_nanoseconds_total{{class="{c}"}} {ns}'
+              for c, ns in stats.execution_ns]
+    lines += ["# HELP helios_scheduler_selections_total Committed plans by program kind.",
+              "# TYPE helios_scheduler_selections_total counter"]
+    lines += [f'helios_scheduler_selections_total{{kind="{k}"}} {n}' for k, n in stats.selections]
+    lines += ["# HELP helios_speculative_programs_total "
+              "Complete speculative programs (not producer or target calls).",
+              "# TYPE helios_speculative_programs_total counter",
+              f"helios_speculative_programs_total {stats.speculative_programs}",
+              "# TYPE helios_speculative_drafts_offered_total counter",
+              f"helios_speculative_drafts_offered_total {stats.drafts_offered}",
+              "# TYPE helios_speculative_learned_draws_total counter",
+              f"helios_speculative_learned_draws_total {stats.learned_draws}",
+              "# TYPE helios_speculative_drafts_accepted_total counter",
+              f"helios_speculative_drafts_accepted_total {stats.drafts_accepted}",
+              "# TYPE helios_speculative_accepted_by_position_total counter"]
+    lines += [f'helios_speculative_accepted_by_position_total{{position="{d}"}} {n}'
+              for d, n in stats.accepted_by_position]
+    lines += ["# TYPE helios_speculative_offered_by_position_total counter"]
+    lines += [f'helios_speculative_offered_by_position_total{{position="{d}"}} {n}'
+              for d, n in stats.offered_by_position]
+    lines += ["# TYPE helios_scheduler_refresh_credit_ms gauge",
+              f"helios_scheduler_refresh_credit_ms {stats.refresh_credit_ms}",
+              "# TYPE helios_scheduler_learning_credit_ms gauge",
+              f"helios_scheduler_learning_credit_ms {stats.learning_credit_ms}"]
+    return "\n".join(lines) + "\n"

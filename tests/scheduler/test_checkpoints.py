@@ -92,12 +92,12 @@ def test_a_chat_prompt_stops_at_its_anchor_and_snapshots_it():
     prompt = list(range(1, 301))
     h = s.admit(prompt, max_output=20, message_endpoints=[120, 250])
     req = s.requests[h.rid]
-    assert [e for e, r in req.captures if r is Role.ANCHOR] == [250]
+    assert [e for e, r in req.capture.endpoints if r is Role.ANCHOR] == [250]
     view = next(v for v in s.views() if v.rid == h.rid)
-    assert view.prompt_limit == min(e for e, _ in req.captures)  # chunks stop at the next capture
+    assert view.prompt_limit == min(e for e, _ in req.capture.endpoints)  # chunks stop at the next capture
     t, fence = 0.0, 0
     kinds = []
-    while req.phase is not Phase.DECODE or req.capture_row is not None or req.prerequisites:
+    while req.phase is not Phase.DECODE or req.capture.row is not None or req.prerequisites:
         fence += 1
         plan, _, t = step(s, fence, t)
         kinds.append(plan.kind)
@@ -139,7 +139,7 @@ def test_a_second_turn_restores_the_anchor_and_pays_only_uncached_tokens():
 def test_unknown_costs_allow_no_extras_but_keep_the_anchor():
     s = Scheduler(SPEC, checkpoints=True)  # nothing measured
     h = s.admit(list(range(1, 1001)), max_output=5, message_endpoints=[100, 300, 700])
-    assert s.requests[h.rid].captures == [(700, Role.ANCHOR)]
+    assert s.requests[h.rid].capture.endpoints == [(700, Role.ANCHOR)]
 
 
 @spec("planning-queue/extra-allowance", "planning-queue/extra-fraction-default")
@@ -149,9 +149,9 @@ def test_extra_captures_fit_the_allowance(prompt_len, endpoints):
     s = sched()
     h = s.admit([3] * prompt_len, max_output=4, message_endpoints=[e for e in endpoints if e <= prompt_len])
     req = s.requests[h.rid]
-    extras = [e for e, r in req.captures if r is Role.EXTRA]
-    per_token = s._prefill_ms_per_token()
-    cost = s._extra_capture_cost_ms()
+    extras = [e for e, r in req.capture.endpoints if r is Role.EXTRA]
+    per_token = s.captures.prefill_ms_per_token()
+    cost = s.captures.extra_capture_cost_ms(s.now_ns)
     assert len(extras) * cost <= 0.05 * per_token * prompt_len + 1e-9
 
 
@@ -230,7 +230,7 @@ def test_a_terminal_capture_row_is_owned_by_the_request_it_captures():
         fence += 1  # past the anchors (the prompt ends): a terminal state is a new prefix
         _, _, t = step(s, fence, t)
     s.preempt(h)
-    row = s.requests[h.rid].capture_row
+    row = s.requests[h.rid].capture.row
     assert row is not None and s.checkpoints.owned_rows()[row] == h.rid  # not the other decoder
     while h.rid in s.requests:
         fence += 1
@@ -286,7 +286,7 @@ def test_a_multi_window_image_request_revokes_an_unused_anchor_guard():
     text = s.admit(list(range(1, 201)), max_output=2)
     assert list(s.checkpoints.guards.values()) == [text.rid]
     image = s.admit(list(range(1, 201)), max_output=2, image_spans=[(10, 60), (70, 150)])
-    row = s.requests[image.rid].window_row
+    row = s.requests[image.rid].image_windows.row
     assert row is not None and s.checkpoints.guards == {} and s.checkpoints.owned_rows() == {row: image.rid}
     t, fence = 0.0, 0
     while s.requests and fence < 40:
@@ -324,13 +324,13 @@ def test_each_extra_capture_spends_its_cost_from_the_allowance():
     admits exactly one extra, the latest earlier message, and the next chunk stops there (not at
     the earlier messages left out)."""
     s = sched()
-    per_token, cost = s._prefill_ms_per_token(), s._extra_capture_cost_ms()
+    per_token, cost = s.captures.prefill_ms_per_token(), s.captures.extra_capture_cost_ms(s.now_ns)
     fraction = s.policy.checkpoint_extra_work_fraction
     n = math.ceil(1.5 * cost / (fraction * per_token))  # allowance: 1.5 extra captures
     assert cost <= fraction * per_token * n < 2 * cost
     h = s.admit([3] * n, max_output=4, message_endpoints=[100, 200, 300])
     req = s.requests[h.rid]
-    assert req.captures == [(200, Role.EXTRA), (300, Role.ANCHOR)]
+    assert req.capture.endpoints == [(200, Role.EXTRA), (300, Role.ANCHOR)]
     assert next(v for v in s.views() if v.rid == h.rid).prompt_limit == 200
 
 
@@ -463,7 +463,7 @@ def test_a_requests_own_earlier_extra_never_takes_its_anchor_guard():
     s = sched(snapshot_rows=1)
     h = s.admit(list(range(1, 8001)), max_output=2, message_endpoints=[4000, 6000])
     req = s.requests[h.rid]
-    assert {(4000, Role.EXTRA), (6000, Role.ANCHOR)} <= set(req.captures)
+    assert {(4000, Role.EXTRA), (6000, Role.ANCHOR)} <= set(req.capture.endpoints)
     t, fence, captured = 0.0, 0, []
     while h.rid in s.requests and fence < 40:
         fence += 1

@@ -13,6 +13,7 @@ from helios_jax.scheduler.plan import CompletionRecord, ExecutionClass, Executio
 from helios_jax.scheduler.requests import ResourceError
 from helios_jax.scheduler.speculation import SOURCE_COPY, SOURCE_LEARNED
 from helios_jax.scheduler.view import LaneRole, Phase
+from helios_jax.serve.metrics import render_scheduler_stats
 
 from .helpers import ORDINARY, RAGGED, SPEC
 
@@ -739,7 +740,7 @@ def test_metrics_exposition():
     t = 0.0
     for fence in range(1, 4):
         _, _, t = run_once(s, fence, t, accepted=2)
-    text = s.metrics_text()
+    text = render_scheduler_stats(s.stats())
     for c in ("ordinary", "discovery", "timing_refresh", "acceptance_learning"):
         assert f'helios_scheduler_executions_total{{class="{c}"}}' in text
         assert f'helios_scheduler_execution_nanoseconds_total{{class="{c}"}}' in text
@@ -784,7 +785,8 @@ def test_learned_proposals_count_their_drafts_as_learned_draws():
         t = 0.0
         for fence in range(1, 4):
             _, _, t = run_once(s, fence, t, accepted=2)
-        lines = dict(line.rsplit(" ", 1) for line in s.metrics_text().splitlines() if not line.startswith("#"))
+        text = render_scheduler_stats(s.stats())
+        lines = dict(line.rsplit(" ", 1) for line in text.splitlines() if not line.startswith("#"))
         counts[source] = (int(lines["helios_speculative_drafts_offered_total"]),
                           int(lines["helios_speculative_learned_draws_total"]))
     offered = counts[SOURCE_LEARNED][0]
@@ -801,7 +803,7 @@ def test_metrics_text_is_well_formed_exposition():
     for fence in range(1, 4):
         _, _, t = run_once(s, fence, t, accepted=2)
     typed, sampled = {}, []
-    for line in s.metrics_text().splitlines():
+    for line in render_scheduler_stats(s.stats()).splitlines():
         if line.startswith("# HELP "):
             continue
         if line.startswith("#"):
@@ -1047,7 +1049,8 @@ def test_mixed_rows_follow_the_contracts_of_separate_graphs():
             CompletionRecord(a, plan.lanes[1].epoch, tokens=(5, 5, 5), offered=3, accepted=2)]
     gen = s.complete(fence, recs, timing(16.0))
     assert rb.consumed == 300 and rb.output == [7]
-    assert rb.phase is Phase.BLOCKED and rb.prerequisites == [GraphKind.SNAPSHOT] and rb.capture_row is not None
+    assert rb.phase is Phase.BLOCKED and rb.prerequisites == [GraphKind.SNAPSHOT]
+    assert rb.capture.row is not None
     w = 64 * 0.5 ** (4 / 128)
     est = ra.acceptance.get(SOURCE_LEARNED)
     np.testing.assert_allclose(est.mean[:4], [0.9 + 0.1 / (w + 1), 0.9 + 0.1 / (w + 1), 0.9 - 0.9 / (w + 1), 0.9])

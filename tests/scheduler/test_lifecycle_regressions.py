@@ -47,7 +47,7 @@ def test_cancelling_a_pending_terminal_capture_returns_its_row(in_flight):
     h = s.admit([TOKEN], max_output=1)
     _, gen, t = _run_one(s, 1, 0.0)
     assert [(g.tokens, g.finished) for g in gen] == [((TOKEN,), False)]
-    assert s.requests[h.rid].phase is Phase.TERMINAL and s.requests[h.rid].capture_row is not None
+    assert s.requests[h.rid].phase is Phase.TERMINAL and s.requests[h.rid].capture.row is not None
     if in_flight:
         s.advance_to(int(t * NS_PER_MS))
         plan = s.plan()
@@ -74,7 +74,7 @@ def test_cancelling_a_request_waiting_for_its_restore_unpins_the_checkpoint():
     s.cancel(first)
     second = s.admit([TOKEN] * 20, max_output=4)
     req = s.requests[second.rid]
-    assert req.restore_row is not None and s.checkpoints.entries[req.restore_row].pins == 1
+    assert req.capture.restore_row is not None and s.checkpoints.entries[req.capture.restore_row].pins == 1
     s.cancel(second)
     assert not s.requests
     _assert_no_armed_rows(s)

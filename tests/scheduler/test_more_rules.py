@@ -81,8 +81,8 @@ def test_an_expired_extra_copy_is_skipped_after_its_split():
     endpoints = [600, 1800, 4000]
     h = s.admit(list(range(1, 6001)), max_output=4, message_endpoints=endpoints)
     req = s.requests[h.rid]
-    extras = [e for e, r in req.captures if r is Role.EXTRA]
-    assert extras, req.captures
+    extras = [e for e, r in req.capture.endpoints if r is Role.EXTRA]
+    assert extras, req.capture.endpoints
     t = 31_000.0  # every snapshot estimate is stale now (the prefill ones refresh as they run)
     fence = 0
     while req.consumed < extras[0] or req.phase is Phase.BLOCKED:
@@ -95,7 +95,7 @@ def test_an_expired_extra_copy_is_skipped_after_its_split():
         s.complete(fence, records(plan), timing(plan.expected_duration_ms))
         if req.consumed == extras[0]:
             break
-    assert req.consumed == extras[0] and req.phase is Phase.PREFILL and req.capture_row is None
+    assert req.consumed == extras[0] and req.phase is Phase.PREFILL and req.capture.row is None
 
 
 @spec("mixed-execution/prereq-cases")

@@ -158,7 +158,7 @@ def test_admit_seeds_the_forecast_from_forecast_history():
     forecast = s.requests[h.rid].forecast
     assert np.allclose(forecast.means(), seeded.means()) and forecast is not seeded
     plain = s.requests[s.admit([1] * 8, max_output=100).rid].forecast
-    assert np.allclose(plain.means(), s.forecast_prior.mean)
+    assert np.allclose(plain.means(), s.population.forecast_prior.mean)
 
 
 @pytest.mark.parametrize("history", ["untrained", "preseeded"])
@@ -175,7 +175,7 @@ def test_preseeded_startup_seeds_acceptance_and_forecast(history):
             h = super().admit(prompt, **kwargs)
             req = self.requests[h.rid]
             seen.append((req.acceptance.get(SOURCE_LEARNED).means().copy(), req.forecast.means().copy(),
-                         self.forecast_prior.mean.copy()))
+                         self.population.forecast_prior.mean.copy()))
             return h
 
     sim.run(sim.SimConfig(SPEC, requests=2, accepted_drafts=3, acceptance_history=history, rounds=5),

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from helios_jax.catalog import DecodeMode, GraphKind
+from helios_jax.scheduler import service
 from helios_jax.scheduler.core import NS_PER_MS
 from helios_jax.scheduler.plan import CompletionRecord
 from helios_jax.scheduler.speculation import PrefixEstimate, SOURCE_LEARNED
@@ -428,13 +429,13 @@ def test_thin_evidence_is_read_from_the_pooled_population_estimate():
     tokens = len(s.requests[served.rid].output)
     for r in s.requests.values():  # restart both at the prior, aged to now
         r.acceptance.estimates[SOURCE_LEARNED] = PrefixEstimate.from_prior(initial_prior(7), len(r.output))
-    s.acceptance_pools[SOURCE_LEARNED] = PrefixEstimate.from_prior(initial_prior(7))
+    s.population.acceptance_pools[SOURCE_LEARNED] = PrefixEstimate.from_prior(initial_prior(7))
     req = s.requests[served.rid]
     from helios_jax.scheduler.speculation import acceptance_observations
 
     obs = acceptance_observations(7, offered=3, accepted=3)
     req.acceptance.get(SOURCE_LEARNED).observe(obs, tokens)
-    s.acceptance_pools[SOURCE_LEARNED].observe(obs, 0)
+    s.population.acceptance_pools[SOURCE_LEARNED].observe(obs, 0)
     prior = initial_prior(7)
     pool = prior.copy()
     pool[:3] = (2 * prior[:3] + 1) / 3
@@ -460,7 +461,8 @@ def test_the_token_rate_counts_output_tokens():
     assert plan.lanes[0].prompt_tokens == 4096 and not plan.lanes[0].finishes_prompt
     assert req.history.log_x is None
     # the missing rate when the finishing chunk is committed, at t: its history starts there
-    start = s._missing_rate(req, int(t * MS), s._normalizers(), {req.rid: req.history})
+    known = service.resident_rates(s.requests, {req.rid: req.history})
+    start = service.missing_rate(req, int(t * MS), s._normalizers(), known, s.policy)
     plan, gen, t2 = run_once(s, 2, t)
     assert plan.lanes[0].finishes_prompt and gen[0].tokens
     dt = t2 - t

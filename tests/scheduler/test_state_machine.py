@@ -117,8 +117,9 @@ class SchedulerMachine(RuleBasedStateMachine):
     def _state(self):
         s = self.s
         reqs = {rid: (r.epoch, r.consumed, tuple(r.output), r.finish_reason, r.phase, r.cancelled, r.retired,
-                      r.history.log_x, r.history.log_z, tuple(r.inflight), r.capture_row, r.restore_row,
-                      tuple(r.captures), tuple(r.prerequisites), r.last_publication_ns,
+                      r.history.log_x, r.history.log_z, tuple(r.inflight), r.capture.row,
+                      r.capture.restore_row,
+                      tuple(r.capture.endpoints), tuple(r.prerequisites), r.last_publication_ns,
                       r.acceptance.get(r.proposal_source).means().tobytes(), r.forecast.means().tobytes())
                 for rid, r in s.requests.items()}
         store = s.checkpoints
@@ -143,7 +144,7 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     def _admit(self, prompt, out, host_stops, needs_scores, endpoints, images):
         spans, start = [], 5
-        for size in images if self.s.images_per_execution else ():
+        for size in images if self.s.captures.images_per_execution else ():
             if start + size > prompt:
                 break
             spans.append((start, start + size))
@@ -153,7 +154,7 @@ class SchedulerMachine(RuleBasedStateMachine):
                              needs_scores=needs_scores, message_endpoints=[e for e in endpoints if e <= prompt],
                              image_spans=spans)
         except ResourceError:
-            assert not self.s.can_admit(prompt, out) or len(self.s._image_windows(spans, prompt)) > 1
+            assert not self.s.can_admit(prompt, out) or len(self.s.captures.image_windows(spans, prompt)) > 1
             candidate = self.s.preemption_candidate(prompt, out)
             if candidate is not None:
                 r = self._resident(candidate)
@@ -164,10 +165,10 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.limits[h.rid] = out
         assert h.rid not in self.returned
         r = self.s.requests[h.rid]
-        if r.restore_row is not None:
+        if r.capture.restore_row is not None:
             event("admission restores a checkpoint")
-        if r.windows:
-            event(f"admission with {len(r.windows)} image windows")
+        if r.image_windows.bounds:
+            event(f"admission with {len(r.image_windows.bounds)} image windows")
 
     @rule(i=st.integers(0, 1000), data=st.data(), then_engine_rounds=ENGINE)
     def cancel(self, i, data, then_engine_rounds):
@@ -631,7 +632,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         assert len(free) + len(store.entries) == store.size
         refs = collections.Counter()
         for r in s.requests.values():
-            for row in (r.capture_row, r.restore_row):
+            for row in (r.capture.row, r.capture.restore_row):
                 if row is not None:
                     assert row in store.entries
                     refs[row] += 1
@@ -640,9 +641,10 @@ class SchedulerMachine(RuleBasedStateMachine):
             assert cp.pins == refs[row] + (1 if cp.role is Role.WINDOW else 0), (row, cp, refs[row])
             if cp.role is Role.WINDOW:  # a multi-window request's private row, released with it
                 owner = s.requests.get(cp.owner)
-                assert owner is not None and owner.window_row == row
+                assert owner is not None and owner.image_windows.row == row
             elif not cp.ready:
-                assert any(r.capture_row == row for r in s.requests.values()), f"row {row} armed, never captured"
+                armed = any(r.capture.row == row for r in s.requests.values())
+                assert armed, f"row {row} armed, never captured"
             key = (row, cp.tokens, cp.owner)
             if key not in self.seen_checkpoints:  # a new capture: its owner holds those tokens
                 self.seen_checkpoints.add(key)

@@ -40,7 +40,8 @@ def test_three_windows():
     prompt = list(range(1, 1001))
     h = s.admit(prompt, max_output=5, image_spans=SPANS, sampling={"seed": 7})
     req = s.requests[h.rid]
-    assert [w[1] for w in req.windows] == [(0,), (1,), (2,)] and req.window_row is not None
+    assert [w[1] for w in req.image_windows.bounds] == [(0,), (1,), (2,)]
+    assert req.image_windows.row is not None
     plans = run(s, h)
     kinds = [p.kind for p in plans]
     vision = [p for p in plans if p.kind is GraphKind.VISION]
@@ -49,7 +50,8 @@ def test_three_windows():
     # Each later window: snapshot (drained state) -> restore (fresh generation) -> vision -> prefill.
     for first in [i for i, k in enumerate(kinds) if k is GraphKind.SNAPSHOT]:
         assert kinds[first: first + 3] == [GraphKind.SNAPSHOT, GraphKind.RESTORE, GraphKind.VISION]
-        assert plans[first].lanes[0].snapshot_row == plans[first + 1].lanes[0].snapshot_row == req.window_row
+        private = req.image_windows.row
+        assert plans[first].lanes[0].snapshot_row == plans[first + 1].lanes[0].snapshot_row == private
     assert kinds.count(GraphKind.SNAPSHOT) == 2 and req.generation == 2
     # Prefill chunks stop at window starts and never cut an image span.
     ends = []
@@ -62,7 +64,7 @@ def test_three_windows():
     # The logical request keeps its prompt and settings; its private row is never a cache entry.
     assert req.prompt == tuple(prompt) and req.sampling == {"seed": 7}
     assert s.checkpoints.lookup(prompt + [1]) is None
-    row = req.window_row
+    row = req.image_windows.row
     s.cancel(h)
     assert row not in s.checkpoints.entries  # released once drained
 
@@ -71,7 +73,8 @@ def test_single_window_needs_no_private_row():
     s = Scheduler(SPEC)
     s.seed_costs(0)
     h = s.admit(list(range(300)), max_output=2, image_spans=[(5, 50)])
-    assert s.requests[h.rid].window_row is None and s.requests[h.rid].prerequisites == [GraphKind.VISION]
+    req = s.requests[h.rid]
+    assert req.image_windows.row is None and req.prerequisites == [GraphKind.VISION]
 
 
 def test_image_inputs_need_vision_programs_and_rows():

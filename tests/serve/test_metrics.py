@@ -62,3 +62,56 @@ def test_misuse_is_rejected():
         c.inc(-1, a="1")
     with pytest.raises(ValueError, match="invalid label name"):
         r.histogram("h_seconds", "H.", buckets=(1.0,), labels=("le",))
+
+
+def test_scheduler_stats_render_as_the_scheduler_series():
+    """A scheduler snapshot renders every accounting class, the selections by kind, the
+    speculative counters by draft position and the two credit gauges, in this order."""
+    from helios_jax.scheduler.stats import SchedulerStats
+    from helios_jax.serve.metrics import render_scheduler_stats
+
+    classes = ("ordinary", "discovery", "timing_refresh", "acceptance_learning")
+    stats = SchedulerStats(
+        executions=tuple(zip(classes, (3, 1, 0, 0))), execution_ns=tuple(zip(classes, (14239000, 5, 0, 0))),
+        selections=(("mixed", 1), ("speculative", 2)), speculative_programs=2, drafts_offered=6,
+        learned_draws=6, drafts_accepted=4, accepted_by_position=((1, 2), (2, 2), (3, 0)),
+        offered_by_position=((1, 2), (2, 2), (3, 2)), refresh_credit_ms=0.0285, learning_credit_ms=5.0)
+    assert render_scheduler_stats(stats) == """\
+# HELP helios_scheduler_executions_total Executions by accounting class.
+# TYPE helios_scheduler_executions_total counter
+helios_scheduler_executions_total{class="ordinary"} 3
+helios_scheduler_executions_total{class="discovery"} 1
+helios_scheduler_executions_total{class="timing_refresh"} 0
+helios_scheduler_executions_total{class="acceptance_learning"} 0
+# HELP helios_scheduler_execution_nanoseconds_total Raw execution time by accounting class.
+# TYPE helios_scheduler_execution_nanoseconds_total counter
+helios_scheduler_execution_nanoseconds_total{class="ordinary"} 14239000
+helios_scheduler_execution_nanoseconds_total{class="discovery"} 5
+helios_scheduler_execution_nanoseconds_total{class="timing_refresh"} 0
+helios_scheduler_execution_nanoseconds_total{class="acceptance_learning"} 0
+# HELP helios_scheduler_selections_total Committed plans by program kind.
+# TYPE helios_scheduler_selections_total counter
+helios_scheduler_selections_total{kind="mixed"} 1
+helios_scheduler_selections_total{kind="speculative"} 2
+# HELP helios_speculative_programs_total Complete speculative programs (not producer or target calls).
+# TYPE helios_speculative_programs_total counter
+helios_speculative_programs_total 2
+# TYPE helios_speculative_drafts_offered_total counter
+helios_speculative_drafts_offered_total 6
+# TYPE helios_speculative_learned_draws_total counter
+helios_speculative_learned_draws_total 6
+# TYPE helios_speculative_drafts_accepted_total counter
+helios_speculative_drafts_accepted_total 4
+# TYPE helios_speculative_accepted_by_position_total counter
+helios_speculative_accepted_by_position_total{position="1"} 2
+helios_speculative_accepted_by_position_total{position="2"} 2
+helios_speculative_accepted_by_position_total{position="3"} 0
+# TYPE helios_speculative_offered_by_position_total counter
+helios_speculative_offered_by_position_total{position="1"} 2
+helios_speculative_offered_by_position_total{position="2"} 2
+helios_speculative_offered_by_position_total{position="3"} 2
+# TYPE helios_scheduler_refresh_credit_ms gauge
+helios_scheduler_refresh_credit_ms 0.0285
+# TYPE helios_scheduler_learning_credit_ms gauge
+helios_scheduler_learning_credit_ms 5.0
+"""

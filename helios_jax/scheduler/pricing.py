@@ -1,0 +1,182 @@
+"""Pricing views: resident requests as the selector sees them, projected to the planning start.
+
+Pure functions of plain data (the resident requests, the frames in flight, the policy, the
+measured normalizers and the pooled acceptance estimates, and a time), so that ``plan()`` stays
+pure and the projection can be read and tested without a scheduler. They live beside
+``view.py`` (which holds the :class:`RequestView` record they return) rather than in it, because
+they read the scheduler's request and frame records; ``service.py`` holds the price arithmetic.
+
+Projection: each queued frame's frozen expected service advances a copy of its participants'
+service histories (the requests' own histories are never changed here), and a queued delivery
+resets the output age at the frame's expected end.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Mapping, Sequence, TypedDict
+
+from helios_jax.scheduler import service
+from helios_jax.scheduler.captures import next_capture, window_stop
+from helios_jax.scheduler.config import PolicyConfig
+from helios_jax.scheduler.plan import Frame, Handle
+from helios_jax.scheduler.requests import Request
+from helios_jax.scheduler.service import NS_PER_MS, ServiceHistory, missing_rate, resident_rates
+from helios_jax.scheduler.speculation import PrefixEstimate
+from helios_jax.scheduler.view import Phase, RequestView
+
+Histories = dict[int, ServiceHistory]
+
+
+@dataclasses.dataclass(frozen=True)
+class PricingInputs:
+    """What the views read: resident requests, frames in flight and the learned estimates."""
+
+    requests: Mapping[int, Request]
+    frames: Sequence[Frame]
+    policy: PolicyConfig
+    normalizers: service.Normalizers  # of the loaded catalog's measured generation programs
+    acceptance_pools: Mapping[str, PrefixEstimate]  # pooled observations per proposal source
+    max_model_len: int
+
+
+class _Common(TypedDict):
+    rid: int
+    slot: int
+    runnable: bool
+    last_selected_ns: int
+    log_prefill_price: float
+    log_output_price: float
+    log_delivery_price: float
+
+
+class _PromptFields(TypedDict):
+    prompt_remaining: int
+    prompt_limit: int | None
+    atomic_spans: tuple[tuple[int, int], ...]
+    endpoint: int | None
+    needs_scores: bool
+
+
+def runnable(req: Request) -> bool:
+    """Selectable now: active, and no prompt, prerequisite or snapshot of it in flight."""
+    if not req.active:
+        return False
+    if req.phase in (Phase.PREFILL, Phase.BLOCKED, Phase.TERMINAL) and req.inflight:
+        return False
+    return True
+
+
+def queued_advance(req: Request, frames: Sequence[Frame]) -> int:
+    """Committed tokens the request's queued lanes can still add: each at most
+    min(lane ceiling, P) (``ScheduledPlan.max_advance``)."""
+    return sum(f.plan.max_advance(l) for f in frames for l in f.plan.lanes if l.handle == req.handle)
+
+
+def projected_histories(inp: PricingInputs) -> tuple[Histories, dict[int, int | None]]:
+    """Copies of service histories after the queued frames' frozen expected service, and the
+    expected delivery time of each request with a queued delivery."""
+    # Shared with the requests (read-only) except where a queued frame projects them.
+    histories = {rid: r.history for rid, r in inp.requests.items()}
+    projected = set()
+    delivered_at = {}
+    for f in inp.frames:
+        if f.plan.expected_duration_ms is None:
+            continue
+        dt = f.plan.expected_duration_ms
+        for h in f.participants:
+            if h.rid not in histories:
+                continue
+            if h.rid not in projected:
+                histories[h.rid] = histories[h.rid].copy()
+                projected.add(h.rid)
+            hist = histories[h.rid]
+            tokens, deliveries = f.expected_service.get(h.rid, (0.0, 0.0))
+            known = resident_rates(inp.requests, histories)
+            prior = missing_rate(inp.requests[h.rid], f.committed_ns, f.normalizers, known, inp.policy)
+            service.update_token_history(hist, tokens, dt, inp.policy, prior)
+            hist.log_z = service.delivery_update(hist.log_z, deliveries, dt, inp.policy)
+            if deliveries:
+                delivered_at[h.rid] = f.expected_end_ns
+    return histories, delivered_at
+
+
+def best_served(requests: Mapping[int, Request], free_pages: int, pages_needed: int) -> Handle | None:
+    """The active decoding request whose pages would let `pages_needed` fit, with the highest
+    token rate (the lowest fairness price), then the latest admitted; None when there is none."""
+    candidates = []
+    for r in requests.values():
+        if r.active and r.phase is Phase.DECODE and free_pages + len(r.pages) >= pages_needed:
+            rate = r.history.log_x if r.history.log_x is not None else -math.inf
+            candidates.append((rate, -r.admitted_ns, r.handle))
+    return max(candidates)[2] if candidates else None
+
+
+def views(inp: PricingInputs, start_ns: int) -> list[RequestView]:
+    """Request views with prices and ages projected to `start_ns` (the planning start)."""
+    histories, delivered_at = projected_histories(inp)
+    norm = inp.normalizers
+    residents = [r for r in inp.requests.values() if r.active]
+    prior_z = norm.share_log_rate(sum(1 for r in residents if r.delivery_bearing))
+    known = resident_rates(inp.requests, histories)
+    out = []
+    for r in residents:
+        hist = histories[r.rid]
+        log_x = missing_rate(r, start_ns, norm, known, inp.policy) if hist.log_x is None else hist.log_x
+        log_z = None
+        if r.delivery_bearing:  # decoding, or blocked before decoding: a delivery coordinate
+            log_z = prior_z if hist.log_z is None else hist.log_z
+        prices = service.log_prices(inp.policy, log_x, log_z)
+        common = _Common(rid=r.rid, slot=r.slot, runnable=runnable(r), last_selected_ns=r.last_selected_ns,
+                         log_prefill_price=prices.prefill_token, log_output_price=prices.output_token,
+                         log_delivery_price=prices.delivery)
+        if r.phase is Phase.PREFILL:
+            out.append(RequestView(phase=Phase.PREFILL, **_prompt_fields(r), **common))
+        elif r.phase is Phase.DECODE:
+            out.append(_decode_view(inp, r, common, start_ns, delivered_at.get(r.rid, r.last_publication_ns)))
+        elif r.phase is Phase.TERMINAL:
+            since = r.terminal_since_ns if r.terminal_since_ns is not None else start_ns
+            age_ms = max(0.0, (start_ns - since) / NS_PER_MS)
+            out.append(RequestView(phase=Phase.TERMINAL, terminal_age_ms=age_ms, **common))
+        else:
+            out.append(_blocked_view(inp, r, common, start_ns))
+    return out
+
+
+def _decode_view(inp: PricingInputs, r: Request, common: _Common, start_ns: int,
+                 last: int | None) -> RequestView:
+    """A decoding request: output left after its queued rounds, output age and acceptance."""
+    queued = queued_advance(r, inp.frames)
+    remaining = r.max_output - len(r.output) - queued
+    age = 0.0 if last is None else max(0.0, (start_ns - last) / NS_PER_MS)
+    if r.last_publication_ns is None and last is None:
+        age = max(0.0, (start_ns - r.admitted_ns) / NS_PER_MS)
+    est, pool = r.acceptance.get(r.proposal_source), inp.acceptance_pools[r.proposal_source]
+    common["runnable"] = common["runnable"] and remaining > 0
+    return RequestView(
+        phase=Phase.DECODE, age_ms=age, output_remaining=max(remaining, 0),
+        context_remaining=inp.max_model_len - (r.cursor + queued), width_limit=r.width_limit,
+        survival=est.means(pool), optimistic=est.optimistic(len(r.output), pool), forecast=r.forecast.means(),
+        **common)
+
+
+def _blocked_view(inp: PricingInputs, r: Request, common: _Common, start_ns: int) -> RequestView:
+    """Blocked: priced like the phase it enables, with the same logical limits, so that
+    lookahead values only work the following program can really do."""
+    last = r.last_publication_ns if r.last_publication_ns is not None else r.admitted_ns
+    est, pool = r.acceptance.get(r.proposal_source), inp.acceptance_pools[r.proposal_source]
+    return RequestView(phase=Phase.BLOCKED, prerequisites=tuple(r.prerequisites), enables=r.enables,
+                       age_ms=max(0.0, (start_ns - last) / NS_PER_MS),
+                       output_remaining=r.max_output - len(r.output),
+                       context_remaining=inp.max_model_len - r.cursor, width_limit=r.width_limit,
+                       survival=est.means(pool), forecast=r.forecast.means(), **_prompt_fields(r), **common)
+
+
+def _prompt_fields(r: Request) -> _PromptFields:
+    """A request's uncached prompt work and what restricts a chunk of it: the next capture
+    or image-window stop, atomic image spans and the next message endpoint."""
+    stops = [x for x in (next_capture(r), window_stop(r)) if x is not None]
+    return _PromptFields(prompt_remaining=r.prompt_remaining,
+                         prompt_limit=min(stops) - r.consumed if stops else None,
+                         atomic_spans=r.spans_from_cursor(), endpoint=r.next_endpoint(),
+                         needs_scores=r.needs_scores)
