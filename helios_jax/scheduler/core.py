@@ -5,7 +5,7 @@ A request's life through this object (the engine drives it; time is passed in):
 1. ``admit`` reserves a request slot and the KV pages of the request's whole execution
    ceiling (prompt, output limit and the declared draft storage) and returns a ``Handle``.
 2. ``advance_to(now)``; ``plan()`` (pure) projects prices and ages to the end of queued work
-   (``pricing.py``), selects by value per time (``policy.py``) or, funded by the ledgers, a
+   (``pricing.py``), selects by value per time (the ``policy`` package) or, funded by the ledgers, a
    timing refresh or an acceptance probe, and returns a frozen ``ScheduledPlan``.
 3. ``commit(plan, fence)`` rechecks ownership, epochs, freshness, the two-slot window and every
    feedback dependency without rerunning selection, and records the frame.

@@ -2,7 +2,7 @@
 
 ``pricing.py`` builds one :class:`RequestView` per resident request from its state (for
 ``Scheduler.views()``), with prices and ages already projected to the planning start time; the selector
-(``policy.py``) turns views and the catalog into :class:`Candidate` programs. Both are frozen so
+(the ``policy`` package) turns views and the catalog into :class:`Candidate` programs. Both are frozen so
 that a plan can outlive later state changes.
 """
 from __future__ import annotations
@@ -151,12 +151,12 @@ class Candidate:
         return len(self.lanes)
 
     @property
-    def prefill_row(self) -> int:
-        """Index of the prompt row in the dense lane list, -1 when there is none (mixed)."""
+    def prefill_row(self) -> int | None:
+        """Index of the prompt row in the dense lane list (mixed programs), or None."""
         for i, lane in enumerate(self.lanes):
             if lane.role is LaneRole.PROMPT:
                 return i
-        return -1
+        return None
 
     @property
     def padding(self) -> int:

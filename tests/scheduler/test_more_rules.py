@@ -116,7 +116,7 @@ def test_mixed_followers_take_the_prompt_absent_ready_or_enabled():
     assert all(5 in c.following.rids for c in ready)  # at least one newly ready row
     # no prompt row at all
     absent = mixed_followers([blocked(5, [GraphKind.RESTORE], Phase.DECODE), decoder(2)])
-    assert absent and all(c.following.prefill_row == -1 for c in absent)
+    assert absent and all(c.following.prefill_row is None for c in absent)
 
 
 @spec("speculative-coverage/copy-no-draws", "confidence-acceptance/per-source")

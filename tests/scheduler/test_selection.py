@@ -197,7 +197,7 @@ def test_padding_never_wins_through_timing_noise():
 @spec("useful-service/dominance-mixed", "verification/mixed-prompt-tails")
 def test_mixed_prompt_tail_uses_the_fitting_capacity():
     cands = [c for c in policy.candidates(inputs([prompt(1, 40), decoder(2)], **ORD)) if c.kind is GraphKind.MIXED]
-    with_prompt = [c for c in cands if c.prefill_row >= 0]
+    with_prompt = [c for c in cands if c.prefill_row is not None]
     assert {c.graph.prefill_capacity for c in with_prompt} == {64}
     assert {c.graph.batch_capacity for c in with_prompt} == {2}
 
