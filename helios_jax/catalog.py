@@ -35,6 +35,7 @@ The catalog's rooms, each importable from here as before:
   catalog_planning    batch_buckets, wider_prompt_bucket, MixedShape, mixed_shapes
   catalog (here)      Catalog (views, eligibility by decode mode, JSON file) and shipped_catalog
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -114,16 +115,23 @@ class Catalog:
             raise ValueError(f"catalog {self.name!r}: field 'speculative_token_capacity' must be >= 0")
         seen = set()
         for g in self.graphs:
-            validate(g, speculative_token_capacity=self.speculative_token_capacity,
-                     completion_token_capacity=self.completion_token_capacity)
+            validate(
+                g,
+                speculative_token_capacity=self.speculative_token_capacity,
+                completion_token_capacity=self.completion_token_capacity,
+            )
             if g.key in seen:
                 raise ValueError(f"catalog {self.name!r}: graph {g.name} is listed twice")
             if g.batch_capacity > self.request_slots:
-                raise ValueError(f"catalog {self.name!r}: graph {g.name}: field 'batch_capacity' "
-                                 f"exceeds request_slots={self.request_slots}")
+                raise ValueError(
+                    f"catalog {self.name!r}: graph {g.name}: field 'batch_capacity' "
+                    f"exceeds request_slots={self.request_slots}"
+                )
             if self.mode == "ordinary" and (g.kind is GraphKind.SPECULATIVE or g.speculative):
-                raise ValueError(f"catalog {self.name!r}: graph {g.name}: an ordinary catalog "
-                                 "holds no speculative programs")
+                raise ValueError(
+                    f"catalog {self.name!r}: graph {g.name}: an ordinary catalog "
+                    "holds no speculative programs"
+                )
             seen.add(g.key)
 
     # -- views -------------------------------------------------------------------------
@@ -164,20 +172,27 @@ class Catalog:
         if mode is DecodeMode.ORDINARY and self.mode != "ordinary":
             raise ValueError(
                 f"catalog {self.name!r} is a speculative capture; loading with zero drafts selects "
-                "the ordinary catalog")
+                "the ordinary catalog"
+            )
         if mode is DecodeMode.FIXED:
-            widths = {g.token_capacity for g in self.of_kind(GraphKind.SPECULATIVE)
-                      if g.allocation is Allocation.QUERY_LENGTH}
+            widths = {
+                g.token_capacity
+                for g in self.of_kind(GraphKind.SPECULATIVE)
+                if g.allocation is Allocation.QUERY_LENGTH
+            }
             if fixed_width is None:
                 fixed_width = max(widths, default=1)
             if fixed_width not in widths:
-                raise ValueError(f"catalog {self.name!r}: no host-allocated speculative program of "
-                                 f"fixed width {fixed_width}; captured widths {sorted(widths)}")
+                raise ValueError(
+                    f"catalog {self.name!r}: no host-allocated speculative program of "
+                    f"fixed width {fixed_width}; captured widths {sorted(widths)}"
+                )
         out = []
         for g in self.graphs:
             if g.kind is GraphKind.SPECULATIVE:
-                if mode is DecodeMode.FIXED and (g.allocation is not Allocation.QUERY_LENGTH
-                                                 or g.token_capacity != fixed_width):
+                if mode is DecodeMode.FIXED and (
+                    g.allocation is not Allocation.QUERY_LENGTH or g.token_capacity != fixed_width
+                ):
                     continue
             elif g.kind is GraphKind.MIXED:
                 # The variant matching the loaded mode: draft-state maintenance in fixed and
@@ -191,7 +206,7 @@ class Catalog:
 
     # -- JSON ----------------------------------------------------------------------------
     @classmethod
-    def from_json(cls, obj: dict) -> "Catalog":
+    def from_json(cls, obj: dict) -> Catalog:
         if not isinstance(obj, dict):
             raise ValueError("a catalog file is a JSON object")
         for field in ("name", "mode", "speculative_token_capacity", "request_slots", "graphs"):
@@ -205,8 +220,9 @@ class Catalog:
             speculative_token_capacity=int(obj["speculative_token_capacity"]),
             request_slots=int(obj["request_slots"]),
             graphs=tuple(descriptor_from_json(g) for g in obj["graphs"]),
-            completion_token_capacity=int(obj.get("completion_token_capacity",
-                                                  DEFAULT_COMPLETION_TOKEN_CAPACITY)),
+            completion_token_capacity=int(
+                obj.get("completion_token_capacity", DEFAULT_COMPLETION_TOKEN_CAPACITY)
+            ),
             description=str(obj.get("description", "")),
         )
 
@@ -225,7 +241,7 @@ class Catalog:
         return out
 
     @classmethod
-    def load(cls, path: str | pathlib.Path) -> "Catalog":
+    def load(cls, path: str | pathlib.Path) -> Catalog:
         path = pathlib.Path(path)
         try:
             obj = json.loads(path.read_text())
@@ -241,4 +257,3 @@ def shipped_catalog(name: str = "synthetic-h200") -> Catalog:
     """A measured synthetic catalog shipped with the package."""
     ref = importlib.resources.files("helios_jax.catalogs").joinpath(f"{name}.json")
     return Catalog.from_json(json.loads(ref.read_text()))
-

@@ -3,6 +3,7 @@
 A catalog validates every descriptor it holds when it is built (``Catalog.__post_init__``), against
 the catalog's token envelope R (``speculative_token_capacity``) and completion token capacity.
 """
+
 from __future__ import annotations
 
 import math
@@ -36,8 +37,14 @@ def validate(
       ValueError: naming the graph and the field that breaks a contract.
     """
     name = g.name
-    for field in ("batch_capacity", "token_capacity", "proposal_depth", "target_capacity",
-                  "prefill_capacity", "image_capacity"):
+    for field in (
+        "batch_capacity",
+        "token_capacity",
+        "proposal_depth",
+        "target_capacity",
+        "prefill_capacity",
+        "image_capacity",
+    ):
         value = getattr(g, field)
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise field_error(name, field, f"must be a nonnegative integer, got {value!r}")
@@ -100,8 +107,9 @@ def _validate_speculative(g: GraphDescriptor, r: int) -> None:
     if w > 1:
         if p == b * w:
             if b * w > r:
-                raise field_error(name, "target_capacity",
-                                  f"rectangular B*W={b * w} exceeds the token envelope R={r}")
+                raise field_error(
+                    name, "target_capacity", f"rectangular B*W={b * w} exceeds the token envelope R={r}"
+                )
         elif p > r:
             raise field_error(name, "target_capacity", f"ragged P={p} exceeds the token envelope R={r}")
     if g.allocation is Allocation.PREFIX_LIMIT and d == 0:
@@ -114,8 +122,11 @@ def _validate_mixed(g: GraphDescriptor, r: int, completion_capacity: int) -> Non
     if not (_is_pow2(b) and MIXED_BATCH_MIN <= b <= MIXED_BATCH_MAX):
         raise field_error(name, "batch_capacity", "mixed batch capacity is a power of two from 2 through 64")
     if not 1 <= w <= completion_capacity:
-        raise field_error(name, "token_capacity", "mixed decode width is 1 through the completion token "
-                          f"capacity {completion_capacity}")
+        raise field_error(
+            name,
+            "token_capacity",
+            f"mixed decode width is 1 through the completion token capacity {completion_capacity}",
+        )
     if c <= 0 or c % PROMPT_ALIGNMENT:
         raise field_error(name, "prefill_capacity", f"must be positive and aligned to {PROMPT_ALIGNMENT}")
     if c < w:
@@ -130,6 +141,6 @@ def _validate_mixed(g: GraphDescriptor, r: int, completion_capacity: int) -> Non
         if b * w > r:
             raise field_error(name, "token_capacity", f"B*W={b * w} exceeds the token envelope R={r}")
     if g.target_capacity != g.max_packed_extent:
-        raise field_error(name, "target_capacity",
-                          f"the maximum packed extent is C + (B-1)*W = {g.max_packed_extent}")
-
+        raise field_error(
+            name, "target_capacity", f"the maximum packed extent is C + (B-1)*W = {g.max_packed_extent}"
+        )

@@ -5,6 +5,7 @@ of the spec's "Speculative graph coverage" and "Mixed execution contract" (the t
 ``helios_jax.catalog``). ``descriptor_from_json`` reads one entry of a catalog file without checking
 its shape contracts (``helios_jax.catalog_contracts`` does); ``descriptor_to_json`` writes it back.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -143,7 +144,6 @@ def field_error(name: str, field: str, message: str) -> ValueError:
     return ValueError(f"graph {name}: field {field!r}: {message}")
 
 
-
 def descriptor_from_json(obj: dict) -> GraphDescriptor:
     """Build a descriptor from one entry of a catalog file (shape contracts unchecked).
 
@@ -166,10 +166,15 @@ def descriptor_from_json(obj: dict) -> GraphDescriptor:
         missing = [f for f in SPECULATIVE_EXTENTS if f not in obj]
         if missing:
             extents = {f: obj.get(f, "?") for f in SPECULATIVE_EXTENTS}
-            name = (f"speculative[B={extents['batch_capacity']},W={extents['token_capacity']},"
-                    f"D={extents['proposal_depth']},C=0,P={extents['target_capacity']}]")
-            raise field_error(name, missing[0], "a speculative program declares all four extents "
-                              f"B, D, W and P; missing {missing}")
+            name = (
+                f"speculative[B={extents['batch_capacity']},W={extents['token_capacity']},"
+                f"D={extents['proposal_depth']},C=0,P={extents['target_capacity']}]"
+            )
+            raise field_error(
+                name,
+                missing[0],
+                f"a speculative program declares all four extents B, D, W and P; missing {missing}",
+            )
     if "batch_capacity" not in obj:
         raise ValueError(f"graph entry {obj!r}: 'kind' and 'batch_capacity' are required")
     fields = dict(obj, kind=kind)
@@ -206,4 +211,3 @@ def descriptor_to_json(g: GraphDescriptor) -> dict:
     if g.duration_ms is not None:
         out["duration_ms"] = g.duration_ms
     return out
-

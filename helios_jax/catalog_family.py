@@ -18,6 +18,7 @@ family(m, seed) for m > n.
 
     python -m helios_jax.catalog_family N [SEED] [OUT_DIR]   # print (and write) the family
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -26,15 +27,29 @@ import json
 import pathlib
 import random
 import sys
-from typing import Iterator
+from collections.abc import Iterator
 
 from helios_jax.catalog import Catalog
 
 
-def build(scale=1.0, jitter=0.0, seed=0, name="synthetic-h200", slots=16, drafts=7, R=64,
-          chunks=(64, 128, 256, 512, 1024, 2048, 4096), launch_ms=0.1, weights_ms=3.4,
-          token_ms=0.021, row_ms=0.01, draft_ms=0.25, draft_row_ms=0.002, logprob_ms=0.004,
-          mode="speculative"):
+def build(
+    scale=1.0,
+    jitter=0.0,
+    seed=0,
+    name="synthetic-h200",
+    slots=16,
+    drafts=7,
+    R=64,
+    chunks=(64, 128, 256, 512, 1024, 2048, 4096),
+    launch_ms=0.1,
+    weights_ms=3.4,
+    token_ms=0.021,
+    row_ms=0.01,
+    draft_ms=0.25,
+    draft_row_ms=0.002,
+    logprob_ms=0.004,
+    mode="speculative",
+):
     """A catalog as a JSON object: the catalogs of ``../shared/tools/make_catalog.py``'s build().
 
     Durations are drawn in graph order from one ``random.Random(seed)``, so the helpers below
@@ -60,9 +75,16 @@ def build(scale=1.0, jitter=0.0, seed=0, name="synthetic-h200", slots=16, drafts
         "Measured synthetic catalog: roofline-style costs of an 8B-class model on one H200-class GPU "
         f"(weights {weights_ms} ms per graph, {token_ms} ms per target token, MTP {draft_ms} ms per draft "
         f"step); {slots} request slots, "
-        + (f"{drafts} draft tokens, speculative token capacity {R}." if spec else "ordinary decoding."))
-    return dict(name=name, mode=mode, speculative_token_capacity=R if spec else 0, request_slots=slots,
-                description=description, graphs=g)
+        + (f"{drafts} draft tokens, speculative token capacity {R}." if spec else "ordinary decoding.")
+    )
+    return dict(
+        name=name,
+        mode=mode,
+        speculative_token_capacity=R if spec else 0,
+        request_slots=slots,
+        description=description,
+        graphs=g,
+    )
 
 
 def _prefill_graphs(chunks, logprob_ms, ms, base) -> list[dict]:
@@ -70,8 +92,14 @@ def _prefill_graphs(chunks, logprob_ms, ms, base) -> list[dict]:
     g = []
     for c in chunks:
         g.append(dict(kind="prefill", batch_capacity=1, token_capacity=c, duration_ms=ms(base(c, 1))))
-        g.append(dict(kind="scored_prefill", batch_capacity=1, token_capacity=c,
-                      duration_ms=ms(base(c, 1) + logprob_ms * c)))
+        g.append(
+            dict(
+                kind="scored_prefill",
+                batch_capacity=1,
+                token_capacity=c,
+                duration_ms=ms(base(c, 1) + logprob_ms * c),
+            )
+        )
     return g
 
 
@@ -83,19 +111,44 @@ def _decode_graphs(buckets, widths, R, spec, ms, base) -> list[dict]:
     for b in buckets:  # ordinary decode only in an ordinary catalog
         if not spec:
             g.append(dict(kind="decode", batch_capacity=b, token_capacity=1, duration_ms=ms(base(b, b))))
-    for b in (buckets if spec else []):
-        g.append(dict(kind="speculative", batch_capacity=b, proposal_depth=0, token_capacity=1,
-                      target_capacity=b, allocation="query_length", duration_ms=ms(base(b, b) + 0.05)))
+    for b in buckets if spec else []:
+        g.append(
+            dict(
+                kind="speculative",
+                batch_capacity=b,
+                proposal_depth=0,
+                token_capacity=1,
+                target_capacity=b,
+                allocation="query_length",
+                duration_ms=ms(base(b, b) + 0.05),
+            )
+        )
         for w in widths:
             d = w - 1
             if b * w <= R:
-                g.append(dict(kind="speculative", batch_capacity=b, proposal_depth=d, token_capacity=w,
-                              target_capacity=b * w, allocation="query_length",
-                              duration_ms=ms(base(b * w, b, d, b))))
+                g.append(
+                    dict(
+                        kind="speculative",
+                        batch_capacity=b,
+                        proposal_depth=d,
+                        token_capacity=w,
+                        target_capacity=b * w,
+                        allocation="query_length",
+                        duration_ms=ms(base(b * w, b, d, b)),
+                    )
+                )
             else:
-                g.append(dict(kind="speculative", batch_capacity=b, proposal_depth=d, token_capacity=w,
-                              target_capacity=R, allocation="prefix_limit",
-                              duration_ms=ms(base(R, b, d, b) + 0.05)))
+                g.append(
+                    dict(
+                        kind="speculative",
+                        batch_capacity=b,
+                        proposal_depth=d,
+                        token_capacity=w,
+                        target_capacity=R,
+                        allocation="prefix_limit",
+                        duration_ms=ms(base(R, b, d, b) + 0.05),
+                    )
+                )
     return g
 
 
@@ -109,15 +162,32 @@ def _mixed_graphs(buckets, widths, chunks, R, spec, ms, base) -> list[dict]:
         if b < 2:
             continue
         for c in chunks:
-            g.append(dict(kind="mixed", batch_capacity=b, token_capacity=1, prefill_capacity=c,
-                          speculative=spec, proposal_depth=0,
-                          duration_ms=ms(base(c + b - 1, b) + 0.05 * spec)))
-        for w in (widths if spec else []):
+            g.append(
+                dict(
+                    kind="mixed",
+                    batch_capacity=b,
+                    token_capacity=1,
+                    prefill_capacity=c,
+                    speculative=spec,
+                    proposal_depth=0,
+                    duration_ms=ms(base(c + b - 1, b) + 0.05 * spec),
+                )
+            )
+        for w in widths if spec else []:
             d = w - 1
             if b * w <= R:
-                g.append(dict(kind="mixed", batch_capacity=b, token_capacity=w, prefill_capacity=balanced,
-                              speculative=True, proposal_depth=d, target_capacity=balanced + (b - 1) * w,
-                              duration_ms=ms(base(balanced + (b - 1) * w, b, d, b))))
+                g.append(
+                    dict(
+                        kind="mixed",
+                        batch_capacity=b,
+                        token_capacity=w,
+                        prefill_capacity=balanced,
+                        speculative=True,
+                        proposal_depth=d,
+                        target_capacity=balanced + (b - 1) * w,
+                        duration_ms=ms(base(balanced + (b - 1) * w, b, d, b)),
+                    )
+                )
     return g
 
 
@@ -156,8 +226,10 @@ class Member:
     def describe(self) -> str:
         p = self.params
         factors = ", ".join(f"{k[:-3]} x{p[k] / DEFAULTS[k]:.2f}" for k in SCALED)
-        return (f"{p['mode']}, {p['slots']} slots, R={p['R']}, jitter {p['jitter']:.2f}, seed {p['seed']}; "
-                f"{factors}")
+        return (
+            f"{p['mode']}, {p['slots']} slots, R={p['R']}, jitter {p['jitter']:.2f}, seed {p['seed']}; "
+            f"{factors}"
+        )
 
 
 def sample_params(rng: random.Random, index: int, seed: int) -> dict:

@@ -2,10 +2,11 @@
 
 These bound the catalog before tuning and compilation; ``helios_jax.engine_config`` calls them.
 """
+
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 from helios_jax.catalog_descriptor import (
     DEFAULT_COMPLETION_TOKEN_CAPACITY,

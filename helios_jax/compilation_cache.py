@@ -6,6 +6,7 @@ second start of the same catalog skips compilation. Every executable is cached, 
 compiled (the minimum compile time is zero): most of a small catalog's programs compile in under
 the default second and would otherwise be rebuilt on every start.
 """
+
 from __future__ import annotations
 
 import os

@@ -22,11 +22,13 @@ For D = 7 (W = 8): B = 1..8 are rectangular (P = 8B <= 64); B = 16 would need 12
 becomes a ragged program with P = R = 64, bound to the device `prefix_limit` allocation under
 adaptive speculation (host `query_length` under fixed).
 """
+
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import TYPE_CHECKING, NoReturn, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, NoReturn
 
 from absl import flags
 
@@ -196,19 +198,45 @@ class EngineConfig:
         if not self.speculative:
             return []
         r = self.speculative_token_capacity
-        ragged_binding = Allocation.PREFIX_LIMIT if self.speculation == "adaptive" else Allocation.QUERY_LENGTH
+        ragged_binding = (
+            Allocation.PREFIX_LIMIT if self.speculation == "adaptive" else Allocation.QUERY_LENGTH
+        )
         out = []
         for b in batch_buckets(self.request_slots):
-            out.append(GraphDescriptor(GraphKind.SPECULATIVE, b, token_capacity=1, proposal_depth=0,
-                                       target_capacity=b, allocation=Allocation.QUERY_LENGTH))
+            out.append(
+                GraphDescriptor(
+                    GraphKind.SPECULATIVE,
+                    b,
+                    token_capacity=1,
+                    proposal_depth=0,
+                    target_capacity=b,
+                    allocation=Allocation.QUERY_LENGTH,
+                )
+            )
             for d in self.proposal_depths:
                 w = d + 1
                 if b * w <= r:
-                    out.append(GraphDescriptor(GraphKind.SPECULATIVE, b, token_capacity=w, proposal_depth=d,
-                                               target_capacity=b * w, allocation=Allocation.QUERY_LENGTH))
+                    out.append(
+                        GraphDescriptor(
+                            GraphKind.SPECULATIVE,
+                            b,
+                            token_capacity=w,
+                            proposal_depth=d,
+                            target_capacity=b * w,
+                            allocation=Allocation.QUERY_LENGTH,
+                        )
+                    )
                 elif b <= r:
-                    out.append(GraphDescriptor(GraphKind.SPECULATIVE, b, token_capacity=w, proposal_depth=d,
-                                               target_capacity=r, allocation=ragged_binding))
+                    out.append(
+                        GraphDescriptor(
+                            GraphKind.SPECULATIVE,
+                            b,
+                            token_capacity=w,
+                            proposal_depth=d,
+                            target_capacity=r,
+                            allocation=ragged_binding,
+                        )
+                    )
         return out
 
     def catalog(self, name: str = "prepared") -> Catalog:
@@ -225,8 +253,10 @@ class EngineConfig:
         if self.speculative:
             graphs.extend(self.speculative_descriptors())
         else:
-            graphs.extend(GraphDescriptor(GraphKind.DECODE, b, token_capacity=1, target_capacity=b)
-                          for b in batch_buckets(self.request_slots))
+            graphs.extend(
+                GraphDescriptor(GraphKind.DECODE, b, token_capacity=1, target_capacity=b)
+                for b in batch_buckets(self.request_slots)
+            )
         if self.mixed_prefill:
             shapes = mixed_shapes(
                 concurrency=self.request_slots,
@@ -262,6 +292,7 @@ def parse_int_list(values: Sequence[str] | str | None) -> tuple[int, ...] | None
 
 # -- the engine's command line ----------------------------------------------------------------
 
+
 def _fail(flag: str, message: str) -> NoReturn:
     raise ValueError(f"--{flag} {message}")
 
@@ -276,8 +307,12 @@ def _check_int(flag: str, value, low: int, high: int | None = None) -> None:
 def _check_nonnegative_float(flag: str, value) -> None:
     if value is None:
         return
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-            or value < 0:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value < 0
+    ):
         _fail(flag, f"must be finite and nonnegative, got {value!r}")
 
 
@@ -342,8 +377,11 @@ class EngineOptions:
             _fail("speculation", f"must be one of {', '.join(SPECULATION_MODES)}, got {self.speculation!r}")
         _check_int("draft_tokens", self.draft_tokens, 0)
         if self.speculation != "off" and self.draft_tokens < 1:
-            _fail("draft_tokens", f"must be at least 1 with --speculation={self.speculation} "
-                                  "(use --speculation=off for ordinary decoding)")
+            _fail(
+                "draft_tokens",
+                f"must be at least 1 with --speculation={self.speculation} "
+                "(use --speculation=off for ordinary decoding)",
+            )
         for d in self.proposal_depths or ():
             _check_int("proposal_depths", d, 1)
         _check_int("speculative_token_capacity", self.speculative_token_capacity, 0)
@@ -374,13 +412,19 @@ class EngineOptions:
 
     def _check_policy(self) -> None:
         if self.scheduler_policy not in SCHEDULER_POLICIES:
-            _fail("scheduler_policy", f"must be one of {', '.join(SCHEDULER_POLICIES)}, "
-                                      f"got {self.scheduler_policy!r}")
+            _fail(
+                "scheduler_policy",
+                f"must be one of {', '.join(SCHEDULER_POLICIES)}, got {self.scheduler_policy!r}",
+            )
         _check_nonnegative_float("scheduler_terminal_value", self.scheduler_terminal_value)
         _check_nonnegative_float("scheduler_terminal_age_price", self.scheduler_terminal_age_price)
         alpha = self.mtp_adaptive_verification_alpha
-        if alpha is not None and (isinstance(alpha, bool) or not isinstance(alpha, (int, float))
-                                  or not math.isfinite(alpha) or alpha <= 0):
+        if alpha is not None and (
+            isinstance(alpha, bool)
+            or not isinstance(alpha, (int, float))
+            or not math.isfinite(alpha)
+            or alpha <= 0
+        ):
             _fail("mtp_adaptive_verification_alpha", f"must be finite and greater than zero, got {alpha!r}")
 
     # -- flags ----------------------------------------------------------------------------------
@@ -392,38 +436,73 @@ class EngineOptions:
         (``python -m helios_jax.serve``); ``python -m helios_jax.prepare`` leaves them out.
         """
         fv = flag_values
-        flags.DEFINE_string("model", None, "Hugging Face style model folder (default: the embedded model).",
-                            flag_values=fv)
+        flags.DEFINE_string(
+            "model", None, "Hugging Face style model folder (default: the embedded model).", flag_values=fv
+        )
         flags.DEFINE_integer("concurrency", 4, "Request slots (resident requests), 1..64.", flag_values=fv)
-        flags.DEFINE_list("prefill_chunks", None, "Prefill chunk sizes, e.g. 64,256,1024 "
-                          "(default: powers of two 64..4096 capped by the context).", flag_values=fv)
-        flags.DEFINE_enum("speculation", "adaptive", list(SPECULATION_MODES), "Speculative decoding mode.",
-                          flag_values=fv)
-        flags.DEFINE_integer("draft_tokens", 3, "Deepest proposal depth D of the MTP draft head.",
-                             flag_values=fv)
-        flags.DEFINE_list("proposal_depths", None, "Every captured proposal depth (default: draft_tokens).",
-                          flag_values=fv)
-        flags.DEFINE_integer("speculative_token_capacity", 64, "R: aggregate target rows of wider programs.",
-                             flag_values=fv)
-        flags.DEFINE_bool("mixed_prefill", False, "Capture mixed prefill/verification graphs.",
-                          flag_values=fv)
-        flags.DEFINE_integer("max_model_len", None, "Longest context in tokens, prompt plus output (default: "
-                             f"the model's limit, at most {DEFAULT_MAX_MODEL_LEN}).", flag_values=fv)
+        flags.DEFINE_list(
+            "prefill_chunks",
+            None,
+            "Prefill chunk sizes, e.g. 64,256,1024 (default: powers of two 64..4096 capped by the context).",
+            flag_values=fv,
+        )
+        flags.DEFINE_enum(
+            "speculation", "adaptive", list(SPECULATION_MODES), "Speculative decoding mode.", flag_values=fv
+        )
+        flags.DEFINE_integer(
+            "draft_tokens", 3, "Deepest proposal depth D of the MTP draft head.", flag_values=fv
+        )
+        flags.DEFINE_list(
+            "proposal_depths", None, "Every captured proposal depth (default: draft_tokens).", flag_values=fv
+        )
+        flags.DEFINE_integer(
+            "speculative_token_capacity", 64, "R: aggregate target rows of wider programs.", flag_values=fv
+        )
+        flags.DEFINE_bool(
+            "mixed_prefill", False, "Capture mixed prefill/verification graphs.", flag_values=fv
+        )
+        flags.DEFINE_integer(
+            "max_model_len",
+            None,
+            "Longest context in tokens, prompt plus output (default: "
+            f"the model's limit, at most {DEFAULT_MAX_MODEL_LEN}).",
+            flag_values=fv,
+        )
         flags.DEFINE_integer("page_size", 16, "Tokens per KV page.", flag_values=fv)
-        flags.DEFINE_integer("kv_pages", None, "KV pool pages (default: every state row at full context).",
-                             flag_values=fv)
+        flags.DEFINE_integer(
+            "kv_pages", None, "KV pool pages (default: every state row at full context).", flag_values=fv
+        )
         flags.DEFINE_integer("snapshot_rows", 1, "State rows that snapshots write.", flag_values=fv)
-        flags.DEFINE_enum("dtype", None, list(DTYPES), "Compute dtype (default: float32 on a CPU, the "
-                          "checkpoint's dtype elsewhere).", flag_values=fv)
+        flags.DEFINE_enum(
+            "dtype",
+            None,
+            list(DTYPES),
+            "Compute dtype (default: float32 on a CPU, the checkpoint's dtype elsewhere).",
+            flag_values=fv,
+        )
         if policy:
-            flags.DEFINE_enum("scheduler_policy", "balanced", list(SCHEDULER_POLICIES),
-                              "Scheduler policy preset.", flag_values=fv)
-            flags.DEFINE_float("scheduler_terminal_value", None, "Terminal value override (finite, >= 0).",
-                               flag_values=fv)
-            flags.DEFINE_float("scheduler_terminal_age_price", None,
-                               "Terminal age price override (finite, >= 0).", flag_values=fv)
-            flags.DEFINE_float("mtp_adaptive_verification_alpha", None,
-                               "Exponent on prefix-survival estimates (finite, > 0).", flag_values=fv)
+            flags.DEFINE_enum(
+                "scheduler_policy",
+                "balanced",
+                list(SCHEDULER_POLICIES),
+                "Scheduler policy preset.",
+                flag_values=fv,
+            )
+            flags.DEFINE_float(
+                "scheduler_terminal_value", None, "Terminal value override (finite, >= 0).", flag_values=fv
+            )
+            flags.DEFINE_float(
+                "scheduler_terminal_age_price",
+                None,
+                "Terminal age price override (finite, >= 0).",
+                flag_values=fv,
+            )
+            flags.DEFINE_float(
+                "mtp_adaptive_verification_alpha",
+                None,
+                "Exponent on prefix-survival estimates (finite, > 0).",
+                flag_values=fv,
+            )
 
     @classmethod
     def from_flags(cls, flag_values: flags.FlagValues = flags.FLAGS) -> EngineOptions:
@@ -447,13 +526,18 @@ class EngineOptions:
         if model_config is not None and not model_config.has_mtp:
             speculation = "off"  # nothing drafts without a draft head
         speculative = speculation != "off"
-        fields = dict(request_slots=self.concurrency, prefill_chunks=self.prefill_chunks,
-                      speculation=speculation,
-                      draft_tokens=self.draft_tokens if speculative else 0,  # ordinary decoding drafts none
-                      proposal_depths=self.proposal_depths if speculative else None,
-                      speculative_token_capacity=self.speculative_token_capacity,
-                      mixed_prefill=self.mixed_prefill, page_size=self.page_size, kv_pages=self.kv_pages,
-                      snapshot_rows=self.snapshot_rows)
+        fields = dict(
+            request_slots=self.concurrency,
+            prefill_chunks=self.prefill_chunks,
+            speculation=speculation,
+            draft_tokens=self.draft_tokens if speculative else 0,  # ordinary decoding drafts none
+            proposal_depths=self.proposal_depths if speculative else None,
+            speculative_token_capacity=self.speculative_token_capacity,
+            mixed_prefill=self.mixed_prefill,
+            page_size=self.page_size,
+            kv_pages=self.kv_pages,
+            snapshot_rows=self.snapshot_rows,
+        )
         if self.max_model_len is not None:
             fields["max_model_len"] = self.max_model_len
         elif model_config is not None:

@@ -13,12 +13,13 @@ largest gap, progress spread over whole rotation cycles, and the exploration bud
 ``scripts/scheduling_sim/run.py`` is the command-line entry; the conformance command and the
 tests call :func:`run` directly.
 """
+
 from __future__ import annotations
 
 import collections
 import dataclasses
 import math
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -105,25 +106,43 @@ class FakeExecutor:
             joint = self.survival(graph.proposal_depth)
             sidecar = np.zeros((2, slots, graph.proposal_depth), dtype=np.float32)
             order = sorted(decode_lanes, key=lambda l: l.slot)
-            alloc = allocate_prefix_rows(np.tile(joint, (len(order), 1)), [l.ceiling for l in order],
-                                         [True] * len(order), graph.target_capacity)
+            alloc = allocate_prefix_rows(
+                np.tile(joint, (len(order), 1)),
+                [l.ceiling for l in order],
+                [True] * len(order),
+                graph.target_capacity,
+            )
             for lane, r in zip(order, alloc):
                 rows[lane.handle] = int(r)
                 sidecar[1, lane.slot] = joint
                 sidecar[0, lane.slot, 0] = joint[0]
-                sidecar[0, lane.slot, 1:] = np.divide(joint[1:], joint[:-1], out=np.zeros(len(joint) - 1),
-                                                      where=joint[:-1] > 0)
+                sidecar[0, lane.slot, 1:] = np.divide(
+                    joint[1:], joint[:-1], out=np.zeros(len(joint) - 1), where=joint[:-1] > 0
+                )
         records = []
         for lane in plan.lanes:
             if lane.role is LaneRole.PROMPT:
-                records.append(CompletionRecord(lane.handle, lane.epoch, prompt_tokens=lane.prompt_tokens,
-                                                tokens=(TOKEN,) if lane.finishes_prompt else ()))
+                records.append(
+                    CompletionRecord(
+                        lane.handle,
+                        lane.epoch,
+                        prompt_tokens=lane.prompt_tokens,
+                        tokens=(TOKEN,) if lane.finishes_prompt else (),
+                    )
+                )
             elif lane.role is LaneRole.DECODE:
                 r = rows.get(lane.handle, lane.query_length)
                 offered = r - 1
                 accepted = self.accepted(offered)
-                records.append(CompletionRecord(lane.handle, lane.epoch, tokens=(TOKEN,) * (accepted + 1),
-                                                offered=offered, accepted=accepted))
+                records.append(
+                    CompletionRecord(
+                        lane.handle,
+                        lane.epoch,
+                        tokens=(TOKEN,) * (accepted + 1),
+                        offered=offered,
+                        accepted=accepted,
+                    )
+                )
             else:
                 records.append(CompletionRecord(lane.handle, lane.epoch))
         del depth
@@ -151,7 +170,9 @@ PRESEEDED_WEIGHT = 64.0  # a heavy history: many rounds' worth of evidence
 
 def preseeded_history(config: SimConfig, depth: int) -> dict:
     """An acceptance history already matching the acceptance model (heavy weight)."""
-    return {SOURCE_LEARNED: PrefixEstimate(_true_survival(config, depth), np.full(depth, PRESEEDED_WEIGHT), 0)}
+    return {
+        SOURCE_LEARNED: PrefixEstimate(_true_survival(config, depth), np.full(depth, PRESEEDED_WEIGHT), 0)
+    }
 
 
 def preseeded_forecast(config: SimConfig, depth: int) -> PrefixEstimate:
@@ -182,8 +203,13 @@ def _start_scheduler(config: SimConfig, scheduler_factory: Callable[..., Schedul
     """The scheduler in the configured decode mode, its costs seeded from the catalog's
     measurements ("measured") or left indeterminate ("cold")."""
     mode = config.mode or (DecodeMode.ORDINARY if config.catalog.mode == "ordinary" else DecodeMode.ADAPTIVE)
-    sched = scheduler_factory(config.catalog, mode=mode, policy_config=config.policy,
-                              fixed_width=config.fixed_width, max_model_len=1 << 19)
+    sched = scheduler_factory(
+        config.catalog,
+        mode=mode,
+        policy_config=config.policy,
+        fixed_width=config.fixed_width,
+        max_model_len=1 << 19,
+    )
     if config.costs == "measured":
         sched.seed_costs(0)
     elif config.costs != "cold":
@@ -214,8 +240,9 @@ def _workload(config: SimConfig, depth: int, rng: np.random.Generator) -> _Workl
     else:
         raise ValueError(f"unknown scenario {config.scenario!r}")
     if config.acceptance_history == "preseeded":
-        return _Workload(prompts, outputs, arrivals, preseeded_history(config, depth),
-                         preseeded_forecast(config, depth))
+        return _Workload(
+            prompts, outputs, arrivals, preseeded_history(config, depth), preseeded_forecast(config, depth)
+        )
     if config.acceptance_history == "untrained":
         return _Workload(prompts, outputs, arrivals, history=None, forecast=None)
     raise ValueError(f"acceptance_history must be untrained or preseeded, got {config.acceptance_history!r}")
@@ -279,8 +306,13 @@ class _Simulation:
             if not self.sched.can_admit(work.prompts[i], work.outputs[i]):
                 return
             self.waiting.popleft()
-            h = self.sched.admit([TOKEN] * work.prompts[i], max_output=work.outputs[i], stop_token_ids=(EOS,),
-                                 acceptance_history=work.history, forecast_history=work.forecast)
+            h = self.sched.admit(
+                [TOKEN] * work.prompts[i],
+                max_output=work.outputs[i],
+                stop_token_ids=(EOS,),
+                acceptance_history=work.history,
+                forecast_history=work.forecast,
+            )
             self.by_rid[h.rid] = i
 
     def _fill_window(self) -> None:

@@ -22,6 +22,7 @@ Measurements (RESOLUTIONS.md, 16):
   ``refresh <= 0.002/0.998 * ordinary + one episode`` and ``probes <= 0.01/0.99 * ordinary + one
   episode`` are checked against the largest single episode, from the simulator's own record.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -81,10 +82,18 @@ class SimResult:
 
     def to_json(self) -> dict:
         return {
-            "requests": [{"first_output_ms": r.first_output_ms, "max_gap_ms": r.max_gap_ms,
-                          "open_wait_ms": r.open_wait_ms,
-                          "output_tokens": r.output_tokens, "prompt_tokens": r.prompt_tokens,
-                          "arrival_ms": r.arrival_ms, "finished_ms": r.finished_ms} for r in self.requests],
+            "requests": [
+                {
+                    "first_output_ms": r.first_output_ms,
+                    "max_gap_ms": r.max_gap_ms,
+                    "open_wait_ms": r.open_wait_ms,
+                    "output_tokens": r.output_tokens,
+                    "prompt_tokens": r.prompt_tokens,
+                    "arrival_ms": r.arrival_ms,
+                    "finished_ms": r.finished_ms,
+                }
+                for r in self.requests
+            ],
             "progress_spread_tokens": self.progress_spread_tokens,
             "spread_window": self.spread_window,
             "executions": self.executions,
@@ -92,15 +101,18 @@ class SimResult:
             "execution_ns": {k: int(v * 1e6) for k, v in self.execution_ms.items()},
             "selections": self.selections,
             "virtual_ms": self.virtual_ms,
-            "bounds": {"timing_refresh_ms": self.timing_refresh_ms,
-                       "acceptance_learning_ms": self.acceptance_learning_ms,
-                       "ordinary_ms": self.ordinary_ms, "refresh_bound_ok": self.refresh_bound_ok,
-                       "acceptance_bound_ok": self.acceptance_bound_ok,
-                       "largest_refresh_episode_ms": self.largest_refresh_episode_ms,
-                       "largest_probe_episode_ms": self.largest_probe_episode_ms,
-                       "refresh_episodes": len(self.refresh_episodes_ms),
-                       "probe_episodes": len(self.probe_episodes_ms),
-                       "first_refresh_after_ms": self.first_refresh_after_ms},
+            "bounds": {
+                "timing_refresh_ms": self.timing_refresh_ms,
+                "acceptance_learning_ms": self.acceptance_learning_ms,
+                "ordinary_ms": self.ordinary_ms,
+                "refresh_bound_ok": self.refresh_bound_ok,
+                "acceptance_bound_ok": self.acceptance_bound_ok,
+                "largest_refresh_episode_ms": self.largest_refresh_episode_ms,
+                "largest_probe_episode_ms": self.largest_probe_episode_ms,
+                "refresh_episodes": len(self.refresh_episodes_ms),
+                "probe_episodes": len(self.probe_episodes_ms),
+                "first_refresh_after_ms": self.first_refresh_after_ms,
+            },
             "speculative": self.speculative,
         }
 
@@ -140,9 +152,16 @@ class SpreadWindow:
         if self.window_rounds < self.rounds:
             return False
         gained = [s.output_tokens - b for s, b in zip(stats, self.baseline)]
-        self.result = {"spread_tokens": max(gained) - min(gained), "start_ms": self.start_ms, "end_ms": now,
-                       "rounds": self.window_rounds, "cycles": self.cycles, "cut_cycles": self.cut_cycles,
-                       "min_gained": min(gained), "max_gained": max(gained)}
+        self.result = {
+            "spread_tokens": max(gained) - min(gained),
+            "start_ms": self.start_ms,
+            "end_ms": now,
+            "rounds": self.window_rounds,
+            "cycles": self.cycles,
+            "cut_cycles": self.cut_cycles,
+            "min_gained": min(gained),
+            "max_gained": max(gained),
+        }
         return True
 
 

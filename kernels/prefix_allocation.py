@@ -48,6 +48,7 @@ Under `jax.jit` the value checks of the entry (NaN, ceilings, capacity) cannot r
 then treats a NaN probability as -inf (admitted last) and a capacity below the active count as
 "no admissions", and the caller owns those guarantees.
 """
+
 from __future__ import annotations
 
 import functools

@@ -46,6 +46,7 @@ path steps every work item together through as many blocks as the longest item n
 program per (item, kv head) with its own trip count.
 Softmax is float32 throughout; products take their inputs in q's dtype with float32 results.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -104,7 +105,9 @@ def pallas_shape_problem(head_dim: int, page_size: int, pages_per_row: int) -> s
     if page_size & (page_size - 1):
         return f"page_size {page_size} must be a power of two for the Triton kernel"
     if next_power_of_two(pages_per_row) * page_size < 16:
-        return f"a row's page window ({pages_per_row} x {page_size}) must hold >= 16 keys for the Triton kernel"
+        return (
+            f"a row's page window ({pages_per_row} x {page_size}) must hold >= 16 keys for the Triton kernel"
+        )
     return None
 
 
@@ -121,8 +124,9 @@ def select_impl(impl: str, *, head_dim: int, page_size: int, pages_per_row: int)
 # XLA implementation (the CPU path).
 
 
-def _xla_attention(q, k_pages, v_pages, page_tables, context_lens, query_starts, query_lens, *, sm_scale, tiles,
-                   layer):
+def _xla_attention(
+    q, k_pages, v_pages, page_tables, context_lens, query_starts, query_lens, *, sm_scale, tiles, layer
+):
     """All work items at once, an online softmax over key blocks of whole pages.
 
     The loop runs only as many key blocks as the longest item needs (its last token's
@@ -140,15 +144,22 @@ def _xla_attention(q, k_pages, v_pages, page_tables, context_lens, query_starts,
     group = num_q_heads // num_kv_heads
     block_q = query_tile_length(num_tokens, num_rows, 1, tiles.xla_block_q)
     items = work_items(
-        page_tables, context_lens, query_starts, query_lens,
-        num_tokens=num_tokens, block_q=block_q, total_pages=total_pages, page_size=page_size,
+        page_tables,
+        context_lens,
+        query_starts,
+        query_lens,
+        num_tokens=num_tokens,
+        block_q=block_q,
+        total_pages=total_pages,
+        page_size=page_size,
     )
     index = token_index(items, block_q, num_tokens)
     num_items = index.shape[0]
     qg = gather_query_tiles(q, index).reshape(num_items, block_q, num_kv_heads, group, head_dim)
     pages_per_block = max(1, min(tiles.xla_block_k // page_size, pages_per_row))
-    acc, row_sum = _xla_online_softmax(qg, k_flat, v_flat, head_base, items, sm_scale=sm_scale,
-                                       pages_per_block=pages_per_block)
+    acc, row_sum = _xla_online_softmax(
+        qg, k_flat, v_flat, head_base, items, sm_scale=sm_scale, pages_per_block=pages_per_block
+    )
     out = acc / jnp.where(row_sum > 0, row_sum, 1.0)[..., None]  # padding tokens: 0, dropped below
     out = jnp.transpose(out, (0, 3, 1, 2, 4)).reshape(num_items, block_q, num_q_heads, head_dim)
     return scatter_tiles(out, index, num_tokens, q.dtype)
@@ -194,12 +205,16 @@ def _xla_online_softmax(qg, k_flat, v_flat, head_base, items: WorkItems, *, sm_s
         weights = jnp.where(causal[:, None, None], jnp.exp(logits - new_max[..., None]), 0.0)
         row_sum = rescale * row_sum + jnp.sum(weights, axis=-1)
         acc = rescale[..., None] * acc + jnp.einsum(
-            "nkgqs,knsd->nkgqd", weights, v.astype(jnp.float32), precision=_EXACT)
+            "nkgqs,knsd->nkgqd", weights, v.astype(jnp.float32), precision=_EXACT
+        )
         return acc, new_max, row_sum
 
     shape = (num_items, num_kv_heads, group, block_q)
-    init = (jnp.zeros(shape + (head_dim,), jnp.float32), jnp.full(shape, _MASK_VALUE, jnp.float32),
-            jnp.zeros(shape, jnp.float32))
+    init = (
+        jnp.zeros(shape + (head_dim,), jnp.float32),
+        jnp.full(shape, _MASK_VALUE, jnp.float32),
+        jnp.zeros(shape, jnp.float32),
+    )
     acc, _, row_sum = lax.fori_loop(0, blocks_needed, key_block, init)
     return acc, row_sum
 
@@ -260,7 +275,18 @@ def ragged_paged_attention_kernel(
 
 
 def _pallas_attention(
-    q, k_pages, v_pages, page_tables, context_lens, query_starts, query_lens, *, sm_scale, tiles, interpret, layer
+    q,
+    k_pages,
+    v_pages,
+    page_tables,
+    context_lens,
+    query_starts,
+    query_lens,
+    *,
+    sm_scale,
+    tiles,
+    interpret,
+    layer,
 ):
     num_tokens, num_q_heads, head_dim = q.shape
     _, num_kv_heads, total_pages, page_size, _ = k_pages.shape
@@ -268,15 +294,23 @@ def _pallas_attention(
     group = num_q_heads // num_kv_heads
     group_p = next_power_of_two(group)
     block_q = query_tile_length(
-        num_tokens, num_rows,
-        max(1, tiles.pallas_min_rows // group_p), max(1, tiles.pallas_block_rows // group_p),
+        num_tokens,
+        num_rows,
+        max(1, tiles.pallas_min_rows // group_p),
+        max(1, tiles.pallas_block_rows // group_p),
     )
     rows = block_q * group_p
     pages_per_row_p = next_power_of_two(pages_per_row)
     pages_per_block = min(max(1, tiles.pallas_block_k // page_size), pages_per_row_p)
     items = work_items(
-        page_tables, context_lens, query_starts, query_lens,
-        num_tokens=num_tokens, block_q=block_q, total_pages=total_pages, page_size=page_size,
+        page_tables,
+        context_lens,
+        query_starts,
+        query_lens,
+        num_tokens=num_tokens,
+        block_q=block_q,
+        total_pages=total_pages,
+        page_size=page_size,
     )
     num_items = items.row.shape[0]
     index = token_index(items, block_q, num_tokens)
@@ -292,7 +326,9 @@ def _pallas_attention(
         ragged_paged_attention_kernel, sm_scale=sm_scale, group_p=group_p, pages_per_block=pages_per_block
     )
     # Layer `layer` of the stacked pages, selected by the block index (no slice outside).
-    pages_spec = pl.BlockSpec((None, None, total_pages, page_size, head_dim), lambda i, h: (layer, h, 0, 0, 0))
+    pages_spec = pl.BlockSpec(
+        (None, None, total_pages, page_size, head_dim), lambda i, h: (layer, h, 0, 0, 0)
+    )
     tile_spec = pl.BlockSpec((None, None, rows, head_dim), lambda i, h: (i, h, 0, 0))
     out = pl.pallas_call(
         kernel,
@@ -317,15 +353,27 @@ def _pallas_attention(
 
 @functools.partial(jax.jit, static_argnames=("sm_scale", "impl", "interpret", "tiles", "layer"))
 def _ragged_paged_attention_jit(
-    q, k_pages, v_pages, page_tables, context_lens, query_starts, query_lens, *, sm_scale, impl, interpret, tiles,
+    q,
+    k_pages,
+    v_pages,
+    page_tables,
+    context_lens,
+    query_starts,
+    query_lens,
+    *,
+    sm_scale,
+    impl,
+    interpret,
+    tiles,
     layer,
 ):
     ints = [x.astype(jnp.int32) for x in (page_tables, context_lens, query_starts, query_lens)]
     if layer is None:  # one layer's pages: a stack of one (a free reshape)
         k_pages, v_pages, layer = k_pages[None], v_pages[None], 0
     if impl == "pallas":
-        return _pallas_attention(q, k_pages, v_pages, *ints, sm_scale=sm_scale, tiles=tiles, interpret=interpret,
-                                 layer=layer)
+        return _pallas_attention(
+            q, k_pages, v_pages, *ints, sm_scale=sm_scale, tiles=tiles, interpret=interpret, layer=layer
+        )
     return _xla_attention(q, k_pages, v_pages, *ints, sm_scale=sm_scale, tiles=tiles, layer=layer)
 
 
@@ -339,9 +387,13 @@ def _check_shapes(q, k_pages, v_pages, page_tables, context_lens, query_starts, 
     if q.ndim != 3 or not jnp.issubdtype(q.dtype, jnp.floating):
         raise ValueError(f"q must be a float [T, num_q_heads, head_dim] array, got {q.dtype}{q.shape}")
     if k_pages.ndim != 4 or k_pages.shape != v_pages.shape:
-        raise ValueError(f"k_pages and v_pages must share one 4-d shape, got {k_pages.shape} and {v_pages.shape}")
+        raise ValueError(
+            f"k_pages and v_pages must share one 4-d shape, got {k_pages.shape} and {v_pages.shape}"
+        )
     if k_pages.dtype != v_pages.dtype or not jnp.issubdtype(k_pages.dtype, jnp.floating):
-        raise ValueError(f"k_pages and v_pages must share a float dtype, got {k_pages.dtype} and {v_pages.dtype}")
+        raise ValueError(
+            f"k_pages and v_pages must share a float dtype, got {k_pages.dtype} and {v_pages.dtype}"
+        )
     num_q_heads, head_dim = q.shape[1:]
     num_kv_heads = k_pages.shape[0]
     if k_pages.shape[3] != head_dim:
@@ -349,11 +401,17 @@ def _check_shapes(q, k_pages, v_pages, page_tables, context_lens, query_starts, 
     if num_q_heads % num_kv_heads:
         raise ValueError(f"num_q_heads {num_q_heads} is not a multiple of num_kv_heads {num_kv_heads}")
     if page_tables.ndim != 2 or not jnp.issubdtype(page_tables.dtype, jnp.integer):
-        raise ValueError(f"page_tables must be an integer [R, pages_per_row] array, got {page_tables.dtype}{page_tables.shape}")
+        raise ValueError(
+            f"page_tables must be an integer [R, pages_per_row] array, got {page_tables.dtype}{page_tables.shape}"
+        )
     num_rows = page_tables.shape[0]
     if num_rows < 1:
         raise ValueError("page_tables must have at least one row")
-    for name, x in (("context_lens", context_lens), ("query_starts", query_starts), ("query_lens", query_lens)):
+    for name, x in (
+        ("context_lens", context_lens),
+        ("query_starts", query_starts),
+        ("query_lens", query_lens),
+    ):
         if x.shape != (num_rows,) or not jnp.issubdtype(x.dtype, jnp.integer):
             raise ValueError(f"{name} must be an integer [{num_rows}] array, got {x.dtype}{x.shape}")
 
@@ -361,7 +419,9 @@ def _check_shapes(q, k_pages, v_pages, page_tables, context_lens, query_starts, 
 def _check_values(q, k_pages, page_tables, context_lens, query_starts, query_lens):
     num_tokens = q.shape[0]
     total_pages, page_size = k_pages.shape[1:3]
-    tables, ctx, starts, lens = (np.asarray(x, np.int64) for x in (page_tables, context_lens, query_starts, query_lens))
+    tables, ctx, starts, lens = (
+        np.asarray(x, np.int64) for x in (page_tables, context_lens, query_starts, query_lens)
+    )
     active = lens > 0
     if (lens < 0).any():
         raise ValueError(f"query_lens must be >= 0, got {lens.tolist()}")
@@ -381,9 +441,19 @@ def _check_values(q, k_pages, page_tables, context_lens, query_starts, query_len
 
 
 def ragged_paged_attention(
-    q, k_pages, v_pages, page_tables, context_lens, query_starts, query_lens,
-    *, sm_scale: float, impl: str = "auto", interpret: bool = False,
-    tiles: RaggedAttentionTiles = DEFAULT_TILES, layer: int | None = None,
+    q,
+    k_pages,
+    v_pages,
+    page_tables,
+    context_lens,
+    query_starts,
+    query_lens,
+    *,
+    sm_scale: float,
+    impl: str = "auto",
+    interpret: bool = False,
+    tiles: RaggedAttentionTiles = DEFAULT_TILES,
+    layer: int | None = None,
 ) -> jax.Array:
     """Causal attention of packed ragged query rows over a paged KV cache (module docstring).
 
@@ -413,9 +483,15 @@ def ragged_paged_attention(
     one_layer = k_pages, v_pages  # what the checks see: one layer's pages (shapes only)
     if layer is not None:
         if k_pages.ndim != 5 or k_pages.shape != v_pages.shape:
-            raise ValueError(f"with layer, k_pages and v_pages must share one 5-d [num_layers, num_kv_heads, "
-                             f"total_pages, page_size, head_dim] shape, got {k_pages.shape} and {v_pages.shape}")
-        if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)) or not 0 <= layer < k_pages.shape[0]:
+            raise ValueError(
+                f"with layer, k_pages and v_pages must share one 5-d [num_layers, num_kv_heads, "
+                f"total_pages, page_size, head_dim] shape, got {k_pages.shape} and {v_pages.shape}"
+            )
+        if (
+            isinstance(layer, bool)
+            or not isinstance(layer, (int, np.integer))
+            or not 0 <= layer < k_pages.shape[0]
+        ):
             raise ValueError(f"layer must be an int in [0, {k_pages.shape[0]}), got {layer!r}")
         layer = int(layer)
         one_layer = tuple(jax.ShapeDtypeStruct(x.shape[1:], x.dtype) for x in (k_pages, v_pages))
@@ -434,7 +510,15 @@ def ragged_paged_attention(
 
 
 def ragged_paged_attention_reference(
-    q, k_pages, v_pages, page_tables, context_lens, query_starts, query_lens, *, sm_scale: float,
+    q,
+    k_pages,
+    v_pages,
+    page_tables,
+    context_lens,
+    query_starts,
+    query_lens,
+    *,
+    sm_scale: float,
     layer: int | None = None,
 ) -> np.ndarray:
     """Deliberately naive: per row, per query token, float64 numpy. Returns float32 [T, H, D]."""

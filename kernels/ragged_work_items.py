@@ -10,6 +10,7 @@ shapes. Worked example, block_q 2, T 8, rows with query_lens [3, 0, 1] at query_
 Tiles gather their tokens from the packed queries (padding reads an appended zero row, never the
 caller's NaN) and scatter their outputs back (padding tokens are dropped).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -39,8 +40,9 @@ class WorkItems:
     page_ids: jax.Array  # i32[N, pages_per_row] row's page table, unused slots set to page 0
 
 
-def work_items(page_tables, context_lens, query_starts, query_lens, *, num_tokens, block_q, total_pages,
-               page_size) -> WorkItems:
+def work_items(
+    page_tables, context_lens, query_starts, query_lens, *, num_tokens, block_q, total_pages, page_size
+) -> WorkItems:
     num_rows = page_tables.shape[0]
     # Each tile holds >= 1 token, and each row has at most one partial tile.
     num_items = min(num_tokens, -(-num_tokens // block_q) + num_rows)

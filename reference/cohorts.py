@@ -12,13 +12,13 @@ Each choice is scored with the spec's objective written out again from first pri
 It shares no code with ``helios_jax.scheduler`` beyond the plain data types, so agreement is
 evidence. It is exponential on purpose: keep populations small.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import itertools
 import math
-from typing import Sequence
-
+from collections.abc import Sequence
 
 from helios_jax.catalog import Allocation, DecodeMode, GraphDescriptor, GraphKind
 from helios_jax.reference.prefix_allocation import prefix_allocation_naive
@@ -73,11 +73,18 @@ class Objective:
             logs.append(math.log(self.policy.terminal_value))
         self.log_scale = max(logs)
         self.scale = math.exp(-self.log_scale)
-        k = len([v for v in self.views if v.phase is Phase.DECODE or
-                 (v.phase is Phase.BLOCKED and v.enables is Phase.DECODE)])
+        k = len(
+            [
+                v
+                for v in self.views
+                if v.phase is Phase.DECODE or (v.phase is Phase.BLOCKED and v.enables is Phase.DECODE)
+            ]
+        )
         kt = len([v for v in self.views if v.phase is Phase.TERMINAL])
-        self.sigma = self._sigma(k, [g for g in self.graphs if g.kind in
-                                     (GraphKind.DECODE, GraphKind.SPECULATIVE, GraphKind.MIXED)])
+        self.sigma = self._sigma(
+            k,
+            [g for g in self.graphs if g.kind in (GraphKind.DECODE, GraphKind.SPECULATIVE, GraphKind.MIXED)],
+        )
         self.sigma_t = self._sigma(kt, [g for g in self.graphs if g.kind is GraphKind.SNAPSHOT])
         self.c = self.policy.decode_age_price * self.scale
         self.ct = self.policy.terminal_age_price * self.scale
@@ -98,9 +105,12 @@ class Objective:
 
     def decoder_value(self, v: RequestView, rows: int, t: float) -> float:
         s = _survival(v, self.depth)
-        expected = 1.0 + sum(x ** self.policy.adaptive_verification_alpha for x in s[: rows - 1])
-        return (self.price(v.log_output_price) * expected + self.price(v.log_delivery_price)
-                + self.c * self.sigma * (v.age_ms + t))
+        expected = 1.0 + sum(x**self.policy.adaptive_verification_alpha for x in s[: rows - 1])
+        return (
+            self.price(v.log_output_price) * expected
+            + self.price(v.log_delivery_price)
+            + self.c * self.sigma * (v.age_ms + t)
+        )
 
     def prompt_value(self, v: RequestView, n: int) -> float:
         value = self.price(v.log_prefill_price) * n
@@ -164,8 +174,11 @@ def _carries(h: GraphDescriptor, g: GraphDescriptor, mode: DecodeMode, prompt, d
             bound = _lane_limit(v, h)
             if rows > bound or (not _host_free(h, mode) and rows != bound):
                 return False
-        if h.kind is GraphKind.SPECULATIVE and h.allocation is not Allocation.PREFIX_LIMIT \
-                and sum(r for _, r in decoders) > h.target_capacity:
+        if (
+            h.kind is GraphKind.SPECULATIVE
+            and h.allocation is not Allocation.PREFIX_LIMIT
+            and sum(r for _, r in decoders) > h.target_capacity
+        ):
             return False
     return True
 
@@ -182,8 +195,11 @@ def best_for_graph(obj: Objective, g: GraphDescriptor, mode: DecodeMode) -> floa
     runnable = [v for v in obj.views if v.runnable]
     decoders = [v for v in runnable if v.phase is Phase.DECODE]
     prompts = [v for v in runnable if v.phase is Phase.PREFILL]
-    smaller = [h for h in obj.graphs if h is not g and _caps(h) != _caps(g)
-               and all(x <= y for x, y in zip(_caps(h), _caps(g)))]
+    smaller = [
+        h
+        for h in obj.graphs
+        if h is not g and _caps(h) != _caps(g) and all(x <= y for x, y in zip(_caps(h), _caps(g)))
+    ]
     best = None
 
     def consider(numerator: float, prompt=None, lanes=(), terminals=0):
@@ -228,15 +244,20 @@ def best_for_graph(obj: Objective, g: GraphDescriptor, mode: DecodeMode) -> floa
     return best
 
 
-def _decoder_numerators(obj: Objective, g: GraphDescriptor, cohort, mode: DecodeMode, t: float,
-                        rows: int | None):
+def _decoder_numerators(
+    obj: Objective, g: GraphDescriptor, cohort, mode: DecodeMode, t: float, rows: int | None
+):
     """(numerator, per-lane work) of every legal row assignment of `cohort` on `g`.
 
     Work is the host query length per lane, or the device ceiling for prefix_limit programs
     (rows: the aggregate limit P, None for mixed rows).
     """
     limits = [_lane_limit(v, g) for v in cohort]
-    if g.kind is GraphKind.SPECULATIVE and g.allocation is Allocation.PREFIX_LIMIT and mode is DecodeMode.ADAPTIVE:
+    if (
+        g.kind is GraphKind.SPECULATIVE
+        and g.allocation is Allocation.PREFIX_LIMIT
+        and mode is DecodeMode.ADAPTIVE
+    ):
         # Lane ceilings may be anything in 1..limit: with ceilings c summing to at most P the
         # device allocates exactly c, and every allocation it can make sums to at most P, so
         # the reachable allocations are exactly the width vectors fitting P.
@@ -251,8 +272,9 @@ def _decoder_numerators(obj: Objective, g: GraphDescriptor, cohort, mode: Decode
             return
         probs = [_forecast(v, g.proposal_depth) for v in cohort]
         slots = sorted(range(len(cohort)), key=lambda i: cohort[i].slot)
-        alloc_sorted = prefix_allocation_naive([probs[i] for i in slots], [limits[i] for i in slots],
-                                               [True] * len(cohort), g.target_capacity)
+        alloc_sorted = prefix_allocation_naive(
+            [probs[i] for i in slots], [limits[i] for i in slots], [True] * len(cohort), g.target_capacity
+        )
         alloc = [0] * len(cohort)
         for pos, i in enumerate(slots):
             alloc[i] = int(alloc_sorted[pos])
@@ -279,8 +301,15 @@ def exhaustive_best(views, graphs, costs, policy, mode) -> dict:
     return out
 
 
-def best_pair_naive(new: Sequence[float], ready: Sequence[float], terminal: Sequence[float],
-                    prereq_batch: int, follow_batch: int, *, min_new: int = 1) -> float | None:
+def best_pair_naive(
+    new: Sequence[float],
+    ready: Sequence[float],
+    terminal: Sequence[float],
+    prereq_batch: int,
+    follow_batch: int,
+    *,
+    min_new: int = 1,
+) -> float | None:
     """Every subset choice for a fixed prerequisite/following pair (the oracle of best_pair)."""
     best = None
     n_idx = range(len(new))
@@ -290,8 +319,11 @@ def best_pair_naive(new: Sequence[float], ready: Sequence[float], terminal: Sequ
                 for rset in itertools.combinations(range(len(ready)), kr):
                     for kt in range(0, min(len(terminal), prereq_batch - kn) + 1):
                         for tset in itertools.combinations(range(len(terminal)), kt):
-                            total = sum(new[i] for i in nset) + sum(ready[i] for i in rset) + \
-                                sum(terminal[i] for i in tset)
+                            total = (
+                                sum(new[i] for i in nset)
+                                + sum(ready[i] for i in rset)
+                                + sum(terminal[i] for i in tset)
+                            )
                             if best is None or total > best:
                                 best = total
     return best

@@ -18,6 +18,7 @@ claims more than the reference can reach. Prints one JSON line
 (E counts exact program comparisons; G is the worst relative shortfall over the bounded,
 non-exact comparisons) and exits non-zero when M > 0.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -41,8 +42,13 @@ def _monotone_probs(rng, depth: int, low: float) -> np.ndarray:
     return np.cumprod(rng.uniform(low, 1.0, size=depth))
 
 
-def random_population(rng: np.random.Generator, catalog: Catalog, max_requests: int,
-                      policy_config: PolicyConfig, normalizers: service.Normalizers) -> list[RequestView]:
+def random_population(
+    rng: np.random.Generator,
+    catalog: Catalog,
+    max_requests: int,
+    policy_config: PolicyConfig,
+    normalizers: service.Normalizers,
+) -> list[RequestView]:
     n = int(rng.integers(1, max_requests + 1))
     depth = catalog.max_proposal_depth
     views = []
@@ -52,43 +58,57 @@ def random_population(rng: np.random.Generator, catalog: Catalog, max_requests: 
         log_x = normalizers.share_log_rate(n) + rng.normal(0.0, 1.5)
         log_z = normalizers.share_log_rate(n) + rng.normal(0.0, 1.5)
         prices = service.log_prices(policy_config, log_x, log_z if phase is Phase.DECODE else None)
-        common = dict(rid=100 + i, slot=int(rng.permutation(64)[i]), phase=phase,
-                      runnable=bool(rng.random() > 0.05), last_selected_ns=int(rng.integers(0, 5)),
-                      log_prefill_price=prices.prefill_token, log_output_price=prices.output_token,
-                      log_delivery_price=prices.delivery)
+        common = dict(
+            rid=100 + i,
+            slot=int(rng.permutation(64)[i]),
+            phase=phase,
+            runnable=bool(rng.random() > 0.05),
+            last_selected_ns=int(rng.integers(0, 5)),
+            log_prefill_price=prices.prefill_token,
+            log_output_price=prices.output_token,
+            log_delivery_price=prices.delivery,
+        )
         if phase is Phase.DECODE:
             n_dec += 1
-            views.append(RequestView(
-                **common,
-                age_ms=float(rng.uniform(0.0, 200.0)),
-                output_remaining=int(rng.choice([1, 2, 3, 5, 20, 400])),
-                context_remaining=int(rng.choice([2, 4, 1 << 20], p=[0.1, 0.1, 0.8])),
-                copy_limit=None if rng.random() < 0.8 else int(rng.integers(0, depth + 1)),
-                width_limit=None if rng.random() < 0.85 else int(rng.integers(1, depth + 2)),
-                survival=_monotone_probs(rng, depth, rng.uniform(0.05, 0.95)),
-                forecast=_monotone_probs(rng, depth, rng.uniform(0.05, 0.95)),
-            ))
+            views.append(
+                RequestView(
+                    **common,
+                    age_ms=float(rng.uniform(0.0, 200.0)),
+                    output_remaining=int(rng.choice([1, 2, 3, 5, 20, 400])),
+                    context_remaining=int(rng.choice([2, 4, 1 << 20], p=[0.1, 0.1, 0.8])),
+                    copy_limit=None if rng.random() < 0.8 else int(rng.integers(0, depth + 1)),
+                    width_limit=None if rng.random() < 0.85 else int(rng.integers(1, depth + 2)),
+                    survival=_monotone_probs(rng, depth, rng.uniform(0.05, 0.95)),
+                    forecast=_monotone_probs(rng, depth, rng.uniform(0.05, 0.95)),
+                )
+            )
         elif phase is Phase.PREFILL:
             remaining = int(np.exp(rng.uniform(0.0, math.log(6000))))
             spans = ()
             if rng.random() < 0.2 and remaining > 10:
                 start = int(rng.integers(0, remaining - 1))
                 spans = ((start, int(min(remaining, start + rng.integers(2, 600)))),)
-            views.append(RequestView(
-                **common,
-                prompt_remaining=remaining,
-                prompt_limit=None if rng.random() < 0.8 else int(rng.integers(1, remaining + 1)),
-                atomic_spans=spans,
-                needs_scores=bool(rng.random() < 0.1),
-            ))
+            views.append(
+                RequestView(
+                    **common,
+                    prompt_remaining=remaining,
+                    prompt_limit=None if rng.random() < 0.8 else int(rng.integers(1, remaining + 1)),
+                    atomic_spans=spans,
+                    needs_scores=bool(rng.random() < 0.1),
+                )
+            )
         else:
             views.append(RequestView(**common, terminal_age_ms=float(rng.uniform(0.0, 100.0))))
     return views
 
 
 def _exact(graph, mode: DecodeMode) -> bool:
-    adaptive_ragged = (graph.kind is GraphKind.SPECULATIVE and graph.token_capacity > 1
-                       and not graph.is_rectangular and mode is DecodeMode.ADAPTIVE)
+    adaptive_ragged = (
+        graph.kind is GraphKind.SPECULATIVE
+        and graph.token_capacity > 1
+        and not graph.is_rectangular
+        and mode is DecodeMode.ADAPTIVE
+    )
     return not adaptive_ragged
 
 
@@ -103,8 +123,13 @@ class Report:
     worst: dict | None = None  # the bounded comparison with the largest shortfall
 
     def to_json(self) -> dict:
-        return {"cases": self.cases, "exact_cases": self.exact_cases, "mismatches": self.mismatches,
-                "worst_relative_gap": self.worst_relative_gap, "bounded_cases": self.bounded_cases}
+        return {
+            "cases": self.cases,
+            "exact_cases": self.exact_cases,
+            "mismatches": self.mismatches,
+            "worst_relative_gap": self.worst_relative_gap,
+            "bounded_cases": self.bounded_cases,
+        }
 
 
 def random_mode(rng: np.random.Generator, catalog: Catalog) -> tuple[DecodeMode, int | None]:
@@ -113,14 +138,25 @@ def random_mode(rng: np.random.Generator, catalog: Catalog) -> tuple[DecodeMode,
     mode = modes[int(rng.integers(len(modes)))]
     fixed_width = None
     if mode is DecodeMode.FIXED:
-        widths = sorted({g.token_capacity for g in catalog.of_kind(GraphKind.SPECULATIVE)
-                         if g.allocation is Allocation.QUERY_LENGTH})
+        widths = sorted(
+            {
+                g.token_capacity
+                for g in catalog.of_kind(GraphKind.SPECULATIVE)
+                if g.allocation is Allocation.QUERY_LENGTH
+            }
+        )
         fixed_width = widths[int(rng.integers(len(widths)))]
     return mode, fixed_width
 
 
-def run(catalog: Catalog, cases: int, seed: int, max_requests: int = 5, noise: float = 0.0,
-        policy_config: PolicyConfig | None = None) -> Report:
+def run(
+    catalog: Catalog,
+    cases: int,
+    seed: int,
+    max_requests: int = 5,
+    noise: float = 0.0,
+    policy_config: PolicyConfig | None = None,
+) -> Report:
     rng = np.random.default_rng(seed)
     report = Report()
     policy_config = policy_config or PolicyConfig()
@@ -154,14 +190,26 @@ def run(catalog: Catalog, cases: int, seed: int, max_requests: int = 5, noise: f
             short = prod < ref - TOLERANCE * scale
             if over or (exact and short):
                 report.mismatches += 1
-                report.details.append({"case": case, "graph": str(key), "mode": mode.value,
-                                       "production": prod, "reference": ref})
+                report.details.append(
+                    {
+                        "case": case,
+                        "graph": str(key),
+                        "mode": mode.value,
+                        "production": prod,
+                        "reference": ref,
+                    }
+                )
             elif short and math.isfinite(ref):
                 gap = (ref - prod) / scale if math.isfinite(prod) else 1.0
                 if gap > report.worst_relative_gap:
                     report.worst_relative_gap = gap
-                    report.worst = {"case": case, "graph": str(key), "mode": mode.value,
-                                    "production": prod, "reference": ref}
+                    report.worst = {
+                        "case": case,
+                        "graph": str(key),
+                        "mode": mode.value,
+                        "production": prod,
+                        "reference": ref,
+                    }
     return report
 
 

@@ -20,6 +20,7 @@ sampling settings, copy lanes, draft confidence), so the chain of checks is: tes
 holds `paged_proposals` to `naive_proposals`, and tests/programs/test_speculative.py holds greedy
 learned `draft_proposals` to `paged_proposals` on the programs' own device state.
 """
+
 from __future__ import annotations
 
 import jax
@@ -57,7 +58,9 @@ def mtp_forward(weights: Weights, config, hidden, next_tokens) -> tuple[np.ndarr
     hidden = np.asarray(hidden, np.float64)
     rows = []
     for i, token in enumerate(next_tokens):
-        e = rms_norm(weights["model.embed_tokens.weight"][int(token)], weights["mtp.pre_fc_norm_embedding.weight"], eps)
+        e = rms_norm(
+            weights["model.embed_tokens.weight"][int(token)], weights["mtp.pre_fc_norm_embedding.weight"], eps
+        )
         h = rms_norm(hidden[i], weights["mtp.pre_fc_norm_hidden.weight"], eps)
         rows.append(linear(np.concatenate([e, h])[None, :], weights["mtp.fc.weight"])[0])
     x = np.stack(rows)
@@ -102,6 +105,7 @@ def naive_proposals(
         tokens.append(token)
     return np.array(proposals), np.array(probs)
 
+
 # ---------------------------------------------------------------------------------------------
 # The paged proposal loop.
 #
@@ -138,9 +142,19 @@ class Proposals:
 
 
 def paged_proposals(
-    config: ModelConfig, params: Params, cache: PagedKVCache, hidden: jax.Array, next_tokens: jax.Array,
-    positions: jax.Array, page_tables: jax.Array, active: jax.Array, *, depth: int,
-    key: jax.Array | None = None, temperature: jax.Array | float = 1.0, return_probs: bool = False,
+    config: ModelConfig,
+    params: Params,
+    cache: PagedKVCache,
+    hidden: jax.Array,
+    next_tokens: jax.Array,
+    positions: jax.Array,
+    page_tables: jax.Array,
+    active: jax.Array,
+    *,
+    depth: int,
+    key: jax.Array | None = None,
+    temperature: jax.Array | float = 1.0,
+    return_probs: bool = False,
     attention: AttentionKernel | None = None,
 ) -> Proposals:
     """Runs `depth` sequential MTP proposals for every active row.
@@ -173,13 +187,16 @@ def paged_proposals(
     def step(carry, k):
         cache, h, x, pos = carry
         batch = PackedBatch(
-            tokens=_pack_rows(x, packed_index), positions=_pack_rows(pos, packed_index),
+            tokens=_pack_rows(x, packed_index),
+            positions=_pack_rows(pos, packed_index),
             page_tables=page_tables,
             context_lens=jnp.where(active, pos + 1, 0).astype(jnp.int32),
-            query_starts=query_starts, query_lens=query_lens,
+            query_starts=query_starts,
+            query_lens=query_lens,
         )
-        packed_hidden, cache = draft_forward_packed(config, params, cache, _pack_rows(h, packed_index), batch,
-                                                    attention=attention)
+        packed_hidden, cache = draft_forward_packed(
+            config, params, cache, _pack_rows(h, packed_index), batch, attention=attention
+        )
         g = packed_hidden[jnp.clip(query_starts, 0, rows - 1)]  # back to row order
         logits = compute_logits(config, params, g) / temperature[:, None]
         token, q, probs = _choose(logits, key, k, active)

@@ -13,6 +13,7 @@ this module restates them twice more, independently of jax:
 Both rank in float32, the kernel's precision: a host caller holding float64 probabilities
 rounds them to float32 first, or two values equal in float32 could be ranked apart.
 """
+
 from __future__ import annotations
 
 import numpy as np

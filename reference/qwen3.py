@@ -5,6 +5,7 @@ nothing is batched or cached, and weights are read by their Hugging Face names s
 a `{name: ndarray}` dictionary (torch Linear layout [out, in]), so a mistake in the package's
 flax name mapping or layout cannot hide here. Used by `reference/mtp.py` and the model tests.
 """
+
 from __future__ import annotations
 
 import math

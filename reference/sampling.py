@@ -17,6 +17,7 @@
 Uniforms can be passed in (so the jax implementation can be compared draw for draw) or drawn from
 a `numpy.random.Generator` (so the oracle stands alone in distribution tests).
 """
+
 from __future__ import annotations
 
 import numpy as np

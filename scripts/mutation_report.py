@@ -26,6 +26,7 @@ reason, as rows of docs/mutation.md whose first cell is the mutant's name in bac
 numbers mutants within a function, so a changed function renumbers its own mutants: a recorded
 name that no longer survives is reported as stale, to be checked again.
 """
+
 from __future__ import annotations
 
 import collections
@@ -44,20 +45,38 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 FLAGS = flags.FLAGS
 flags.DEFINE_string("mutants_dir", str(ROOT / "mutants"), "mutmut's working folder")
 flags.DEFINE_list("paths", [], "restrict to these source files or folders (default: every mutated module)")
-flags.DEFINE_string("equivalents", str(ROOT / "docs" / "mutation.md"),
-                    "markdown file whose table rows `| `mutant` | reason |` record equivalent mutants")
+flags.DEFINE_string(
+    "equivalents",
+    str(ROOT / "docs" / "mutation.md"),
+    "markdown file whose table rows `| `mutant` | reason |` record equivalent mutants",
+)
 flags.DEFINE_bool("markdown", False, "print the per-module table as markdown")
 flags.DEFINE_bool("diffs", False, "print each listed survivor's diff (`mutmut show`)")
-flags.DEFINE_list("sample", [], "DIGITS, or PATH=DIGITS per module: count only the mutants whose number ends in "
-                  "one of DIGITS (the sample `make mutation SAMPLE=DIGITS` ran); modules not named count whole")
-flags.DEFINE_bool("list_survivors", True, "list the mutants that were neither killed nor recorded as equivalent")
+flags.DEFINE_list(
+    "sample",
+    [],
+    "DIGITS, or PATH=DIGITS per module: count only the mutants whose number ends in "
+    "one of DIGITS (the sample `make mutation SAMPLE=DIGITS` ran); modules not named count whole",
+)
+flags.DEFINE_bool(
+    "list_survivors", True, "list the mutants that were neither killed nor recorded as equivalent"
+)
 
 # mutmut's exit codes (mutmut/stats.py, status_by_exit_code): the tests failed, so the mutant is killed.
 KILLED = {1, 3}
 SURVIVED = {0}
 TIMEOUT = {36, -24, 24, 152, 255}
-STATUS = {None: "not checked", 5: "no tests", 33: "no tests", 34: "skipped", 35: "suspicious",
-          37: "caught by type check", 2: "interrupted", -11: "segfault", -9: "killed by signal"}
+STATUS = {
+    None: "not checked",
+    5: "no tests",
+    33: "no tests",
+    34: "skipped",
+    35: "suspicious",
+    37: "caught by type check",
+    2: "interrupted",
+    -11: "segfault",
+    -9: "killed by signal",
+}
 
 _ROW = re.compile(r"^\|\s*`([^`]+__mutmut_\d+)`\s*\|")
 
@@ -83,7 +102,7 @@ def results(mutants_dir: pathlib.Path, paths: list[str]) -> dict[str, dict[str, 
     wanted = [p.rstrip("/") for p in paths]
     out = {}
     for meta in sorted(mutants_dir.rglob("*.py.meta")):
-        source = meta.relative_to(mutants_dir).as_posix()[:-len(".meta")]
+        source = meta.relative_to(mutants_dir).as_posix()[: -len(".meta")]
         if wanted and not any(source == w or source.startswith(w + "/") for w in wanted):
             continue
         out[source] = json.loads(meta.read_text())["exit_code_by_key"]
@@ -124,9 +143,16 @@ def tally(codes: dict[str, int | None], equivalent: set[str]) -> dict:
     other = len(codes) - killed - timeout - counts["survived"]
     denominator = len(codes) - eq
     low, high = wilson(killed + timeout, denominator)
-    return dict(mutants=len(codes), killed=killed, survived=counts["survived"], equivalent=eq, timeout=timeout,
-                other=other, rate=(killed + timeout) / denominator if denominator else float("nan"),
-                interval=f"{100 * low:.1f}–{100 * high:.1f}%")
+    return dict(
+        mutants=len(codes),
+        killed=killed,
+        survived=counts["survived"],
+        equivalent=eq,
+        timeout=timeout,
+        other=other,
+        rate=(killed + timeout) / denominator if denominator else float("nan"),
+        interval=f"{100 * low:.1f}–{100 * high:.1f}%",
+    )
 
 
 def main(argv):
@@ -138,7 +164,9 @@ def main(argv):
     digits = sample_digits(FLAGS.sample)
     sampled = {source for source in by_module if digits.get(source, digits.get(""))}
     every_result = {name: code for codes in by_module.values() for name, code in codes.items()}
-    by_module = {source: in_sample(codes, digits.get(source, digits.get(""))) for source, codes in by_module.items()}
+    by_module = {
+        source: in_sample(codes, digits.get(source, digits.get(""))) for source, codes in by_module.items()
+    }
     equivalent = equivalents(pathlib.Path(FLAGS.equivalents))
 
     rows = [(source, tally(codes, equivalent)) for source, codes in by_module.items()]
@@ -146,9 +174,20 @@ def main(argv):
     header = ("module", "mutants", "killed", "survived", "equivalent", "timeout", "other", "kill rate")
     if sampled:
         header += ("95% interval",)
-    cells = [(s, str(t["mutants"]), str(t["killed"]), str(t["survived"]), str(t["equivalent"]), str(t["timeout"]),
-              str(t["other"]), f"{100 * t['rate']:.1f}%") + ((t["interval"] if s in sampled else "",) if sampled else ())
-             for s, t in rows + [("total", total)]]
+    cells = [
+        (
+            s,
+            str(t["mutants"]),
+            str(t["killed"]),
+            str(t["survived"]),
+            str(t["equivalent"]),
+            str(t["timeout"]),
+            str(t["other"]),
+            f"{100 * t['rate']:.1f}%",
+        )
+        + ((t["interval"] if s in sampled else "",) if sampled else ())
+        for s, t in rows + [("total", total)]
+    ]
     if FLAGS.markdown:
         print("| " + " | ".join(header) + " |")
         print("|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|")
@@ -160,27 +199,43 @@ def main(argv):
         print(fmt.format(*header))
         for c in cells:
             print(fmt.format(*c))
-    print("\nkill rate = (killed + timeout) / (mutants - equivalent); survived includes the equivalent ones;"
-          "\nother = no test reached the mutant, a crash, or not run yet"
-          + ("\nsampled modules count only the mutants numbered ...[" + "], ...[".join(sorted(set(digits.values())))
-             + "]; the interval is the kill rate's 95% Wilson interval for all of the module's\nnon-equivalent mutants (approximate: the sample is systematic, not random)"
-             if sampled else ""))
+    print(
+        "\nkill rate = (killed + timeout) / (mutants - equivalent); survived includes the equivalent ones;"
+        "\nother = no test reached the mutant, a crash, or not run yet"
+        + (
+            "\nsampled modules count only the mutants numbered ...["
+            + "], ...[".join(sorted(set(digits.values())))
+            + "]; the interval is the kill rate's 95% Wilson interval for all of the module's\nnon-equivalent mutants (approximate: the sample is systematic, not random)"
+            if sampled
+            else ""
+        )
+    )
 
     if FLAGS.list_survivors:
-        open_ = [(name, status(code)) for codes in by_module.values() for name, code in codes.items()
-                 if status(code) not in ("killed", "timeout") and not (name in equivalent and status(code) == "survived")]
-        print(f"\n{len(open_)} mutants neither detected nor recorded as equivalent"
-              + (":" if open_ else "."))
+        open_ = [
+            (name, status(code))
+            for codes in by_module.values()
+            for name, code in codes.items()
+            if status(code) not in ("killed", "timeout")
+            and not (name in equivalent and status(code) == "survived")
+        ]
+        print(f"\n{len(open_)} mutants neither detected nor recorded as equivalent" + (":" if open_ else "."))
         source_of = {name: source for source, codes in by_module.items() for name in codes}
         for name, st in open_:
             print(f"  {st:>12}  {name}")
             if FLAGS.diffs:
                 print("\n".join("      " + line for line in _diff(name, source_of[name], mutants_dir)))
         # Rows outside a sample are still checked against their last result.
-        stale = sorted(name for name in equivalent
-                       if name in every_result and status(every_result[name]) in ("killed", "timeout"))
-        missing = sorted(name for name in equivalent if name not in every_result
-                         and any(name.startswith(_module(s) + ".") for s in by_module))
+        stale = sorted(
+            name
+            for name in equivalent
+            if name in every_result and status(every_result[name]) in ("killed", "timeout")
+        )
+        missing = sorted(
+            name
+            for name in equivalent
+            if name not in every_result and any(name.startswith(_module(s) + ".") for s in by_module)
+        )
         for name in stale:
             print(f"  stale equivalent (no longer survives, check the row): {name}")
         for name in missing:
@@ -203,7 +258,7 @@ def _diff(name: str, source: str, mutants_dir: pathlib.Path) -> list[str]:
 
 
 def _module(source: str) -> str:
-    return source[:-len(".py")].replace("/", ".")
+    return source[: -len(".py")].replace("/", ".")
 
 
 if __name__ == "__main__":

@@ -44,6 +44,7 @@ What every step does (docs/default-model.md has the numbers of the shipped run):
 Runs are seeded and, with the default single-threaded XLA (set before jax loads; pass
 XLA_FLAGS yourself to change it), repeatable on one machine.
 """
+
 from __future__ import annotations
 
 import ast
@@ -196,10 +197,17 @@ def chat_examples(rel_path: str, text: str) -> list[str]:
             continue
         source = textwrap.dedent("\n".join(lines[start - 1 : node.end_lineno]))
         summary = doc.strip().splitlines()[0].strip()
-        out.append(render_chat([
-            {"role": "user", "content": f"Write the Python function `{node.name}` of `{module}`: {summary}"},
-            {"role": "assistant", "content": f"```python\n{source}\n```"},
-        ]))
+        out.append(
+            render_chat(
+                [
+                    {
+                        "role": "user",
+                        "content": f"Write the Python function `{node.name}` of `{module}`: {summary}",
+                    },
+                    {"role": "assistant", "content": f"```python\n{source}\n```"},
+                ]
+            )
+        )
     return out
 
 
@@ -234,17 +242,23 @@ def token_stream(tokenizer: Tokenizer, docs: list[str]) -> np.ndarray:
 
 
 def write_tokenizer_files(folder: pathlib.Path) -> None:
-    (folder / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": None,
-        "eos_token": IM_END,
-        "pad_token": EOT,
-        "unk_token": None,
-        "additional_special_tokens": SPECIAL_TOKENS,
-        "model_max_length": FLAGS.max_position_embeddings,
-        "clean_up_tokenization_spaces": False,
-        "chat_template": CHAT_TEMPLATE,
-    }, indent=2) + "\n")
+    (folder / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "bos_token": None,
+                "eos_token": IM_END,
+                "pad_token": EOT,
+                "unk_token": None,
+                "additional_special_tokens": SPECIAL_TOKENS,
+                "model_max_length": FLAGS.max_position_embeddings,
+                "clean_up_tokenization_spaces": False,
+                "chat_template": CHAT_TEMPLATE,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -333,7 +347,12 @@ def mtp_pass_losses(config: ModelConfig, params, hidden, window, passes: int):
     losses = []
     for k in range(passes):
         g, state = Qwen3(config).apply(
-            {"params": params}, hidden_in, next_tokens, positions, attend, {"prev": prev},
+            {"params": params},
+            hidden_in,
+            next_tokens,
+            positions,
+            attend,
+            {"prev": prev},
             method=Qwen3.draft,
         )
         ce = _cross_entropy(compute_logits(config, params, g), labels)
@@ -429,8 +448,10 @@ def measure_speculation(model, stream: np.ndarray) -> tuple[SpeculationStats, Sp
                 raise AssertionError(f"prompt {j}: speculative output differs from plain greedy")
             checked += 1
         if j % 8 == 7:
-            log(f"  decoding: {j + 1}/{len(prompts)} prompts, tokens/forward so far "
-                f"{decoding.tokens_per_forward:.3f}")
+            log(
+                f"  decoding: {j + 1}/{len(prompts)} prompts, tokens/forward so far "
+                f"{decoding.tokens_per_forward:.3f}"
+            )
     text = SpeculationStats(depth, ())
     # max_new_tokens=2: the prefill's token is pending, then exactly one round.
     for context in fixed_windows(stream, FLAGS.spec_text_rounds, FLAGS.spec_prompt_len):
@@ -448,8 +469,10 @@ def evaluate(folder: pathlib.Path, splits: dict[str, np.ndarray] | None = None) 
             "held_out": token_stream(model.tokenizer, held_docs),
         }
     t0 = time.time()
-    losses = {name: measure_losses(model.config, model.params, stream, FLAGS.spec_depth)
-              for name, stream in splits.items()}
+    losses = {
+        name: measure_losses(model.config, model.params, stream, FLAGS.spec_depth)
+        for name, stream in splits.items()
+    }
     log(f"losses: {json.dumps(losses)}")
     decoding, text, checked = measure_speculation(model, splits["held_out"])
     result = {
@@ -499,21 +522,21 @@ def write_model_card(folder: pathlib.Path, info: dict) -> None:
     card = f"""# helios_jax default model
 
 A tiny Qwen3-architecture causal LM with a multi-token-prediction (MTP) draft head, trained by
-`scripts/train_tiny.py` on the Python {info['data']['python']} standard library's sources. It
+`scripts/train_tiny.py` on the Python {info["data"]["python"]} standard library's sources. It
 exists so that `python -m helios_jax.serve` runs with no download; it writes Python-like text
 and nothing more. docs/default-model.md describes it in full.
 
 | | |
 | --- | --- |
-| architecture | Qwen3ForCausalLM, {c['num_hidden_layers']} layers, hidden {c['hidden_size']}, MLP {c['intermediate_size']}, {c['num_attention_heads']} query / {c['num_key_value_heads']} kv heads of {c['head_dim']}, tied embeddings |
-| MTP head | {c['mtp_num_hidden_layers']} block (`mtp.*` tensors, docs/model.md) |
-| context | {c['max_position_embeddings']} (trained on {t['seq_len']}-token windows) |
-| vocabulary | {c['vocab_size']} byte-level BPE, `<|endoftext|>` `<|im_start|>` `<|im_end|>` |
-| weights | {info['parameters']:,} parameters, {c['dtype']} |
-| training | {t['steps']} steps x {t['batch']} x {t['seq_len']} tokens, {t['wall_seconds'] / 60:.1f} min on one CPU core |
-| loss (next token, nats) | train {e['losses']['train']['next_token']:.3f}, held-out {e['losses']['held_out']['next_token']:.3f} |
-| greedy speculation, {sp['depth']} drafts, held-out prompts | {sp['tokens_per_forward']:.3f} tokens per target forward; acceptance per position (conditional) {acc}; reached {reached} |
-| the same, single rounds from held-out text | {tr['tokens_per_forward']:.3f} tokens per target forward; acceptance per position (conditional) {tacc} |
+| architecture | Qwen3ForCausalLM, {c["num_hidden_layers"]} layers, hidden {c["hidden_size"]}, MLP {c["intermediate_size"]}, {c["num_attention_heads"]} query / {c["num_key_value_heads"]} kv heads of {c["head_dim"]}, tied embeddings |
+| MTP head | {c["mtp_num_hidden_layers"]} block (`mtp.*` tensors, docs/model.md) |
+| context | {c["max_position_embeddings"]} (trained on {t["seq_len"]}-token windows) |
+| vocabulary | {c["vocab_size"]} byte-level BPE, `<|endoftext|>` `<|im_start|>` `<|im_end|>` |
+| weights | {info["parameters"]:,} parameters, {c["dtype"]} |
+| training | {t["steps"]} steps x {t["batch"]} x {t["seq_len"]} tokens, {t["wall_seconds"] / 60:.1f} min on one CPU core |
+| loss (next token, nats) | train {e["losses"]["train"]["next_token"]:.3f}, held-out {e["losses"]["held_out"]["next_token"]:.3f} |
+| greedy speculation, {sp["depth"]} drafts, held-out prompts | {sp["tokens_per_forward"]:.3f} tokens per target forward; acceptance per position (conditional) {acc}; reached {reached} |
+| the same, single rounds from held-out text | {tr["tokens_per_forward"]:.3f} tokens per target forward; acceptance per position (conditional) {tacc} |
 
 Files: config.json, model.safetensors, tokenizer.json, tokenizer_config.json (chat template),
 generation_config.json, training_info.json (every setting and measurement of the run).
@@ -530,8 +553,10 @@ def train_and_save(folder: pathlib.Path) -> None:
     log(f"corpus: {len(train_docs)} training documents, {len(held_docs)} held-out files")
     tokenizer = train_tokenizer([d for d in train_docs if not d.startswith(IM_START)], FLAGS.vocab_size)
     splits = {"train": token_stream(tokenizer, train_docs), "held_out": token_stream(tokenizer, held_docs)}
-    log(f"tokenizer: {tokenizer.get_vocab_size()} tokens; train {len(splits['train']):,} tokens, "
-        f"held-out {len(splits['held_out']):,} ({time.time() - t_start:.0f} s)")
+    log(
+        f"tokenizer: {tokenizer.get_vocab_size()} tokens; train {len(splits['train']):,} tokens, "
+        f"held-out {len(splits['held_out']):,} ({time.time() - t_start:.0f} s)"
+    )
 
     config = model_config(tokenizer.get_vocab_size())
     params = init_params(config, jax.random.key(FLAGS.seed))
@@ -554,9 +579,11 @@ def train_and_save(folder: pathlib.Path) -> None:
             main, mtp = float(main), np.asarray(mtp)
             last_loss = main
             elapsed = time.time() - t_train
-            log(f"step {i + 1}/{FLAGS.steps} loss {main:.3f} mtp "
+            log(
+                f"step {i + 1}/{FLAGS.steps} loss {main:.3f} mtp "
                 + " ".join(f"{x:.3f}" for x in mtp)
-                + f"  {elapsed:.0f} s ({(i + 1) * FLAGS.batch * FLAGS.seq_len / elapsed:.0f} tok/s)")
+                + f"  {elapsed:.0f} s ({(i + 1) * FLAGS.batch * FLAGS.seq_len / elapsed:.0f} tok/s)"
+            )
     jax.block_until_ready(params)
     train_seconds = time.time() - t_train
     log(f"trained in {train_seconds / 60:.1f} min ({(time.time() - t_start) / 60:.1f} min with data)")
@@ -569,9 +596,17 @@ def train_and_save(folder: pathlib.Path) -> None:
     save_checkpoint(folder, config.replace(dtype=FLAGS.save_dtype), saved, tokenizer)
     write_tokenizer_files(folder)
     eot, im_end = tokenizer.token_to_id(EOT), tokenizer.token_to_id(IM_END)
-    (folder / "generation_config.json").write_text(json.dumps({
-        "eos_token_id": [im_end, eot], "pad_token_id": eot, "do_sample": False,
-    }, indent=2) + "\n")
+    (folder / "generation_config.json").write_text(
+        json.dumps(
+            {
+                "eos_token_id": [im_end, eot],
+                "pad_token_id": eot,
+                "do_sample": False,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
     wall = time.time() - t_start
 
     result = evaluate(folder, splits)
@@ -591,10 +626,16 @@ def train_and_save(folder: pathlib.Path) -> None:
         },
         "training": {
             "command": " ".join(["python"] + sys.argv),
-            "seed": FLAGS.seed, "steps": FLAGS.steps, "batch": FLAGS.batch,
-            "seq_len": FLAGS.seq_len, "lr": FLAGS.lr, "warmup": FLAGS.warmup,
-            "weight_decay": FLAGS.weight_decay, "mtp_passes": FLAGS.mtp_passes,
-            "mtp_rows": FLAGS.mtp_rows, "mtp_weight": FLAGS.mtp_weight,
+            "seed": FLAGS.seed,
+            "steps": FLAGS.steps,
+            "batch": FLAGS.batch,
+            "seq_len": FLAGS.seq_len,
+            "lr": FLAGS.lr,
+            "warmup": FLAGS.warmup,
+            "weight_decay": FLAGS.weight_decay,
+            "mtp_passes": FLAGS.mtp_passes,
+            "mtp_rows": FLAGS.mtp_rows,
+            "mtp_weight": FLAGS.mtp_weight,
             "save_dtype": FLAGS.save_dtype,
             "tokens_seen": FLAGS.steps * FLAGS.batch * FLAGS.seq_len,
             "last_logged_loss": last_loss,

@@ -4,6 +4,7 @@ Every test marks the rule ids it checks with ``@pytest.mark.spec("section/rule",
 that the catalog (helios_jax/conformance/RULES.md, the copy of docs/spec/RULES.md that ships
 with the package) does not define is a collection error, so the traceability cannot drift.
 """
+
 import json
 import os
 import pathlib
@@ -28,9 +29,12 @@ settings.register_profile("mutation", derandomize=True, database=None)
 
 
 def pytest_addoption(parser):
-    parser.addoption("--fastest-first", action="store_true",
-                     help="run tests in order of their durations in mutmut-stats.json (make mutation runs "
-                          "from mutants/, where mutmut records them): a mutant dies at its quickest failing test")
+    parser.addoption(
+        "--fastest-first",
+        action="store_true",
+        help="run tests in order of their durations in mutmut-stats.json (make mutation runs "
+        "from mutants/, where mutmut records them): a mutant dies at its quickest failing test",
+    )
 
 
 def _mutmut_durations() -> dict[str, float]:

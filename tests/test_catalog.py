@@ -1,13 +1,24 @@
 """Catalog descriptors, shape contracts, JSON round trips and mixed capacity planning."""
+
 import dataclasses
 import json
 import re
 
 import pytest
 
-from helios_jax.catalog import (Allocation, Catalog, DecodeMode, GraphDescriptor, GraphKind,
-                                MixedShape, batch_buckets, mixed_shapes, shipped_catalog, validate,
-                                wider_prompt_bucket)
+from helios_jax.catalog import (
+    Allocation,
+    Catalog,
+    DecodeMode,
+    GraphDescriptor,
+    GraphKind,
+    MixedShape,
+    batch_buckets,
+    mixed_shapes,
+    shipped_catalog,
+    validate,
+    wider_prompt_bucket,
+)
 
 spec = pytest.mark.spec
 R = 64
@@ -19,19 +30,35 @@ def check(**fields):
 
 @spec("intro/native-catalog-kinds")
 def test_every_kind_the_spec_names_loads():
-    kinds = {g.kind for g in shipped_catalog().graphs} | {g.kind for g in shipped_catalog("synthetic-h200-ordinary").graphs}
+    kinds = {g.kind for g in shipped_catalog().graphs} | {
+        g.kind for g in shipped_catalog("synthetic-h200-ordinary").graphs
+    }
     assert kinds == set(GraphKind)
 
 
-@spec("speculative-coverage/bdwp-identity",
-      "speculative-coverage/wp-not-imply-d", "duration-estimates/cost-key", "duration-estimates/no-relabel")
+@spec(
+    "speculative-coverage/bdwp-identity",
+    "speculative-coverage/wp-not-imply-d",
+    "duration-estimates/cost-key",
+    "duration-estimates/no-relabel",
+)
 def test_speculative_identity_is_all_four_extents():
-    a = GraphDescriptor(GraphKind.SPECULATIVE, 4, token_capacity=4, proposal_depth=3, target_capacity=16,
-                        allocation=Allocation.QUERY_LENGTH)
+    a = GraphDescriptor(
+        GraphKind.SPECULATIVE,
+        4,
+        token_capacity=4,
+        proposal_depth=3,
+        target_capacity=16,
+        allocation=Allocation.QUERY_LENGTH,
+    )
     deeper = dataclasses.replace(a, proposal_depth=7)  # same W and P, a deeper producer
     assert a.key != deeper.key
     check(**{f.name: getattr(deeper, f.name) for f in dataclasses.fields(deeper)})
-    assert {a.key.batch_capacity, a.key.proposal_depth, a.key.token_capacity, a.key.target_capacity} == {4, 3, 16}
+    assert {a.key.batch_capacity, a.key.proposal_depth, a.key.token_capacity, a.key.target_capacity} == {
+        4,
+        3,
+        16,
+    }
 
 
 @spec("speculative-coverage/extents-explicit")
@@ -41,13 +68,20 @@ def test_a_speculative_entry_declares_all_four_extents(width, field):
     """Loading refuses a speculative entry that leaves out B, W, D or P, naming the graph and the
     field; even width one's D = 0 is declared, never defaulted."""
     obj = shipped_catalog().to_json()
-    entry = next(g for g in obj["graphs"] if g["kind"] == "speculative" and g["batch_capacity"] == 2
-                 and g["token_capacity"] == width)
+    entry = next(
+        g
+        for g in obj["graphs"]
+        if g["kind"] == "speculative" and g["batch_capacity"] == 2 and g["token_capacity"] == width
+    )
     assert {"batch_capacity", "token_capacity", "proposal_depth", "target_capacity"} <= set(entry)
-    shown = {f: ("?" if f == field else entry[f])
-             for f in ("batch_capacity", "token_capacity", "proposal_depth", "target_capacity")}
-    name = (f"speculative[B={shown['batch_capacity']},W={shown['token_capacity']},"
-            f"D={shown['proposal_depth']},C=0,P={shown['target_capacity']}]")
+    shown = {
+        f: ("?" if f == field else entry[f])
+        for f in ("batch_capacity", "token_capacity", "proposal_depth", "target_capacity")
+    }
+    name = (
+        f"speculative[B={shown['batch_capacity']},W={shown['token_capacity']},"
+        f"D={shown['proposal_depth']},C=0,P={shown['target_capacity']}]"
+    )
     del entry[field]
     with pytest.raises(ValueError, match=rf"graph {re.escape(name)}: field '{field}': .*all four extents"):
         Catalog.from_json(obj)
@@ -55,24 +89,49 @@ def test_a_speculative_entry_declares_all_four_extents(width, field):
 
 @spec("speculative-coverage/extents-explicit")
 def test_saved_catalogs_declare_every_speculative_extent(tmp_path):
-    width_one = GraphDescriptor(GraphKind.SPECULATIVE, 2, token_capacity=1, proposal_depth=0, target_capacity=2,
-                                allocation=Allocation.QUERY_LENGTH)
+    width_one = GraphDescriptor(
+        GraphKind.SPECULATIVE,
+        2,
+        token_capacity=1,
+        proposal_depth=0,
+        target_capacity=2,
+        allocation=Allocation.QUERY_LENGTH,
+    )
     cat = Catalog("w1", "speculative", 8, 2, (width_one,))
     cat.save(tmp_path / "w1.json")
     entry = json.loads((tmp_path / "w1.json").read_text())["graphs"][0]
-    assert (entry["batch_capacity"], entry["token_capacity"], entry["proposal_depth"], entry["target_capacity"]) \
-        == (2, 1, 0, 2)
+    assert (
+        entry["batch_capacity"],
+        entry["token_capacity"],
+        entry["proposal_depth"],
+        entry["target_capacity"],
+    ) == (2, 1, 0, 2)
     assert Catalog.load(tmp_path / "w1.json") == cat
 
 
-@spec("speculative-coverage/rectangular-p", "speculative-coverage/rectangular-envelope",
-      "speculative-coverage/ragged-envelope", "speculative-coverage/token-envelope")
-@pytest.mark.parametrize("fields, field", [
-    (dict(batch_capacity=16, token_capacity=8, proposal_depth=7, target_capacity=128), "target_capacity"),
-    (dict(batch_capacity=16, token_capacity=8, proposal_depth=7, target_capacity=65,
-          allocation=Allocation.PREFIX_LIMIT), "target_capacity"),
-    (dict(batch_capacity=4, token_capacity=4, proposal_depth=3, target_capacity=3), "target_capacity"),
-])
+@spec(
+    "speculative-coverage/rectangular-p",
+    "speculative-coverage/rectangular-envelope",
+    "speculative-coverage/ragged-envelope",
+    "speculative-coverage/token-envelope",
+)
+@pytest.mark.parametrize(
+    "fields, field",
+    [
+        (dict(batch_capacity=16, token_capacity=8, proposal_depth=7, target_capacity=128), "target_capacity"),
+        (
+            dict(
+                batch_capacity=16,
+                token_capacity=8,
+                proposal_depth=7,
+                target_capacity=65,
+                allocation=Allocation.PREFIX_LIMIT,
+            ),
+            "target_capacity",
+        ),
+        (dict(batch_capacity=4, token_capacity=4, proposal_depth=3, target_capacity=3), "target_capacity"),
+    ],
+)
 def test_envelope_violations_name_graph_and_field(fields, field):
     fields.setdefault("allocation", Allocation.QUERY_LENGTH)
     with pytest.raises(ValueError, match=rf"graph speculative\[B=.*field '{field}'"):
@@ -82,30 +141,61 @@ def test_envelope_violations_name_graph_and_field(fields, field):
 @spec("speculative-coverage/width-one-d-zero", "speculative-coverage/pow2-buckets")
 def test_width_one_and_pow2_contracts():
     with pytest.raises(ValueError, match="proposal_depth"):
-        check(kind=GraphKind.SPECULATIVE, batch_capacity=2, token_capacity=1, proposal_depth=1,
-              target_capacity=2, allocation=Allocation.QUERY_LENGTH)
+        check(
+            kind=GraphKind.SPECULATIVE,
+            batch_capacity=2,
+            token_capacity=1,
+            proposal_depth=1,
+            target_capacity=2,
+            allocation=Allocation.QUERY_LENGTH,
+        )
     with pytest.raises(ValueError, match="batch_capacity"):
         check(kind=GraphKind.DECODE, batch_capacity=3, token_capacity=1)
     # width one is exempt from the envelope: B=64 width-one programs need no R
-    validate(GraphDescriptor(GraphKind.SPECULATIVE, 64, token_capacity=1, target_capacity=64,
-                             allocation=Allocation.QUERY_LENGTH), speculative_token_capacity=0)
+    validate(
+        GraphDescriptor(
+            GraphKind.SPECULATIVE,
+            64,
+            token_capacity=1,
+            target_capacity=64,
+            allocation=Allocation.QUERY_LENGTH,
+        ),
+        speculative_token_capacity=0,
+    )
 
 
-@spec("mixed-execution/batch-range", "mixed-execution/width-range", "mixed-execution/prompt-aligned",
-      "mixed-execution/others-zero", "mixed-execution/prompt-ge-width", "mixed-execution/max-extent",
-      "mixed-execution/declared-capacities")
-@pytest.mark.parametrize("fields, field", [
-    (dict(batch_capacity=1, token_capacity=1, prefill_capacity=64), "batch_capacity"),
-    (dict(batch_capacity=128, token_capacity=1, prefill_capacity=64), "batch_capacity"),
-    (dict(batch_capacity=6, token_capacity=1, prefill_capacity=64), "batch_capacity"),
-    (dict(batch_capacity=2, token_capacity=9, proposal_depth=8, prefill_capacity=64, speculative=True), "token_capacity"),
-    (dict(batch_capacity=2, token_capacity=1, prefill_capacity=96), "prefill_capacity"),
-    (dict(batch_capacity=2, token_capacity=1, prefill_capacity=0), "prefill_capacity"),
-    (dict(batch_capacity=2, token_capacity=1, prefill_capacity=64, target_capacity=64), "target_capacity"),
-])
+@spec(
+    "mixed-execution/batch-range",
+    "mixed-execution/width-range",
+    "mixed-execution/prompt-aligned",
+    "mixed-execution/others-zero",
+    "mixed-execution/prompt-ge-width",
+    "mixed-execution/max-extent",
+    "mixed-execution/declared-capacities",
+)
+@pytest.mark.parametrize(
+    "fields, field",
+    [
+        (dict(batch_capacity=1, token_capacity=1, prefill_capacity=64), "batch_capacity"),
+        (dict(batch_capacity=128, token_capacity=1, prefill_capacity=64), "batch_capacity"),
+        (dict(batch_capacity=6, token_capacity=1, prefill_capacity=64), "batch_capacity"),
+        (
+            dict(batch_capacity=2, token_capacity=9, proposal_depth=8, prefill_capacity=64, speculative=True),
+            "token_capacity",
+        ),
+        (dict(batch_capacity=2, token_capacity=1, prefill_capacity=96), "prefill_capacity"),
+        (dict(batch_capacity=2, token_capacity=1, prefill_capacity=0), "prefill_capacity"),
+        (
+            dict(batch_capacity=2, token_capacity=1, prefill_capacity=64, target_capacity=64),
+            "target_capacity",
+        ),
+    ],
+)
 def test_mixed_contracts(fields, field):
-    fields.setdefault("target_capacity", fields.get("prefill_capacity", 0)
-                      + (fields["batch_capacity"] - 1) * fields["token_capacity"])
+    fields.setdefault(
+        "target_capacity",
+        fields.get("prefill_capacity", 0) + (fields["batch_capacity"] - 1) * fields["token_capacity"],
+    )
     with pytest.raises(ValueError, match=rf"graph mixed\[.*field '{field}'"):
         check(kind=GraphKind.MIXED, **fields)
 
@@ -118,16 +208,28 @@ def test_prefill_capacity_is_zero_outside_mixed():
 
 @spec("mixed-execution/width-range")
 def test_completion_token_capacity_defaults_to_eight_and_can_be_declared():
-    g = GraphDescriptor(GraphKind.MIXED, 2, token_capacity=8, proposal_depth=7, prefill_capacity=64,
-                        target_capacity=72, speculative=True)
+    g = GraphDescriptor(
+        GraphKind.MIXED,
+        2,
+        token_capacity=8,
+        proposal_depth=7,
+        prefill_capacity=64,
+        target_capacity=72,
+        speculative=True,
+    )
     validate(g, speculative_token_capacity=R)
     with pytest.raises(ValueError, match="token_capacity"):
         validate(g, speculative_token_capacity=R, completion_token_capacity=4)
 
 
-@spec("speculative-coverage/device-needs-adaptive", "speculative-coverage/fixed-host-ragged",
-      "mixed-execution/variant-matches-mode", "mixed-execution/fixed-width-shared",
-      "speculative-coverage/load-reduce-existing", "mixed-execution/zero-drafts-ordinary")
+@spec(
+    "speculative-coverage/device-needs-adaptive",
+    "speculative-coverage/fixed-host-ragged",
+    "mixed-execution/variant-matches-mode",
+    "mixed-execution/fixed-width-shared",
+    "speculative-coverage/load-reduce-existing",
+    "mixed-execution/zero-drafts-ordinary",
+)
 def test_decode_mode_restricts_eligible_programs():
     cat = shipped_catalog()
     adaptive = cat.eligible(DecodeMode.ADAPTIVE)
@@ -152,14 +254,17 @@ def test_json_round_trip(tmp_path):
     assert json.loads(path.read_text())["graphs"][0]["duration_ms"] == cat.graphs[0].duration_ms
 
 
-@pytest.mark.parametrize("mutate, message", [
-    (lambda c: c.pop("graphs"), "missing field 'graphs'"),
-    (lambda c: c["graphs"].append({"kind": "teleport", "batch_capacity": 1}), "unknown kind"),
-    (lambda c: c["graphs"].append(dict(c["graphs"][0])), "listed twice"),
-    (lambda c: c["graphs"][0].update(duration_ms=-1), "duration_ms"),
-    (lambda c: c["graphs"][0].update(colour="red"), "unknown fields"),
-    (lambda c: c.update(mode="warp"), "mode"),
-])
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda c: c.pop("graphs"), "missing field 'graphs'"),
+        (lambda c: c["graphs"].append({"kind": "teleport", "batch_capacity": 1}), "unknown kind"),
+        (lambda c: c["graphs"].append(dict(c["graphs"][0])), "listed twice"),
+        (lambda c: c["graphs"][0].update(duration_ms=-1), "duration_ms"),
+        (lambda c: c["graphs"][0].update(colour="red"), "unknown fields"),
+        (lambda c: c.update(mode="warp"), "mode"),
+    ],
+)
 def test_malformed_catalogs_are_rejected(mutate, message):
     obj = shipped_catalog().to_json()
     mutate(obj)
@@ -185,19 +290,31 @@ def test_wider_prompt_bucket_balances_multiplicative_distance():
     assert wider_prompt_bucket([64, 128, 256, 512, 1024, 2048]) == 256  # tie 256/512 -> smaller
 
 
-@spec("mixed-execution/catalog-bounded", "mixed-execution/width-one-all-prompts",
-      "mixed-execution/wider-one-prompt", "mixed-execution/limits-split", "mixed-execution/spec-capture",
-      "mixed-execution/ordinary-capture", "mixed-execution/planning-same-catalog")
+@spec(
+    "mixed-execution/catalog-bounded",
+    "mixed-execution/width-one-all-prompts",
+    "mixed-execution/wider-one-prompt",
+    "mixed-execution/limits-split",
+    "mixed-execution/spec-capture",
+    "mixed-execution/ordinary-capture",
+    "mixed-execution/planning-same-catalog",
+)
 def test_mixed_shapes_reproduce_the_shipped_catalog():
     buckets = [64, 128, 256, 512, 1024, 2048, 4096]
-    spec_shapes = mixed_shapes(concurrency=16, prompt_buckets=buckets, speculative=True,
-                               wider_widths=[4, 8], speculative_token_capacity=64)
+    spec_shapes = mixed_shapes(
+        concurrency=16,
+        prompt_buckets=buckets,
+        speculative=True,
+        wider_widths=[4, 8],
+        speculative_token_capacity=64,
+    )
     shipped = shipped_catalog().of_kind(GraphKind.MIXED)
     assert sorted(s.descriptor().key for s in spec_shapes) == sorted(g.key for g in shipped)
     ordinary = mixed_shapes(concurrency=16, prompt_buckets=buckets, speculative=False)
     assert sorted((s.batch_capacity, s.prefill_capacity) for s in ordinary) == sorted(
         (g.batch_capacity, g.prefill_capacity)
-        for g in shipped_catalog("synthetic-h200-ordinary").of_kind(GraphKind.MIXED))
+        for g in shipped_catalog("synthetic-h200-ordinary").of_kind(GraphKind.MIXED)
+    )
     assert all(s.token_capacity == 1 and not s.speculative for s in ordinary)
 
 
@@ -229,13 +346,21 @@ def test_state_rows_cover_widest_verification():
 
 def _widths_catalog(separate_width, mixed_width):
     """A speculative catalog whose separate and mixed generation graphs differ in width."""
-    graphs = [GraphDescriptor(GraphKind.PREFILL, 1, token_capacity=64),
-              GraphDescriptor(GraphKind.SPECULATIVE, 1, token_capacity=1, target_capacity=1,
-                              allocation=Allocation.QUERY_LENGTH),
-              GraphDescriptor(GraphKind.SPECULATIVE, 1, token_capacity=separate_width,
-                              proposal_depth=separate_width - 1, target_capacity=separate_width,
-                              allocation=Allocation.QUERY_LENGTH),
-              MixedShape(2, mixed_width, 64, True).descriptor()]
+    graphs = [
+        GraphDescriptor(GraphKind.PREFILL, 1, token_capacity=64),
+        GraphDescriptor(
+            GraphKind.SPECULATIVE, 1, token_capacity=1, target_capacity=1, allocation=Allocation.QUERY_LENGTH
+        ),
+        GraphDescriptor(
+            GraphKind.SPECULATIVE,
+            1,
+            token_capacity=separate_width,
+            proposal_depth=separate_width - 1,
+            target_capacity=separate_width,
+            allocation=Allocation.QUERY_LENGTH,
+        ),
+        MixedShape(2, mixed_width, 64, True).descriptor(),
+    ]
     return Catalog("widths", "speculative", 64, 4, tuple(graphs))
 
 
@@ -266,26 +391,62 @@ def test_the_catalogs_maximum_packed_extent():
     assert by_name["mixed[B=2,W=8,D=7,C=512,P=520]"].packed_extent == 512 + 8
     assert by_name["snapshot[B=4,W=0,D=0,C=0,P=0]"].packed_extent == 0
     ordinary = shipped_catalog("synthetic-h200-ordinary")
-    assert next(g for g in ordinary.graphs if g.kind is GraphKind.DECODE and g.batch_capacity == 16).packed_extent == 16
+    assert (
+        next(
+            g for g in ordinary.graphs if g.kind is GraphKind.DECODE and g.batch_capacity == 16
+        ).packed_extent
+        == 16
+    )
     for cat in (spec, ordinary):
         assert cat.max_packed_extent == 4111
-        no_mixed = dataclasses.replace(cat, graphs=tuple(g for g in cat.graphs if g.kind is not GraphKind.MIXED))
+        no_mixed = dataclasses.replace(
+            cat, graphs=tuple(g for g in cat.graphs if g.kind is not GraphKind.MIXED)
+        )
         assert no_mixed.max_packed_extent == 4096
 
 
 # A catalog file written by hand, and the descriptors it means (built directly, not through the loader).
 HAND_WRITTEN = {
-    "name": "hand", "mode": "speculative", "speculative_token_capacity": 16, "request_slots": 4,
-    "completion_token_capacity": 4, "description": "written by hand",
+    "name": "hand",
+    "mode": "speculative",
+    "speculative_token_capacity": 16,
+    "request_slots": 4,
+    "completion_token_capacity": 4,
+    "description": "written by hand",
     "graphs": [
         {"kind": "prefill", "batch_capacity": 1, "token_capacity": 64, "duration_ms": 5},
         {"kind": "decode", "batch_capacity": 2, "token_capacity": 1},
-        {"kind": "decode", "batch_capacity": 4, "token_capacity": 1, "target_capacity": 0, "duration_ms": None},
-        {"kind": "speculative", "batch_capacity": 2, "token_capacity": 4, "proposal_depth": 3, "target_capacity": 8},
-        {"kind": "speculative", "batch_capacity": 4, "token_capacity": 4, "proposal_depth": 3, "target_capacity": 8,
-         "allocation": "prefix_limit", "duration_ms": 4.5},
-        {"kind": "mixed", "batch_capacity": 2, "token_capacity": 4, "proposal_depth": 3, "prefill_capacity": 64,
-         "speculative": True},
+        {
+            "kind": "decode",
+            "batch_capacity": 4,
+            "token_capacity": 1,
+            "target_capacity": 0,
+            "duration_ms": None,
+        },
+        {
+            "kind": "speculative",
+            "batch_capacity": 2,
+            "token_capacity": 4,
+            "proposal_depth": 3,
+            "target_capacity": 8,
+        },
+        {
+            "kind": "speculative",
+            "batch_capacity": 4,
+            "token_capacity": 4,
+            "proposal_depth": 3,
+            "target_capacity": 8,
+            "allocation": "prefix_limit",
+            "duration_ms": 4.5,
+        },
+        {
+            "kind": "mixed",
+            "batch_capacity": 2,
+            "token_capacity": 4,
+            "proposal_depth": 3,
+            "prefill_capacity": 64,
+            "speculative": True,
+        },
         {"kind": "vision", "batch_capacity": 1, "image_capacity": 2},
         {"kind": "snapshot", "batch_capacity": 1, "duration_ms": 0.25},
     ],
@@ -294,12 +455,32 @@ HAND_MEANT = (
     GraphDescriptor(GraphKind.PREFILL, 1, token_capacity=64, duration_ms=5.0),
     GraphDescriptor(GraphKind.DECODE, 2, token_capacity=1, target_capacity=2),  # P defaults to B
     GraphDescriptor(GraphKind.DECODE, 4, token_capacity=1, target_capacity=0),
-    GraphDescriptor(GraphKind.SPECULATIVE, 2, token_capacity=4, proposal_depth=3, target_capacity=8,
-                    allocation=Allocation.QUERY_LENGTH),  # host allocation unless declared
-    GraphDescriptor(GraphKind.SPECULATIVE, 4, token_capacity=4, proposal_depth=3, target_capacity=8,
-                    allocation=Allocation.PREFIX_LIMIT, duration_ms=4.5),
-    GraphDescriptor(GraphKind.MIXED, 2, token_capacity=4, proposal_depth=3, prefill_capacity=64,
-                    target_capacity=68, speculative=True),  # P defaults to the maximum packed extent
+    GraphDescriptor(
+        GraphKind.SPECULATIVE,
+        2,
+        token_capacity=4,
+        proposal_depth=3,
+        target_capacity=8,
+        allocation=Allocation.QUERY_LENGTH,
+    ),  # host allocation unless declared
+    GraphDescriptor(
+        GraphKind.SPECULATIVE,
+        4,
+        token_capacity=4,
+        proposal_depth=3,
+        target_capacity=8,
+        allocation=Allocation.PREFIX_LIMIT,
+        duration_ms=4.5,
+    ),
+    GraphDescriptor(
+        GraphKind.MIXED,
+        2,
+        token_capacity=4,
+        proposal_depth=3,
+        prefill_capacity=64,
+        target_capacity=68,
+        speculative=True,
+    ),  # P defaults to the maximum packed extent
     GraphDescriptor(GraphKind.VISION, 1, image_capacity=2),
     GraphDescriptor(GraphKind.SNAPSHOT, 1, duration_ms=0.25),
 )
@@ -308,11 +489,24 @@ HAND_MEANT = (
 @spec("mixed-execution/max-extent", "mixed-execution/declared-capacities")
 def test_a_hand_written_catalog_loads_as_written():
     cat = Catalog.from_json(HAND_WRITTEN)
-    assert (cat.name, cat.mode, cat.speculative_token_capacity, cat.request_slots) == ("hand", "speculative", 16, 4)
+    assert (cat.name, cat.mode, cat.speculative_token_capacity, cat.request_slots) == (
+        "hand",
+        "speculative",
+        16,
+        4,
+    )
     assert (cat.completion_token_capacity, cat.description) == (4, "written by hand")
     assert cat.graphs == HAND_MEANT
-    assert [type(g.duration_ms) for g in cat.graphs] == [float, type(None), type(None), type(None), float,
-                                                         type(None), type(None), float]
+    assert [type(g.duration_ms) for g in cat.graphs] == [
+        float,
+        type(None),
+        type(None),
+        type(None),
+        float,
+        type(None),
+        type(None),
+        float,
+    ]
     # Optional catalog fields take their defaults.
     bare = {k: v for k, v in HAND_WRITTEN.items() if k not in ("completion_token_capacity", "description")}
     bare["graphs"] = [g for g in HAND_WRITTEN["graphs"] if g["kind"] != "mixed"]
@@ -321,15 +515,35 @@ def test_a_hand_written_catalog_loads_as_written():
 
 
 def test_a_catalog_writes_what_it_was_given(tmp_path):
-    cat = Catalog("hand", "speculative", 16, 4, HAND_MEANT, completion_token_capacity=4, description="written by hand")
+    cat = Catalog(
+        "hand", "speculative", 16, 4, HAND_MEANT, completion_token_capacity=4, description="written by hand"
+    )
     out = cat.to_json()
     assert {k: v for k, v in out.items() if k != "graphs"} == {
-        "name": "hand", "mode": "speculative", "speculative_token_capacity": 16, "request_slots": 4,
-        "description": "written by hand", "completion_token_capacity": 4}
-    assert out["graphs"][3] == {"kind": "speculative", "batch_capacity": 2, "token_capacity": 4, "proposal_depth": 3,
-                                "target_capacity": 8, "allocation": "query_length"}
-    assert out["graphs"][5] == {"kind": "mixed", "batch_capacity": 2, "token_capacity": 4, "proposal_depth": 3,
-                                "target_capacity": 68, "prefill_capacity": 64, "speculative": True}
+        "name": "hand",
+        "mode": "speculative",
+        "speculative_token_capacity": 16,
+        "request_slots": 4,
+        "description": "written by hand",
+        "completion_token_capacity": 4,
+    }
+    assert out["graphs"][3] == {
+        "kind": "speculative",
+        "batch_capacity": 2,
+        "token_capacity": 4,
+        "proposal_depth": 3,
+        "target_capacity": 8,
+        "allocation": "query_length",
+    }
+    assert out["graphs"][5] == {
+        "kind": "mixed",
+        "batch_capacity": 2,
+        "token_capacity": 4,
+        "proposal_depth": 3,
+        "target_capacity": 68,
+        "prefill_capacity": 64,
+        "speculative": True,
+    }
     assert out["graphs"][7] == {"kind": "snapshot", "batch_capacity": 1, "duration_ms": 0.25}
     path = tmp_path / "hand.json"
     cat.save(path)
@@ -339,15 +553,26 @@ def test_a_catalog_writes_what_it_was_given(tmp_path):
     assert "completion_token_capacity" not in plain and "description" not in plain
 
 
-@pytest.mark.parametrize("entry, field", [
-    ({"kind": "decode"}, "batch_capacity"),
-    ({"batch_capacity": 1}, "kind"),
-    ({"kind": "mixed", "batch_capacity": 2, "prefill_capacity": 64}, "token_capacity"),
-    ({"kind": "mixed", "batch_capacity": 2, "token_capacity": 1}, "prefill_capacity"),
-    ({"kind": "speculative", "batch_capacity": 2, "token_capacity": 1, "proposal_depth": 0, "target_capacity": 2,
-      "allocation": "psychic"},
-     "allocation"),
-])
+@pytest.mark.parametrize(
+    "entry, field",
+    [
+        ({"kind": "decode"}, "batch_capacity"),
+        ({"batch_capacity": 1}, "kind"),
+        ({"kind": "mixed", "batch_capacity": 2, "prefill_capacity": 64}, "token_capacity"),
+        ({"kind": "mixed", "batch_capacity": 2, "token_capacity": 1}, "prefill_capacity"),
+        (
+            {
+                "kind": "speculative",
+                "batch_capacity": 2,
+                "token_capacity": 1,
+                "proposal_depth": 0,
+                "target_capacity": 2,
+                "allocation": "psychic",
+            },
+            "allocation",
+        ),
+    ],
+)
 def test_incomplete_entries_are_value_errors_naming_the_field(entry, field):
     obj = dict(HAND_WRITTEN, graphs=[entry])
     with pytest.raises(ValueError, match=field):
@@ -356,11 +581,14 @@ def test_incomplete_entries_are_value_errors_naming_the_field(entry, field):
 
 def test_unvalidated_descriptors_derive_their_defaults_from_what_is_declared():
     from helios_jax.catalog import descriptor_from_json
+
     no_width = descriptor_from_json({"kind": "mixed", "batch_capacity": 4, "prefill_capacity": 64})
     no_prompt = descriptor_from_json({"kind": "mixed", "batch_capacity": 4, "token_capacity": 2})
     assert no_width.target_capacity == no_width.max_packed_extent == 64
     assert no_prompt.target_capacity == no_prompt.max_packed_extent == 6
-    declared = descriptor_from_json({"kind": "mixed", "batch_capacity": 4, "token_capacity": 2, "target_capacity": 9})
+    declared = descriptor_from_json(
+        {"kind": "mixed", "batch_capacity": 4, "token_capacity": 2, "target_capacity": 9}
+    )
     assert declared.target_capacity == 9  # declared, never overwritten (validation rejects it)
 
 
@@ -371,118 +599,316 @@ def test_batch_buckets_start_at_one_request():
         batch_buckets(0)
 
 
-@spec("mixed-execution/variant-matches-mode", "mixed-execution/adaptive-width-one-draft",
-      "mixed-execution/spec-capture", "mixed-execution/ordinary-capture", "mixed-execution/batch-range",
-      "mixed-execution/prompt-ge-width")
+@spec(
+    "mixed-execution/variant-matches-mode",
+    "mixed-execution/adaptive-width-one-draft",
+    "mixed-execution/spec-capture",
+    "mixed-execution/ordinary-capture",
+    "mixed-execution/batch-range",
+    "mixed-execution/prompt-ge-width",
+)
 def test_mixed_shapes_flags_bounds_and_duplicates():
     kwargs = dict(prompt_buckets=[64, 512], wider_widths=[1, 2, 4], speculative_token_capacity=512)
     spec_shapes = mixed_shapes(concurrency=100, speculative=True, **kwargs)
     # Every graph of a speculative capture maintains draft state, width one included.
     assert all(s.speculative and s.descriptor().speculative is True for s in spec_shapes)
-    assert not any(s.speculative or s.descriptor().speculative for s in
-                   mixed_shapes(concurrency=100, speculative=False, **kwargs))
+    assert not any(
+        s.speculative or s.descriptor().speculative
+        for s in mixed_shapes(concurrency=100, speculative=False, **kwargs)
+    )
     # Batch buckets 2..64 (concurrency 100 pads to 128, beyond the mixed range).
     assert sorted({s.batch_capacity for s in spec_shapes}) == [2, 4, 8, 16, 32, 64]
     # Width one is listed once per prompt bucket even when the wider widths name it.
     assert len(set(spec_shapes)) == len(spec_shapes)
     assert sum(s.token_capacity == 1 for s in spec_shapes) == 6 * 2
     # A wider width equal to the prompt bucket fits (prompt capacity >= decode width).
-    tiny = mixed_shapes(concurrency=2, prompt_buckets=[8], speculative=True, wider_widths=[8],
-                        speculative_token_capacity=16)
+    tiny = mixed_shapes(
+        concurrency=2, prompt_buckets=[8], speculative=True, wider_widths=[8], speculative_token_capacity=16
+    )
     assert MixedShape(2, 8, 8, True) in tiny
     assert MixedShape(2, 8, 8, True).descriptor() == GraphDescriptor(
-        GraphKind.MIXED, 2, token_capacity=8, proposal_depth=7, target_capacity=16, prefill_capacity=8,
-        speculative=True)
+        GraphKind.MIXED,
+        2,
+        token_capacity=8,
+        proposal_depth=7,
+        target_capacity=16,
+        prefill_capacity=8,
+        speculative=True,
+    )
 
 
 # Each contract at its boundary: the last legal value passes, the first illegal one names its field.
 LEGAL = [
     dict(kind=GraphKind.PREFILL, batch_capacity=1, token_capacity=1),  # a one-token chunk
     dict(kind=GraphKind.DECODE, batch_capacity=64, token_capacity=1, target_capacity=64),
-    dict(kind=GraphKind.SPECULATIVE, batch_capacity=4, token_capacity=4, proposal_depth=3, target_capacity=16,
-         allocation=Allocation.QUERY_LENGTH),
-    dict(kind=GraphKind.SPECULATIVE, batch_capacity=32, token_capacity=2, proposal_depth=1, target_capacity=64,
-         allocation=Allocation.QUERY_LENGTH),  # rectangular B*W = R exactly
-    dict(kind=GraphKind.SPECULATIVE, batch_capacity=64, token_capacity=2, proposal_depth=1, target_capacity=64,
-         allocation=Allocation.PREFIX_LIMIT),  # ragged P = R exactly
+    dict(
+        kind=GraphKind.SPECULATIVE,
+        batch_capacity=4,
+        token_capacity=4,
+        proposal_depth=3,
+        target_capacity=16,
+        allocation=Allocation.QUERY_LENGTH,
+    ),
+    dict(
+        kind=GraphKind.SPECULATIVE,
+        batch_capacity=32,
+        token_capacity=2,
+        proposal_depth=1,
+        target_capacity=64,
+        allocation=Allocation.QUERY_LENGTH,
+    ),  # rectangular B*W = R exactly
+    dict(
+        kind=GraphKind.SPECULATIVE,
+        batch_capacity=64,
+        token_capacity=2,
+        proposal_depth=1,
+        target_capacity=64,
+        allocation=Allocation.PREFIX_LIMIT,
+    ),  # ragged P = R exactly
     dict(kind=GraphKind.MIXED, batch_capacity=64, token_capacity=1, prefill_capacity=64, target_capacity=127),
-    dict(kind=GraphKind.MIXED, batch_capacity=2, token_capacity=2, proposal_depth=1, prefill_capacity=64,
-         target_capacity=66, speculative=True),
+    dict(
+        kind=GraphKind.MIXED,
+        batch_capacity=2,
+        token_capacity=2,
+        proposal_depth=1,
+        prefill_capacity=64,
+        target_capacity=66,
+        speculative=True,
+    ),
     dict(kind=GraphKind.VISION, batch_capacity=1, image_capacity=1),
     dict(kind=GraphKind.SNAPSHOT, batch_capacity=64),
     dict(kind=GraphKind.PREFILL, batch_capacity=1, token_capacity=64, duration_ms=1e-9),
 ]
 
 
-@spec("mixed-execution/batch-range", "speculative-coverage/rectangular-envelope",
-      "speculative-coverage/ragged-envelope")
+@spec(
+    "mixed-execution/batch-range",
+    "speculative-coverage/rectangular-envelope",
+    "speculative-coverage/ragged-envelope",
+)
 @pytest.mark.parametrize("fields", LEGAL)
 def test_boundary_descriptors_are_legal(fields):
     check(**fields)
 
 
 ILLEGAL = [
-    (dict(kind=GraphKind.PREFILL, batch_capacity=1, token_capacity=-1), "token_capacity", "nonnegative integer"),
-    (dict(kind=GraphKind.VISION, batch_capacity=1, image_capacity=-1), "image_capacity", "nonnegative integer"),
-    (dict(kind=GraphKind.PREFILL, batch_capacity=1, token_capacity=64.0), "token_capacity", "nonnegative integer"),
+    (
+        dict(kind=GraphKind.PREFILL, batch_capacity=1, token_capacity=-1),
+        "token_capacity",
+        "nonnegative integer",
+    ),
+    (
+        dict(kind=GraphKind.VISION, batch_capacity=1, image_capacity=-1),
+        "image_capacity",
+        "nonnegative integer",
+    ),
+    (
+        dict(kind=GraphKind.PREFILL, batch_capacity=1, token_capacity=64.0),
+        "token_capacity",
+        "nonnegative integer",
+    ),
     (dict(kind=GraphKind.SNAPSHOT, batch_capacity=True), "batch_capacity", "nonnegative integer"),
     (dict(kind=GraphKind.SNAPSHOT, batch_capacity=0), "batch_capacity", "at least 1"),
     (dict(kind=GraphKind.SNAPSHOT, batch_capacity=65), "batch_capacity", "request-slot bound"),
-    (dict(kind=GraphKind.PREFILL, batch_capacity=1, token_capacity=64, duration_ms=0.0), "duration_ms", "positive"),
-    (dict(kind=GraphKind.PREFILL, batch_capacity=1, token_capacity=64, duration_ms=float("inf")), "duration_ms",
-     "finite"),
+    (
+        dict(kind=GraphKind.PREFILL, batch_capacity=1, token_capacity=64, duration_ms=0.0),
+        "duration_ms",
+        "positive",
+    ),
+    (
+        dict(kind=GraphKind.PREFILL, batch_capacity=1, token_capacity=64, duration_ms=float("inf")),
+        "duration_ms",
+        "finite",
+    ),
     (dict(kind=GraphKind.PREFILL, batch_capacity=2, token_capacity=64), "batch_capacity", "B = 1"),
     (dict(kind=GraphKind.PREFILL, batch_capacity=1, token_capacity=0), "token_capacity", "positive chunk"),
-    (dict(kind=GraphKind.PREFILL, batch_capacity=1, token_capacity=64, target_capacity=64), "proposal_depth",
-     "no proposals"),
-    (dict(kind=GraphKind.PREFILL, batch_capacity=1, token_capacity=64, proposal_depth=1), "proposal_depth",
-     "no proposals"),
-    (dict(kind=GraphKind.PREFILL, batch_capacity=1, token_capacity=64, speculative=True), "speculative", "mixed"),
-    (dict(kind=GraphKind.PREFILL, batch_capacity=1, token_capacity=64, allocation=Allocation.QUERY_LENGTH),
-     "allocation", "only speculative"),
+    (
+        dict(kind=GraphKind.PREFILL, batch_capacity=1, token_capacity=64, target_capacity=64),
+        "proposal_depth",
+        "no proposals",
+    ),
+    (
+        dict(kind=GraphKind.PREFILL, batch_capacity=1, token_capacity=64, proposal_depth=1),
+        "proposal_depth",
+        "no proposals",
+    ),
+    (
+        dict(kind=GraphKind.PREFILL, batch_capacity=1, token_capacity=64, speculative=True),
+        "speculative",
+        "mixed",
+    ),
+    (
+        dict(kind=GraphKind.PREFILL, batch_capacity=1, token_capacity=64, allocation=Allocation.QUERY_LENGTH),
+        "allocation",
+        "only speculative",
+    ),
     (dict(kind=GraphKind.SNAPSHOT, batch_capacity=1, image_capacity=1), "image_capacity", "only vision"),
     (dict(kind=GraphKind.DECODE, batch_capacity=2, token_capacity=2), "token_capacity", "width one"),
-    (dict(kind=GraphKind.DECODE, batch_capacity=2, token_capacity=1, proposal_depth=1, target_capacity=2),
-     "proposal_depth", "no proposals"),
-    (dict(kind=GraphKind.DECODE, batch_capacity=2, token_capacity=1, target_capacity=3), "proposal_depth",
-     "no proposals"),
+    (
+        dict(kind=GraphKind.DECODE, batch_capacity=2, token_capacity=1, proposal_depth=1, target_capacity=2),
+        "proposal_depth",
+        "no proposals",
+    ),
+    (
+        dict(kind=GraphKind.DECODE, batch_capacity=2, token_capacity=1, target_capacity=3),
+        "proposal_depth",
+        "no proposals",
+    ),
     (dict(kind=GraphKind.VISION, batch_capacity=1), "image_capacity", "positive image capacity"),
     (dict(kind=GraphKind.SNAPSHOT, batch_capacity=1, token_capacity=1), "token_capacity", "only a batch"),
     (dict(kind=GraphKind.RESTORE, batch_capacity=1, proposal_depth=1), "token_capacity", "only a batch"),
     (dict(kind=GraphKind.INITIALIZE, batch_capacity=1, target_capacity=1), "token_capacity", "only a batch"),
-    (dict(kind=GraphKind.SPECULATIVE, batch_capacity=2, token_capacity=1, target_capacity=2), "allocation",
-     "binds query_length or prefix_limit"),
-    (dict(kind=GraphKind.SPECULATIVE, batch_capacity=2, token_capacity=0, target_capacity=2,
-          allocation=Allocation.QUERY_LENGTH), "token_capacity", "at least 1"),
-    (dict(kind=GraphKind.SPECULATIVE, batch_capacity=2, token_capacity=4, proposal_depth=2, target_capacity=8,
-          allocation=Allocation.QUERY_LENGTH), "token_capacity", "needs at least 3 proposals"),
-    (dict(kind=GraphKind.SPECULATIVE, batch_capacity=2, token_capacity=2, proposal_depth=1, target_capacity=5,
-          allocation=Allocation.QUERY_LENGTH), "target_capacity", r"\[B, B\*W\]"),
-    (dict(kind=GraphKind.SPECULATIVE, batch_capacity=64, token_capacity=2, proposal_depth=1, target_capacity=128,
-          allocation=Allocation.QUERY_LENGTH), "target_capacity", "rectangular B\\*W=128 exceeds"),
-    (dict(kind=GraphKind.SPECULATIVE, batch_capacity=64, token_capacity=2, proposal_depth=1, target_capacity=65,
-          allocation=Allocation.QUERY_LENGTH), "target_capacity", "ragged P=65 exceeds"),
-    (dict(kind=GraphKind.SPECULATIVE, batch_capacity=2, token_capacity=1, target_capacity=2,
-          allocation=Allocation.PREFIX_LIMIT), "allocation", "needs proposals to rank"),
-    (dict(kind=GraphKind.MIXED, batch_capacity=1, token_capacity=1, prefill_capacity=64, target_capacity=64),
-     "batch_capacity", "from 2 through 64"),
-    (dict(kind=GraphKind.MIXED, batch_capacity=2, token_capacity=1, prefill_capacity=0, target_capacity=1),
-     "prefill_capacity", "positive and aligned"),
-    (dict(kind=GraphKind.MIXED, batch_capacity=2, token_capacity=1, proposal_depth=1, prefill_capacity=64,
-          target_capacity=65), "proposal_depth", "width-one graphs have D = 0"),
-    (dict(kind=GraphKind.MIXED, batch_capacity=2, token_capacity=2, proposal_depth=1, prefill_capacity=64,
-          target_capacity=66), "speculative", "verify proposals"),
-    (dict(kind=GraphKind.MIXED, batch_capacity=2, token_capacity=3, proposal_depth=1, prefill_capacity=64,
-          target_capacity=67, speculative=True), "token_capacity", "needs at least 2 proposals"),
-    (dict(kind=GraphKind.MIXED, batch_capacity=32, token_capacity=4, proposal_depth=3, prefill_capacity=64,
-          target_capacity=188, speculative=True), "token_capacity", "B\\*W=128 exceeds the token envelope"),
+    (
+        dict(kind=GraphKind.SPECULATIVE, batch_capacity=2, token_capacity=1, target_capacity=2),
+        "allocation",
+        "binds query_length or prefix_limit",
+    ),
+    (
+        dict(
+            kind=GraphKind.SPECULATIVE,
+            batch_capacity=2,
+            token_capacity=0,
+            target_capacity=2,
+            allocation=Allocation.QUERY_LENGTH,
+        ),
+        "token_capacity",
+        "at least 1",
+    ),
+    (
+        dict(
+            kind=GraphKind.SPECULATIVE,
+            batch_capacity=2,
+            token_capacity=4,
+            proposal_depth=2,
+            target_capacity=8,
+            allocation=Allocation.QUERY_LENGTH,
+        ),
+        "token_capacity",
+        "needs at least 3 proposals",
+    ),
+    (
+        dict(
+            kind=GraphKind.SPECULATIVE,
+            batch_capacity=2,
+            token_capacity=2,
+            proposal_depth=1,
+            target_capacity=5,
+            allocation=Allocation.QUERY_LENGTH,
+        ),
+        "target_capacity",
+        r"\[B, B\*W\]",
+    ),
+    (
+        dict(
+            kind=GraphKind.SPECULATIVE,
+            batch_capacity=64,
+            token_capacity=2,
+            proposal_depth=1,
+            target_capacity=128,
+            allocation=Allocation.QUERY_LENGTH,
+        ),
+        "target_capacity",
+        "rectangular B\\*W=128 exceeds",
+    ),
+    (
+        dict(
+            kind=GraphKind.SPECULATIVE,
+            batch_capacity=64,
+            token_capacity=2,
+            proposal_depth=1,
+            target_capacity=65,
+            allocation=Allocation.QUERY_LENGTH,
+        ),
+        "target_capacity",
+        "ragged P=65 exceeds",
+    ),
+    (
+        dict(
+            kind=GraphKind.SPECULATIVE,
+            batch_capacity=2,
+            token_capacity=1,
+            target_capacity=2,
+            allocation=Allocation.PREFIX_LIMIT,
+        ),
+        "allocation",
+        "needs proposals to rank",
+    ),
+    (
+        dict(
+            kind=GraphKind.MIXED, batch_capacity=1, token_capacity=1, prefill_capacity=64, target_capacity=64
+        ),
+        "batch_capacity",
+        "from 2 through 64",
+    ),
+    (
+        dict(kind=GraphKind.MIXED, batch_capacity=2, token_capacity=1, prefill_capacity=0, target_capacity=1),
+        "prefill_capacity",
+        "positive and aligned",
+    ),
+    (
+        dict(
+            kind=GraphKind.MIXED,
+            batch_capacity=2,
+            token_capacity=1,
+            proposal_depth=1,
+            prefill_capacity=64,
+            target_capacity=65,
+        ),
+        "proposal_depth",
+        "width-one graphs have D = 0",
+    ),
+    (
+        dict(
+            kind=GraphKind.MIXED,
+            batch_capacity=2,
+            token_capacity=2,
+            proposal_depth=1,
+            prefill_capacity=64,
+            target_capacity=66,
+        ),
+        "speculative",
+        "verify proposals",
+    ),
+    (
+        dict(
+            kind=GraphKind.MIXED,
+            batch_capacity=2,
+            token_capacity=3,
+            proposal_depth=1,
+            prefill_capacity=64,
+            target_capacity=67,
+            speculative=True,
+        ),
+        "token_capacity",
+        "needs at least 2 proposals",
+    ),
+    (
+        dict(
+            kind=GraphKind.MIXED,
+            batch_capacity=32,
+            token_capacity=4,
+            proposal_depth=3,
+            prefill_capacity=64,
+            target_capacity=188,
+            speculative=True,
+        ),
+        "token_capacity",
+        "B\\*W=128 exceeds the token envelope",
+    ),
 ]
 
 
-@spec("speculative-coverage/width-one-d-zero", "speculative-coverage/rectangular-p",
-      "speculative-coverage/rectangular-envelope", "speculative-coverage/ragged-envelope",
-      "speculative-coverage/device-needs-adaptive", "mixed-execution/batch-range", "mixed-execution/prompt-aligned",
-      "mixed-execution/others-zero", "mixed-execution/width-range")
+@spec(
+    "speculative-coverage/width-one-d-zero",
+    "speculative-coverage/rectangular-p",
+    "speculative-coverage/rectangular-envelope",
+    "speculative-coverage/ragged-envelope",
+    "speculative-coverage/device-needs-adaptive",
+    "mixed-execution/batch-range",
+    "mixed-execution/prompt-aligned",
+    "mixed-execution/others-zero",
+    "mixed-execution/width-range",
+)
 @pytest.mark.parametrize("fields, field, reason", ILLEGAL)
 def test_each_contract_names_its_field_and_reason(fields, field, reason):
     with pytest.raises(ValueError, match=rf"graph .*field '{field}': .*{reason}"):
@@ -491,11 +917,27 @@ def test_each_contract_names_its_field_and_reason(fields, field, reason):
 
 @spec("mixed-execution/prompt-ge-width", "mixed-execution/width-range")
 def test_a_declared_completion_capacity_bounds_mixed_width_and_prompt_may_equal_width():
-    g = GraphDescriptor(GraphKind.MIXED, 2, token_capacity=64, proposal_depth=63, prefill_capacity=64,
-                        target_capacity=128, speculative=True)
+    g = GraphDescriptor(
+        GraphKind.MIXED,
+        2,
+        token_capacity=64,
+        proposal_depth=63,
+        prefill_capacity=64,
+        target_capacity=128,
+        speculative=True,
+    )
     validate(g, speculative_token_capacity=128, completion_token_capacity=64)  # C = W is enough
-    graphs = (GraphDescriptor(GraphKind.MIXED, 2, token_capacity=8, proposal_depth=7, prefill_capacity=64,
-                              target_capacity=72, speculative=True),)
+    graphs = (
+        GraphDescriptor(
+            GraphKind.MIXED,
+            2,
+            token_capacity=8,
+            proposal_depth=7,
+            prefill_capacity=64,
+            target_capacity=72,
+            speculative=True,
+        ),
+    )
     Catalog("c", "speculative", 64, 4, graphs)  # the default capacity is 8
     with pytest.raises(ValueError, match="token_capacity"):
         Catalog("c", "speculative", 64, 4, graphs, completion_token_capacity=4)
@@ -512,30 +954,55 @@ def test_catalog_level_contracts():
         Catalog("c", "speculative", -1, 4, snap)
     with pytest.raises(ValueError, match="request_slots=4"):
         Catalog("c", "ordinary", 0, 4, (GraphDescriptor(GraphKind.SNAPSHOT, 8),))
-    spec_decode = GraphDescriptor(GraphKind.SPECULATIVE, 2, token_capacity=1, target_capacity=2,
-                                  allocation=Allocation.QUERY_LENGTH)
-    spec_mixed = GraphDescriptor(GraphKind.MIXED, 2, token_capacity=1, prefill_capacity=64, target_capacity=65,
-                                 speculative=True)
+    spec_decode = GraphDescriptor(
+        GraphKind.SPECULATIVE, 2, token_capacity=1, target_capacity=2, allocation=Allocation.QUERY_LENGTH
+    )
+    spec_mixed = GraphDescriptor(
+        GraphKind.MIXED, 2, token_capacity=1, prefill_capacity=64, target_capacity=65, speculative=True
+    )
     for g in (spec_decode, spec_mixed):
         Catalog("c", "speculative", 0, 4, (g,))
         with pytest.raises(ValueError, match="ordinary catalog holds no speculative programs"):
             Catalog("c", "ordinary", 0, 4, (g,))
 
 
-@spec("speculative-coverage/fixed-host-ragged", "mixed-execution/fixed-width-shared",
-      "speculative-coverage/load-reduce-existing")
+@spec(
+    "speculative-coverage/fixed-host-ragged",
+    "mixed-execution/fixed-width-shared",
+    "speculative-coverage/load-reduce-existing",
+)
 def test_fixed_mode_keeps_every_other_kind_and_defaults_to_the_widest_host_width():
     cat = shipped_catalog()
     fixed = cat.eligible(DecodeMode.FIXED)
     assert fixed == cat.eligible(DecodeMode.FIXED, fixed_width=8)  # the widest host-allocated width
     assert {g for g in cat.graphs if not g.kind.is_generation} <= set(fixed)
     assert [g for g in fixed if g.kind is GraphKind.MIXED] == [
-        g for g in cat.graphs if g.kind is GraphKind.MIXED and g.token_capacity == 8]
+        g for g in cat.graphs if g.kind is GraphKind.MIXED and g.token_capacity == 8
+    ]
     assert [g for g in fixed if g.kind is GraphKind.SPECULATIVE] == [
-        g for g in cat.graphs if g.kind is GraphKind.SPECULATIVE and g.token_capacity == 8
-        and g.allocation is Allocation.QUERY_LENGTH]
-    device_only = Catalog("d", "speculative", 64, 4, (GraphDescriptor(
-        GraphKind.SPECULATIVE, 4, token_capacity=4, proposal_depth=3, target_capacity=8,
-        allocation=Allocation.PREFIX_LIMIT),))
-    with pytest.raises(ValueError, match=r"no host-allocated speculative program of fixed width 1; captured widths \[\]"):
+        g
+        for g in cat.graphs
+        if g.kind is GraphKind.SPECULATIVE
+        and g.token_capacity == 8
+        and g.allocation is Allocation.QUERY_LENGTH
+    ]
+    device_only = Catalog(
+        "d",
+        "speculative",
+        64,
+        4,
+        (
+            GraphDescriptor(
+                GraphKind.SPECULATIVE,
+                4,
+                token_capacity=4,
+                proposal_depth=3,
+                target_capacity=8,
+                allocation=Allocation.PREFIX_LIMIT,
+            ),
+        ),
+    )
+    with pytest.raises(
+        ValueError, match=r"no host-allocated speculative program of fixed width 1; captured widths \[\]"
+    ):
         device_only.eligible(DecodeMode.FIXED)

@@ -1,5 +1,6 @@
 """The generated catalog family: the packaged build() equals the shared generator, and the seeded
 sampler covers the ranges issue 12 asks for."""
+
 import importlib.util
 import json
 import pathlib
@@ -16,10 +17,27 @@ KEYWORDS = [
     {},
     {"slots": 32, "R": 128, "drafts": 7, "scale": 1.3, "jitter": 0.2, "seed": 5},
     {"slots": 8, "R": 32, "jitter": 0.3, "seed": 11, "mode": "ordinary"},
-    {"slots": 64, "R": 256, "weights_ms": 1.9, "token_ms": 0.03, "row_ms": 0.006, "draft_ms": 0.33,
-     "jitter": 0.1, "seed": 123, "drafts": 3},
-    {"slots": 64, "R": 64, "launch_ms": 0.2, "logprob_ms": 0.006, "draft_row_ms": 0.003, "jitter": 0.25,
-     "seed": 7, "chunks": (64, 256, 1024)},
+    {
+        "slots": 64,
+        "R": 256,
+        "weights_ms": 1.9,
+        "token_ms": 0.03,
+        "row_ms": 0.006,
+        "draft_ms": 0.33,
+        "jitter": 0.1,
+        "seed": 123,
+        "drafts": 3,
+    },
+    {
+        "slots": 64,
+        "R": 64,
+        "launch_ms": 0.2,
+        "logprob_ms": 0.006,
+        "draft_row_ms": 0.003,
+        "jitter": 0.25,
+        "seed": 7,
+        "chunks": (64, 256, 1024),
+    },
 ]
 
 
@@ -45,8 +63,9 @@ def test_family_members_equal_the_shared_generator():
 
 def test_default_build_is_the_shipped_catalog():
     assert Catalog.from_json(cf.build()) == shipped_catalog()
-    assert Catalog.from_json(cf.build(mode="ordinary", name="synthetic-h200-ordinary")) == \
-        shipped_catalog("synthetic-h200-ordinary")
+    assert Catalog.from_json(cf.build(mode="ordinary", name="synthetic-h200-ordinary")) == shipped_catalog(
+        "synthetic-h200-ordinary"
+    )
 
 
 def test_family_is_seeded_and_prefix_stable():

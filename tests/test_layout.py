@@ -1,5 +1,6 @@
 """The distribution's layout: the linked packages import from the top-level folders and the shipped
 catalogs are present."""
+
 import importlib
 import importlib.resources
 import pathlib

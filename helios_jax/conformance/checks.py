@@ -10,12 +10,13 @@ request slots). Only ``fail`` fails the run.
 (:mod:`helios_jax.catalog_family`) and :func:`tally` sums the verdicts: the property is over the
 family, not the two shipped catalogs.
 """
+
 from __future__ import annotations
 
 import collections
 import dataclasses
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -44,18 +45,30 @@ def catalog_checks(catalog: Catalog) -> list[Result]:
     kinds = sorted({g.kind.value for g in catalog.graphs})
     measured = sum(1 for g in catalog.graphs if g.duration_ms is not None)
     verdict = "pass" if measured == len(catalog.graphs) else "fail"
-    return [Result("catalog", "contracts and measurements", verdict,
-                   f"{len(catalog.graphs)} programs ({', '.join(kinds)}), {measured} measured",
-                   ("speculative-coverage/extents-explicit", "mixed-execution/batch-range"))]
+    return [
+        Result(
+            "catalog",
+            "contracts and measurements",
+            verdict,
+            f"{len(catalog.graphs)} programs ({', '.join(kinds)}), {measured} measured",
+            ("speculative-coverage/extents-explicit", "mixed-execution/batch-range"),
+        )
+    ]
 
 
 def selection_checks(catalog: Catalog, cases: int, seed: int) -> list[Result]:
     report = crosscheck.run(catalog, cases, seed=seed, max_requests=5, noise=0.15)
     verdict = "pass" if report.mismatches == 0 else "fail"
-    return [Result("selection", "production selector vs exhaustive enumeration", verdict,
-                   f"{report.cases} cases, {report.exact_cases} exact comparisons, {report.mismatches} mismatches, "
-                   f"worst bounded gap {report.worst_relative_gap:.3g}",
-                   ("verification/mixed-exhaustive", "useful-service/constrained-ragged"))]
+    return [
+        Result(
+            "selection",
+            "production selector vs exhaustive enumeration",
+            verdict,
+            f"{report.cases} cases, {report.exact_cases} exact comparisons, {report.mismatches} mismatches, "
+            f"worst bounded gap {report.worst_relative_gap:.3g}",
+            ("verification/mixed-exhaustive", "useful-service/constrained-ragged"),
+        )
+    ]
 
 
 def _prompt_ms(catalog: Catalog, tokens: int) -> float | None:
@@ -64,8 +77,11 @@ def _prompt_ms(catalog: Catalog, tokens: int) -> float | None:
     one prompt needs where a program's prompt capacity is smaller."""
     options = []
     for g in catalog.graphs:
-        capacity = g.token_capacity if g.kind is GraphKind.PREFILL else (
-            g.prefill_capacity if g.kind is GraphKind.MIXED else 0)
+        capacity = (
+            g.token_capacity
+            if g.kind is GraphKind.PREFILL
+            else (g.prefill_capacity if g.kind is GraphKind.MIXED else 0)
+        )
         if g.duration_ms is not None and capacity > 0:
             options.append(g.duration_ms * math.ceil(tokens / capacity))
     return min(options, default=None)
@@ -78,7 +94,11 @@ def _decode_rows(g) -> int:
 
 
 def _generation_graphs(catalog: Catalog):
-    return [g for g in catalog.graphs if g.duration_ms is not None and g.kind.is_generation and _decode_rows(g) >= 1]
+    return [
+        g
+        for g in catalog.graphs
+        if g.duration_ms is not None and g.kind.is_generation and _decode_rows(g) >= 1
+    ]
 
 
 def _fastest_round_ms(catalog: Catalog) -> float | None:
@@ -107,32 +127,46 @@ def startup_achievability(catalog: Catalog, requests: int, prompt_tokens: int = 
       any generation program, mixed included) shorter than 150 ms.
     """
     if requests > catalog.request_slots:
-        return (f"{requests} requests > {catalog.request_slots} request slots: the requests beyond the slot count "
-                "cannot be admitted at t=0 and no slot frees during the trace")
+        return (
+            f"{requests} requests > {catalog.request_slots} request slots: the requests beyond the slot count "
+            "cannot be admitted at t=0 and no slot frees during the trace"
+        )
     prompt_ms = _prompt_ms(catalog, prompt_tokens)
     round_ms = _fastest_round_ms(catalog)
     if prompt_ms is None or round_ms is None:
         return None  # nothing to run the trace on: n/a, not a bound the costs rule out
     if requests * prompt_ms > FIRST_OUTPUT_MS:
-        return (f"{requests} prompts x {prompt_ms:g} ms fastest {prompt_tokens}-token prompt program = "
-                f"{requests * prompt_ms:g} ms > {FIRST_OUTPUT_MS:g} ms")
+        return (
+            f"{requests} prompts x {prompt_ms:g} ms fastest {prompt_tokens}-token prompt program = "
+            f"{requests * prompt_ms:g} ms > {FIRST_OUTPUT_MS:g} ms"
+        )
     if round_ms >= GAP_MS:
         return f"the fastest generation round takes {round_ms:g} ms >= {GAP_MS:g} ms"
     rotation = _rotation_ms(catalog, requests)
     if rotation >= GAP_MS:
-        return (f"serving each of {requests} streams once takes at least {rotation:g} ms >= {GAP_MS:g} ms "
-                "at the best streams-per-ms generation program")
+        return (
+            f"serving each of {requests} streams once takes at least {rotation:g} ms >= {GAP_MS:g} ms "
+            "at the best streams-per-ms generation program"
+        )
     return None
 
 
-def startup_trace(catalog: Catalog, policy: PolicyConfig, requests: int, accepted: int, history: str,
-                  rounds: int = 100) -> Result:
+def startup_trace(
+    catalog: Catalog, policy: PolicyConfig, requests: int, accepted: int, history: str, rounds: int = 100
+) -> Result:
     """One startup trace (spec, Verification) on the simulator, with the bounds it broke named."""
     rules = STARTUP_RULES
     name = f"{requests} requests, {accepted} accepted drafts, {history}"
-    result = simulation.run(simulation.SimConfig(
-        catalog, requests=requests, accepted_drafts=accepted, acceptance_history=history, policy=policy,
-        rounds=rounds))
+    result = simulation.run(
+        simulation.SimConfig(
+            catalog,
+            requests=requests,
+            accepted_drafts=accepted,
+            acceptance_history=history,
+            policy=policy,
+            rounds=rounds,
+        )
+    )
     firsts = [r.first_output_ms for r in result.requests]
     first = max(math.inf if f is None else f for f in firsts)
     gap = max(r.max_gap_ms for r in result.requests)
@@ -143,22 +177,41 @@ def startup_trace(catalog: Catalog, policy: PolicyConfig, requests: int, accepte
     if gap >= GAP_MS:
         failed.append(f"largest gap {gap:.1f} ms >= {GAP_MS:g} ms")
     if spread is None or spread > SPREAD_TOKENS:
-        failed.append(f"spread {spread} tokens > {SPREAD_TOKENS}" if spread is not None
-                      else "spread not measured (the window never closed)")
+        failed.append(
+            f"spread {spread} tokens > {SPREAD_TOKENS}"
+            if spread is not None
+            else "spread not measured (the window never closed)"
+        )
     window = result.spread_window or {}
-    figure = (f"first output {first:.1f} ms, largest gap {gap:.1f} ms, spread {spread} tokens"
-              + (f" over {window['rounds']} rounds in {window['cycles']} cycles" if window else ""))
+    figure = f"first output {first:.1f} ms, largest gap {gap:.1f} ms, spread {spread} tokens" + (
+        f" over {window['rounds']} rounds in {window['cycles']} cycles" if window else ""
+    )
     if failed:
         figure = "; ".join(failed) + f" ({figure})"
-    details = {"first_output_ms": first if math.isfinite(first) else None, "largest_gap_ms": gap, "spread_tokens": spread,
-               "spread_window": result.spread_window,
-               "failed": [b for b, bad in (("first output", first > FIRST_OUTPUT_MS), ("gap", gap >= GAP_MS),
-                                           ("spread", spread is None or spread > SPREAD_TOKENS)) if bad]}
+    details = {
+        "first_output_ms": first if math.isfinite(first) else None,
+        "largest_gap_ms": gap,
+        "spread_tokens": spread,
+        "spread_window": result.spread_window,
+        "failed": [
+            b
+            for b, bad in (
+                ("first output", first > FIRST_OUTPUT_MS),
+                ("gap", gap >= GAP_MS),
+                ("spread", spread is None or spread > SPREAD_TOKENS),
+            )
+            if bad
+        ],
+    }
     return Result("startup", name, "fail" if failed else "pass", figure, rules, details)
 
 
-STARTUP_RULES = ("verification/startup-traces", "verification/first-output-100ms", "verification/gaps-150ms",
-                 "verification/hundred-rounds-spread")
+STARTUP_RULES = (
+    "verification/startup-traces",
+    "verification/first-output-100ms",
+    "verification/gaps-150ms",
+    "verification/hundred-rounds-spread",
+)
 STARTUP_REQUESTS = (5, 16)
 STARTUP_ACCEPTED = (0, 3, 7)
 STARTUP_HISTORIES = ("untrained", "preseeded")
@@ -176,15 +229,27 @@ def startup_checks(catalog: Catalog, policy: PolicyConfig) -> list[Result]:
             for history in STARTUP_HISTORIES:
                 name = f"{requests} requests, {accepted} accepted drafts, {history}"
                 if accepted and not speculative:
-                    out.append(Result("startup", name, "n/a", "an ordinary catalog draws no proposals", rules))
+                    out.append(
+                        Result("startup", name, "n/a", "an ordinary catalog draws no proposals", rules)
+                    )
                     continue
                 if _prompt_ms(catalog, 64) is None or _fastest_round_ms(catalog) is None:
-                    out.append(Result("startup", name, "n/a", "no measured prompt or generation program", rules))
+                    out.append(
+                        Result("startup", name, "n/a", "no measured prompt or generation program", rules)
+                    )
                     continue
                 why = startup_achievability(catalog, requests)
                 if why is not None:
-                    out.append(Result("startup", name, "not achievable", f"not achievable on this catalog: {why}",
-                                      rules, {"why": why}))
+                    out.append(
+                        Result(
+                            "startup",
+                            name,
+                            "not achievable",
+                            f"not achievable on this catalog: {why}",
+                            rules,
+                            {"why": why},
+                        )
+                    )
                     continue
                 out.append(startup_trace(catalog, policy, requests, accepted, history))
     return out
@@ -192,47 +257,92 @@ def startup_checks(catalog: Catalog, policy: PolicyConfig) -> list[Result]:
 
 def budget_checks(catalog: Catalog, policy: PolicyConfig) -> list[Result]:
     """About a minute of continuous decoding (durations scaled up so it runs quickly)."""
-    slow = dataclasses.replace(catalog, graphs=tuple(
-        dataclasses.replace(g, duration_ms=g.duration_ms * 8) if g.duration_ms else g for g in catalog.graphs))
+    slow = dataclasses.replace(
+        catalog,
+        graphs=tuple(
+            dataclasses.replace(g, duration_ms=g.duration_ms * 8) if g.duration_ms else g
+            for g in catalog.graphs
+        ),
+    )
     speculative = catalog.mode == "speculative"
-    result = simulation.run(simulation.SimConfig(
-        slow, requests=6, output_tokens=400_000, accepted_drafts=None,
-        acceptance_probs=(0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3) if speculative else None,
-        horizon_ms=70_000.0, rounds=10**9, noise=0.05, seed=3, policy=policy))
+    result = simulation.run(
+        simulation.SimConfig(
+            slow,
+            requests=6,
+            output_tokens=400_000,
+            accepted_drafts=None,
+            acceptance_probs=(0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3) if speculative else None,
+            horizon_ms=70_000.0,
+            rounds=10**9,
+            noise=0.05,
+            seed=3,
+            policy=policy,
+        )
+    )
     bound = 0.002 / 0.998 * result.ordinary_ms
-    out = [Result("budgets", "timing refresh <= 0.002/0.998 x ordinary + one episode",
-                  "pass" if result.refresh_bound_ok else "fail",
-                  f"refresh {result.timing_refresh_ms:.2f} ms, allowance {bound:.2f} ms + largest episode "
-                  f"{result.largest_refresh_episode_ms:.2f} ms, {len(result.refresh_episodes_ms)} refreshes in "
-                  f"{result.virtual_ms / 1000:.0f} s",
-                  ("timing-refresh/aggregate-bound",)),
-           Result("budgets", "2,495 ms of credited ordinary time before the first refresh",
-                  "pass" if result.first_refresh_after_ms is None or result.first_refresh_after_ms >= 2495 - 1e-6
-                  else "fail",
-                  f"first refresh after {result.first_refresh_after_ms} ms credited", ("timing-refresh/first-2495ms",))]
+    out = [
+        Result(
+            "budgets",
+            "timing refresh <= 0.002/0.998 x ordinary + one episode",
+            "pass" if result.refresh_bound_ok else "fail",
+            f"refresh {result.timing_refresh_ms:.2f} ms, allowance {bound:.2f} ms + largest episode "
+            f"{result.largest_refresh_episode_ms:.2f} ms, {len(result.refresh_episodes_ms)} refreshes in "
+            f"{result.virtual_ms / 1000:.0f} s",
+            ("timing-refresh/aggregate-bound",),
+        ),
+        Result(
+            "budgets",
+            "2,495 ms of credited ordinary time before the first refresh",
+            "pass"
+            if result.first_refresh_after_ms is None or result.first_refresh_after_ms >= 2495 - 1e-6
+            else "fail",
+            f"first refresh after {result.first_refresh_after_ms} ms credited",
+            ("timing-refresh/first-2495ms",),
+        ),
+    ]
     if speculative:
-        out.append(Result("budgets", "acceptance probes <= 0.01/0.99 x ordinary + one episode",
-                          "pass" if result.acceptance_bound_ok else "fail",
-                          f"probes {result.acceptance_learning_ms:.2f} ms, allowance "
-                          f"{0.01 / 0.99 * result.ordinary_ms:.2f} ms + largest episode "
-                          f"{result.largest_probe_episode_ms:.2f} ms, {len(result.probe_episodes_ms)} probes",
-                          ("acceptance-learning/aggregate-bound",)))
+        out.append(
+            Result(
+                "budgets",
+                "acceptance probes <= 0.01/0.99 x ordinary + one episode",
+                "pass" if result.acceptance_bound_ok else "fail",
+                f"probes {result.acceptance_learning_ms:.2f} ms, allowance "
+                f"{0.01 / 0.99 * result.ordinary_ms:.2f} ms + largest episode "
+                f"{result.largest_probe_episode_ms:.2f} ms, {len(result.probe_episodes_ms)} probes",
+                ("acceptance-learning/aggregate-bound",),
+            )
+        )
     return out
 
 
 def lifecycle_checks(catalog: Catalog, policy: PolicyConfig) -> list[Result]:
     """A Poisson workload through the real Scheduler: every request completes and nothing leaks."""
-    result = simulation.run(simulation.SimConfig(
-        catalog, scenario="poisson", requests=60, prompt_tokens=[64, 400, 1500], output_tokens=[16, 64],
-        accepted_drafts=None if catalog.mode == "speculative" else 0,
-        acceptance_probs=(0.8, 0.6, 0.4, 0.3, 0.2, 0.1, 0.1) if catalog.mode == "speculative" else None,
-        arrival_rate_per_s=40.0, seed=11, policy=policy))
+    result = simulation.run(
+        simulation.SimConfig(
+            catalog,
+            scenario="poisson",
+            requests=60,
+            prompt_tokens=[64, 400, 1500],
+            output_tokens=[16, 64],
+            accepted_drafts=None if catalog.mode == "speculative" else 0,
+            acceptance_probs=(0.8, 0.6, 0.4, 0.3, 0.2, 0.1, 0.1) if catalog.mode == "speculative" else None,
+            arrival_rate_per_s=40.0,
+            seed=11,
+            policy=policy,
+        )
+    )
     done = sum(r.finished_ms is not None for r in result.requests)
     ttft = sorted(r.first_output_ms for r in result.requests if r.first_output_ms is not None)
-    return [Result("lifecycle", "Poisson workload completes", "pass" if done == len(result.requests) else "fail",
-                   f"{done}/{len(result.requests)} finished in {result.virtual_ms:.0f} ms; first output p50 "
-                   f"{np.percentile(ttft, 50):.1f} ms, p99 {np.percentile(ttft, 99):.1f} ms",
-                   ("verification/selector-contention",))]
+    return [
+        Result(
+            "lifecycle",
+            "Poisson workload completes",
+            "pass" if done == len(result.requests) else "fail",
+            f"{done}/{len(result.requests)} finished in {result.virtual_ms:.0f} ms; first output p50 "
+            f"{np.percentile(ttft, 50):.1f} ms, p99 {np.percentile(ttft, 99):.1f} ms",
+            ("verification/selector-contention",),
+        )
+    ]
 
 
 def numeric_checks() -> list[Result]:
@@ -245,21 +355,33 @@ def numeric_checks() -> list[Result]:
     bad = 0
     for _ in range(200):
         b, d = int(rng.integers(1, 6)), int(rng.integers(1, 5))
-        prob = np.minimum.accumulate(rng.choice([0.0, 0.25, 0.5, 0.75, 1.0], size=(b, d)), axis=1).astype(np.float32)
+        prob = np.minimum.accumulate(rng.choice([0.0, 0.25, 0.5, 0.75, 1.0], size=(b, d)), axis=1).astype(
+            np.float32
+        )
         active = rng.random(b) < 0.8
         ceil = rng.integers(1, d + 2, size=b)
         cap = int(active.sum()) + int(rng.integers(0, 8))
         got = np.asarray(prefix_allocation_reference(prob, ceil.astype(np.int32), active, cap))
         bad += int(not np.array_equal(got, prefix_allocation_naive(prob, ceil, active, cap)))
-    out.append(Result("numerics", "device prefix allocation vs numpy oracle", "pass" if bad == 0 else "fail",
-                      f"200 random cases, {bad} disagreements", ("speculative-coverage/device-frontier",)))
+    out.append(
+        Result(
+            "numerics",
+            "device prefix allocation vs numpy oracle",
+            "pass" if bad == 0 else "fail",
+            f"200 random cases, {bad} disagreements",
+            ("speculative-coverage/device-frontier",),
+        )
+    )
     out.append(_engine_greedy_check())
     try:
         import torch  # noqa: F401
         import transformers
     except ImportError:
-        out.append(Result("numerics", "logits vs transformers Qwen3ForCausalLM", "n/a",
-                          "transformers is not installed"))
+        out.append(
+            Result(
+                "numerics", "logits vs transformers Qwen3ForCausalLM", "n/a", "transformers is not installed"
+            )
+        )
         return out
     import tempfile
 
@@ -267,9 +389,16 @@ def numeric_checks() -> list[Result]:
 
     from helios_jax.model import forward_full_logits, load_checkpoint
 
-    config = transformers.Qwen3Config(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                                      max_position_embeddings=64)
+    config = transformers.Qwen3Config(
+        vocab_size=128,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=64,
+    )
     torch.manual_seed(0)
     reference = transformers.Qwen3ForCausalLM(config).eval()
     with tempfile.TemporaryDirectory() as folder:
@@ -280,8 +409,14 @@ def numeric_checks() -> list[Result]:
         want = reference(torch.tensor(ids[None])).logits[0].numpy()
     got = np.asarray(forward_full_logits(ours.config, ours.params, jax.numpy.asarray(ids)))
     err = float(np.max(np.abs(got - want)))
-    out.append(Result("numerics", "logits vs transformers Qwen3ForCausalLM", "pass" if err <= 1e-4 else "fail",
-                      f"max abs error {err:.2e} (f32, tolerance 1e-4)"))
+    out.append(
+        Result(
+            "numerics",
+            "logits vs transformers Qwen3ForCausalLM",
+            "pass" if err <= 1e-4 else "fail",
+            f"max abs error {err:.2e} (f32, tolerance 1e-4)",
+        )
+    )
     return out
 
 
@@ -297,22 +432,37 @@ def _engine_greedy_check() -> Result:
 
     model = load_default_model(dtype="float32")
     tokenizer = HFTokenizer(model.tokenizer)
-    config = EngineConfig(request_slots=2, prefill_chunks=(64,), speculation="adaptive", draft_tokens=3,
-                          max_model_len=256, dtype="float32")
-    engine = HeliosEngine(model_config=model.config, params=model.params, tokenizer=tokenizer, engine_config=config)
+    config = EngineConfig(
+        request_slots=2,
+        prefill_chunks=(64,),
+        speculation="adaptive",
+        draft_tokens=3,
+        max_model_len=256,
+        dtype="float32",
+    )
+    engine = HeliosEngine(
+        model_config=model.config, params=model.params, tokenizer=tokenizer, engine_config=config
+    )
     try:
         prompts = [tokenizer.encode("def fibonacci(n):\n    "), tokenizer.encode("import os\nimport sys\n\n")]
-        streams = [engine.submit(GenerationRequest(f"c{i}", tuple(p), SamplingParams(max_tokens=32, temperature=0)))
-                   for i, p in enumerate(prompts)]
+        streams = [
+            engine.submit(GenerationRequest(f"c{i}", tuple(p), SamplingParams(max_tokens=32, temperature=0)))
+            for i, p in enumerate(prompts)
+        ]
         outputs = [[t for e in s for t in e.token_ids] for s in streams]
         rounds = engine.scheduler.speculative
     finally:
         engine.shutdown()
     equal = all(out == greedy_decode(model, p, len(out))[: len(out)] for p, out in zip(prompts, outputs))
-    return Result("numerics", "greedy speculative decoding equals plain greedy decoding", "pass" if equal else "fail",
-                  f"{sum(map(len, outputs))} tokens over {len(prompts)} concurrent requests; "
-                  f"{rounds['programs']} speculative programs, {rounds['drafts_accepted']}/{rounds['drafts_offered']} "
-                  "drafts accepted", ("speculative-coverage/width-one-draft-context",))
+    return Result(
+        "numerics",
+        "greedy speculative decoding equals plain greedy decoding",
+        "pass" if equal else "fail",
+        f"{sum(map(len, outputs))} tokens over {len(prompts)} concurrent requests; "
+        f"{rounds['programs']} speculative programs, {rounds['drafts_accepted']}/{rounds['drafts_offered']} "
+        "drafts accepted",
+        ("speculative-coverage/width-one-draft-context",),
+    )
 
 
 SECTIONS: dict[str, Callable] = {
@@ -334,7 +484,9 @@ def tally(results: list[Result]) -> dict:
     counts = {v: sum(r.verdict == v for r in results) for v in VERDICTS}
     counts["runnable"] = counts["pass"] + counts["fail"]
     counts["held"] = counts["pass"]
-    broken = collections.Counter(b for r in results if r.verdict == "fail" for b in (r.details or {}).get("failed", ()))
+    broken = collections.Counter(
+        b for r in results if r.verdict == "fail" for b in (r.details or {}).get("failed", ())
+    )
     counts["failed_bounds"] = {b: broken[b] for b in ("first output", "gap", "spread") if broken[b]}
     return counts
 

@@ -23,15 +23,15 @@ OPEN: dict[str, str] = {
     "intro/mixed-capture-recipe": f"{NOT_APPLICABLE}: one model family; mixed capture follows --mixed_prefill",
     "intro/qwen38-mixed-recipe": f"{NOT_APPLICABLE}: no Qwen3.8 Flash recipe",
     "mixed-execution/qwen-shared-projections": f"{NOT_APPLICABLE}: Qwen3.8 hyperconnections and experts; "
-                                               "the Qwen3 forward shares its projections by construction",
+    "the Qwen3 forward shares its projections by construction",
     "mixed-execution/qsa-phase": f"{NOT_APPLICABLE}: no QSA layers",
     "mixed-execution/gdn-ple-workspaces": f"{NOT_APPLICABLE}: no GDN or PLE layers",
     "mixed-execution/rollback-in-model": f"{NOT_APPLICABLE}: the dense Qwen3 model has no recurrent state "
-                                         "to roll back",
+    "to roll back",
     "mixed-execution/persistent-separate": f"{NOT_APPLICABLE}: no b12x operations",
     # Buffer placement inside a capture: XLA allocates and reuses buffers of a compiled program.
     "mixed-execution/workspaces-prealloc": "open: XLA owns buffer allocation inside compiled programs; "
-                                           "not observable from the host",
+    "not observable from the host",
     "mixed-execution/buffers-max-capacity": "open: XLA owns buffer allocation inside compiled programs",
     "mixed-execution/contiguous-views": "open: XLA owns buffer allocation inside compiled programs",
     "mixed-execution/proposal-workspace": "open: XLA owns buffer allocation inside compiled programs",
@@ -41,42 +41,85 @@ OPEN: dict[str, str] = {
     "mixed-execution/image-offset": "open: no vision programs yet (the server refuses images)",
     "confidence-acceptance/rank-agreement": "open: tensor parallelism (several ranks) is not built yet",
     "verification/http-env-gate": "deliberately different: the HTTP scheduler scenarios run in CI on the CPU "
-                                  "with a tiny model, not behind FLARE_RUN_CUDA_TESTS",
+    "with a tiny model, not behind FLARE_RUN_CUDA_TESTS",
 }
 
 
-_CHECKPOINTS = ("scheduler-only: checkpoint retention, snapshot/restore and preemption are off in serving "
-                "(the engine builds its Scheduler without checkpoints)")
+_CHECKPOINTS = (
+    "scheduler-only: checkpoint retention, snapshot/restore and preemption are off in serving "
+    "(the engine builds its Scheduler without checkpoints)"
+)
 _VISION = "scheduler-only: the server refuses images and prepares no vision programs"
 _COPY = "scheduler-only: no proposal source supplies copy proposals in serving"
 
 SCHEDULER_ONLY: dict[str, str] = {
-    **{rule: _COPY for rule in (
-        "speculative-coverage/copy-d", "speculative-coverage/copy-no-draws", "confidence-acceptance/per-source")},
-    **{rule: _VISION for rule in (
-        "prerequisites/continuation-images", "prerequisites/image-windows", "prerequisites/vision-active-window",
-        "prerequisites/prefill-window-stop", "prerequisites/atomic-span-chunk",
-        "prerequisites/multiwindow-snapshot-row", "prerequisites/window-drain",
-        "prerequisites/restore-fresh-generation", "prerequisites/feature-offsets-zero",
-        "prerequisites/logical-request-kept", "prerequisites/private-no-prefix-cache",
-        "prerequisites/private-no-host-cache")},
-    **{rule: _CHECKPOINTS for rule in (
-        "prerequisites/first-finishes-terminal", "prerequisites/terminal-age-stops", "prerequisites/snapshot-preserves",
-        "prerequisites/terminal-snapshot", "prerequisites/terminal-own-value", "prerequisites/terminal-age-start",
-        "prerequisites/terminal-clock-no-reset", "prerequisites/preemption-no-complete",
-        "prerequisites/terminal-lane-value", "prerequisites/terminal-waiting-cost", "prerequisites/terminal-two-stage",
-        "prerequisites/nonterminal-utility", "prerequisites/terminal-same-rules", "prerequisites/terminal-no-priority",
-        "prerequisites/snapshot-discovery", "prerequisites/snapshot-no-credit", "prerequisites/terminal-both-policies",
-        "prerequisites/snapshot-before-continuation", "planning-queue/exact-endpoints",
-        "planning-queue/anchor-last-message", "planning-queue/anchor-prompt-end", "planning-queue/earlier-reverse",
-        "planning-queue/extra-allowance", "planning-queue/unknown-no-extras", "planning-queue/decode-terminal-capture",
-        "planning-queue/no-fixed-captures", "planning-queue/cut-needs-destination", "planning-queue/expired-copy-skip",
-        "planning-queue/guard-protects", "planning-queue/mandatory-revokes", "planning-queue/armed-retained",
-        "planning-queue/victim-ranking", "verification/snapshot-cost-sweep")},
+    **{
+        rule: _COPY
+        for rule in (
+            "speculative-coverage/copy-d",
+            "speculative-coverage/copy-no-draws",
+            "confidence-acceptance/per-source",
+        )
+    },
+    **{
+        rule: _VISION
+        for rule in (
+            "prerequisites/continuation-images",
+            "prerequisites/image-windows",
+            "prerequisites/vision-active-window",
+            "prerequisites/prefill-window-stop",
+            "prerequisites/atomic-span-chunk",
+            "prerequisites/multiwindow-snapshot-row",
+            "prerequisites/window-drain",
+            "prerequisites/restore-fresh-generation",
+            "prerequisites/feature-offsets-zero",
+            "prerequisites/logical-request-kept",
+            "prerequisites/private-no-prefix-cache",
+            "prerequisites/private-no-host-cache",
+        )
+    },
+    **{
+        rule: _CHECKPOINTS
+        for rule in (
+            "prerequisites/first-finishes-terminal",
+            "prerequisites/terminal-age-stops",
+            "prerequisites/snapshot-preserves",
+            "prerequisites/terminal-snapshot",
+            "prerequisites/terminal-own-value",
+            "prerequisites/terminal-age-start",
+            "prerequisites/terminal-clock-no-reset",
+            "prerequisites/preemption-no-complete",
+            "prerequisites/terminal-lane-value",
+            "prerequisites/terminal-waiting-cost",
+            "prerequisites/terminal-two-stage",
+            "prerequisites/nonterminal-utility",
+            "prerequisites/terminal-same-rules",
+            "prerequisites/terminal-no-priority",
+            "prerequisites/snapshot-discovery",
+            "prerequisites/snapshot-no-credit",
+            "prerequisites/terminal-both-policies",
+            "prerequisites/snapshot-before-continuation",
+            "planning-queue/exact-endpoints",
+            "planning-queue/anchor-last-message",
+            "planning-queue/anchor-prompt-end",
+            "planning-queue/earlier-reverse",
+            "planning-queue/extra-allowance",
+            "planning-queue/unknown-no-extras",
+            "planning-queue/decode-terminal-capture",
+            "planning-queue/no-fixed-captures",
+            "planning-queue/cut-needs-destination",
+            "planning-queue/expired-copy-skip",
+            "planning-queue/guard-protects",
+            "planning-queue/mandatory-revokes",
+            "planning-queue/armed-retained",
+            "planning-queue/victim-ranking",
+            "verification/snapshot-cost-sweep",
+        )
+    },
 }
 
 DEVIATIONS: dict[str, str] = {
     "mixed-execution/qwen-counts": "deviation: the 22 speculative / 20 ordinary example is not derivable from the "
-                                   "stated rules (RESOLUTIONS.md, 12); mixed_shapes reproduces it only with prompt "
-                                   "buckets the planner never produces",
+    "stated rules (RESOLUTIONS.md, 12); mixed_shapes reproduces it only with prompt "
+    "buckets the planner never produces",
 }

@@ -1,4 +1,5 @@
 """The spec's checkable rules (RULES.md shipped with the package), parsed."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -15,7 +16,7 @@ class Rule:
     check: str  # unit, sim, model, kernel, http or doc
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def rules() -> tuple[Rule, ...]:
     text = importlib.resources.files("helios_jax.conformance").joinpath("RULES.md").read_text()
     out, section = [], ""

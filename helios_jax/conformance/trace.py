@@ -8,6 +8,7 @@ The table is generated from the ``spec`` markers of the collected tests (run fro
 root), so it cannot drift from the suite; the hand-written part after ``HAND_WRITTEN`` (the
 generated-family results) is kept as it is.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -79,7 +80,13 @@ def render(markers: dict[str, set[str]]) -> str:
     for r in all_rules:
         if r.section != section:
             section = r.section
-            lines += ["", f"## {section}", "", "| rule | check | status | tests |", "| --- | --- | --- | --- |"]
+            lines += [
+                "",
+                f"## {section}",
+                "",
+                "| rule | check | status | tests |",
+                "| --- | --- | --- | --- |",
+            ]
         st = status(r, markers)
         if st in ("checked", "scheduler-only", "deviation") and markers.get(r.id):
             tests = "<br>".join(f"`{t}`" for t in sorted(markers[r.id]))
@@ -99,14 +106,24 @@ def render(markers: dict[str, set[str]]) -> str:
 
 def problems(markers: dict[str, set[str]]) -> list[str]:
     """Checkable rules without a test or an open entry, and open entries that gained a test."""
-    out = [f"{r.id}: a {r.check} rule with no test, not listed as open" for r in rules()
-           if status(r, markers) == "missing"]
-    out += [f"{rule_id}: listed as open but checked by {sorted(markers[rule_id])[0]}" for rule_id in OPEN
-            if markers.get(rule_id)]
+    out = [
+        f"{r.id}: a {r.check} rule with no test, not listed as open"
+        for r in rules()
+        if status(r, markers) == "missing"
+    ]
+    out += [
+        f"{rule_id}: listed as open but checked by {sorted(markers[rule_id])[0]}"
+        for rule_id in OPEN
+        if markers.get(rule_id)
+    ]
     known = {r.id for r in rules()}
     for name, table in (("open", OPEN), ("scheduler-only", SCHEDULER_ONLY), ("deviation", DEVIATIONS)):
         out += [f"{rule_id}: {name} entry for an unknown rule" for rule_id in table if rule_id not in known]
-    out += [f"{rule_id}: scheduler-only but no test checks it" for rule_id in SCHEDULER_ONLY if not markers.get(rule_id)]
+    out += [
+        f"{rule_id}: scheduler-only but no test checks it"
+        for rule_id in SCHEDULER_ONLY
+        if not markers.get(rule_id)
+    ]
     return out
 
 

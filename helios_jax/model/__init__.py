@@ -12,6 +12,7 @@ Modules, leaf first:
 
 docs/model.md describes the architecture, the cache layout and the checkpoint format.
 """
+
 import importlib
 
 from helios_jax.model.cache import (

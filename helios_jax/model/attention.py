@@ -16,10 +16,11 @@ The kernel contract (owned by kernels/ragged_paged_attention.py):
 
 Any callable with that signature can stand in for it (`attention=` on the packed forwards).
 """
+
 from __future__ import annotations
 
 import functools
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -51,9 +52,10 @@ def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, sm_scale: floa
     precision = matmul_precision(q.dtype)
     # Query head h reads kv head h // (heads // kv_heads) (transformers' repeat_kv).
     qg = q.reshape(t, kv_heads, heads // kv_heads, dim)
-    scores = jnp.einsum(
-        "tgrd,sgd->grts", qg, k, precision=precision, preferred_element_type=jnp.float32
-    ) * sm_scale
+    scores = (
+        jnp.einsum("tgrd,sgd->grts", qg, k, precision=precision, preferred_element_type=jnp.float32)
+        * sm_scale
+    )
     causal = jnp.tril(jnp.ones((t, t), dtype=bool))
     scores = jnp.where(causal, scores, -jnp.inf)
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)

@@ -31,6 +31,7 @@ Decode (one token per row), verification (several per row) and a prefill chunk a
 one call. Tokens that no row covers are padding: their K/V writes are dropped (scatter with
 mode="drop" on an out-of-range page index), so padding never mutates the cache.
 """
+
 from __future__ import annotations
 
 import jax

@@ -9,6 +9,7 @@
 `forward_logits` for verification. The serving programs take `config` and `params` from it and
 build their own executables from `helios_jax.model.forward`.
 """
+
 from __future__ import annotations
 
 import dataclasses

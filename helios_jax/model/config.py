@@ -14,6 +14,7 @@ The multi-token-prediction (MTP) draft head is sized by `mtp_num_layers`, read f
 `mtp_num_hidden_layers` (Qwen3-Next) or `num_nextn_predict_layers` (DeepSeek-V3); both mean
 "decoder blocks inside the draft head" here, and 0 (the default when absent) means no head.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -98,14 +99,14 @@ class ModelConfig:
     def has_mtp(self) -> bool:
         return self.mtp_num_layers > 0
 
-    def replace(self, **changes) -> "ModelConfig":
+    def replace(self, **changes) -> ModelConfig:
         return dataclasses.replace(self, **changes)
 
     # ----------------------------------------------------------------------------------------
     # Hugging Face config.json
 
     @classmethod
-    def from_hf_dict(cls, d: dict) -> "ModelConfig":
+    def from_hf_dict(cls, d: dict) -> ModelConfig:
         """Reads a Hugging Face Qwen3 config dictionary.
 
         Raises:
@@ -132,9 +133,7 @@ class ModelConfig:
             max_position_embeddings=int(d.get("max_position_embeddings", 40_960)),
             tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
             dtype=dtype,
-            mtp_num_layers=int(
-                d.get("mtp_num_hidden_layers") or d.get("num_nextn_predict_layers") or 0
-            ),
+            mtp_num_layers=int(d.get("mtp_num_hidden_layers") or d.get("num_nextn_predict_layers") or 0),
         )
 
     def to_hf_dict(self) -> dict:
@@ -162,7 +161,7 @@ class ModelConfig:
         return d
 
     @classmethod
-    def from_json_file(cls, path: str | os.PathLike) -> "ModelConfig":
+    def from_json_file(cls, path: str | os.PathLike) -> ModelConfig:
         with open(path) as f:
             return cls.from_hf_dict(json.load(f))
 

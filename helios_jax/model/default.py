@@ -25,6 +25,7 @@ irrelevant), so one compilation serves a whole measurement. The paged serving pa
 tests/model/test_mtp.py holds the paged oracle `reference/mtp.py: paged_proposals` to the naive one,
 and tests/programs/test_speculative.py holds `draft_proposals` to the paged oracle.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -87,7 +88,7 @@ class SpeculationStats:
     depth: int
     accepted: tuple[int, ...]
 
-    def __add__(self, other: "SpeculationStats") -> "SpeculationStats":
+    def __add__(self, other: SpeculationStats) -> SpeculationStats:
         if other.depth != self.depth:
             raise ValueError(f"cannot pool depth {self.depth} with depth {other.depth}")
         return SpeculationStats(self.depth, self.accepted + other.accepted)

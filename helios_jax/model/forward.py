@@ -19,6 +19,7 @@ and the donated cache is updated in place. Shapes:
 
 "hidden" is always the final-normed hidden state: the vector the output projection reads.
 """
+
 from __future__ import annotations
 
 import jax
@@ -44,7 +45,10 @@ def init_params(config: ModelConfig, key: jax.Array) -> Params:
     tokens = jnp.zeros((2,), jnp.int32)
     positions = jnp.arange(2, dtype=jnp.int32)
     variables = Qwen3(config).init(
-        key, tokens, positions, full_sequence_attend(softmax_scale(config)),
+        key,
+        tokens,
+        positions,
+        full_sequence_attend(softmax_scale(config)),
         method=Qwen3.initialize_everything,
     )
     return variables["params"]
@@ -115,8 +119,13 @@ def draft_forward_full(
     """
     positions = jnp.arange(hidden.shape[0], dtype=jnp.int32)
     out, _ = Qwen3(config).apply(
-        {"params": params}, hidden, next_tokens, positions,
-        full_sequence_attend(softmax_scale(config)), None, method=Qwen3.draft,
+        {"params": params},
+        hidden,
+        next_tokens,
+        positions,
+        full_sequence_attend(softmax_scale(config)),
+        None,
+        method=Qwen3.draft,
     )
     return out
 
@@ -146,7 +155,12 @@ def draft_forward_packed(
     """
     attend = _paged_attend(config, cache, batch, attention)
     return Qwen3(config).apply(
-        {"params": params}, hidden, batch.tokens, batch.positions, attend, cache,
+        {"params": params},
+        hidden,
+        batch.tokens,
+        batch.positions,
+        attend,
+        cache,
         method=Qwen3.draft,
     )
 

@@ -7,6 +7,7 @@ independent oracle that tests compare the production loop against:
 `helios_jax.reference.mtp.Proposals`. `propose` and `Proposals` stay importable from here and from
 `helios_jax.model` with a DeprecationWarning.
 """
+
 from __future__ import annotations
 
 import importlib

@@ -28,10 +28,12 @@ Parameter tree (flax names; Hugging Face names in `weights.py`):
     mtp/fc/kernel                               [2H, H]     input is concat(embedding, hidden)
     mtp/layers_{j}/...                          as layers_{i}
 """
+
 from __future__ import annotations
 
 import functools
-from typing import Callable, Union
+from collections.abc import Callable
+from typing import Union
 
 import jax
 import jax.numpy as jnp

@@ -22,6 +22,7 @@ The mapping to the flax tree is mechanical (`flax_path_to_hf_name`): `layers_N` 
 `layers.N`, leaves `kernel`/`embedding` become `weight`, target tensors gain the `model.`
 prefix, and `kernel`s are transposed (flax Dense is [in, out]).
 """
+
 from __future__ import annotations
 
 import json

@@ -25,11 +25,12 @@ flags and prints):
 The engine (`helios_jax.runtime.engine.HeliosEngine`) prepares its programs through `prepare`
 and then runs each once (`warm_up`) before it admits a request.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 
@@ -49,9 +50,21 @@ from helios_jax.prepare.models import (
 from helios_jax.programs import Program, ProgramSet, build_programs
 
 __all__ = [
-    "DEFAULT_COMPILATION_CACHE_DIR", "Headroom", "Prepared", "capture_headroom", "default_dtype",
-    "default_model_config", "enable_compilation_cache", "load_engine_model", "load_model", "measure",
-    "measured_catalog", "measurement_inputs", "prepare", "random_model", "warm_up",
+    "DEFAULT_COMPILATION_CACHE_DIR",
+    "Headroom",
+    "Prepared",
+    "capture_headroom",
+    "default_dtype",
+    "default_model_config",
+    "enable_compilation_cache",
+    "load_engine_model",
+    "load_model",
+    "measure",
+    "measured_catalog",
+    "measurement_inputs",
+    "prepare",
+    "random_model",
+    "warm_up",
 ]
 
 
@@ -64,9 +77,16 @@ class Prepared:
     compile_seconds: float
 
 
-def prepare(model_config: ModelConfig, params: Params, engine: EngineConfig, *, name: str = "prepared",
-            do_measure: bool = False, runs: int = 5,
-            progress: Callable[[str], None] | None = print) -> Prepared:
+def prepare(
+    model_config: ModelConfig,
+    params: Params,
+    engine: EngineConfig,
+    *,
+    name: str = "prepared",
+    do_measure: bool = False,
+    runs: int = 5,
+    progress: Callable[[str], None] | None = print,
+) -> Prepared:
     """Plan, build and AOT-compile every program; optionally measure them."""
     if model_config.dtype != engine.dtype:
         model_config = model_config.replace(dtype=engine.dtype)
@@ -86,5 +106,6 @@ def prepare(model_config: ModelConfig, params: Params, engine: EngineConfig, *, 
     headroom = capture_headroom(programs, params)
     if do_measure:
         catalog = measured_catalog(catalog, measure(programs, params, runs=runs, progress=progress))
-    return Prepared(programs=programs, params=params, catalog=catalog, headroom=headroom,
-                    compile_seconds=compile_seconds)
+    return Prepared(
+        programs=programs, params=params, catalog=catalog, headroom=headroom, compile_seconds=compile_seconds
+    )

@@ -1,4 +1,5 @@
 """``python -m helios_jax.prepare``: see `helios_jax.prepare.command`."""
+
 from absl import app, flags
 
 from helios_jax import engine_config

@@ -1,4 +1,5 @@
 """Capture headroom: what a prepared engine occupies on the device (step 4 of `prepare`)."""
+
 from __future__ import annotations
 
 import dataclasses

@@ -1,12 +1,13 @@
 """Timed executions of prepared programs on synthetic full-occupancy inputs (step 5 of `prepare`),
 and the warm-up run the engine gives every program before its first request.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import statistics
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -31,24 +32,38 @@ def measurement_inputs(program: Program, engine: EngineConfig, context: int):
     lanes = list(range(min(shape.lanes, engine.request_slots)))
     tables = [_pages(engine, s) for s in lanes]
     if kind.is_prefill:
-        return program.pack(slot=0, tokens=np.arange(shape.prefill_capacity) % 97, page_table=tables[0],
-                            prompt_ends=True)
+        return program.pack(
+            slot=0, tokens=np.arange(shape.prefill_capacity) % 97, page_table=tables[0], prompt_ends=True
+        )
     if kind is GraphKind.DECODE:
         return program.pack(slots=lanes, page_tables=tables)
     if kind is GraphKind.SPECULATIVE:
         rows = [shape.width] * len(lanes)
         if shape.device_allocation:
-            return program.pack(slots=lanes, page_tables=tables, ceilings=[min(r, shape.depth + 1) for r in rows])
+            return program.pack(
+                slots=lanes, page_tables=tables, ceilings=[min(r, shape.depth + 1) for r in rows]
+            )
         while sum(rows) > shape.target_capacity:  # ragged host programs: fill P exactly
             rows[rows.index(max(rows))] -= 1
         return program.pack(slots=lanes, page_tables=tables, query_lengths=rows)
     if kind is GraphKind.MIXED:
         lengths = [shape.prefill_capacity] + [shape.width] * (len(lanes) - 1)
-        return program.pack(slots=lanes, page_tables=tables, query_lengths=lengths, prefill_row=0,
-                            prompt_tokens=np.arange(shape.prefill_capacity) % 89, prompt_ends=True)
+        return program.pack(
+            slots=lanes,
+            page_tables=tables,
+            query_lengths=lengths,
+            prefill_row=0,
+            prompt_tokens=np.arange(shape.prefill_capacity) % 89,
+            prompt_ends=True,
+        )
     if kind is GraphKind.INITIALIZE:
-        return program.pack(slots=lanes, temperature=[0.0] * len(lanes), top_p=[1.0] * len(lanes),
-                            top_k=[0] * len(lanes), seeds=lanes)
+        return program.pack(
+            slots=lanes,
+            temperature=[0.0] * len(lanes),
+            top_p=[1.0] * len(lanes),
+            top_k=[0] * len(lanes),
+            seeds=lanes,
+        )
     used = -(-context // engine.page_size)
     snapshot_rows = [engine.request_slots + i for i in range(min(shape.lanes, engine.snapshot_rows))]
     lanes = lanes[: len(snapshot_rows)]
@@ -66,8 +81,14 @@ def _with_cursors(state: DeviceState, cursor: jax.Array) -> DeviceState:
 _set_cursors = jax.jit(_with_cursors, donate_argnums=0)
 
 
-def measure(programs: ProgramSet, params, *, runs: int = 5, context: int | None = None,
-            progress: Callable[[str], None] | None = None) -> dict:
+def measure(
+    programs: ProgramSet,
+    params,
+    *,
+    runs: int = 5,
+    context: int | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> dict:
     """Median execution time (ms) per program, measured after one warm-up run.
 
     Each run starts from the same cursors (decoders at `context`, prompts at 0; default half the
@@ -76,7 +97,9 @@ def measure(programs: ProgramSet, params, *, runs: int = 5, context: int | None 
     """
     engine = programs.engine_config
     # Decoders may write up to W + D positions past their cursor.
-    reach = max((p.shape.width + p.shape.depth for p in programs.values() if p.shape.kind.is_generation), default=1)
+    reach = max(
+        (p.shape.width + p.shape.depth for p in programs.values() if p.shape.kind.is_generation), default=1
+    )
     margin = engine.max_model_len - reach - 1
     context = max(1, min(engine.max_model_len // 2 if context is None else context, margin))
     cursors = np.full((engine.state_rows,), context, np.int32)
@@ -104,8 +127,10 @@ def measure(programs: ProgramSet, params, *, runs: int = 5, context: int | None 
 
 def measured_catalog(catalog: Catalog, durations: dict) -> Catalog:
     """The catalog with each graph's measured duration_ms (the shared JSON format)."""
-    graphs = tuple(dataclasses.replace(g, duration_ms=round(float(durations[g.key]), 4)) if g.key in durations else g
-                   for g in catalog.graphs)
+    graphs = tuple(
+        dataclasses.replace(g, duration_ms=round(float(durations[g.key]), 4)) if g.key in durations else g
+        for g in catalog.graphs
+    )
     return dataclasses.replace(catalog, graphs=graphs)
 
 

@@ -7,6 +7,7 @@ helios_jax.prepare``, ``python -m helios_jax.serve``): no folder is the embedded
 run float32 much faster: 2.9x at concurrency 1 for the default model,
 docs/benchmarks-engine.md) and the checkpoint's own dtype on an accelerator.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -45,8 +46,12 @@ def random_model(*, dtype: str = "float32", seed: int = 0) -> tuple[ModelConfig,
 
 def load_model(path: str | None, *, dtype: str = "float32", seed: int = 0) -> tuple[ModelConfig, Params]:
     """Deprecated: `load_engine_model(path)` for a folder, `random_model()` for the tiny random one."""
-    warnings.warn("helios_jax.prepare.load_model is deprecated: use load_engine_model(path) for a checkpoint "
-                  "or random_model() for the tiny random model", DeprecationWarning, stacklevel=2)
+    warnings.warn(
+        "helios_jax.prepare.load_model is deprecated: use load_engine_model(path) for a checkpoint "
+        "or random_model() for the tiny random model",
+        DeprecationWarning,
+        stacklevel=2,
+    )
     if path:
         loaded = load_checkpoint(path, dtype=dtype)
         return loaded.config, loaded.params

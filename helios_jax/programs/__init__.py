@@ -19,6 +19,7 @@ context, sampling settings and PRNG key). Modules, leaf first:
 docs/programs.md describes the state layout, each program's inputs and outputs, the sidecar
 layout and the acceptance rule.
 """
+
 from helios_jax.programs.acceptance import Acceptance, accept_proposals
 from helios_jax.programs.impls import DEFAULT_IMPL, Impl
 from helios_jax.programs.inputs import (

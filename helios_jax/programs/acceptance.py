@@ -24,6 +24,7 @@ Worked example, one lane, L = 3, V = 3:
   residual max(0, p_1 - q_1) = [0.5, 0.1, 0] -> [5/6, 1/6, 0]; emit [1, x], count 2
   survival = [0.6, 0.15]
 """
+
 from __future__ import annotations
 
 import jax
@@ -55,8 +56,9 @@ def accept_proposals(
     p_at = jnp.take_along_axis(target_probs[:, : w - 1], proposals[..., None], axis=-1)[..., 0]
     q_at = jnp.take_along_axis(draft_probs, proposals[..., None], axis=-1)[..., 0]
     # q(d) > 0 for any drawn proposal; guard the division for impossible inputs anyway.
-    ratio = jnp.where(q_at > 0, jnp.minimum(1.0, p_at / jnp.where(q_at > 0, q_at, 1.0)),
-                      (p_at > 0).astype(jnp.float32))
+    ratio = jnp.where(
+        q_at > 0, jnp.minimum(1.0, p_at / jnp.where(q_at > 0, q_at, 1.0)), (p_at > 0).astype(jnp.float32)
+    )
     accepts = evaluated & (accept_uniforms < ratio)
     accepted = jnp.sum(jnp.cumprod(accepts.astype(jnp.int32), axis=1), axis=1).astype(jnp.int32)
     rejected = accepted < lengths - 1

@@ -5,9 +5,10 @@ The generation kinds are thin adapters from their input contract to the shared p
 values only (the frozen `ModelConfig`, the `ProgramShape`, the `Impl`), so every returned function
 can be jitted with the state donated and compiled ahead of time.
 """
+
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -47,19 +48,33 @@ def build_prefill(config: ModelConfig, shape: ProgramShape, impl: Impl) -> Progr
     speculation, the draft context current, so the next chunk or decode continues seamlessly.
     """
     scored = shape.kind is GraphKind.SCORED_PREFILL
-    plan = RoundPlan(lanes=1, width=1, depth=0, packed=shape.prefill_capacity,
-                     prompt_capacity=shape.prefill_capacity, maintain_draft=shape.maintain_draft,
-                     device_allocation=False, scored=scored)
+    plan = RoundPlan(
+        lanes=1,
+        width=1,
+        depth=0,
+        packed=shape.prefill_capacity,
+        prompt_capacity=shape.prefill_capacity,
+        maintain_draft=shape.maintain_draft,
+        device_allocation=False,
+        scored=scored,
+    )
 
     def prefill(params, state: DeviceState, inputs: PrefillInputs):
         copy_tokens, copy_lengths = _no_copies(1, 0)
         x = RoundInputs(
-            slots=inputs.slot, active=inputs.length > 0, page_tables=inputs.page_table,
-            prompt_lane=jnp.ones((1,), bool), lane_rows=inputs.length, tokens=inputs.tokens,
-            prompt_ends=inputs.prompt_ends[0], copy_tokens=copy_tokens, copy_lengths=copy_lengths,
+            slots=inputs.slot,
+            active=inputs.length > 0,
+            page_tables=inputs.page_table,
+            prompt_lane=jnp.ones((1,), bool),
+            lane_rows=inputs.length,
+            tokens=inputs.tokens,
+            prompt_ends=inputs.prompt_ends[0],
+            copy_tokens=copy_tokens,
+            copy_lengths=copy_lengths,
         )
-        state, out, logprobs = packed_round(config, params, state, x, plan, impl,
-                                            sidecar_shape=_sidecar_shape(shape))
+        state, out, logprobs = packed_round(
+            config, params, state, x, plan, impl, sidecar_shape=_sidecar_shape(shape)
+        )
         return state, PrefillOutputs(tokens=out.tokens[:, 0], counts=out.counts, prompt_logprobs=logprobs)
 
     return prefill
@@ -67,19 +82,33 @@ def build_prefill(config: ModelConfig, shape: ProgramShape, impl: Impl) -> Progr
 
 def build_decode(config: ModelConfig, shape: ProgramShape, impl: Impl) -> ProgramFn:
     """Ordinary decode: each active lane feeds its pending token and samples the next."""
-    plan = RoundPlan(lanes=shape.lanes, width=1, depth=0, packed=shape.lanes, prompt_capacity=0,
-                     maintain_draft=False, device_allocation=False)
+    plan = RoundPlan(
+        lanes=shape.lanes,
+        width=1,
+        depth=0,
+        packed=shape.lanes,
+        prompt_capacity=0,
+        maintain_draft=False,
+        device_allocation=False,
+    )
 
     def decode(params, state: DeviceState, inputs: DecodeInputs):
         b = shape.lanes
         copy_tokens, copy_lengths = _no_copies(b, 0)
         x = RoundInputs(
-            slots=inputs.slots, active=inputs.active, page_tables=inputs.page_tables,
-            prompt_lane=jnp.zeros((b,), bool), lane_rows=jnp.ones((b,), jnp.int32),
-            tokens=jnp.zeros((b,), jnp.int32), prompt_ends=jnp.asarray(False),
-            copy_tokens=copy_tokens, copy_lengths=copy_lengths,
+            slots=inputs.slots,
+            active=inputs.active,
+            page_tables=inputs.page_tables,
+            prompt_lane=jnp.zeros((b,), bool),
+            lane_rows=jnp.ones((b,), jnp.int32),
+            tokens=jnp.zeros((b,), jnp.int32),
+            prompt_ends=jnp.asarray(False),
+            copy_tokens=copy_tokens,
+            copy_lengths=copy_lengths,
         )
-        state, out, _ = packed_round(config, params, state, x, plan, impl, sidecar_shape=_sidecar_shape(shape))
+        state, out, _ = packed_round(
+            config, params, state, x, plan, impl, sidecar_shape=_sidecar_shape(shape)
+        )
         return state, out
 
     return decode
@@ -89,19 +118,32 @@ def build_speculative(config: ModelConfig, shape: ProgramShape, impl: Impl) -> P
     """Complete speculative generation (B, D, W, P, binding): proposals, confidence, allocation,
     packed verification, acceptance and accepted-state commit in one program. Width one (D = 0)
     is a decode that also absorbs the committed pair into the draft context."""
-    plan = RoundPlan(lanes=shape.lanes, width=shape.width, depth=shape.depth,
-                     packed=shape.target_capacity, prompt_capacity=0, maintain_draft=True,
-                     device_allocation=shape.device_allocation)
+    plan = RoundPlan(
+        lanes=shape.lanes,
+        width=shape.width,
+        depth=shape.depth,
+        packed=shape.target_capacity,
+        prompt_capacity=0,
+        maintain_draft=True,
+        device_allocation=shape.device_allocation,
+    )
 
     def speculative(params, state: DeviceState, inputs: SpeculativeInputs):
         b = shape.lanes
         x = RoundInputs(
-            slots=inputs.slots, active=inputs.active, page_tables=inputs.page_tables,
-            prompt_lane=jnp.zeros((b,), bool), lane_rows=inputs.lane_rows,
-            tokens=jnp.zeros((shape.target_capacity,), jnp.int32), prompt_ends=jnp.asarray(False),
-            copy_tokens=inputs.copy_tokens, copy_lengths=inputs.copy_lengths,
+            slots=inputs.slots,
+            active=inputs.active,
+            page_tables=inputs.page_tables,
+            prompt_lane=jnp.zeros((b,), bool),
+            lane_rows=inputs.lane_rows,
+            tokens=jnp.zeros((shape.target_capacity,), jnp.int32),
+            prompt_ends=jnp.asarray(False),
+            copy_tokens=inputs.copy_tokens,
+            copy_lengths=inputs.copy_lengths,
         )
-        state, out, _ = packed_round(config, params, state, x, plan, impl, sidecar_shape=_sidecar_shape(shape))
+        state, out, _ = packed_round(
+            config, params, state, x, plan, impl, sidecar_shape=_sidecar_shape(shape)
+        )
         return state, out
 
     return speculative
@@ -111,21 +153,34 @@ def build_mixed(config: ModelConfig, shape: ProgramShape, impl: Impl) -> Program
     """Mixed prefill/verification: one packed target forward shared by the prompt row and the
     decode rows (width W; W > 1 verifies D = W - 1 proposals; the speculative variant keeps the
     draft context at every width)."""
-    plan = RoundPlan(lanes=shape.lanes, width=shape.width, depth=shape.depth,
-                     packed=shape.target_capacity, prompt_capacity=shape.prefill_capacity,
-                     maintain_draft=shape.maintain_draft, device_allocation=False)
+    plan = RoundPlan(
+        lanes=shape.lanes,
+        width=shape.width,
+        depth=shape.depth,
+        packed=shape.target_capacity,
+        prompt_capacity=shape.prefill_capacity,
+        maintain_draft=shape.maintain_draft,
+        device_allocation=False,
+    )
 
     def mixed(params, state: DeviceState, inputs: MixedInputs):
         active = inputs.active.astype(bool)
         dense = jnp.cumsum(active.astype(jnp.int32)) - 1  # index in the dense active lane list
         row = inputs.prefill_row[0]
         x = RoundInputs(
-            slots=inputs.slots, active=active, page_tables=inputs.page_tables,
-            prompt_lane=active & (row >= 0) & (dense == row), lane_rows=inputs.query_lengths,
-            tokens=inputs.tokens, prompt_ends=inputs.prompt_ends[0],
-            copy_tokens=inputs.copy_tokens, copy_lengths=inputs.copy_lengths,
+            slots=inputs.slots,
+            active=active,
+            page_tables=inputs.page_tables,
+            prompt_lane=active & (row >= 0) & (dense == row),
+            lane_rows=inputs.query_lengths,
+            tokens=inputs.tokens,
+            prompt_ends=inputs.prompt_ends[0],
+            copy_tokens=inputs.copy_tokens,
+            copy_lengths=inputs.copy_lengths,
         )
-        state, out, _ = packed_round(config, params, state, x, plan, impl, sidecar_shape=_sidecar_shape(shape))
+        state, out, _ = packed_round(
+            config, params, state, x, plan, impl, sidecar_shape=_sidecar_shape(shape)
+        )
         return state, out
 
     return mixed
@@ -188,9 +243,13 @@ def build_copy(config: ModelConfig, shape: ProgramShape, impl: Impl) -> ProgramF
         state = state.replace(
             target=copy_pages(state.target, src, dst),
             draft=None if state.draft is None else copy_pages(state.draft, src, dst),
-            cursor=move(state.cursor), pending=move(state.pending),
-            last_hidden=move(state.last_hidden), temperature=move(state.temperature),
-            top_p=move(state.top_p), top_k=move(state.top_k), rng=move(state.rng),
+            cursor=move(state.cursor),
+            pending=move(state.pending),
+            last_hidden=move(state.last_hidden),
+            temperature=move(state.temperature),
+            top_p=move(state.top_p),
+            top_k=move(state.top_k),
+            rng=move(state.rng),
             generated=move(state.generated),
         )
         return state, None

@@ -9,6 +9,7 @@
 
 `Impl` is frozen and hashable; builders take it so tests can force a path.
 """
+
 from __future__ import annotations
 
 import dataclasses

@@ -10,6 +10,7 @@ ceiling at commit, so a queued frame's tables are known before its predecessor c
 Shapes below: B lanes, W width, D depth, P aggregate target rows, C prompt capacity,
 T = C + (B - 1) * W mixed packed extent, N = pages_per_row, R state rows, S request slots.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -41,7 +42,7 @@ class ProgramShape:
     total_pages: int
 
     @classmethod
-    def of(cls, g: GraphDescriptor, engine: EngineConfig) -> "ProgramShape":
+    def of(cls, g: GraphDescriptor, engine: EngineConfig) -> ProgramShape:
         kind = g.kind
         if kind.is_prefill:
             width, packed, prompt = 1, g.token_capacity, g.token_capacity
@@ -83,6 +84,7 @@ class ProgramShape:
 
 
 # -- inputs ------------------------------------------------------------------------------------
+
 
 @struct.dataclass
 class PrefillInputs:
@@ -173,6 +175,7 @@ class CopyInputs:
 
 # -- outputs -----------------------------------------------------------------------------------
 
+
 @struct.dataclass
 class RoundOutputs:
     """What a generation program (decode, speculative, mixed) reports.
@@ -216,12 +219,23 @@ def input_spec(shape: ProgramShape):
     if kind is GraphKind.DECODE:
         return DecodeInputs(s((b,), i32), s((b,), b8), s((b, n), i32))
     if kind is GraphKind.SPECULATIVE:
-        return SpeculativeInputs(s((b,), i32), s((b,), b8), s((b, n), i32), s((b,), i32),
-                                 s((b, shape.depth), i32), s((b,), i32))
+        return SpeculativeInputs(
+            s((b,), i32), s((b,), b8), s((b, n), i32), s((b,), i32), s((b, shape.depth), i32), s((b,), i32)
+        )
     if kind is GraphKind.MIXED:
-        return MixedInputs(s((b,), i32), s((b,), b8), s((b, n), i32), s((1,), i32), s((b,), i32),
-                           s((shape.target_capacity,), i32), s((1,), b8),
-                           s((b, shape.width - 1), i32), s((b,), i32))
+        return MixedInputs(
+            s((b,), i32),
+            s((b,), b8),
+            s((b, n), i32),
+            s((1,), i32),
+            s((b,), i32),
+            s((shape.target_capacity,), i32),
+            s((1,), b8),
+            s((b, shape.width - 1), i32),
+            s((b,), i32),
+        )
     if kind is GraphKind.INITIALIZE:
-        return InitializeInputs(s((b,), i32), s((b,), b8), s((b,), f32), s((b,), f32), s((b,), i32), s((b,), u32))
+        return InitializeInputs(
+            s((b,), i32), s((b,), b8), s((b,), f32), s((b,), f32), s((b,), i32), s((b,), u32)
+        )
     return CopyInputs(s((b,), i32), s((b,), i32), s((b,), b8), s((b, n), i32), s((b, n), i32), s((b,), i32))

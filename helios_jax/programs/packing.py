@@ -17,9 +17,10 @@ Contract highlights (spec "Mixed execution contract", "Speculative graph coverag
 Worked example (mixed, B = 4, W = 2, C = 64, T = 70): lanes [decode, prompt(5 tokens), decode],
 query_lengths [2, 5, 1] -> offsets [0, 2, 7]; the prompt occupies tokens[2:7]; lane 3 is padding.
 """
+
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -45,7 +46,9 @@ def packed_offsets(query_lengths: Sequence[int]) -> np.ndarray:
     return (np.cumsum(lengths) - lengths).astype(np.int32)
 
 
-def _lanes(shape: ProgramShape, slots: Sequence[int], *, allow_snapshot_rows: bool = False) -> tuple[np.ndarray, np.ndarray]:
+def _lanes(
+    shape: ProgramShape, slots: Sequence[int], *, allow_snapshot_rows: bool = False
+) -> tuple[np.ndarray, np.ndarray]:
     slots = [int(s) for s in slots]
     if len(slots) > shape.lanes:
         raise InputError(f"{len(slots)} lanes exceed the program's batch capacity {shape.lanes}")
@@ -62,7 +65,9 @@ def _lanes(shape: ProgramShape, slots: Sequence[int], *, allow_snapshot_rows: bo
     return out, active
 
 
-def page_table_array(shape: ProgramShape, tables: Sequence[Sequence[int]], rows: int | None = None) -> np.ndarray:
+def page_table_array(
+    shape: ProgramShape, tables: Sequence[Sequence[int]], rows: int | None = None
+) -> np.ndarray:
     """i32[rows, N] page tables padded with total_pages (out of range: writes are dropped)."""
     rows = shape.lanes if rows is None else rows
     out = np.full((rows, shape.pages_per_row), shape.total_pages, np.int32)
@@ -101,8 +106,9 @@ def _check_kind(shape: ProgramShape, *kinds: GraphKind) -> None:
         raise InputError(f"a {shape.kind.value} program cannot take these inputs")
 
 
-def pack_prefill(shape: ProgramShape, *, slot: int, tokens: Sequence[int], page_table: Sequence[int],
-                 prompt_ends: bool) -> PrefillInputs:
+def pack_prefill(
+    shape: ProgramShape, *, slot: int, tokens: Sequence[int], page_table: Sequence[int], prompt_ends: bool
+) -> PrefillInputs:
     """One chunk of 1..C prompt tokens for request slot `slot`."""
     _check_kind(shape, GraphKind.PREFILL, GraphKind.SCORED_PREFILL)
     tokens = np.asarray(tokens, np.int32).reshape(-1)
@@ -112,12 +118,17 @@ def pack_prefill(shape: ProgramShape, *, slot: int, tokens: Sequence[int], page_
     chunk = np.zeros((shape.prefill_capacity,), np.int32)
     chunk[: tokens.size] = tokens
     return PrefillInputs(
-        slot=slots, tokens=chunk, length=np.array([tokens.size], np.int32),
-        prompt_ends=np.array([bool(prompt_ends)]), page_table=page_table_array(shape, [page_table], rows=1),
+        slot=slots,
+        tokens=chunk,
+        length=np.array([tokens.size], np.int32),
+        prompt_ends=np.array([bool(prompt_ends)]),
+        page_table=page_table_array(shape, [page_table], rows=1),
     )
 
 
-def pack_decode(shape: ProgramShape, *, slots: Sequence[int], page_tables: Sequence[Sequence[int]]) -> DecodeInputs:
+def pack_decode(
+    shape: ProgramShape, *, slots: Sequence[int], page_tables: Sequence[Sequence[int]]
+) -> DecodeInputs:
     _check_kind(shape, GraphKind.DECODE)
     if len(page_tables) != len(slots):
         raise InputError(f"{len(page_tables)} page tables for {len(slots)} lanes")
@@ -125,9 +136,15 @@ def pack_decode(shape: ProgramShape, *, slots: Sequence[int], page_tables: Seque
     return DecodeInputs(slots=lane_slots, active=active, page_tables=page_table_array(shape, page_tables))
 
 
-def pack_speculative(shape: ProgramShape, *, slots: Sequence[int], page_tables: Sequence[Sequence[int]],
-                     query_lengths: Sequence[int] | None = None, ceilings: Sequence[int] | None = None,
-                     copy_proposals: Sequence[Sequence[int] | None] | None = None) -> SpeculativeInputs:
+def pack_speculative(
+    shape: ProgramShape,
+    *,
+    slots: Sequence[int],
+    page_tables: Sequence[Sequence[int]],
+    query_lengths: Sequence[int] | None = None,
+    ceilings: Sequence[int] | None = None,
+    copy_proposals: Sequence[Sequence[int] | None] | None = None,
+) -> SpeculativeInputs:
     """A complete speculative round.
 
     Args:
@@ -165,14 +182,23 @@ def pack_speculative(shape: ProgramShape, *, slots: Sequence[int], page_tables: 
             raise InputError(f"query lengths sum to {int(rows.sum())} > P={shape.target_capacity}")
         for i in range(n):
             if copy_lengths[i] >= 0 and rows[i] > copy_lengths[i] + 1:
-                raise InputError(f"lane {i}: query length {rows[i]} needs {rows[i] - 1} proposals; "
-                                 f"the copy prefix has {copy_lengths[i]}")
-    return SpeculativeInputs(slots=lane_slots, active=active, page_tables=page_table_array(shape, page_tables),
-                             lane_rows=rows, copy_tokens=copy_tokens, copy_lengths=copy_lengths)
+                raise InputError(
+                    f"lane {i}: query length {rows[i]} needs {rows[i] - 1} proposals; "
+                    f"the copy prefix has {copy_lengths[i]}"
+                )
+    return SpeculativeInputs(
+        slots=lane_slots,
+        active=active,
+        page_tables=page_table_array(shape, page_tables),
+        lane_rows=rows,
+        copy_tokens=copy_tokens,
+        copy_lengths=copy_lengths,
+    )
 
 
-def validate_mixed_roles(shape: ProgramShape, query_lengths: Sequence[int], prefill_row: int | None,
-                         prompt_length: int) -> None:
+def validate_mixed_roles(
+    shape: ProgramShape, query_lengths: Sequence[int], prefill_row: int | None, prompt_length: int
+) -> None:
     """Role validation of a mixed frame: at most one prompt row (a single index), inside the
     dense lane list; the prompt row's length equals its uploaded tokens and fits C; every decode
     row verifies 1..W rows; the lengths sum within the packed extent C + (B - 1) * W."""
@@ -185,8 +211,10 @@ def validate_mixed_roles(shape: ProgramShape, query_lengths: Sequence[int], pref
         q = int(q)
         if i == prefill_row:
             if q != prompt_length or not 1 <= q <= shape.prefill_capacity:
-                raise InputError(f"prompt row {i}: query length {q} must equal its {prompt_length} "
-                                 f"prompt tokens, within 1..{shape.prefill_capacity}")
+                raise InputError(
+                    f"prompt row {i}: query length {q} must equal its {prompt_length} "
+                    f"prompt tokens, within 1..{shape.prefill_capacity}"
+                )
         elif not 1 <= q <= shape.width:
             raise InputError(f"decode row {i}: query length {q} outside 1..{shape.width}")
     total = sum(int(q) for q in query_lengths)
@@ -194,16 +222,25 @@ def validate_mixed_roles(shape: ProgramShape, query_lengths: Sequence[int], pref
         raise InputError(f"query lengths sum to {total} > packed extent {shape.target_capacity}")
 
 
-def pack_mixed(shape: ProgramShape, *, slots: Sequence[int], page_tables: Sequence[Sequence[int]],
-               query_lengths: Sequence[int], prefill_row: int | None = None,
-               prompt_tokens: Sequence[int] = (), prompt_ends: bool = False,
-               copy_proposals: Sequence[Sequence[int] | None] | None = None) -> MixedInputs:
+def pack_mixed(
+    shape: ProgramShape,
+    *,
+    slots: Sequence[int],
+    page_tables: Sequence[Sequence[int]],
+    query_lengths: Sequence[int],
+    prefill_row: int | None = None,
+    prompt_tokens: Sequence[int] = (),
+    prompt_ends: bool = False,
+    copy_proposals: Sequence[Sequence[int] | None] | None = None,
+) -> MixedInputs:
     """A mixed frame: `slots` is the dense active lane list; `prefill_row` indexes it (None: a
     decode-only population); `prompt_tokens` are the prompt row's chunk."""
     _check_kind(shape, GraphKind.MIXED)
     n = len(slots)
     if len(page_tables) != n or len(query_lengths) != n:
-        raise InputError(f"{len(page_tables)} page tables and {len(query_lengths)} query lengths for {n} lanes")
+        raise InputError(
+            f"{len(page_tables)} page tables and {len(query_lengths)} query lengths for {n} lanes"
+        )
     prompt = np.asarray(prompt_tokens, np.int32).reshape(-1)
     if prefill_row is None and prompt.size:
         raise InputError("prompt tokens without a prompt row")
@@ -220,15 +257,21 @@ def pack_mixed(shape: ProgramShape, *, slots: Sequence[int], page_tables: Sequen
         offset = int(packed_offsets(lengths)[prefill_row])
         tokens[offset : offset + prompt.size] = prompt
     return MixedInputs(
-        slots=lane_slots, active=active, page_tables=page_table_array(shape, page_tables),
+        slots=lane_slots,
+        active=active,
+        page_tables=page_table_array(shape, page_tables),
         prefill_row=np.array([-1 if prefill_row is None else prefill_row], np.int32),
-        query_lengths=lengths, tokens=tokens, prompt_ends=np.array([bool(prompt_ends)]),
-        copy_tokens=copy_tokens, copy_lengths=copy_lengths,
+        query_lengths=lengths,
+        tokens=tokens,
+        prompt_ends=np.array([bool(prompt_ends)]),
+        copy_tokens=copy_tokens,
+        copy_lengths=copy_lengths,
     )
 
 
-def sampling_mask(shape: ProgramShape, lanes: int, *, prefill_row: int | None = None,
-                  prompt_ends: bool = False) -> np.ndarray:
+def sampling_mask(
+    shape: ProgramShape, lanes: int, *, prefill_row: int | None = None, prompt_ends: bool = False
+) -> np.ndarray:
     """bool[B]: which lanes emit output tokens in this frame. Decode rows always do; the prompt
     row only when its chunk ends the prompt (its first output token); padding lanes never."""
     mask = np.zeros((shape.lanes,), bool)
@@ -240,8 +283,15 @@ def sampling_mask(shape: ProgramShape, lanes: int, *, prefill_row: int | None = 
     return mask
 
 
-def pack_initialize(shape: ProgramShape, *, slots: Sequence[int], temperature: Sequence[float],
-                    top_p: Sequence[float], top_k: Sequence[int], seeds: Sequence[int]) -> InitializeInputs:
+def pack_initialize(
+    shape: ProgramShape,
+    *,
+    slots: Sequence[int],
+    temperature: Sequence[float],
+    top_p: Sequence[float],
+    top_k: Sequence[int],
+    seeds: Sequence[int],
+) -> InitializeInputs:
     _check_kind(shape, GraphKind.INITIALIZE)
     n = len(slots)
     if not len(temperature) == len(top_p) == len(top_k) == len(seeds) == n:
@@ -261,14 +311,24 @@ def pack_initialize(shape: ProgramShape, *, slots: Sequence[int], temperature: S
         return out
 
     return InitializeInputs(
-        slots=lane_slots, active=active, temperature=column(temperature, np.float32, 0),
-        top_p=column(top_p, np.float32, 1), top_k=column(top_k, np.int32, 0),
+        slots=lane_slots,
+        active=active,
+        temperature=column(temperature, np.float32, 0),
+        top_p=column(top_p, np.float32, 1),
+        top_k=column(top_k, np.int32, 0),
         seed=column(np.asarray(seeds, np.int64) % (1 << 32), np.uint32, 0),
     )
 
 
-def pack_copy(shape: ProgramShape, *, src_rows: Sequence[int], dst_rows: Sequence[int],
-              src_pages: Sequence[Sequence[int]], dst_pages: Sequence[Sequence[int]], role: str = "copy") -> CopyInputs:
+def pack_copy(
+    shape: ProgramShape,
+    *,
+    src_rows: Sequence[int],
+    dst_rows: Sequence[int],
+    src_pages: Sequence[Sequence[int]],
+    dst_pages: Sequence[Sequence[int]],
+    role: str = "copy",
+) -> CopyInputs:
     """Row-and-page copies. Roles: "snapshot" (request slot -> snapshot row), "restore"
     (snapshot row -> request slot), "copy" (any rows). Each lane copies whole pages, the
     partial last page included; destination pages must be distinct and not read by any lane."""
@@ -280,13 +340,17 @@ def pack_copy(shape: ProgramShape, *, src_rows: Sequence[int], dst_rows: Sequenc
     snapshot = range(shape.request_slots, shape.state_rows)
     for i, (s, d) in enumerate(zip(src_rows, dst_rows)):
         if role == "snapshot" and (s not in request or d not in snapshot):
-            raise InputError(f"lane {i}: a snapshot copies a request slot into a snapshot row, got {s} -> {d}")
+            raise InputError(
+                f"lane {i}: a snapshot copies a request slot into a snapshot row, got {s} -> {d}"
+            )
         if role == "restore" and (s not in snapshot or d not in request):
             raise InputError(f"lane {i}: a restore copies a snapshot row into a request slot, got {s} -> {d}")
         if role not in ("snapshot", "restore", "copy"):
             raise InputError(f"unknown copy role {role!r}")
         if len(src_pages[i]) != len(dst_pages[i]):
-            raise InputError(f"lane {i}: {len(src_pages[i])} source pages for {len(dst_pages[i])} destinations")
+            raise InputError(
+                f"lane {i}: {len(src_pages[i])} source pages for {len(dst_pages[i])} destinations"
+            )
     _, active = _lanes(shape, dst_rows, allow_snapshot_rows=True)
     sources, _ = _lanes(shape, src_rows, allow_snapshot_rows=True)
     written = [int(p) for pages in dst_pages for p in pages]
@@ -296,8 +360,11 @@ def pack_copy(shape: ProgramShape, *, src_rows: Sequence[int], dst_rows: Sequenc
     dst = np.zeros((shape.lanes,), np.int32)
     dst[:n] = dst_rows
     return CopyInputs(
-        src_rows=sources, dst_rows=dst, active=active,
-        src_pages=page_table_array(shape, src_pages), dst_pages=page_table_array(shape, dst_pages),
+        src_rows=sources,
+        dst_rows=dst,
+        active=active,
+        src_pages=page_table_array(shape, src_pages),
+        dst_pages=page_table_array(shape, dst_pages),
         page_counts=np.array([len(p) for p in src_pages] + [0] * (shape.lanes - n), np.int32),
     )
 

@@ -9,12 +9,13 @@
 The state argument is donated: the caller must use the returned state (the old buffers are
 deleted after the call). `Program.pack` forwards to `packing.py` with the program's shape.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterator, Mapping
-from typing import Any, Callable
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 import jax
 
@@ -111,8 +112,11 @@ class ProgramSet(Mapping):
     def find(self, kind: GraphKind | str, **extents) -> Program:
         """The one program of `kind` whose descriptor matches `extents` (descriptor field names)."""
         kind = GraphKind(kind)
-        found = [p for p in self.programs.values() if p.descriptor.kind is kind
-                 and all(getattr(p.descriptor, f) == v for f, v in extents.items())]
+        found = [
+            p
+            for p in self.programs.values()
+            if p.descriptor.kind is kind and all(getattr(p.descriptor, f) == v for f, v in extents.items())
+        ]
         if len(found) != 1:
             raise KeyError(f"{len(found)} programs of kind {kind.value} match {extents}")
         return found[0]
@@ -126,8 +130,12 @@ class ProgramSet(Mapping):
                 progress(i + 1, len(self.programs), program)
 
 
-def build_program(model_config: ModelConfig, engine_config: EngineConfig, descriptor: GraphDescriptor,
-                  impl: Impl = DEFAULT_IMPL) -> Program:
+def build_program(
+    model_config: ModelConfig,
+    engine_config: EngineConfig,
+    descriptor: GraphDescriptor,
+    impl: Impl = DEFAULT_IMPL,
+) -> Program:
     shape = ProgramShape.of(descriptor, engine_config)
     if shape.depth and not model_config.has_mtp:
         raise ValueError(f"graph {descriptor.name}: proposals need a model with an MTP draft head")
@@ -136,8 +144,14 @@ def build_program(model_config: ModelConfig, engine_config: EngineConfig, descri
     return Program(descriptor=descriptor, shape=shape, fn=jitted, input_spec=input_spec(shape))
 
 
-def build_programs(model_config: ModelConfig, params_shapes, engine_config: EngineConfig, catalog: Catalog,
-                   *, impl: Impl = DEFAULT_IMPL) -> ProgramSet:
+def build_programs(
+    model_config: ModelConfig,
+    params_shapes,
+    engine_config: EngineConfig,
+    catalog: Catalog,
+    *,
+    impl: Impl = DEFAULT_IMPL,
+) -> ProgramSet:
     """One program per catalog descriptor (vision graphs have no builder and are refused).
 
     Args:
@@ -149,8 +163,10 @@ def build_programs(model_config: ModelConfig, params_shapes, engine_config: Engi
     if model_config.dtype != engine_config.dtype:
         raise ValueError(f"model dtype {model_config.dtype} differs from the engine's {engine_config.dtype}")
     if catalog.request_slots != engine_config.request_slots:
-        raise ValueError(f"catalog request_slots {catalog.request_slots} differs from the engine's "
-                         f"{engine_config.request_slots}")
+        raise ValueError(
+            f"catalog request_slots {catalog.request_slots} differs from the engine's "
+            f"{engine_config.request_slots}"
+        )
     if engine_config.speculative and not model_config.has_mtp:
         raise ValueError("speculation needs a model with an MTP draft head (mtp_num_layers > 0)")
     params_spec = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params_shapes)

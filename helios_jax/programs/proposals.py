@@ -17,6 +17,7 @@ Step k of lane b runs the pair (g_{k-1}, d_{k-1}) at position c - 1 + k (step 0:
 committed); the entries the later steps write are provisional and are overwritten when accepted
 tokens are absorbed with the target's hidden states.
 """
+
 from __future__ import annotations
 
 import jax
@@ -68,16 +69,29 @@ def draft_proposals(
         cache, h, x = carry
         pos = cursor - 1 + k
         batch = PackedBatch(
-            tokens=_pack(x, packed_index), positions=_pack(pos, packed_index), page_tables=page_tables,
+            tokens=_pack(x, packed_index),
+            positions=_pack(pos, packed_index),
+            page_tables=page_tables,
             context_lens=jnp.where(active, pos + 1, 0).astype(jnp.int32),
-            query_starts=query_starts, query_lens=query_lens,
+            query_starts=query_starts,
+            query_lens=query_lens,
         )
-        packed_hidden, cache = draft_forward_packed(config, params, cache, _pack(h, packed_index), batch,
-                                                    attention=attention)
+        packed_hidden, cache = draft_forward_packed(
+            config, params, cache, _pack(h, packed_index), batch, attention=attention
+        )
         g = packed_hidden[jnp.clip(query_starts, 0, lanes - 1)]  # back to lane order
         logits = compute_logits(config, params, g)
-        token, q, conf = _proposal(logits, k, temperature=temperature, top_k=top_k, top_p=top_p, key=key,
-                                   is_copy=is_copy, copy_tokens=copy_tokens, available=available)
+        token, q, conf = _proposal(
+            logits,
+            k,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            key=key,
+            is_copy=is_copy,
+            copy_tokens=copy_tokens,
+            available=available,
+        )
         return (cache, g.astype(hidden.dtype), token), (token, q, conf)
 
     carry = (cache, hidden, pending.astype(jnp.int32))

@@ -27,6 +27,7 @@ Worked packing example, B = 3, W = 4, one prompt lane (mixed), lanes [decode, pr
   packed tokens: [x_c0, d0_0 | p0 p1 p2 p3 p4 | x_c2, d2_0, d2_1, d2_2 | pad pad]
   sample rows:   lane 0 at 0, 1; lane 1 at 6 (its last prompt token); lane 2 at 7..10
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -108,10 +109,19 @@ def _gather(state: DeviceState, x: RoundInputs, plan: RoundPlan) -> _Lanes:
     # depends neither on the program's width nor on the other lanes: a mixed frame samples
     # exactly what the separate programs sample.
     keys = jax.vmap(lambda k: jax.random.split(k, 4))(wrap_keys(state.rng[slots]))
-    return _Lanes(slots=slots, active=active, is_prompt=is_prompt, is_decode=is_decode,
-                  cursor=state.cursor[slots], pending=state.pending[slots], last_hidden=state.last_hidden[slots],
-                  temperature=state.temperature[slots], top_k=state.top_k[slots], top_p=state.top_p[slots],
-                  keys=keys)
+    return _Lanes(
+        slots=slots,
+        active=active,
+        is_prompt=is_prompt,
+        is_decode=is_decode,
+        cursor=state.cursor[slots],
+        pending=state.pending[slots],
+        last_hidden=state.last_hidden[slots],
+        temperature=state.temperature[slots],
+        top_k=state.top_k[slots],
+        top_p=state.top_p[slots],
+        keys=keys,
+    )
 
 
 def _allocate(lanes: _Lanes, x: RoundInputs, plan: RoundPlan, impl: Impl, joint, available) -> jax.Array:
@@ -141,9 +151,14 @@ def _pack_target(lanes: _Lanes, x: RoundInputs, plan: RoundPlan, proposals, lens
     token_lane, covered = packed_token_rows(starts, lens, t_cap)
     offset = jnp.arange(t_cap, dtype=jnp.int32) - starts[token_lane]
     positions = jnp.where(covered, lanes.cursor[token_lane] + offset, 0).astype(jnp.int32)
-    return PackedBatch(tokens=tokens, positions=positions, page_tables=x.page_tables,
-                       context_lens=jnp.where(lens > 0, lanes.cursor + lens, 0).astype(jnp.int32),
-                       query_starts=starts, query_lens=lens)
+    return PackedBatch(
+        tokens=tokens,
+        positions=positions,
+        page_tables=x.page_tables,
+        context_lens=jnp.where(lens > 0, lanes.cursor + lens, 0).astype(jnp.int32),
+        query_starts=starts,
+        query_lens=lens,
+    )
 
 
 def _absorb(config, params, draft_cache, lanes: _Lanes, batch: PackedBatch, hidden, committed, attention):
@@ -158,11 +173,16 @@ def _absorb(config, params, draft_cache, lanes: _Lanes, batch: PackedBatch, hidd
     previous = jnp.concatenate([jnp.zeros_like(hidden[:1]), hidden[:-1]], axis=0)
     hidden_in = jnp.where(carried[:, None], lanes.last_hidden[token_lane].astype(hidden.dtype), previous)
     d_batch = PackedBatch(
-        tokens=batch.tokens, positions=jnp.maximum(batch.positions - 1, 0), page_tables=batch.page_tables,
+        tokens=batch.tokens,
+        positions=jnp.maximum(batch.positions - 1, 0),
+        page_tables=batch.page_tables,
         context_lens=jnp.where(d_lens > 0, lanes.cursor + committed - 1, 0).astype(jnp.int32),
-        query_starts=(batch.query_starts + first).astype(jnp.int32), query_lens=d_lens,
+        query_starts=(batch.query_starts + first).astype(jnp.int32),
+        query_lens=d_lens,
     )
-    _, draft_cache = draft_forward_packed(config, params, draft_cache, hidden_in, d_batch, attention=attention)
+    _, draft_cache = draft_forward_packed(
+        config, params, draft_cache, hidden_in, d_batch, attention=attention
+    )
     return draft_cache
 
 
@@ -194,8 +214,16 @@ class _Drafts:
     joint: jax.Array  # f32[B, D] joint prefix probabilities: cumulative products of confidence
 
 
-def packed_round(config: ModelConfig, params, state: DeviceState, x: RoundInputs, plan: RoundPlan,
-                 impl: Impl, *, sidecar_shape: tuple[int, int]):
+def packed_round(
+    config: ModelConfig,
+    params,
+    state: DeviceState,
+    x: RoundInputs,
+    plan: RoundPlan,
+    impl: Impl,
+    *,
+    sidecar_shape: tuple[int, int],
+):
     """Runs one round (module docstring).
 
     Returns:
@@ -210,8 +238,19 @@ def packed_round(config: ModelConfig, params, state: DeviceState, x: RoundInputs
     batch = _pack_target(lanes, x, plan, drafts.proposals, lens)  # 4. one packed target forward
     hidden, target_cache = forward_packed(config, params, state.target, batch, attention=attention)
     column = jnp.arange(plan.width, dtype=jnp.int32)[None, :]  # i32[1, W] a lane's row index
-    acc, counts = _accept(config, params, lanes, x, plan, hidden, batch, drafts, column,  # 5
-                          accept_key, sample_key)
+    acc, counts = _accept(
+        config,
+        params,
+        lanes,
+        x,
+        plan,
+        hidden,
+        batch,
+        drafts,
+        column,  # 5
+        accept_key,
+        sample_key,
+    )
     committed, new_hidden, new_pending = _commit(lanes, hidden, batch, acc, counts, plan)  # 6
 
     draft_cache = drafts.cache
@@ -237,22 +276,44 @@ def packed_round(config: ModelConfig, params, state: DeviceState, x: RoundInputs
     )
     logprobs = None
     if plan.scored:
-        logprobs = _prompt_logprobs(config, params, hidden, batch.tokens, lanes.last_hidden, lanes.cursor,
-                                    lanes.is_prompt, batch.query_starts, lens)
+        logprobs = _prompt_logprobs(
+            config,
+            params,
+            hidden,
+            batch.tokens,
+            lanes.last_hidden,
+            lanes.cursor,
+            lanes.is_prompt,
+            batch.query_starts,
+            lens,
+        )
     return new_state, outputs, logprobs
 
 
-def _propose(config, params, draft_cache, lanes: _Lanes, x: RoundInputs, plan: RoundPlan, key,
-             attention) -> _Drafts:
+def _propose(
+    config, params, draft_cache, lanes: _Lanes, x: RoundInputs, plan: RoundPlan, key, attention
+) -> _Drafts:
     """Stage 2: D > 0 sequential MTP proposals for the decode lanes (`proposals.py`), cut to the
     W - 1 that verification rows carry; empty proposals (and the cache untouched) when D = 0."""
     b, w, d = plan.lanes, plan.width, plan.depth
     if d > 0:
         props = draft_proposals(
-            config, params, draft_cache, hidden=lanes.last_hidden, pending=lanes.pending, cursor=lanes.cursor,
-            page_tables=x.page_tables, active=lanes.is_decode, temperature=lanes.temperature,
-            top_k=lanes.top_k, top_p=lanes.top_p, key=key, copy_tokens=x.copy_tokens,
-            copy_lengths=x.copy_lengths, depth=d, attention=attention,
+            config,
+            params,
+            draft_cache,
+            hidden=lanes.last_hidden,
+            pending=lanes.pending,
+            cursor=lanes.cursor,
+            page_tables=x.page_tables,
+            active=lanes.is_decode,
+            temperature=lanes.temperature,
+            top_k=lanes.top_k,
+            top_p=lanes.top_p,
+            key=key,
+            copy_tokens=x.copy_tokens,
+            copy_lengths=x.copy_lengths,
+            depth=d,
+            attention=attention,
         )
         draft_cache = props.cache
         confidence = jnp.where(lanes.is_decode[:, None], props.confidence, 0.0)
@@ -262,12 +323,29 @@ def _propose(config, params, draft_cache, lanes: _Lanes, x: RoundInputs, plan: R
         proposals = jnp.zeros((b, w - 1), jnp.int32)
         q = jnp.zeros((b, w - 1, config.vocab_size), jnp.float32)
         available = jnp.zeros((b,), jnp.int32)
-    return _Drafts(cache=draft_cache, proposals=proposals, q=q, available=available, confidence=confidence,
-                   joint=jnp.cumprod(confidence, axis=1))
+    return _Drafts(
+        cache=draft_cache,
+        proposals=proposals,
+        q=q,
+        available=available,
+        confidence=confidence,
+        joint=jnp.cumprod(confidence, axis=1),
+    )
 
 
-def _accept(config, params, lanes: _Lanes, x: RoundInputs, plan: RoundPlan, hidden, batch: PackedBatch,
-            drafts: _Drafts, column, accept_key, sample_key):
+def _accept(
+    config,
+    params,
+    lanes: _Lanes,
+    x: RoundInputs,
+    plan: RoundPlan,
+    hidden,
+    batch: PackedBatch,
+    drafts: _Drafts,
+    column,
+    accept_key,
+    sample_key,
+):
     """Stage 5: target distributions at each decode lane's W rows and at the prompt lane's last
     token; greedy/rejection acceptance (`acceptance.py`); the prompt lane just samples.
 
@@ -278,16 +356,18 @@ def _accept(config, params, lanes: _Lanes, x: RoundInputs, plan: RoundPlan, hidd
     b, w, t_cap = plan.lanes, plan.width, plan.packed
     starts, lens = batch.query_starts, batch.query_lens
     # The prompt lane samples at its last prompt token, a decode lane at each of its W rows.
-    sample_index = jnp.where(lanes.is_prompt[:, None], starts[:, None] + lens[:, None] - 1,
-                             starts[:, None] + column)
+    sample_index = jnp.where(
+        lanes.is_prompt[:, None], starts[:, None] + lens[:, None] - 1, starts[:, None] + column
+    )
     logits = compute_logits(config, params, hidden[jnp.clip(sample_index, 0, t_cap - 1)])  # f32[B, W, V]
 
     def per_row(values):  # a lane's setting for each of its W rows
         return jnp.broadcast_to(values[:, None], (b, w))
 
     p = sampling_probs(logits, per_row(lanes.temperature), per_row(lanes.top_k), per_row(lanes.top_p))
-    accept_u = jax.vmap(lambda k: jax.vmap(lambda j: jax.random.uniform(jax.random.fold_in(k, j)))(
-        jnp.arange(w - 1)))(accept_key).reshape(b, w - 1)
+    accept_u = jax.vmap(
+        lambda k: jax.vmap(lambda j: jax.random.uniform(jax.random.fold_in(k, j)))(jnp.arange(w - 1))
+    )(accept_key).reshape(b, w - 1)
     sample_u = jax.vmap(jax.random.uniform)(sample_key)
     rows = jnp.where(lanes.is_decode, lens, 1)
     acc = accept_proposals(p, drafts.q, drafts.proposals, rows, accept_u, sample_u)

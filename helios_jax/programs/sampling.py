@@ -17,13 +17,16 @@ Draws use the inverse CDF with an explicit uniform u in [0, 1): the token is the
 whose cumulative mass exceeds u * total. Zero-probability tokens are never drawn, and the same
 uniform gives the same token in the numpy oracle (reference/sampling.py).
 """
+
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 
 
-def sampling_probs(logits: jax.Array, temperature: jax.Array, top_k: jax.Array, top_p: jax.Array) -> jax.Array:
+def sampling_probs(
+    logits: jax.Array, temperature: jax.Array, top_k: jax.Array, top_p: jax.Array
+) -> jax.Array:
     """The distribution a row samples from.
 
     Args:

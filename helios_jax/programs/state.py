@@ -22,6 +22,7 @@ Invariants of an active row r, with c = cursor[r] (tokens 0..c-1 in the target c
 Positions past the cursor may hold anything (rejected verification rows, provisional proposals):
 validity is only ever the cursor.
 """
+
 from __future__ import annotations
 
 import jax
@@ -65,8 +66,13 @@ def init_state(model: ModelConfig, engine: EngineConfig, *, fill: float = 0.0) -
     target = init_paged_cache(model, total_pages=engine.kv_pages, page_size=engine.page_size, fill=fill)
     draft = None
     if engine.speculative:
-        draft = init_paged_cache(model, total_pages=engine.kv_pages, page_size=engine.page_size,
-                                 num_layers=model.mtp_num_layers, fill=fill)
+        draft = init_paged_cache(
+            model,
+            total_pages=engine.kv_pages,
+            page_size=engine.page_size,
+            num_layers=model.mtp_num_layers,
+            fill=fill,
+        )
     return DeviceState(
         target=target,
         draft=draft,
@@ -88,6 +94,7 @@ def state_shapes(model: ModelConfig, engine: EngineConfig) -> DeviceState:
 
 def state_bytes(state: DeviceState) -> dict[str, int]:
     """Bytes of the KV pools and of the per-row arrays (concrete or abstract state)."""
+
     def nbytes(tree) -> int:
         return sum(x.size * jnp.dtype(x.dtype).itemsize for x in jax.tree_util.tree_leaves(tree))
 

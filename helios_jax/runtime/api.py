@@ -6,12 +6,14 @@ returned :class:`RequestStream` until one carries a ``finish_reason``, and calls
 ``RequestStream.cancel()`` when the client goes away. The engine (``helios_jax.runtime.engine``)
 and the test fakes implement :class:`Engine`.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import queue
 import threading
-from typing import Protocol, Sequence
+from collections.abc import Sequence
+from typing import Protocol
 
 
 @dataclasses.dataclass(frozen=True)

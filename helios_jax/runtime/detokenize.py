@@ -11,9 +11,10 @@ except for what must wait:
 A burst whose visible text is empty publishes nothing (the scheduler's delivery is postponed
 until output actually becomes visible).
 """
+
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 
 class TextStream:
@@ -56,6 +57,6 @@ class TextStream:
         else:
             visible = text[: len(text) - self._held(text)]
         # Re-decoding never retracts visible text; a changed earlier part simply waits.
-        new = visible[len(self.sent):] if visible.startswith(self.sent) else ""
+        new = visible[len(self.sent) :] if visible.startswith(self.sent) else ""
         self.sent += new
         return new

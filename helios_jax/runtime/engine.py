@@ -19,6 +19,7 @@ A request's life here (numbers match ARCHITECTURE.md, "A request's life"):
 
 The loop thread is the only one touching the scheduler and the device state.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -28,7 +29,7 @@ import queue
 import threading
 import time
 import warnings
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -41,7 +42,7 @@ from helios_jax.runtime.detokenize import TextStream
 from helios_jax.runtime.executor import Dispatch, Executor, RequestInputs, completion_records, survival_rows
 from helios_jax.runtime.tokenizer import HFTokenizer
 from helios_jax.scheduler.config import PolicyConfig
-from helios_jax.scheduler.core import NS_PER_MS, Scheduler
+from helios_jax.scheduler.core import Scheduler
 
 log = logging.getLogger("helios_jax.engine")
 
@@ -62,10 +63,20 @@ class _Active:
 class HeliosEngine:
     """Serves one model with one prepared catalog (``helios_jax.runtime.api.Engine``)."""
 
-    def __init__(self, *, model_config, params, tokenizer: HFTokenizer, engine_config: EngineConfig,
-                 policy_config: PolicyConfig | None = None, model_name: str = "helios-default",
-                 programs=None, progress: Callable[[str], None] | None = None, start: bool = True,
-                 check_invariants: bool = False):
+    def __init__(
+        self,
+        *,
+        model_config,
+        params,
+        tokenizer: HFTokenizer,
+        engine_config: EngineConfig,
+        policy_config: PolicyConfig | None = None,
+        model_name: str = "helios-default",
+        programs=None,
+        progress: Callable[[str], None] | None = None,
+        start: bool = True,
+        check_invariants: bool = False,
+    ):
         self.model_name = model_name
         self.tokenizer = tokenizer
         self.config = engine_config
@@ -74,16 +85,24 @@ class HeliosEngine:
         # The scheduler's context leaves room for the draft storage a speculative round writes.
         self.max_model_len = engine_config.max_model_len - draft
         fixed_width = max(engine_config.proposal_depths) + 1 if engine_config.speculation == "fixed" else None
-        self.scheduler = Scheduler(self.catalog, mode=engine_config.decode_mode,
-                                   policy_config=policy_config or PolicyConfig(), fixed_width=fixed_width,
-                                   page_size=engine_config.page_size, kv_pages=engine_config.kv_pages,
-                                   max_model_len=self.max_model_len, draft_storage=draft, initialize_requests=True)
+        self.scheduler = Scheduler(
+            self.catalog,
+            mode=engine_config.decode_mode,
+            policy_config=policy_config or PolicyConfig(),
+            fixed_width=fixed_width,
+            page_size=engine_config.page_size,
+            kv_pages=engine_config.kv_pages,
+            max_model_len=self.max_model_len,
+            draft_storage=draft,
+            initialize_requests=True,
+        )
         if programs is None:
             prepared = prepare(model_config, params, engine_config, name=model_name, progress=progress)
             programs, params = prepared.programs, prepared.params
             warm_up(programs, params, progress)
-        self.executor = Executor(programs, params, programs.init_state(),
-                                 on_ready=lambda frame: self._events.put(("ready", frame)))
+        self.executor = Executor(
+            programs, params, programs.init_state(), on_ready=lambda frame: self._events.put(("ready", frame))
+        )
         self._events: queue.Queue = queue.Queue()
         self._waiting: list[_Active] = []
         self._by_id: dict[str, _Active] = {}
@@ -108,9 +127,13 @@ class HeliosEngine:
 
     def submit(self, request: GenerationRequest) -> RequestStream:
         if len(request.prompt_tokens) + request.sampling.max_tokens > self.max_model_len:
-            raise ValueError(f"prompt ({len(request.prompt_tokens)}) plus max_tokens "
-                             f"({request.sampling.max_tokens}) exceeds the context of {self.max_model_len}")
-        stream = RequestStream(request.request_id, cancel_callback=lambda rid: self._events.put(("cancel", rid)))
+            raise ValueError(
+                f"prompt ({len(request.prompt_tokens)}) plus max_tokens "
+                f"({request.sampling.max_tokens}) exceeds the context of {self.max_model_len}"
+            )
+        stream = RequestStream(
+            request.request_id, cancel_callback=lambda rid: self._events.put(("cancel", rid))
+        )
         if self._failed is not None:
             stream.put(StreamEvent("", (), finish_reason="error", error=self._failed))
             return stream
@@ -121,18 +144,25 @@ class HeliosEngine:
     def metrics_text(self) -> str:
         from helios_jax.serve.metrics import render_scheduler_stats
 
-        lines = [render_scheduler_stats(self.scheduler.stats()),
-                 "# HELP helios_graph_executions_total Completed executions per prepared program.",
-                 "# TYPE helios_graph_executions_total counter"]
+        lines = [
+            render_scheduler_stats(self.scheduler.stats()),
+            "# HELP helios_graph_executions_total Completed executions per prepared program.",
+            "# TYPE helios_graph_executions_total counter",
+        ]
         for name, n in sorted(self.executor.graph_counts.items()):
             lines.append(f'helios_graph_executions_total{{graph="{name}"}} {n}')
-        lines += ["# HELP helios_graph_device_seconds_total Device time per prepared program.",
-                  "# TYPE helios_graph_device_seconds_total counter"]
+        lines += [
+            "# HELP helios_graph_device_seconds_total Device time per prepared program.",
+            "# TYPE helios_graph_device_seconds_total counter",
+        ]
         for name, ns in sorted(self.executor.graph_ns.items()):
             lines.append(f'helios_graph_device_seconds_total{{graph="{name}"}} {ns / 1e9:.6f}')
-        lines += ["# TYPE helios_engine_waiting_requests gauge", f"helios_engine_waiting_requests {len(self._waiting)}",
-                  "# TYPE helios_engine_resident_requests gauge",
-                  f"helios_engine_resident_requests {len(self.scheduler.requests)}"]
+        lines += [
+            "# TYPE helios_engine_waiting_requests gauge",
+            f"helios_engine_waiting_requests {len(self._waiting)}",
+            "# TYPE helios_engine_resident_requests gauge",
+            f"helios_engine_resident_requests {len(self.scheduler.requests)}",
+        ]
         return "\n".join(lines) + "\n"
 
     def shutdown(self) -> None:
@@ -197,8 +227,12 @@ class HeliosEngine:
         for frame in self.executor.inflight:
             for lane in frame.plan.lanes:
                 active = self._by_rid.get(lane.handle.rid)
-                if active is not None and any(owned.get(p) != lane.handle.rid for p in active.inputs.page_table):
-                    raise AssertionError(f"fence {frame.fence}: {lane.handle} addresses pages it does not own")
+                if active is not None and any(
+                    owned.get(p) != lane.handle.rid for p in active.inputs.page_table
+                ):
+                    raise AssertionError(
+                        f"fence {frame.fence}: {lane.handle} addresses pages it does not own"
+                    )
 
     def _inputs_of(self, plan):
         return {lane.handle.rid: self._by_rid[lane.handle.rid].inputs for lane in plan.lanes}
@@ -212,13 +246,24 @@ class HeliosEngine:
             self._waiting.pop(0)
             s = req.sampling
             handle = self.scheduler.admit(
-                req.prompt_tokens, max_output=s.max_tokens, message_endpoints=req.message_endpoints,
-                stop_token_ids=self.tokenizer.eos_token_ids, needs_scores=s.prompt_logprobs,
-                host_stops=bool(s.stop), sampling=s)
+                req.prompt_tokens,
+                max_output=s.max_tokens,
+                message_endpoints=req.message_endpoints,
+                stop_token_ids=self.tokenizer.eos_token_ids,
+                needs_scores=s.prompt_logprobs,
+                host_stops=bool(s.stop),
+                sampling=s,
+            )
             seed = s.seed if s.seed is not None else (self._seed + handle.rid) % (1 << 31)
             active.handle = handle
-            active.inputs = RequestInputs(tuple(req.prompt_tokens), tuple(self.scheduler.page_table(handle)),
-                                          temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, seed=seed)
+            active.inputs = RequestInputs(
+                tuple(req.prompt_tokens),
+                tuple(self.scheduler.page_table(handle)),
+                temperature=s.temperature,
+                top_p=s.top_p,
+                top_k=s.top_k,
+                seed=seed,
+            )
             if s.prompt_logprobs:
                 active.prompt_logprobs = [None] * len(req.prompt_tokens)
             self._by_rid[handle.rid] = active
@@ -255,8 +300,9 @@ class HeliosEngine:
         if depth > 0:
             sidecar = np.asarray(outputs.sidecar)
             survival = survival_rows(plan, outputs, self.catalog.request_slots, depth)
-            generated = self.scheduler.complete_packed_round_with_survival(frame.fence, records, timing, sidecar,
-                                                                           survival)
+            generated = self.scheduler.complete_packed_round_with_survival(
+                frame.fence, records, timing, sidecar, survival
+            )
         else:
             generated = self.scheduler.complete(frame.fence, records, timing)
         self.executor.retire(frame)
@@ -294,8 +340,16 @@ class HeliosEngine:
             # next completion is processed; an entirely buffered burst publishes nothing.
             if text:
                 self.scheduler.published_output(active.handle, fence)
-            active.stream.put(StreamEvent(text, tuple(tokens), None, len(active.request.prompt_tokens),
-                                          active.completion_tokens, prompt_logprobs=first))
+            active.stream.put(
+                StreamEvent(
+                    text,
+                    tuple(tokens),
+                    None,
+                    len(active.request.prompt_tokens),
+                    active.completion_tokens,
+                    prompt_logprobs=first,
+                )
+            )
         if active.text.stopped and not generated.finished:
             self.scheduler.finish(active.handle, "stop")  # a host stop string
             self._finish(active, "stop")
@@ -305,7 +359,9 @@ class HeliosEngine:
 
     def _finish(self, active: _Active, reason: str) -> None:
         active.done = True
-        active.stream.put(StreamEvent("", (), reason, len(active.request.prompt_tokens), active.completion_tokens))
+        active.stream.put(
+            StreamEvent("", (), reason, len(active.request.prompt_tokens), active.completion_tokens)
+        )
         self._by_id.pop(active.request.request_id, None)
 
     def _fail(self, message: str) -> None:
@@ -313,8 +369,16 @@ class HeliosEngine:
         for active in list(self._by_id.values()):
             if not active.done:
                 active.done = True
-                active.stream.put(StreamEvent("", (), "error", len(active.request.prompt_tokens),
-                                              active.completion_tokens, error=message))
+                active.stream.put(
+                    StreamEvent(
+                        "",
+                        (),
+                        "error",
+                        len(active.request.prompt_tokens),
+                        active.completion_tokens,
+                        error=message,
+                    )
+                )
         self._by_id.clear()
         self._waiting.clear()
         self._stop.set()
@@ -337,13 +401,22 @@ def build_real_engine(options: EngineOptions, progress: Callable[[str], None] | 
     if model.tokenizer is None:
         raise ValueError(f"{options.model} has no tokenizer.json")
     name = os.path.basename(os.path.normpath(options.model)) if options.model else "helios-default"
-    return HeliosEngine(model_config=model.config, params=model.params, tokenizer=HFTokenizer(model.tokenizer),
-                        engine_config=options.engine_config(model.config),
-                        policy_config=options.policy_config(), model_name=name, progress=progress)
+    return HeliosEngine(
+        model_config=model.config,
+        params=model.params,
+        tokenizer=HFTokenizer(model.tokenizer),
+        engine_config=options.engine_config(model.config),
+        policy_config=options.policy_config(),
+        model_name=name,
+        progress=progress,
+    )
 
 
 def build_engine(options: EngineOptions, progress: Callable[[str], None] | None = print) -> HeliosEngine:
     """Deprecated name of :func:`build_real_engine`."""
-    warnings.warn("helios_jax.runtime.engine.build_engine is deprecated: use build_real_engine",
-                  DeprecationWarning, stacklevel=2)
+    warnings.warn(
+        "helios_jax.runtime.engine.build_engine is deprecated: use build_real_engine",
+        DeprecationWarning,
+        stacklevel=2,
+    )
     return build_real_engine(options, progress)

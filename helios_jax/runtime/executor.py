@@ -11,13 +11,15 @@ runs from dispatch through observed completion. Host packing and polling stay ou
 Outputs become one :class:`CompletionRecord` per lane, in plan order, plus the confidence sidecar
 and the survival rows scattered to request slots, for the scheduler's completion variants.
 """
+
 from __future__ import annotations
 
 import collections
 import dataclasses
 import threading
 import time
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import jax
 import numpy as np
@@ -62,8 +64,9 @@ class Dispatch:
         start = self.dispatched_ns
         if self.queued and self.predecessor is not None and self.predecessor.ready_ns is not None:
             start = max(start, self.predecessor.ready_ns)
-        return ExecutionTiming((float(max(ready - start, 0)),), float(max(ready - self.dispatched_ns, 0)),
-                               queued=self.queued)
+        return ExecutionTiming(
+            (float(max(ready - start, 0)),), float(max(ready - self.dispatched_ns, 0)), queued=self.queued
+        )
 
 
 def pack_inputs(program, plan: ScheduledPlan, info: Mapping[int, RequestInputs]):
@@ -73,12 +76,18 @@ def pack_inputs(program, plan: ScheduledPlan, info: Mapping[int, RequestInputs])
     req = [info[l.handle.rid] for l in lanes]
     if kind.is_prefill:
         lane = lanes[0]
-        tokens = req[0].prompt[lane.prompt_start: lane.prompt_start + lane.prompt_tokens]
-        return program.pack(slot=lane.slot, tokens=tokens, page_table=req[0].page_table,
-                            prompt_ends=lane.finishes_prompt)
+        tokens = req[0].prompt[lane.prompt_start : lane.prompt_start + lane.prompt_tokens]
+        return program.pack(
+            slot=lane.slot, tokens=tokens, page_table=req[0].page_table, prompt_ends=lane.finishes_prompt
+        )
     if kind is GraphKind.INITIALIZE:
-        return program.pack(slots=[l.slot for l in lanes], temperature=[r.temperature for r in req],
-                            top_p=[r.top_p for r in req], top_k=[r.top_k for r in req], seeds=[r.seed for r in req])
+        return program.pack(
+            slots=[l.slot for l in lanes],
+            temperature=[r.temperature for r in req],
+            top_p=[r.top_p for r in req],
+            top_k=[r.top_k for r in req],
+            seeds=[r.seed for r in req],
+        )
     slots = [l.slot for l in lanes]
     tables = [r.page_table for r in req]
     if kind is GraphKind.DECODE:
@@ -94,10 +103,16 @@ def pack_inputs(program, plan: ScheduledPlan, info: Mapping[int, RequestInputs])
         ends = False
         if row is not None:
             lane = lanes[row]
-            prompt = req[row].prompt[lane.prompt_start: lane.prompt_start + lane.prompt_tokens]
+            prompt = req[row].prompt[lane.prompt_start : lane.prompt_start + lane.prompt_tokens]
             ends = lane.finishes_prompt
-        return program.pack(slots=slots, page_tables=tables, query_lengths=lengths,
-                            prefill_row=row, prompt_tokens=prompt, prompt_ends=ends)
+        return program.pack(
+            slots=slots,
+            page_tables=tables,
+            query_lengths=lengths,
+            prefill_row=row,
+            prompt_tokens=prompt,
+            prompt_ends=ends,
+        )
     raise ValueError(f"the engine does not run {kind.value} programs (checkpoints and images are off)")
 
 
@@ -116,13 +131,26 @@ def completion_records(plan: ScheduledPlan, outputs) -> list[CompletionRecord]:
     for b, lane in enumerate(plan.lanes):
         if lane.role is LaneRole.PROMPT:
             n = int(counts[b])
-            out.append(CompletionRecord(lane.handle, lane.epoch, prompt_tokens=lane.prompt_tokens,
-                                        tokens=tuple(int(t) for t in tokens[b, :n])))
+            out.append(
+                CompletionRecord(
+                    lane.handle,
+                    lane.epoch,
+                    prompt_tokens=lane.prompt_tokens,
+                    tokens=tuple(int(t) for t in tokens[b, :n]),
+                )
+            )
         elif lane.role is LaneRole.DECODE:
             n = int(counts[b])
             rows = int(query[b]) if query is not None else 1
-            out.append(CompletionRecord(lane.handle, lane.epoch, tokens=tuple(int(t) for t in tokens[b, :n]),
-                                        offered=rows - 1, accepted=n - 1))
+            out.append(
+                CompletionRecord(
+                    lane.handle,
+                    lane.epoch,
+                    tokens=tuple(int(t) for t in tokens[b, :n]),
+                    offered=rows - 1,
+                    accepted=n - 1,
+                )
+            )
         else:
             out.append(CompletionRecord(lane.handle, lane.epoch))
     return out
@@ -144,8 +172,15 @@ def survival_rows(plan: ScheduledPlan, outputs, request_slots: int, depth: int) 
 class Executor:
     """Dispatches plans onto prepared programs over one donated device state."""
 
-    def __init__(self, programs: Mapping, params, state, *, on_ready: Callable[[Dispatch], None],
-                 clock: Callable[[], int] = time.perf_counter_ns):
+    def __init__(
+        self,
+        programs: Mapping,
+        params,
+        state,
+        *,
+        on_ready: Callable[[Dispatch], None],
+        clock: Callable[[], int] = time.perf_counter_ns,
+    ):
         self.programs = programs
         self.params = params
         self.state = state
@@ -162,12 +197,14 @@ class Executor:
         predecessor = self.inflight[-1] if self.inflight else None
         dispatched = self.clock()
         self.state, outputs = program(self.params, self.state, inputs)
-        dispatched_frame = Dispatch(fence, plan, outputs, dispatched, queued=predecessor is not None,
-                                    predecessor=predecessor)
+        dispatched_frame = Dispatch(
+            fence, plan, outputs, dispatched, queued=predecessor is not None, predecessor=predecessor
+        )
         self.inflight.append(dispatched_frame)
         wait = getattr(program, "wait", jax.block_until_ready)
-        threading.Thread(target=self._watch, args=(dispatched_frame, wait), daemon=True,
-                         name=f"helios-frame-{fence}").start()
+        threading.Thread(
+            target=self._watch, args=(dispatched_frame, wait), daemon=True, name=f"helios-frame-{fence}"
+        ).start()
         return dispatched_frame
 
     def _watch(self, dispatched: Dispatch, wait) -> None:

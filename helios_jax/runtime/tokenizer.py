@@ -6,9 +6,10 @@ the vocabulary has those markers, as Qwen tokenizers do; otherwise a plain ``rol
 rendering. Each message is encoded on its own, so the token endpoint of every message is exact:
 the scheduler uses them as checkpoint anchors.
 """
+
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import tokenizers
 
@@ -27,7 +28,7 @@ class HFTokenizer:
         self.chatml = CHATML_START in vocab and CHATML_END in vocab
 
     @classmethod
-    def from_file(cls, path, eos_token_ids: Sequence[int] | None = None) -> "HFTokenizer":
+    def from_file(cls, path, eos_token_ids: Sequence[int] | None = None) -> HFTokenizer:
         return cls(tokenizers.Tokenizer.from_file(str(path)), eos_token_ids)
 
     def encode(self, text: str) -> list[int]:

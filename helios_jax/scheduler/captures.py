@@ -14,9 +14,10 @@ The scheduler (``core.py``) delegates to one :class:`Captures`; the clock is pas
 request's own rows and windows are grouped on it as ``Request.capture`` and
 ``Request.image_windows`` (``requests.py``).
 """
+
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from helios_jax.catalog import GraphKind
 from helios_jax.scheduler import policy
@@ -47,8 +48,16 @@ def window_stop(req: Request) -> int | None:
 class Captures:
     """Checkpoint captures and image windows over one catalog's state-copy and vision programs."""
 
-    def __init__(self, graphs: policy.PreparedGraphs, costs: CostModel, *, checkpoints: bool,
-                 snapshot_rows: int | None, request_slots: int, vision_window_tokens: int | None):
+    def __init__(
+        self,
+        graphs: policy.PreparedGraphs,
+        costs: CostModel,
+        *,
+        checkpoints: bool,
+        snapshot_rows: int | None,
+        request_slots: int,
+        vision_window_tokens: int | None,
+    ):
         kinds = {g.kind for g in graphs.graphs}
         self.graphs = graphs
         self.costs = costs
@@ -75,8 +84,9 @@ class Captures:
             raise ResourceError("a multi-window image request needs a private snapshot row")
         return windows
 
-    def admit(self, req: Request, windows: list[Window], initialize: bool, fraction: float,
-              now_ns: int) -> None:
+    def admit(
+        self, req: Request, windows: list[Window], initialize: bool, fraction: float, now_ns: int
+    ) -> None:
         """A new request's first prerequisites (vision, restore or initialize) and capture plan."""
         hit = self.checkpoints.lookup(req.prompt) if self.enabled and not req.image_spans else None
         if windows:
@@ -138,8 +148,9 @@ class Captures:
         req.capture.row = windows.row
         self.checkpoints.pin(windows.row, now_ns)
         req.phase, req.enables = Phase.BLOCKED, Phase.PREFILL
-        req.prerequisites = [GraphKind.SNAPSHOT, GraphKind.RESTORE] + \
-            [GraphKind.VISION] * self._vision_executions(req, windows.active)
+        req.prerequisites = [GraphKind.SNAPSHOT, GraphKind.RESTORE] + [
+            GraphKind.VISION
+        ] * self._vision_executions(req, windows.active)
         return True
 
     def vision_lane(self, req: Request) -> tuple[tuple[int, ...], int]:
@@ -147,12 +158,13 @@ class Captures:
         windows = req.image_windows
         images = windows.bounds[windows.active][1]
         done = windows.encoded
-        batch = images[done: done + max(1, self.images_per_execution)]
+        batch = images[done : done + max(1, self.images_per_execution)]
         offset = sum(req.image_spans[i][1] - req.image_spans[i][0] for i in images[:done])
         return batch, offset
 
-    def lane_state(self, req: Request, role: LaneRole,
-                   kind: GraphKind) -> tuple[int | None, tuple[int, ...], int]:
+    def lane_state(
+        self, req: Request, role: LaneRole, kind: GraphKind
+    ) -> tuple[int | None, tuple[int, ...], int]:
         """A plan lane's snapshot row, vision images and feature offset."""
         row = None
         if role is LaneRole.TERMINAL or (role is LaneRole.PREREQUISITE and kind is GraphKind.SNAPSHOT):
@@ -166,21 +178,32 @@ class Captures:
     # == capture costs ======================================================================
     def cost_ms(self, kind: GraphKind, now_ns: int) -> float | None:
         """The fastest fresh estimate among the loaded programs of one kind (None: unknown)."""
-        known = [ms for g in self.graphs.graphs if g.kind is kind and self.costs.is_fresh(g.key, now_ns)
-                 and (ms := self.costs.estimate_ms(g.key)) is not None]
+        known = [
+            ms
+            for g in self.graphs.graphs
+            if g.kind is kind
+            and self.costs.is_fresh(g.key, now_ns)
+            and (ms := self.costs.estimate_ms(g.key)) is not None
+        ]
         return min(known) if known else None
 
     def prefill_ms_per_token(self) -> float | None:
-        rates = [ms / g.token_capacity for g in self.graphs.prefill
-                 if self.costs.is_known(g.key) and (ms := self.costs.estimate_ms(g.key)) is not None]
+        rates = [
+            ms / g.token_capacity
+            for g in self.graphs.prefill
+            if self.costs.is_known(g.key) and (ms := self.costs.estimate_ms(g.key)) is not None
+        ]
         return min(rates) if rates else None
 
     def extra_capture_cost_ms(self, now_ns: int) -> float | None:
         """An extra capture: one snapshot copy plus one additional prefill split (the smallest
         measured chunk's duration stands for the launch a split adds). None: unknown."""
         snap = self.cost_ms(GraphKind.SNAPSHOT, now_ns)
-        splits = [ms for g in self.graphs.prefill
-                  if self.costs.is_fresh(g.key, now_ns) and (ms := self.costs.estimate_ms(g.key)) is not None]
+        splits = [
+            ms
+            for g in self.graphs.prefill
+            if self.costs.is_fresh(g.key, now_ns) and (ms := self.costs.estimate_ms(g.key)) is not None
+        ]
         if snap is None or not splits:
             return None
         return snap + min(splits)
@@ -217,8 +240,12 @@ class Captures:
         capture = req.capture
         capture.endpoints = []
         self.checkpoints.release_guards(req.rid)
-        if capture.row is not None and capture.row != req.image_windows.row and not req.inflight \
-                and req.phase is Phase.BLOCKED:
+        if (
+            capture.row is not None
+            and capture.row != req.image_windows.row
+            and not req.inflight
+            and req.phase is Phase.BLOCKED
+        ):
             self.checkpoints.abandon(capture.row)
             capture.row = None
 
@@ -245,8 +272,9 @@ class Captures:
 
     def ends_at_anchor(self, req: Request) -> bool:
         """The request ends right at its anchor (its prompt end, with one output token)."""
-        return len(req.output) <= 1 and any(e == req.consumed and r is Role.ANCHOR
-                                            for e, r in req.capture.endpoints)
+        return len(req.output) <= 1 and any(
+            e == req.consumed and r is Role.ANCHOR for e, r in req.capture.endpoints
+        )
 
     def begin_terminal_capture(self, req: Request, now_ns: int, *, funded: bool = False) -> bool:
         """Enter the terminal phase with an armed destination row, when the capture is funded
@@ -258,8 +286,11 @@ class Captures:
             return False
         cost = self.cost_ms(GraphKind.SNAPSHOT, now_ns)
         tokens = req.prompt + tuple(req.output[:-1])
-        if cost is None or (not funded and req.capture.terminal_allowance_ms < cost) \
-                or self.checkpoints.holds(tokens):
+        if (
+            cost is None
+            or (not funded and req.capture.terminal_allowance_ms < cost)
+            or self.checkpoints.holds(tokens)
+        ):
             return False
         if not self.checkpoints.obtainable(req.rid):
             return False

@@ -24,11 +24,12 @@ then terminal captures), then least recent demand, then shorter endpoint. Option
 never take a row guarded for a later anchor; mandatory execution (a window snapshot) may revoke
 an unused guard.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import enum
-from typing import Sequence
+from collections.abc import Sequence
 
 
 class Role(enum.IntEnum):
@@ -76,8 +77,13 @@ class CheckpointStore:
         best = None
         prompt = tuple(prompt)
         for cp in self.entries.values():
-            if cp.ready and cp.role is not Role.WINDOW and cp.length < len(prompt) \
-                    and prompt[: cp.length] == cp.tokens and (best is None or cp.length > best.length):
+            if (
+                cp.ready
+                and cp.role is not Role.WINDOW
+                and cp.length < len(prompt)
+                and prompt[: cp.length] == cp.tokens
+                and (best is None or cp.length > best.length)
+            ):
                 best = cp
         return best
 
@@ -133,7 +139,9 @@ class CheckpointStore:
         for row in [r for r, o in self.guards.items() if o == owner]:
             del self.guards[row]
 
-    def arm(self, owner: int, tokens: Sequence[int], role: Role, now_ns: int, *, mandatory: bool = False) -> int:
+    def arm(
+        self, owner: int, tokens: Sequence[int], role: Role, now_ns: int, *, mandatory: bool = False
+    ) -> int:
         """Obtain a destination row for a capture (evicting a victim if needed) and pin it."""
         row = self._pick(owner, mandatory, role)
         if row is None:

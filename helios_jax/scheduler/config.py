@@ -4,6 +4,7 @@ The weights express a throughput/cadence tradeoff. They are not graph timings or
 guarantees: setting a fairness or age coefficient to zero removes that preference, and
 intrinsic throughput alone does not ensure starvation freedom.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -33,8 +34,10 @@ class PolicyConfig:
             if not math.isfinite(value) or value < 0:
                 raise ValueError(f"PolicyConfig.{field.name} must be finite and nonnegative, got {value!r}")
         if self.adaptive_verification_alpha <= 0:
-            raise ValueError("PolicyConfig.adaptive_verification_alpha must be finite and greater than zero, "
-                             f"got {self.adaptive_verification_alpha!r}")
+            raise ValueError(
+                "PolicyConfig.adaptive_verification_alpha must be finite and greater than zero, "
+                f"got {self.adaptive_verification_alpha!r}"
+            )
         if self.adaptation_ms <= 0:
             raise ValueError(f"PolicyConfig.adaptation_ms must be positive, got {self.adaptation_ms!r}")
         if self.estimate_ttl_ns <= 0:
@@ -50,7 +53,7 @@ class PolicyConfig:
         terminal_value: float | None = None,
         terminal_age_price: float | None = None,
         adaptive_verification_alpha: float | None = None,
-    ) -> "PolicyConfig":
+    ) -> PolicyConfig:
         """A named preset, then the terminal and alpha overrides (as the CLI flags apply them).
 
         ``balanced`` uses the defaults. ``throughput`` keeps token fairness and output-token
@@ -66,7 +69,11 @@ class PolicyConfig:
             raise ValueError(f"unknown scheduler policy {name!r}; choose one of {POLICY_PRESETS}")
         value = config.terminal_value if terminal_value is None else terminal_value
         age_price = config.terminal_age_price if terminal_age_price is None else terminal_age_price
-        alpha = config.adaptive_verification_alpha if adaptive_verification_alpha is None \
+        alpha = (
+            config.adaptive_verification_alpha
+            if adaptive_verification_alpha is None
             else adaptive_verification_alpha
-        return dataclasses.replace(config, terminal_value=value, terminal_age_price=age_price,
-                                   adaptive_verification_alpha=alpha)
+        )
+        return dataclasses.replace(
+            config, terminal_value=value, terminal_age_price=age_price, adaptive_verification_alpha=alpha
+        )

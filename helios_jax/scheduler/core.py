@@ -25,10 +25,12 @@ The window has two frame slots. Only ordinary decode and complete speculative ge
 occupy both; every other kind, unknown or stale costs, host stops and phase transitions need an
 empty window (completion feedback).
 """
+
 from __future__ import annotations
 
 import collections
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -39,9 +41,21 @@ from helios_jax.scheduler.captures import Captures
 from helios_jax.scheduler.checkpoints import CheckpointStore
 from helios_jax.scheduler.config import PolicyConfig
 from helios_jax.scheduler.cost import CostModel
-from helios_jax.scheduler.plan import (CompletionRecord, Completed, ExecutionClass, ExecutionTiming, Frame,
-                                       GeneratedToken, Handle, PlanLane, PlanRejected, ScheduledPlan,
-                                       TraceRecord, check_commit, validate_completion)
+from helios_jax.scheduler.plan import (
+    Completed,
+    CompletionRecord,
+    ExecutionClass,
+    ExecutionTiming,
+    Frame,
+    GeneratedToken,
+    Handle,
+    PlanLane,
+    PlanRejected,
+    ScheduledPlan,
+    TraceRecord,
+    check_commit,
+    validate_completion,
+)
 from helios_jax.scheduler.refresh import acceptance_ledger, timing_ledger
 from helios_jax.scheduler.requests import Pool, Request, admission_fields, check_width_limit, pages_for
 from helios_jax.scheduler.residents import Residents
@@ -56,12 +70,22 @@ __all__ = ["NS_PER_MS", "PlanRejected", "Scheduler"]  # PlanRejected and NS_PER_
 class Scheduler:
     """Host scheduler over one loaded catalog and decode mode."""
 
-    def __init__(self, catalog: Catalog, *, mode: DecodeMode | str | None = None,
-                 policy_config: PolicyConfig | None = None, fixed_width: int | None = None,
-                 page_size: int = 16, kv_pages: int | None = None, max_model_len: int = 1 << 20,
-                 draft_storage: int | None = None, initialize_requests: bool = False,
-                 snapshot_rows: int | None = None, checkpoints: bool = False,
-                 vision_window_tokens: int | None = None):
+    def __init__(
+        self,
+        catalog: Catalog,
+        *,
+        mode: DecodeMode | str | None = None,
+        policy_config: PolicyConfig | None = None,
+        fixed_width: int | None = None,
+        page_size: int = 16,
+        kv_pages: int | None = None,
+        max_model_len: int = 1 << 20,
+        draft_storage: int | None = None,
+        initialize_requests: bool = False,
+        snapshot_rows: int | None = None,
+        checkpoints: bool = False,
+        vision_window_tokens: int | None = None,
+    ):
         if mode is None:
             mode = DecodeMode.ORDINARY if catalog.mode == "ordinary" else DecodeMode.ADAPTIVE
         self.catalog = catalog
@@ -74,15 +98,21 @@ class Scheduler:
         self.depth = max(1, self.graphs.max_depth)
         self.draft_storage = self.graphs.max_depth if draft_storage is None else draft_storage
         self.initialize_requests = initialize_requests
-        self.captures = Captures(self.graphs, self.costs, checkpoints=checkpoints,
-                                 snapshot_rows=snapshot_rows, request_slots=catalog.request_slots,
-                                 vision_window_tokens=vision_window_tokens)
+        self.captures = Captures(
+            self.graphs,
+            self.costs,
+            checkpoints=checkpoints,
+            snapshot_rows=snapshot_rows,
+            request_slots=catalog.request_slots,
+            vision_window_tokens=vision_window_tokens,
+        )
         self.population = learning.Population(self.depth)
         self.counters = Counters()
         default_context = max_model_len if max_model_len < (1 << 20) else 8192
         default_pages = catalog.request_slots * pages_for(default_context, page_size)
-        self.residents = Residents(catalog.request_slots, kv_pages or default_pages, self.captures,
-                                   self.population, self.counters)
+        self.residents = Residents(
+            catalog.request_slots, kv_pages or default_pages, self.captures, self.population, self.counters
+        )
         self.timing_ledger = timing_ledger()
         self.acceptance_ledger = acceptance_ledger()
         self.now_ns = 0
@@ -114,12 +144,22 @@ class Scheduler:
         needed = self.pages_needed(prompt_len, max_output)
         return self.slots.can_allocate() and self.pages.can_allocate(needed)
 
-    def admit(self, prompt: Sequence[int], *, max_output: int, message_endpoints: Iterable[int] = (),
-              image_spans: Iterable[tuple[int, int]] = (), stop_token_ids: Iterable[int] = (),
-              needs_scores: bool = False, host_stops: bool = False, sampling: Any = None,
-              proposal_source: str = SOURCE_LEARNED,
-              acceptance_history: dict[str, PrefixEstimate] | None = None, width_limit: int | None = None,
-              forecast_history: PrefixEstimate | None = None) -> Handle:
+    def admit(
+        self,
+        prompt: Sequence[int],
+        *,
+        max_output: int,
+        message_endpoints: Iterable[int] = (),
+        image_spans: Iterable[tuple[int, int]] = (),
+        stop_token_ids: Iterable[int] = (),
+        needs_scores: bool = False,
+        host_stops: bool = False,
+        sampling: Any = None,
+        proposal_source: str = SOURCE_LEARNED,
+        acceptance_history: dict[str, PrefixEstimate] | None = None,
+        width_limit: int | None = None,
+        forecast_history: PrefixEstimate | None = None,
+    ) -> Handle:
         """Make a request resident; raises ResourceError when no slot or pages are free.
 
         Args:
@@ -140,18 +180,35 @@ class Scheduler:
         A prompt that extends a stored checkpoint starts with a RESTORE of it and is charged only
         its uncached tokens.
         """
-        tokens, endpoints, spans = admission_fields(prompt, max_output, message_endpoints, image_spans,
-                                                    proposal_source, width_limit, self.max_model_len)
+        tokens, endpoints, spans = admission_fields(
+            prompt,
+            max_output,
+            message_endpoints,
+            image_spans,
+            proposal_source,
+            width_limit,
+            self.max_model_len,
+        )
         windows = self.captures.admission_windows(spans, len(tokens))
         handle, slot, pages = self.residents.reserve(self.pages_needed(len(tokens), max_output))
         req = Request(
-            handle=handle, slot=slot, prompt=tokens, max_output=int(max_output),
-            stop_token_ids=frozenset(int(t) for t in stop_token_ids), message_endpoints=endpoints,
-            image_spans=spans, needs_scores=bool(needs_scores), host_stops=bool(host_stops),
-            sampling=sampling, proposal_source=proposal_source, pages=pages, admitted_ns=self.now_ns,
+            handle=handle,
+            slot=slot,
+            prompt=tokens,
+            max_output=int(max_output),
+            stop_token_ids=frozenset(int(t) for t in stop_token_ids),
+            message_endpoints=endpoints,
+            image_spans=spans,
+            needs_scores=bool(needs_scores),
+            host_stops=bool(host_stops),
+            sampling=sampling,
+            proposal_source=proposal_source,
+            pages=pages,
+            admitted_ns=self.now_ns,
             history=service.ServiceHistory(),
             acceptance=self.population.new_acceptance(acceptance_history),
-            forecast=self.population.new_forecast(forecast_history), width_limit=width_limit,
+            forecast=self.population.new_forecast(forecast_history),
+            width_limit=width_limit,
         )
         fraction = self.policy.checkpoint_extra_work_fraction
         self.captures.admit(req, windows, self.initialize_requests, fraction, self.now_ns)
@@ -249,8 +306,14 @@ class Scheduler:
     def views(self, start_ns: int | None = None) -> list[RequestView]:
         """Request views with prices and ages projected to the planning start (``pricing.views``)."""
         start = self._planning_start_ns() if start_ns is None else start_ns
-        inputs = pricing.PricingInputs(self.requests, tuple(self.frames), self.policy, self._normalizers(),
-                                       self.population.acceptance_pools, self.max_model_len)
+        inputs = pricing.PricingInputs(
+            self.requests,
+            tuple(self.frames),
+            self.policy,
+            self._normalizers(),
+            self.population.acceptance_pools,
+            self.max_model_len,
+        )
         return pricing.views(inputs, start)
 
     def plan(self) -> ScheduledPlan | None:
@@ -271,35 +334,59 @@ class Scheduler:
         if ordinary is None:
             return None
         information = learning.aged_information(self.requests)
-        chosen, reason, credit = learning.explore(inp, ordinary, self.graphs.graphs, self.timing_ledger,
-                                                  self.acceptance_ledger, information)
+        chosen, reason, credit = learning.explore(
+            inp, ordinary, self.graphs.graphs, self.timing_ledger, self.acceptance_ledger, information
+        )
         return self._freeze(chosen, reason, credit, start)
 
     def _freeze(self, c: Candidate, reason: ExecutionClass, credit: float, start: int) -> ScheduledPlan:
         lanes = [self._plan_lane(c.graph.kind, lane) for lane in c.lanes]
-        needs_empty = (not c.graph.kind.may_share_window or c.indeterminate or c.stale
-                       or reason is not ExecutionClass.ORDINARY
-                       or any(self.requests[l.rid].needs_feedback for l in c.lanes))
+        needs_empty = (
+            not c.graph.kind.may_share_window
+            or c.indeterminate
+            or c.stale
+            or reason is not ExecutionClass.ORDINARY
+            or any(self.requests[l.rid].needs_feedback for l in c.lanes)
+        )
         if c.graph.allocation is Allocation.PREFIX_LIMIT:
             # The device breaks frontier ties by lane position: lanes in slot order make that
             # the original request slot, the order the host priced the allocation with.
             lanes.sort(key=lambda lane: lane.slot)
-        return ScheduledPlan(graph=c.graph, lanes=tuple(lanes), decode_mode=self.mode,
-                             expected_duration_ms=c.duration_ms, value_rate=c.score, log_scale=c.log_scale,
-                             reason=reason, exploration_credit_ms=credit, needs_empty_window=needs_empty,
-                             planned_at_ns=self.now_ns, planning_start_ns=start, following=c.following)
+        return ScheduledPlan(
+            graph=c.graph,
+            lanes=tuple(lanes),
+            decode_mode=self.mode,
+            expected_duration_ms=c.duration_ms,
+            value_rate=c.score,
+            log_scale=c.log_scale,
+            reason=reason,
+            exploration_credit_ms=credit,
+            needs_empty_window=needs_empty,
+            planned_at_ns=self.now_ns,
+            planning_start_ns=start,
+            following=c.following,
+        )
 
     def _plan_lane(self, kind: GraphKind, lane: Lane) -> PlanLane:
         """A candidate lane frozen against its request's current epoch, cursor and rows."""
         req = self.requests[lane.rid]
         prompt = lane.role is LaneRole.PROMPT
         row, images, offset = self.captures.lane_state(req, lane.role, kind)
-        return PlanLane(handle=req.handle, slot=req.slot, epoch=req.epoch, role=lane.role,
-                        prompt_tokens=lane.prompt_tokens, prompt_start=req.consumed if prompt else 0,
-                        query_length=lane.query_length, ceiling=lane.ceiling,
-                        expected_tokens=lane.expected_tokens,
-                        finishes_prompt=prompt and req.consumed + lane.prompt_tokens == req.prompt_len,
-                        snapshot_row=row, images=images, feature_offset=offset)
+        return PlanLane(
+            handle=req.handle,
+            slot=req.slot,
+            epoch=req.epoch,
+            role=lane.role,
+            prompt_tokens=lane.prompt_tokens,
+            prompt_start=req.consumed if prompt else 0,
+            query_length=lane.query_length,
+            ceiling=lane.ceiling,
+            expected_tokens=lane.expected_tokens,
+            finishes_prompt=prompt and req.consumed + lane.prompt_tokens == req.prompt_len,
+            snapshot_row=row,
+            images=images,
+            feature_offset=offset,
+        )
 
     # == commit =============================================================================
     def commit(self, plan: ScheduledPlan, fence: int) -> None:
@@ -312,15 +399,25 @@ class Scheduler:
         """
         if self.frames and fence <= self.frames[-1].fence:
             raise ValueError(f"fences must increase: {fence} after {self.frames[-1].fence}")
-        ledger = {ExecutionClass.TIMING_REFRESH: self.timing_ledger,
-                  ExecutionClass.ACCEPTANCE_LEARNING: self.acceptance_ledger}.get(plan.reason)
-        check_commit(plan, self.requests, queued=bool(self.frames), window_blocked=self._window_blocked(),
-                     fresh=self.costs.is_fresh(plan.graph.key, self.now_ns),
-                     funded=ledger is None or ledger.can_start())
+        ledger = {
+            ExecutionClass.TIMING_REFRESH: self.timing_ledger,
+            ExecutionClass.ACCEPTANCE_LEARNING: self.acceptance_ledger,
+        }.get(plan.reason)
+        check_commit(
+            plan,
+            self.requests,
+            queued=bool(self.frames),
+            window_blocked=self._window_blocked(),
+            fresh=self.costs.is_fresh(plan.graph.key, self.now_ns),
+            funded=ledger is None or ledger.can_start(),
+        )
         if ledger is not None:
             ledger.start()
-        if plan.reason is ExecutionClass.TIMING_REFRESH or plan.reason is ExecutionClass.DISCOVERY \
-                or self.costs.is_stale(plan.graph.key, self.now_ns):
+        if (
+            plan.reason is ExecutionClass.TIMING_REFRESH
+            or plan.reason is ExecutionClass.DISCOVERY
+            or self.costs.is_stale(plan.graph.key, self.now_ns)
+        ):
             self.costs.note_attempt(plan.graph.key, self.now_ns)
         self.frames.append(self._frame(plan, fence))
         for lane in plan.lanes:
@@ -332,8 +429,9 @@ class Scheduler:
     def _frame(self, plan: ScheduledPlan, fence: int) -> Frame:
         """The frame record: its participants, expected end and frozen expected service."""
         # Participants: resident, selectable requests at dispatch (later admissions are not).
-        participants = tuple(r.handle for r in self.requests.values()
-                             if r.active and r.phase is not Phase.BLOCKED)
+        participants = tuple(
+            r.handle for r in self.requests.values() if r.active and r.phase is not Phase.BLOCKED
+        )
         previous_end = self.frames[-1].expected_end_ns if self.frames else self.now_ns
         expected_end = None
         if plan.expected_duration_ms is not None:
@@ -341,35 +439,52 @@ class Scheduler:
             expected_end = start + int(plan.expected_duration_ms * NS_PER_MS)
         # Expected output tokens (a finishing prompt lane's first token included): the token
         # rate x counts output, not prompt tokens (docs/scheduling-utility.md).
-        expected_service = {lane.handle.rid: (lane.expected_tokens, float(lane.role is LaneRole.DECODE))
-                            for lane in plan.lanes}
-        return Frame(fence, plan, self.now_ns, expected_end, participants, self._normalizers(),
-                     expected_service)
+        expected_service = {
+            lane.handle.rid: (lane.expected_tokens, float(lane.role is LaneRole.DECODE))
+            for lane in plan.lanes
+        }
+        return Frame(
+            fence, plan, self.now_ns, expected_end, participants, self._normalizers(), expected_service
+        )
 
     # == completion =========================================================================
-    def complete(self, fence: int, records: Sequence[CompletionRecord],
-                 timing: ExecutionTiming) -> list[GeneratedToken]:
+    def complete(
+        self, fence: int, records: Sequence[CompletionRecord], timing: ExecutionTiming
+    ) -> list[GeneratedToken]:
         return self._complete(fence, records, timing, confidence=None, survival=None)
 
-    def complete_packed_round(self, fence: int, records: Sequence[CompletionRecord], timing: ExecutionTiming,
-                              confidence: ArrayLike) -> list[GeneratedToken]:
+    def complete_packed_round(
+        self, fence: int, records: Sequence[CompletionRecord], timing: ExecutionTiming, confidence: ArrayLike
+    ) -> list[GeneratedToken]:
         """Completion of a confidence-producing speculative program (the f32 sidecar
         [2, request_slots, draft_capacity]; row 1 holds joint prefix probabilities). A sequence
         of sidecars is one per rank: all must be valid, rank zero's drives the forecasts."""
         return self._complete(fence, records, timing, confidence=confidence, survival=None)
 
-    def complete_with_survival(self, fence: int, records: Sequence[CompletionRecord], timing: ExecutionTiming,
-                               survival: ArrayLike) -> list[GeneratedToken]:
+    def complete_with_survival(
+        self, fence: int, records: Sequence[CompletionRecord], timing: ExecutionTiming, survival: ArrayLike
+    ) -> list[GeneratedToken]:
         """Completion with completion_speculative_survival rows [request_slots, draft_capacity]."""
         return self._complete(fence, records, timing, confidence=None, survival=survival)
 
-    def complete_packed_round_with_survival(self, fence: int, records: Sequence[CompletionRecord],
-                                            timing: ExecutionTiming, confidence: ArrayLike,
-                                            survival: ArrayLike) -> list[GeneratedToken]:
+    def complete_packed_round_with_survival(
+        self,
+        fence: int,
+        records: Sequence[CompletionRecord],
+        timing: ExecutionTiming,
+        confidence: ArrayLike,
+        survival: ArrayLike,
+    ) -> list[GeneratedToken]:
         return self._complete(fence, records, timing, confidence=confidence, survival=survival)
 
-    def _complete(self, fence: int, records: Sequence[CompletionRecord], timing: ExecutionTiming,
-                  confidence: ArrayLike | None, survival: ArrayLike | None) -> list[GeneratedToken]:
+    def _complete(
+        self,
+        fence: int,
+        records: Sequence[CompletionRecord],
+        timing: ExecutionTiming,
+        confidence: ArrayLike | None,
+        survival: ArrayLike | None,
+    ) -> list[GeneratedToken]:
         if not self.frames or self.frames[0].fence != fence:
             expected = self.frames[0].fence if self.frames else None
             raise ValueError(f"completion for fence {fence}, but the oldest frame in flight is {expected}")
@@ -382,25 +497,42 @@ class Scheduler:
         raw_ms = timing.service_interval_ns / NS_PER_MS
         valid_timing = timing.device_ns > 0
         self._account(frame.plan, timing, raw_ms, valid_timing)
-        served, generated = self.residents.apply(frame, records, conf, surv, timing.device_ns / NS_PER_MS,
-                                                 self.policy.checkpoint_extra_work_fraction, self.now_ns)
+        served, generated = self.residents.apply(
+            frame,
+            records,
+            conf,
+            surv,
+            timing.device_ns / NS_PER_MS,
+            self.policy.checkpoint_extra_work_fraction,
+            self.now_ns,
+        )
         # Service history: one measured interval per successful frame with a device interval.
         delivery_before: dict[int, float | None] = {}
         if valid_timing and raw_ms > 0:
             delivery_before = service.record_interval(self.requests, frame, served, raw_ms, self.policy)
         interval_ms = raw_ms if valid_timing else None
-        self._last_completed = Completed(fence, interval_ms, timing.device_ns / NS_PER_MS, delivery_before,
-                                         {g.handle.rid for g in generated})
+        self._last_completed = Completed(
+            fence,
+            interval_ms,
+            timing.device_ns / NS_PER_MS,
+            delivery_before,
+            {g.handle.rid for g in generated},
+        )
         for req in list(self.requests.values()):
             self.residents.release(req)
         return generated
 
-    def _account(self, plan: ScheduledPlan, timing: ExecutionTiming, raw_ms: float,
-                 valid_timing: bool) -> None:
+    def _account(
+        self, plan: ScheduledPlan, timing: ExecutionTiming, raw_ms: float, valid_timing: bool
+    ) -> None:
         """Duration estimates, exploration ledgers and execution counters of one execution."""
         # Duration estimates: device replay intervals only (queued or isolated), corrected.
-        self.costs.observe(plan.graph.key, timing.device_intervals_ns, self.now_ns,
-                           readiness_delay_ns=timing.readiness_delay_ns)
+        self.costs.observe(
+            plan.graph.key,
+            timing.device_intervals_ns,
+            self.now_ns,
+            readiness_delay_ns=timing.readiness_delay_ns,
+        )
         # Exploration ledgers (raw physical time; never both for one execution).
         credited = raw_ms if valid_timing else timing.wall_ns / NS_PER_MS
         if plan.reason is ExecutionClass.ORDINARY and valid_timing:
@@ -424,8 +556,10 @@ class Scheduler:
         """
         last = self._last_completed
         if last is None or last.fence != fence:
-            raise ValueError(f"publication for fence {fence} must precede the next completion "
-                             f"(last completed: {None if last is None else last.fence})")
+            raise ValueError(
+                f"publication for fence {fence} must precede the next completion "
+                f"(last completed: {None if last is None else last.fence})"
+            )
         if handle.rid not in last.publishable:
             raise ValueError(f"{handle} produced no tokens in fence {fence}")
         req = self.requests.get(handle.rid)

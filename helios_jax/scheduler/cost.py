@@ -17,11 +17,12 @@ the active row count never changes an entry's identity.
   neither change an estimate nor make it fresh. Host dispatch, completion delivery, polling and
   queue wait never reach this module: callers pass device intervals only.
 """
+
 from __future__ import annotations
 
 import collections
 import dataclasses
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 from helios_jax.catalog import Catalog, CostKey
 
@@ -56,7 +57,8 @@ def cost_sample(device_intervals_ns: Iterable[float], readiness_delay_ns: float 
 @dataclasses.dataclass
 class CostEntry:
     samples: collections.deque = dataclasses.field(
-        default_factory=lambda: collections.deque(maxlen=MEDIAN_WINDOW))
+        default_factory=lambda: collections.deque(maxlen=MEDIAN_WINDOW)
+    )
     estimate_ns: float = 0.0
     last_valid_ns: int | None = None
     last_attempt_ns: int | None = None
@@ -170,8 +172,10 @@ class CostModel:
 
     def snapshot(self) -> dict:
         """A deep copy of the entries (for rollback and tests)."""
-        return {k: dataclasses.replace(e, samples=collections.deque(e.samples, maxlen=MEDIAN_WINDOW))
-                for k, e in self._entries.items()}
+        return {
+            k: dataclasses.replace(e, samples=collections.deque(e.samples, maxlen=MEDIAN_WINDOW))
+            for k, e in self._entries.items()
+        }
 
     def restore(self, snap: dict) -> None:
         self._entries = snap

@@ -16,11 +16,12 @@ probes. :func:`explore` makes the whole funded choice for ``Scheduler.plan``: di
 indeterminate winner, else a timing refresh, else a probe, else the ordinary winner. What
 completed rounds teach, pooled over requests, is kept here too (:class:`Population`).
 """
+
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -30,14 +31,25 @@ from helios_jax.scheduler.plan import CompletionRecord, ExecutionClass, PlanLane
 from helios_jax.scheduler.refresh import Ledger
 from helios_jax.scheduler.requests import Request
 from helios_jax.scheduler.rounds import forecast_observations
-from helios_jax.scheduler.speculation import (SOURCES, AcceptanceHistory, PopulationPrior, PrefixEstimate,
-                                              acceptance_observations, initial_prior)
+from helios_jax.scheduler.speculation import (
+    SOURCES,
+    AcceptanceHistory,
+    PopulationPrior,
+    PrefixEstimate,
+    acceptance_observations,
+    initial_prior,
+)
 from helios_jax.scheduler.view import Candidate, LaneRole, RequestView
 
 
-def explore(inp: policy.SelectionInput, ordinary: Candidate, loaded: Sequence[GraphDescriptor],
-            timing: Ledger, acceptance: Ledger,
-            information: Callable[[int, int, int], float]) -> tuple[Candidate, ExecutionClass, float]:
+def explore(
+    inp: policy.SelectionInput,
+    ordinary: Candidate,
+    loaded: Sequence[GraphDescriptor],
+    timing: Ledger,
+    acceptance: Ledger,
+    information: Callable[[int, int, int], float],
+) -> tuple[Candidate, ExecutionClass, float]:
     """The plan's candidate, accounting class and the credit that funds it (0 unless funded)."""
     if ordinary.indeterminate:
         return ordinary, ExecutionClass.DISCOVERY, 0.0
@@ -46,8 +58,12 @@ def explore(inp: policy.SelectionInput, ordinary: Candidate, loaded: Sequence[Gr
         if alternative is not None:
             return alternative, ExecutionClass.TIMING_REFRESH, timing.balance_ms
     if acceptance.can_start():
-        optimistic = [v if v.survival.size == 0 and v.optimistic.size == 0 else
-                      dataclasses.replace(v, survival=v.optimistic) for v in inp.views]
+        optimistic = [
+            v
+            if v.survival.size == 0 and v.optimistic.size == 0
+            else dataclasses.replace(v, survival=v.optimistic)
+            for v in inp.views
+        ]
         found = probe(inp, ordinary, optimistic, information)
         if found is not None:
             return found, ExecutionClass.ACCEPTANCE_LEARNING, acceptance.balance_ms
@@ -58,22 +74,28 @@ def aged_information(requests: Mapping[int, Request]) -> Callable[[int, int, int
     """The probe's information measure: (rid, from_width, to_width) -> the aged weight of the
     least-informed depth a wider round would add to the request's acceptance estimate (inf when
     it adds none)."""
+
     def information(rid: int, from_width: int, to_width: int) -> float:
         req = requests[rid]
         weights = req.acceptance.get(req.proposal_source).aged_weight(len(req.output))
-        return float(np.min(weights[from_width - 1: to_width - 1])) if to_width > from_width else math.inf
+        return float(np.min(weights[from_width - 1 : to_width - 1])) if to_width > from_width else math.inf
+
     return information
 
 
-def refresh_alternative(inp: policy.SelectionInput, ordinary: Candidate,
-                        loaded: Sequence[GraphDescriptor]) -> Candidate | None:
+def refresh_alternative(
+    inp: policy.SelectionInput, ordinary: Candidate, loaded: Sequence[GraphDescriptor]
+) -> Candidate | None:
     """The stale alternative a full timing-refresh ledger lets displace the ordinary winner:
     oldest by the later of last valid observation and last attempt, then by value."""
     costs, now = inp.costs, inp.now_ns
     if not any(costs.is_stale(g.key, now) for g in loaded):
         return None
-    rows = [r for r in policy.scored(inp) if not r.indeterminate and r.graph != ordinary.graph
-            and costs.is_stale(r.graph.key, now)]
+    rows = [
+        r
+        for r in policy.scored(inp)
+        if not r.indeterminate and r.graph != ordinary.graph and costs.is_stale(r.graph.key, now)
+    ]
     if not rows:
         return None
     return min(rows, key=lambda r: (costs.refresh_order_ns(r.graph.key), -r.score)).build()
@@ -99,15 +121,17 @@ class Population:
     def new_forecast(self, history: PrefixEstimate | None) -> PrefixEstimate:
         return PrefixEstimate.from_prior(self.forecast_prior.mean) if history is None else history.copy()
 
-    def observe_acceptance(self, req: Request, rec: CompletionRecord, committed: int,
-                           survival: Sequence[float] | None) -> None:
+    def observe_acceptance(
+        self, req: Request, rec: CompletionRecord, committed: int, survival: Sequence[float] | None
+    ) -> None:
         """A completed round's verified proposals, observed by the request's estimate of its
         proposal source, that source's prior and its pool (`committed`: tokens the round kept)."""
         # A stop or limit at accepted proposal j ends the request: depths 1..j were accepted
         # (observed), the suffix after j is censored.
         terminated = committed if req.finished and committed <= rec.accepted else None
-        obs = acceptance_observations(self.depth, rec.offered, rec.accepted, terminated_after=terminated,
-                                      survival=survival)
+        obs = acceptance_observations(
+            self.depth, rec.offered, rec.accepted, terminated_after=terminated, survival=survival
+        )
         req.acceptance.get(req.proposal_source).observe(obs, len(req.output))
         self.acceptance_priors[req.proposal_source].observe(obs)
         self.acceptance_pools[req.proposal_source].observe(obs, 0)
@@ -159,9 +183,13 @@ def probe(
         duration = c.duration_ms
         if duration is None:
             continue  # not indeterminate: built with a known duration
-        added = [(l.rid, ordinary_width.get(l.rid, 1), lane_width(l)) for l in c.lanes
-                 if l.role is LaneRole.DECODE and lane_width(l) > ordinary_width.get(l.rid, 1)
-                 and remaining.get(l.rid, 0) > lane_width(l)]
+        added = [
+            (l.rid, ordinary_width.get(l.rid, 1), lane_width(l))
+            for l in c.lanes
+            if l.role is LaneRole.DECODE
+            and lane_width(l) > ordinary_width.get(l.rid, 1)
+            and remaining.get(l.rid, 0) > lane_width(l)
+        ]
         if not added:
             continue
         gain = (c.score - ordinary.score) / duration

@@ -8,12 +8,14 @@ The scheduler's own records of a plan live here too: a committed plan in flight 
 :class:`Frame`, the latest completion a :class:`Completed`, and :func:`validate_completion`
 checks a completion's records, timing and sidecars against its frame before any state changes.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import enum
 import math
-from typing import TYPE_CHECKING, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -61,7 +63,6 @@ class PlanLane:
     snapshot_row: int | None = None  # PREREQUISITE/TERMINAL snapshot destination or source
     images: tuple[int, ...] = ()  # VISION: the request's image indices this execution encodes
     feature_offset: int = 0  # VISION: where they go in the window's compact feature storage
-
 
 
 @dataclasses.dataclass(frozen=True)
@@ -188,13 +189,21 @@ class TraceRecord:
     served: int
 
     @classmethod
-    def of(cls, fence: int, plan: ScheduledPlan, observation_age_ns: int | None) -> "TraceRecord":
+    def of(cls, fence: int, plan: ScheduledPlan, observation_age_ns: int | None) -> TraceRecord:
         g = plan.graph
-        return cls(fence=fence, kind=g.kind, batch_capacity=g.batch_capacity, proposal_depth=g.proposal_depth,
-                   token_capacity=g.token_capacity, target_capacity=g.target_capacity,
-                   selected_cost_ms=plan.expected_duration_ms, observation_age_ns=observation_age_ns,
-                   reason=plan.reason, exploration_credit_ms=plan.exploration_credit_ms,
-                   served=len(plan.lanes))
+        return cls(
+            fence=fence,
+            kind=g.kind,
+            batch_capacity=g.batch_capacity,
+            proposal_depth=g.proposal_depth,
+            token_capacity=g.token_capacity,
+            target_capacity=g.target_capacity,
+            selected_cost_ms=plan.expected_duration_ms,
+            observation_age_ns=observation_age_ns,
+            reason=plan.reason,
+            exploration_credit_ms=plan.exploration_credit_ms,
+            served=len(plan.lanes),
+        )
 
 
 def validate_probabilities(name: str, values: np.ndarray) -> None:
@@ -202,13 +211,19 @@ def validate_probabilities(name: str, values: np.ndarray) -> None:
         raise ValueError(f"{name} must hold probabilities in [0, 1]")
 
 
-
 class PlanRejected(RuntimeError):
     """commit() refused a plan: stale epochs, lost ownership, a full window or a dependency."""
 
 
-def check_commit(plan: ScheduledPlan, requests: Mapping[int, Request], *, queued: bool, window_blocked: bool,
-                 fresh: bool, funded: bool) -> None:
+def check_commit(
+    plan: ScheduledPlan,
+    requests: Mapping[int, Request],
+    *,
+    queued: bool,
+    window_blocked: bool,
+    fresh: bool,
+    funded: bool,
+) -> None:
     """Recheck a plan at commit without rerunning selection; raises PlanRejected.
 
     Every lane's request must still be resident under its handle, active, in the planned epoch
@@ -224,8 +239,9 @@ def check_commit(plan: ScheduledPlan, requests: Mapping[int, Request], *, queued
         if not req.active:
             raise PlanRejected(f"lane {i}: request {lane.handle} was cancelled or finished")
         if req.epoch != lane.epoch:
-            raise PlanRejected(f"lane {i}: request {lane.handle} moved from epoch {lane.epoch} "
-                               f"to {req.epoch}")
+            raise PlanRejected(
+                f"lane {i}: request {lane.handle} moved from epoch {lane.epoch} to {req.epoch}"
+            )
         if lane.role is LaneRole.PROMPT and lane.prompt_start != req.consumed:
             raise PlanRejected(f"lane {i}: prompt position moved")
     if queued:
@@ -277,20 +293,31 @@ class Completed:
             history.log_z = service.delivery_update(before, 1.0, self.interval_ms, policy)
 
 
-def validate_completion(frame: Frame, records: Sequence[CompletionRecord], timing: ExecutionTiming,
-                        confidence: ArrayLike | None, survival: ArrayLike | None,
-                        request_slots: int) -> np.ndarray | None:
+def validate_completion(
+    frame: Frame,
+    records: Sequence[CompletionRecord],
+    timing: ExecutionTiming,
+    confidence: ArrayLike | None,
+    survival: ArrayLike | None,
+    request_slots: int,
+) -> np.ndarray | None:
     """Check a completion against its frame; raises before anything changes.
 
     Returns rank zero's confidence sidecar as float64 (None without one)."""
     plan = frame.plan
     if len(records) != len(plan.lanes):
         raise ValueError(f"fence {frame.fence}: {len(records)} records for {len(plan.lanes)} lanes")
-    device_rows = plan.graph.kind is GraphKind.SPECULATIVE and plan.graph.allocation is not None \
-        and plan.graph.allocation.value == "prefix_limit" and plan.graph.proposal_depth > 0
+    device_rows = (
+        plan.graph.kind is GraphKind.SPECULATIVE
+        and plan.graph.allocation is not None
+        and plan.graph.allocation.value == "prefix_limit"
+        and plan.graph.proposal_depth > 0
+    )
     if device_rows and confidence is None:
-        raise ValueError(f"fence {frame.fence}: a device-allocated speculative program completes through "
-                         "complete_packed_round with its confidence sidecar")
+        raise ValueError(
+            f"fence {frame.fence}: a device-allocated speculative program completes through "
+            "complete_packed_round with its confidence sidecar"
+        )
     for i, (lane, rec) in enumerate(zip(plan.lanes, records)):
         _validate_lane(f"fence {frame.fence} lane {i} ({lane.handle})", plan, lane, rec)
     for x in tuple(timing.device_intervals_ns) + (timing.wall_ns, timing.readiness_delay_ns):
@@ -308,14 +335,16 @@ def _validate_lane(where: str, plan: ScheduledPlan, lane: PlanLane, rec: Complet
     if not isinstance(rec, CompletionRecord):
         raise TypeError(f"{where}: expected a CompletionRecord, got {type(rec).__name__}")
     if rec.handle != lane.handle or rec.epoch != lane.epoch:
-        raise ValueError(f"{where}: record is for {rec.handle} epoch {rec.epoch}, "
-                         f"plan has epoch {lane.epoch}")
+        raise ValueError(
+            f"{where}: record is for {rec.handle} epoch {rec.epoch}, plan has epoch {lane.epoch}"
+        )
     if any((not isinstance(t, (int, np.integer))) or t < 0 for t in rec.tokens):
         raise ValueError(f"{where}: token ids must be nonnegative integers")
     if lane.role is LaneRole.PROMPT:
         if rec.prompt_tokens != lane.prompt_tokens:
-            raise ValueError(f"{where}: consumed {rec.prompt_tokens} prompt tokens, "
-                             f"plan has {lane.prompt_tokens}")
+            raise ValueError(
+                f"{where}: consumed {rec.prompt_tokens} prompt tokens, plan has {lane.prompt_tokens}"
+            )
         if len(rec.tokens) != (1 if lane.finishes_prompt else 0):
             raise ValueError(f"{where}: a prompt chunk emits one token only when it finishes the prompt")
         if rec.offered or rec.accepted:
@@ -334,13 +363,17 @@ def _validate_decode(where: str, plan: ScheduledPlan, lane: PlanLane, rec: Compl
     if not 0 <= rec.offered <= most:
         raise ValueError(f"{where}: offered {rec.offered} proposals, at most {most}")
     if lane.query_length and rec.offered != lane.query_length - 1:
-        raise ValueError(f"{where}: the host binding fixed {lane.query_length - 1} proposals, "
-                         f"the record offered {rec.offered}")
+        raise ValueError(
+            f"{where}: the host binding fixed {lane.query_length - 1} proposals, "
+            f"the record offered {rec.offered}"
+        )
     if not 0 <= rec.accepted <= rec.offered:
         raise ValueError(f"{where}: accepted {rec.accepted} of {rec.offered} proposals")
     if len(rec.tokens) != rec.accepted + 1:
-        raise ValueError(f"{where}: a round commits its accepted proposals plus one token, "
-                         f"got {len(rec.tokens)} tokens for {rec.accepted} accepted")
+        raise ValueError(
+            f"{where}: a round commits its accepted proposals plus one token, "
+            f"got {len(rec.tokens)} tokens for {rec.accepted} accepted"
+        )
 
 
 def _validate_sidecars(frame: Frame, confidence: ArrayLike, request_slots: int) -> np.ndarray:
@@ -352,20 +385,25 @@ def _validate_sidecars(frame: Frame, confidence: ArrayLike, request_slots: int) 
     for rank, sc in enumerate(sidecars):
         arr = np.asarray(sc, dtype=np.float64)
         if arr.ndim != 3 or arr.shape[0] != 2 or arr.shape[1] != request_slots or arr.shape[2] < depth:
-            raise ValueError(f"fence {frame.fence}: rank {rank} sidecar shape {arr.shape}, expected "
-                             f"[2, {request_slots}, >= {depth}]")
+            raise ValueError(
+                f"fence {frame.fence}: rank {rank} sidecar shape {arr.shape}, expected "
+                f"[2, {request_slots}, >= {depth}]"
+            )
         used = arr[:, [l.slot for l in plan.lanes], :depth]
         if np.any(~np.isfinite(used)) or np.any((used < 0) | (used > 1)):
             raise ValueError(f"fence {frame.fence}: rank {rank} confidence must be valid probabilities")
     return np.asarray(sidecars[0], dtype=np.float64)
 
 
-def _validate_survival(frame: Frame, records: Sequence[CompletionRecord], survival: ArrayLike,
-                       request_slots: int) -> None:
+def _validate_survival(
+    frame: Frame, records: Sequence[CompletionRecord], survival: ArrayLike, request_slots: int
+) -> None:
     surv = np.asarray(survival, dtype=np.float64)
     if surv.ndim != 2 or surv.shape[0] != request_slots:
-        raise ValueError(f"fence {frame.fence}: survival rows shape {surv.shape}, expected "
-                         f"[{request_slots}, draft_capacity]")
+        raise ValueError(
+            f"fence {frame.fence}: survival rows shape {surv.shape}, expected "
+            f"[{request_slots}, draft_capacity]"
+        )
     for i, (lane, rec) in enumerate(zip(frame.plan.lanes, records)):
         vals = surv[lane.slot, : rec.offered]
         if np.any(~np.isfinite(vals)) or np.any((vals < 0) | (vals > 1)):

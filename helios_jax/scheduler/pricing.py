@@ -10,11 +10,13 @@ Projection: each queued frame's frozen expected service advances a copy of its p
 service histories (the requests' own histories are never changed here), and a queued delivery
 resets the output age at the frame's expected end.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Mapping, Sequence, TypedDict
+from collections.abc import Mapping, Sequence
+from typing import TypedDict
 
 from helios_jax.scheduler import service
 from helios_jax.scheduler.captures import next_capture, window_stop
@@ -127,9 +129,15 @@ def views(inp: PricingInputs, start_ns: int) -> list[RequestView]:
         if r.delivery_bearing:  # decoding, or blocked before decoding: a delivery coordinate
             log_z = prior_z if hist.log_z is None else hist.log_z
         prices = service.log_prices(inp.policy, log_x, log_z)
-        common = _Common(rid=r.rid, slot=r.slot, runnable=runnable(r), last_selected_ns=r.last_selected_ns,
-                         log_prefill_price=prices.prefill_token, log_output_price=prices.output_token,
-                         log_delivery_price=prices.delivery)
+        common = _Common(
+            rid=r.rid,
+            slot=r.slot,
+            runnable=runnable(r),
+            last_selected_ns=r.last_selected_ns,
+            log_prefill_price=prices.prefill_token,
+            log_output_price=prices.output_token,
+            log_delivery_price=prices.delivery,
+        )
         if r.phase is Phase.PREFILL:
             out.append(RequestView(phase=Phase.PREFILL, **_prompt_fields(r), **common))
         elif r.phase is Phase.DECODE:
@@ -143,8 +151,9 @@ def views(inp: PricingInputs, start_ns: int) -> list[RequestView]:
     return out
 
 
-def _decode_view(inp: PricingInputs, r: Request, common: _Common, start_ns: int,
-                 last: int | None) -> RequestView:
+def _decode_view(
+    inp: PricingInputs, r: Request, common: _Common, start_ns: int, last: int | None
+) -> RequestView:
     """A decoding request: output left after its queued rounds, output age and acceptance."""
     queued = queued_advance(r, inp.frames)
     remaining = r.max_output - len(r.output) - queued
@@ -154,10 +163,16 @@ def _decode_view(inp: PricingInputs, r: Request, common: _Common, start_ns: int,
     est, pool = r.acceptance.get(r.proposal_source), inp.acceptance_pools[r.proposal_source]
     common["runnable"] = common["runnable"] and remaining > 0
     return RequestView(
-        phase=Phase.DECODE, age_ms=age, output_remaining=max(remaining, 0),
-        context_remaining=inp.max_model_len - (r.cursor + queued), width_limit=r.width_limit,
-        survival=est.means(pool), optimistic=est.optimistic(len(r.output), pool), forecast=r.forecast.means(),
-        **common)
+        phase=Phase.DECODE,
+        age_ms=age,
+        output_remaining=max(remaining, 0),
+        context_remaining=inp.max_model_len - (r.cursor + queued),
+        width_limit=r.width_limit,
+        survival=est.means(pool),
+        optimistic=est.optimistic(len(r.output), pool),
+        forecast=r.forecast.means(),
+        **common,
+    )
 
 
 def _blocked_view(inp: PricingInputs, r: Request, common: _Common, start_ns: int) -> RequestView:
@@ -165,18 +180,29 @@ def _blocked_view(inp: PricingInputs, r: Request, common: _Common, start_ns: int
     lookahead values only work the following program can really do."""
     last = r.last_publication_ns if r.last_publication_ns is not None else r.admitted_ns
     est, pool = r.acceptance.get(r.proposal_source), inp.acceptance_pools[r.proposal_source]
-    return RequestView(phase=Phase.BLOCKED, prerequisites=tuple(r.prerequisites), enables=r.enables,
-                       age_ms=max(0.0, (start_ns - last) / NS_PER_MS),
-                       output_remaining=r.max_output - len(r.output),
-                       context_remaining=inp.max_model_len - r.cursor, width_limit=r.width_limit,
-                       survival=est.means(pool), forecast=r.forecast.means(), **_prompt_fields(r), **common)
+    return RequestView(
+        phase=Phase.BLOCKED,
+        prerequisites=tuple(r.prerequisites),
+        enables=r.enables,
+        age_ms=max(0.0, (start_ns - last) / NS_PER_MS),
+        output_remaining=r.max_output - len(r.output),
+        context_remaining=inp.max_model_len - r.cursor,
+        width_limit=r.width_limit,
+        survival=est.means(pool),
+        forecast=r.forecast.means(),
+        **_prompt_fields(r),
+        **common,
+    )
 
 
 def _prompt_fields(r: Request) -> _PromptFields:
     """A request's uncached prompt work and what restricts a chunk of it: the next capture
     or image-window stop, atomic image spans and the next message endpoint."""
     stops = [x for x in (next_capture(r), window_stop(r)) if x is not None]
-    return _PromptFields(prompt_remaining=r.prompt_remaining,
-                         prompt_limit=min(stops) - r.consumed if stops else None,
-                         atomic_spans=r.spans_from_cursor(), endpoint=r.next_endpoint(),
-                         needs_scores=r.needs_scores)
+    return _PromptFields(
+        prompt_remaining=r.prompt_remaining,
+        prompt_limit=min(stops) - r.consumed if stops else None,
+        atomic_spans=r.spans_from_cursor(),
+        endpoint=r.next_endpoint(),
+        needs_scores=r.needs_scores,
+    )

@@ -15,6 +15,7 @@ again. Idle discards positive credit and preserves debt. Together these bound th
 expense: refresh time <= 0.002/0.998 * ordinary time + one episode's duration (and likewise for
 probes), however long a single nonpreemptible episode runs.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -68,7 +69,7 @@ class Ledger:
         if self.balance_ms > 0:
             self.balance_ms = 0.0
 
-    def copy(self) -> "Ledger":
+    def copy(self) -> Ledger:
         return dataclasses.replace(self)
 
 

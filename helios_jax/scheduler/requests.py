@@ -9,11 +9,13 @@ A :class:`Request` keeps what the client asked, its progress and its learned est
 state that ``captures.py`` manages is grouped: its checkpoint rows and pending capture endpoints
 (:class:`CaptureState`) and its image windows (:class:`ImageWindows`).
 """
+
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from helios_jax.catalog import GraphKind
 from helios_jax.scheduler.checkpoints import Role
@@ -123,7 +125,9 @@ class Request:
     image_windows: ImageWindows = dataclasses.field(default_factory=ImageWindows)
     preempted: bool = False
     generation: int = 0  # bumped when a restore binds the state to a fresh request generation
-    width_limit: int | None = None  # grammar or stop restrictions: target rows per round, pending token included
+    width_limit: int | None = (
+        None  # grammar or stop restrictions: target rows per round, pending token included
+    )
 
     @property
     def rid(self) -> int:
@@ -191,17 +195,24 @@ class Request:
 
 
 def check_width_limit(width_limit: int | None) -> None:
-    if width_limit is not None and (isinstance(width_limit, bool) or not isinstance(width_limit, int)
-                                    or width_limit < 1):
+    if width_limit is not None and (
+        isinstance(width_limit, bool) or not isinstance(width_limit, int) or width_limit < 1
+    ):
         raise ValueError(f"width_limit must be a positive integer or None, got {width_limit!r}")
 
 
 Spans = tuple[tuple[int, int], ...]
 
 
-def admission_fields(prompt: Sequence[int], max_output: int, message_endpoints: Iterable[int],
-                     image_spans: Iterable[tuple[int, int]], proposal_source: str, width_limit: int | None,
-                     max_model_len: int) -> tuple[tuple[int, ...], tuple[int, ...], Spans]:
+def admission_fields(
+    prompt: Sequence[int],
+    max_output: int,
+    message_endpoints: Iterable[int],
+    image_spans: Iterable[tuple[int, int]],
+    proposal_source: str,
+    width_limit: int | None,
+    max_model_len: int,
+) -> tuple[tuple[int, ...], tuple[int, ...], Spans]:
     """A checked admission: (prompt tokens, sorted message endpoints, sorted image spans)."""
     tokens = tuple(int(t) for t in prompt)
     if not tokens:
@@ -211,8 +222,10 @@ def admission_fields(prompt: Sequence[int], max_output: int, message_endpoints: 
     if max_output < 1:
         raise ValueError(f"max_output must be at least 1, got {max_output}")
     if len(tokens) + max_output > max_model_len:
-        raise ValueError(f"prompt ({len(tokens)}) plus max_output ({max_output}) exceeds the "
-                         f"context of {max_model_len} tokens")
+        raise ValueError(
+            f"prompt ({len(tokens)}) plus max_output ({max_output}) exceeds the "
+            f"context of {max_model_len} tokens"
+        )
     if proposal_source not in SOURCES:
         raise ValueError(f"unknown proposal source {proposal_source!r}")
     check_width_limit(width_limit)

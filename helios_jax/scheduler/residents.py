@@ -18,10 +18,11 @@ Lane effects of a completed frame, in plan order (validated before any of them):
 - PREREQUISITE and TERMINAL: the state operation's rows (``captures.py``); a terminal capture
   retires the request and makes its completion visible.
 """
+
 from __future__ import annotations
 
 import collections
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -37,8 +38,14 @@ from helios_jax.scheduler.view import LaneRole, Phase
 class Residents:
     """The resident requests and the request slots and KV pages they own."""
 
-    def __init__(self, request_slots: int, kv_pages: int, captures: Captures, population: Population,
-                 counters: Counters):
+    def __init__(
+        self,
+        request_slots: int,
+        kv_pages: int,
+        captures: Captures,
+        population: Population,
+        counters: Counters,
+    ):
         self.requests: dict[int, Request] = {}
         self.slots = Pool(request_slots, "request slots")
         self.pages = Pool(kv_pages, "KV pages")
@@ -111,9 +118,16 @@ class Residents:
             del self.requests[req.rid]
 
     # == completed lanes ====================================================================
-    def apply(self, frame: Frame, records: Sequence[CompletionRecord], conf: np.ndarray | None,
-              surv: np.ndarray | None, frame_ms: float, fraction: float,
-              now_ns: int) -> tuple[dict[int, float], list[GeneratedToken]]:
+    def apply(
+        self,
+        frame: Frame,
+        records: Sequence[CompletionRecord],
+        conf: np.ndarray | None,
+        surv: np.ndarray | None,
+        frame_ms: float,
+        fraction: float,
+        now_ns: int,
+    ) -> tuple[dict[int, float], list[GeneratedToken]]:
         """Committed state, lane by lane: output tokens served per request and what to publish.
 
         `frame_ms`: the measured device time, whose per-lane share times `fraction`
@@ -144,9 +158,17 @@ class Residents:
                 generated.append(GeneratedToken(req.handle, tuple(tokens), done, reason))
         return served, generated
 
-    def _apply_lane(self, req: Request, lane: PlanLane, rec: CompletionRecord, plan: ScheduledPlan,
-                    conf: np.ndarray | None, surv: np.ndarray | None, allowance_ms: float,
-                    now_ns: int) -> list[int]:
+    def _apply_lane(
+        self,
+        req: Request,
+        lane: PlanLane,
+        rec: CompletionRecord,
+        plan: ScheduledPlan,
+        conf: np.ndarray | None,
+        surv: np.ndarray | None,
+        allowance_ms: float,
+        now_ns: int,
+    ) -> list[int]:
         """Commit one lane's effects; returns the tokens it commits for the request."""
         if lane.role is LaneRole.PROMPT:
             return self._apply_prompt(req, lane, rec, now_ns)
@@ -176,11 +198,19 @@ class Residents:
             self.captures.reach_endpoint(req, enables, now_ns)
         return tokens
 
-    def _learn(self, req: Request, lane: PlanLane, rec: CompletionRecord, plan: ScheduledPlan,
-               tokens: list[int], conf: np.ndarray | None, surv: np.ndarray | None) -> None:
+    def _learn(
+        self,
+        req: Request,
+        lane: PlanLane,
+        rec: CompletionRecord,
+        plan: ScheduledPlan,
+        tokens: list[int],
+        conf: np.ndarray | None,
+        surv: np.ndarray | None,
+    ) -> None:
         """Acceptance observations of a decode lane's verified proposals, and its forecast."""
         if rec.offered > 0:
-            survival = None if surv is None else surv[lane.slot, :rec.offered].tolist()
+            survival = None if surv is None else surv[lane.slot, : rec.offered].tolist()
             self.population.observe_acceptance(req, rec, len(tokens), survival)
             self.counters.drafts(req.proposal_source == SOURCE_LEARNED, rec.offered, rec.accepted)
         if conf is not None:

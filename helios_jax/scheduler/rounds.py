@@ -23,10 +23,10 @@ Example: joint_prob = [[0.9, 0.5], [0.6, 0.6]], ceilings = [3, 3], capacity 4. B
 their pending row (2 used). Frontiers: lane 0 depth 1 (0.9), lane 1 depth 1 (0.6): admit lane 0.
 Frontiers now 0.5 (lane 0 depth 2) and 0.6: admit lane 1. Capacity reached: lengths [2, 2].
 """
+
 from __future__ import annotations
 
 import numpy as np
-
 
 
 def allocate_prefix_rows(joint_prob, ceilings, active, capacity: int) -> np.ndarray:

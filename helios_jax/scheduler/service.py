@@ -29,11 +29,13 @@ delivering stream without a delivery history is priced at the same share 1/sigma
 decoders until its first published burst, which starts its history at one delivery over that
 frame's measured duration.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import TYPE_CHECKING, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
 
 from helios_jax.catalog import GraphDescriptor
 from helios_jax.scheduler.config import PolicyConfig
@@ -92,10 +94,15 @@ class Normalizers:
     generation: tuple[tuple[int, float], ...]
 
     @classmethod
-    def measure(cls, graphs: Iterable[GraphDescriptor], costs: CostModel) -> "Normalizers":
+    def measure(cls, graphs: Iterable[GraphDescriptor], costs: CostModel) -> Normalizers:
         """From the loaded programs' current estimates (stale ones count; unknown never invented)."""
-        return cls(tuple((g.batch_capacity, t) for g in graphs
-                         if g.kind.is_generation and (t := costs.estimate_ms(g.key)) is not None))
+        return cls(
+            tuple(
+                (g.batch_capacity, t)
+                for g in graphs
+                if g.kind.is_generation and (t := costs.estimate_ms(g.key)) is not None
+            )
+        )
 
     def share_log_rate(self, k: int) -> float:
         """log(1 / sigma(k)): each of k streams' share of the fastest batch-feasible rate.
@@ -114,12 +121,13 @@ class ServiceHistory:
     log_x: float | None = None  # tokens per ms
     log_z: float | None = None  # deliveries per ms
 
-    def copy(self) -> "ServiceHistory":
+    def copy(self) -> ServiceHistory:
         return dataclasses.replace(self)
 
 
-def missing_log_token_rate(normalizers: Normalizers, residents: int, known_log_rates, waited_ms: float,
-                           tau_ms: float) -> float:
+def missing_log_token_rate(
+    normalizers: Normalizers, residents: int, known_log_rates, waited_ms: float, tau_ms: float
+) -> float:
     """log of the token rate a request without a token history is priced at.
 
     It has received nothing yet, so it is never better served than its share 1/sigma(K) of the
@@ -135,29 +143,40 @@ def missing_log_token_rate(normalizers: Normalizers, residents: int, known_log_r
     return base - max(0.0, waited_ms) / tau_ms
 
 
-def resident_rates(requests: Mapping[int, Request],
-                   histories: Mapping[int, ServiceHistory]) -> list[float | None]:
+def resident_rates(
+    requests: Mapping[int, Request], histories: Mapping[int, ServiceHistory]
+) -> list[float | None]:
     """Every active resident's token rate (log, or None while missing) in `histories`."""
     return [histories[r.rid].log_x for r in requests.values() if r.active and r.rid in histories]
 
 
-def missing_rate(req: Request, at_ns: int, norm: Normalizers, known: list[float | None],
-                 policy: PolicyConfig) -> float:
+def missing_rate(
+    req: Request, at_ns: int, norm: Normalizers, known: list[float | None], policy: PolicyConfig
+) -> float:
     """The priced token rate of `req` at `at_ns` while it has no token history
     (:func:`missing_log_token_rate`); `known`: the residents' token rates (:func:`resident_rates`)."""
-    return missing_log_token_rate(norm, len(known), known, (at_ns - req.admitted_ns) / NS_PER_MS,
-                                  policy.adaptation_ms)
+    return missing_log_token_rate(
+        norm, len(known), known, (at_ns - req.admitted_ns) / NS_PER_MS, policy.adaptation_ms
+    )
 
 
-def record_interval(requests: Mapping[int, Request], frame: Frame, served: Mapping[int, float],
-                    interval_ms: float, policy: PolicyConfig) -> dict[int, float | None]:
+def record_interval(
+    requests: Mapping[int, Request],
+    frame: Frame,
+    served: Mapping[int, float],
+    interval_ms: float,
+    policy: PolicyConfig,
+) -> dict[int, float | None]:
     """One measured service interval of `frame` for every participant still resident (served
     output tokens, zero deliveries); returns each one's log z before that zero-delivery update,
     which its first publication replaces."""
     histories = {rid: r.history for rid, r in requests.items()}
     known = resident_rates(requests, histories)
-    priors = {h.rid: missing_rate(requests[h.rid], frame.committed_ns, frame.normalizers, known, policy)
-              for h in frame.participants if h.rid in requests and requests[h.rid].history.log_x is None}
+    priors = {
+        h.rid: missing_rate(requests[h.rid], frame.committed_ns, frame.normalizers, known, policy)
+        for h in frame.participants
+        if h.rid in requests and requests[h.rid].history.log_x is None
+    }
     delivery_before = {}
     for h in frame.participants:
         req = requests.get(h.rid)
@@ -200,8 +219,13 @@ def log_prices(policy: PolicyConfig, log_x: float, log_z: float | None) -> LogPr
     return LogPrices(prefill, output, delivery)
 
 
-def update_token_history(history: ServiceHistory, served_tokens: float, interval_ms: float,
-                         policy: PolicyConfig, prior_log_x: float) -> None:
+def update_token_history(
+    history: ServiceHistory,
+    served_tokens: float,
+    interval_ms: float,
+    policy: PolicyConfig,
+    prior_log_x: float,
+) -> None:
     """One measured interval of token service for one participant (zero when unselected).
 
     A missing history stays missing while the request is unserved (its waiting is priced by the
@@ -214,8 +238,9 @@ def update_token_history(history: ServiceHistory, served_tokens: float, interval
     history.log_x = decayed_log_rate(base, served_tokens, interval_ms, policy.adaptation_ms)
 
 
-def delivery_update(log_z: float | None, deliveries: float, interval_ms: float,
-                    policy: PolicyConfig) -> float | None:
+def delivery_update(
+    log_z: float | None, deliveries: float, interval_ms: float, policy: PolicyConfig
+) -> float | None:
     """The delivery rate after one interval; a missing history stays missing until published."""
     if log_z is None:
         return None

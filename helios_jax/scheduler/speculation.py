@@ -32,11 +32,12 @@ censors: depths beyond the point where the request ended get no observation. Whe
 wrote ``completion_speculative_survival`` (cumulative min(1, p/q)), those values replace the
 binary observations at the depths they cover. Width-one rounds (k = 0) observe nothing.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -77,7 +78,7 @@ class PopulationPrior:
         seen = ~np.isnan(obs)
         self.mean[seen] += (obs[seen] - self.mean[seen]) * PRIOR_RATE
 
-    def copy(self) -> "PopulationPrior":
+    def copy(self) -> PopulationPrior:
         new = PopulationPrior(0)
         new.mean = self.mean.copy()
         return new
@@ -115,10 +116,15 @@ class PrefixEstimate:
     _cache: dict = dataclasses.field(default_factory=dict, init=False, repr=False, compare=False)
 
     @classmethod
-    def from_prior(cls, prior: np.ndarray, tokens: int = 0) -> "PrefixEstimate":
+    def from_prior(cls, prior: np.ndarray, tokens: int = 0) -> PrefixEstimate:
         prior = np.asarray(prior, dtype=np.float64)
-        return cls(prior.copy(), np.full(prior.size, INITIAL_WEIGHT), tokens, origin=prior.copy(),
-                   prior_share=np.ones(prior.size))
+        return cls(
+            prior.copy(),
+            np.full(prior.size, INITIAL_WEIGHT),
+            tokens,
+            origin=prior.copy(),
+            prior_share=np.ones(prior.size),
+        )
 
     @property
     def depth(self) -> int:
@@ -144,13 +150,13 @@ class PrefixEstimate:
         self.revision += 1
         self._cache.clear()
 
-    def _pooled_mean(self, pool: "PrefixEstimate | None") -> np.ndarray:
+    def _pooled_mean(self, pool: PrefixEstimate | None) -> np.ndarray:
         """The mean with its starting share moved from the origin to `pool`'s mean."""
         if pool is None or self.origin is None:
             return self.mean
         return self.mean + self.prior_share * (pool.mean - self.origin)
 
-    def means(self, pool: "PrefixEstimate | None" = None) -> np.ndarray:
+    def means(self, pool: PrefixEstimate | None = None) -> np.ndarray:
         """Prefix-survival means (made non-increasing); hierarchical when a `pool` is given."""
         key = ("means", None if pool is None else (id(pool), pool.revision))
         cached = self._cache.get(key[0])
@@ -158,7 +164,7 @@ class PrefixEstimate:
             cached = self._cache[key[0]] = (key, _frozen(monotone(self._pooled_mean(pool))))
         return cached[1]
 
-    def optimistic(self, tokens: int, pool: "PrefixEstimate | None" = None) -> np.ndarray:
+    def optimistic(self, tokens: int, pool: PrefixEstimate | None = None) -> np.ndarray:
         """min(1, mean + sqrt(ln 20 / (2 * aged weight))), on the same (pooled) mean."""
         key = ("optimistic", tokens, None if pool is None else (id(pool), pool.revision))
         cached = self._cache.get(key[0])
@@ -168,10 +174,14 @@ class PrefixEstimate:
             cached = self._cache[key[0]] = (key, value)
         return cached[1]
 
-    def copy(self) -> "PrefixEstimate":
-        return PrefixEstimate(self.mean.copy(), self.weight.copy(), self.tokens_at,
-                              origin=None if self.origin is None else self.origin.copy(),
-                              prior_share=None if self.prior_share is None else self.prior_share.copy())
+    def copy(self) -> PrefixEstimate:
+        return PrefixEstimate(
+            self.mean.copy(),
+            self.weight.copy(),
+            self.tokens_at,
+            origin=None if self.origin is None else self.origin.copy(),
+            prior_share=None if self.prior_share is None else self.prior_share.copy(),
+        )
 
 
 def _frozen(a: np.ndarray) -> np.ndarray:
@@ -183,8 +193,12 @@ def _frozen(a: np.ndarray) -> np.ndarray:
 class AcceptanceHistory:
     """A request's acceptance estimates, one per proposal source."""
 
-    def __init__(self, priors: dict[str, PopulationPrior], tokens: int = 0,
-                 preseeded: dict[str, PrefixEstimate] | None = None):
+    def __init__(
+        self,
+        priors: dict[str, PopulationPrior],
+        tokens: int = 0,
+        preseeded: dict[str, PrefixEstimate] | None = None,
+    ):
         self.estimates = {s: PrefixEstimate.from_prior(p.mean, tokens) for s, p in priors.items()}
         for source, est in (preseeded or {}).items():
             if source not in self.estimates:
@@ -197,7 +211,7 @@ class AcceptanceHistory:
         except KeyError:
             raise ValueError(f"unknown proposal source {source!r}") from None
 
-    def copy(self) -> "AcceptanceHistory":
+    def copy(self) -> AcceptanceHistory:
         new = AcceptanceHistory({})
         new.estimates = {s: e.copy() for s, e in self.estimates.items()}
         return new
@@ -227,9 +241,9 @@ def acceptance_observations(
     obs = np.full(depth, np.nan)
     k = min(offered, depth)
     obs[: min(accepted, k)] = 1.0
-    obs[min(accepted, k):k] = 0.0
+    obs[min(accepted, k) : k] = 0.0
     if terminated_after is not None:
-        obs[max(0, terminated_after):] = np.nan
+        obs[max(0, terminated_after) :] = np.nan
     if survival is not None:
         surv = np.asarray(survival, dtype=np.float64).reshape(-1)
         if np.any(~np.isfinite(surv)) or np.any((surv < 0) | (surv > 1)):
@@ -245,7 +259,7 @@ def expected_output(survival: np.ndarray, width: int, alpha: float = 1.0) -> flo
     if width <= 0:
         return 0.0
     s = monotone(np.asarray(survival, dtype=np.float64))[: width - 1]
-    return 1.0 + float(np.sum(s ** alpha))
+    return 1.0 + float(np.sum(s**alpha))
 
 
 def expected_output_table(survival: np.ndarray, max_width: int, alpha: float = 1.0) -> np.ndarray:
@@ -261,7 +275,7 @@ def expected_output_table(survival: np.ndarray, max_width: int, alpha: float = 1
         table[:, 1] = 1.0
     cols = min(max_width - 1, surv.shape[1]) if max_width >= 2 else 0
     if cols > 0:
-        table[:, 2: 2 + cols] = 1.0 + np.cumsum(surv[:, :cols] ** alpha, axis=1)
+        table[:, 2 : 2 + cols] = 1.0 + np.cumsum(surv[:, :cols] ** alpha, axis=1)
     if 2 + cols <= max_width:
-        table[:, 2 + cols:] = table[:, [1 + cols]]
+        table[:, 2 + cols :] = table[:, [1 + cols]]
     return table

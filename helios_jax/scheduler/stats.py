@@ -5,6 +5,7 @@ The scheduler counts; it does not format. The server renders a snapshot as Prome
 (``helios_jax.serve.metrics.render_scheduler_stats``: the spec's ``flare_*`` series as
 ``helios_*``); benchmarks and the simulator read the same numbers.
 """
+
 from __future__ import annotations
 
 import collections
@@ -74,8 +75,12 @@ class Counters:
             executions=tuple((c, self.executions[c]) for c in classes),
             execution_ns=tuple((c, self.execution_ns[c]) for c in classes),
             selections=tuple(sorted(self.selections.items())),
-            speculative_programs=spec["programs"], drafts_offered=spec["drafts_offered"],
-            learned_draws=spec["learned_drafts"], drafts_accepted=spec["drafts_accepted"],
+            speculative_programs=spec["programs"],
+            drafts_offered=spec["drafts_offered"],
+            learned_draws=spec["learned_drafts"],
+            drafts_accepted=spec["drafts_accepted"],
             accepted_by_position=tuple((d, self.accepted_by_position[d]) for d in depths),
             offered_by_position=tuple((d, self.offered_by_position[d]) for d in depths),
-            refresh_credit_ms=refresh_credit_ms, learning_credit_ms=learning_credit_ms)
+            refresh_credit_ms=refresh_credit_ms,
+            learning_credit_ms=learning_credit_ms,
+        )

@@ -26,6 +26,7 @@ contribution is additive for a fixed program. The cohort solvers here use that:
 - :func:`best_pair`: a prerequisite followed by inference, solved exactly with sorted prefix
   sums over k, the number of newly ready rows in the following graph.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -54,7 +55,8 @@ def reference_interval(k: int, graphs: list[GraphDescriptor], costs: CostModel) 
     estimates stay usable; unknown ones are never invented.
     """
     return service.batch_feasible_interval(
-        k, [(g.batch_capacity, t) for g in graphs if (t := costs.estimate_ms(g.key)) is not None])
+        k, [(g.batch_capacity, t) for g in graphs if (t := costs.estimate_ms(g.key)) is not None]
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,8 +73,9 @@ class Decision:
     alpha: float
 
     @classmethod
-    def build(cls, views: list[RequestView], policy: PolicyConfig, *, sigma_decode: float,
-              sigma_terminal: float) -> Decision:
+    def build(
+        cls, views: list[RequestView], policy: PolicyConfig, *, sigma_decode: float, sigma_terminal: float
+    ) -> Decision:
         logs = [0.0]
         for v in views:
             for x in (v.log_prefill_price, v.log_output_price, v.log_delivery_price):
@@ -149,7 +152,7 @@ def ragged_table(values: np.ndarray, weights: np.ndarray, batch: int, rows: int)
             if j * w > rows:
                 break
             cand = np.full(dp.shape, neg)
-            cand[j:, j * w:] = dp[: batch + 1 - j, : rows + 1 - j * w] + prefix[j]
+            cand[j:, j * w :] = dp[: batch + 1 - j, : rows + 1 - j * w] + prefix[j]
             better = cand > best
             best[better] = cand[better]
             pick[better] = j
@@ -196,9 +199,18 @@ class RaggedPairCohort(NamedTuple):
     terminal_count: int  # terminal rows filling the prerequisite (the best ones)
 
 
-def best_ragged_pair(new_vals: np.ndarray, new_weights: np.ndarray, ready_vals: np.ndarray,
-                     ready_weights: np.ndarray, terminal: np.ndarray, prereq_batch: int, follow_batch: int,
-                     rows: int, *, min_new: int = 1) -> RaggedPairCohort | None:
+def best_ragged_pair(
+    new_vals: np.ndarray,
+    new_weights: np.ndarray,
+    ready_vals: np.ndarray,
+    ready_weights: np.ndarray,
+    terminal: np.ndarray,
+    prereq_batch: int,
+    follow_batch: int,
+    rows: int,
+    *,
+    min_new: int = 1,
+) -> RaggedPairCohort | None:
     """Exact cohorts for a prerequisite followed by a host-allocated ragged program.
 
     As :func:`best_pair`, with the following program's aggregate row capacity `rows` binding
@@ -236,8 +248,12 @@ def best_ragged_pair(new_vals: np.ndarray, new_weights: np.ndarray, ready_vals: 
             continue
         if best is None or total > best.total + REL_TIE * max(1.0, abs(best.total)):
             r2 = int(r_at[rows - r1])
-            best = RaggedPairCohort(total, new_t.cohort(k, r1), ready_t.cohort(int(j_at[r2]), r2),
-                                    int(min(prereq_batch - k, len(term_s))))
+            best = RaggedPairCohort(
+                total,
+                new_t.cohort(k, r1),
+                ready_t.cohort(int(j_at[r2]), r2),
+                int(min(prereq_batch - k, len(term_s))),
+            )
     return best
 
 
@@ -249,9 +265,18 @@ class AdaptiveCohort(NamedTuple):
     rows: np.ndarray  # i64[n] allocated target rows per lane (0 outside the cohort)
 
 
-def adaptive_ragged(base: np.ndarray, extension: np.ndarray, ceilings: np.ndarray,
-                    alloc_lanes: np.ndarray, alloc_depths: np.ndarray, batch: int, rows: int, *,
-                    new: np.ndarray | None = None, new_bonus: np.ndarray | None = None) -> AdaptiveCohort:
+def adaptive_ragged(
+    base: np.ndarray,
+    extension: np.ndarray,
+    ceilings: np.ndarray,
+    alloc_lanes: np.ndarray,
+    alloc_depths: np.ndarray,
+    batch: int,
+    rows: int,
+    *,
+    new: np.ndarray | None = None,
+    new_bonus: np.ndarray | None = None,
+) -> AdaptiveCohort:
     """Adaptive ragged cohort selection under the three bounded orderings.
 
     Args:
@@ -291,7 +316,9 @@ def adaptive_ragged(base: np.ndarray, extension: np.ndarray, ceilings: np.ndarra
         totals = base_prefix[ms] + taken @ ext_vals
         if new is not None and new_bonus is not None:
             k = np.cumsum(new[order])[ms - 1]
-            totals = totals + np.where(k < len(new_bonus), new_bonus[np.minimum(k, len(new_bonus) - 1)], -np.inf)
+            totals = totals + np.where(
+                k < len(new_bonus), new_bonus[np.minimum(k, len(new_bonus) - 1)], -np.inf
+            )
         i = int(np.argmax(totals))
         if not np.isfinite(totals[i]):
             continue
@@ -314,8 +341,15 @@ class PairCohort(NamedTuple):
     terminal_count: int  # terminal rows filling the prerequisite's remaining capacity
 
 
-def best_pair(new: np.ndarray, ready: np.ndarray, terminal: np.ndarray, prereq_batch: int,
-              follow_batch: int, *, min_new: int = 1) -> PairCohort | None:
+def best_pair(
+    new: np.ndarray,
+    ready: np.ndarray,
+    terminal: np.ndarray,
+    prereq_batch: int,
+    follow_batch: int,
+    *,
+    min_new: int = 1,
+) -> PairCohort | None:
     """Exact cohort choice for a fixed prerequisite shape followed by a fixed inference shape.
 
     Enumerate k, the number of newly ready rows the following graph serves (at least

@@ -5,6 +5,7 @@
 (the ``policy`` package) turns views and the catalog into :class:`Candidate` programs. Both are frozen so
 that a plan can outlive later state changes.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -131,7 +132,7 @@ class Candidate:
     useful_value: float
     log_scale: float
     stale: bool = False
-    following: "Candidate | None" = None  # lookahead only: never executed from this plan
+    following: Candidate | None = None  # lookahead only: never executed from this plan
     sequence_ms: float | None = None  # T + F of a two-stage sequence
 
     @property

@@ -5,6 +5,7 @@ All logic lives in importable modules: ``flags`` parses the command line into a 
 ``helios_jax.runtime.engine.build_real_engine``), and ``app.serve`` binds the port, calls the
 factory, logs startup progress and serves until SIGINT or SIGTERM.
 """
+
 import sys
 
 from absl import app as absl_app

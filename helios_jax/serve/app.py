@@ -27,14 +27,15 @@ readiness during a long preparation. The server never decides which engine it ru
 helios_jax.serve`` passes the factory (``helios_jax.serve.engines.engine_factory``), tests pass
 fakes (``helios_jax.serve.fake``).
 """
+
 from __future__ import annotations
 
 import signal
 import threading
 import time
 import warnings
+from collections.abc import Callable
 from http.server import ThreadingHTTPServer
-from typing import Callable
 
 from helios_jax.runtime.api import Engine
 from helios_jax.serve.flags import ServerConfig
@@ -81,12 +82,17 @@ def build_engine(config: ServerConfig) -> Engine:
     """Deprecated: ``helios_jax.serve.engines.engine_factory(config)()``."""
     from helios_jax.serve.engines import engine_factory
 
-    warnings.warn("helios_jax.serve.app.build_engine is deprecated: pass an engine factory to serve() "
-                  "(helios_jax.serve.engines.engine_factory)", DeprecationWarning, stacklevel=2)
+    warnings.warn(
+        "helios_jax.serve.app.build_engine is deprecated: pass an engine factory to serve() "
+        "(helios_jax.serve.engines.engine_factory)",
+        DeprecationWarning,
+        stacklevel=2,
+    )
     return engine_factory(config)()
 
 
 # -- the process -----------------------------------------------------------------------------------
+
 
 def serve(config: ServerConfig, engine_factory: EngineFactory) -> int:
     """Bind, build the engine with `engine_factory` while ``/health`` answers 503, wait for
@@ -105,7 +111,9 @@ def serve(config: ServerConfig, engine_factory: EngineFactory) -> int:
         signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
     engine = None
     try:
-        what = "fake" if config.engine == "fake" else f"real ({config.engine_options.model or 'embedded model'})"
+        what = (
+            "fake" if config.engine == "fake" else f"real ({config.engine_options.model or 'embedded model'})"
+        )
         info("[2/3] building the %s engine ...", what)
         start = time.monotonic()
         try:
@@ -121,8 +129,12 @@ def serve(config: ServerConfig, engine_factory: EngineFactory) -> int:
             if time.monotonic() >= next_note:
                 info("still waiting for the engine (%.0f s)", time.monotonic() - start)
                 next_note += 10.0
-        info("[3/3] ready: serving model '%s' on %s (%.1f s after start)", server.served_model(), server.url,
-             time.monotonic() - start)
+        info(
+            "[3/3] ready: serving model '%s' on %s (%.1f s after start)",
+            server.served_model(),
+            server.url,
+            time.monotonic() - start,
+        )
         while True:
             time.sleep(3600)
     except KeyboardInterrupt:

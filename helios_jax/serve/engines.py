@@ -5,6 +5,7 @@
 :func:`helios_jax.runtime.engine.build_real_engine` with the engine flags. The real engine's
 module is imported only when that factory is chosen, so the fake never loads jax.
 """
+
 from __future__ import annotations
 
 import functools
@@ -18,8 +19,11 @@ def engine_factory(config: ServerConfig) -> EngineFactory:
     if config.engine == "fake":
         from helios_jax.serve.fake import FakeEngine
 
-        return functools.partial(FakeEngine, max_model_len=config.engine_options.max_model_len or 2048,
-                                 token_delay_s=config.fake_token_delay_ms / 1000.0)
+        return functools.partial(
+            FakeEngine,
+            max_model_len=config.engine_options.max_model_len or 2048,
+            token_delay_s=config.fake_token_delay_ms / 1000.0,
+        )
     from helios_jax.runtime.engine import build_real_engine
 
     return functools.partial(build_real_engine, config.engine_options)

@@ -36,11 +36,12 @@ Generation (:class:`FakeEngine`), for a request with ``max_tokens = M``:
 :meth:`FakeEngine.inject_failure` makes the next request fail at ``submit`` (an exception) or on
 its stream (a ``finish_reason="error"`` event), for the server's error paths.
 """
+
 from __future__ import annotations
 
 import itertools
 import threading
-from typing import Sequence
+from collections.abc import Sequence
 
 from helios_jax.runtime.api import GenerationRequest, RequestStream, StreamEvent
 
@@ -97,13 +98,22 @@ class FakeEngine:
       ready: initial readiness (``set_ready`` toggles it).
     """
 
-    def __init__(self, *, model_name: str = FAKE_MODEL_NAME, max_model_len: int = 2048, mode: str = "cycle",
-                 token_delay_s: float = 0.0, tokens_per_event: int = 1, ready: bool = True):
+    def __init__(
+        self,
+        *,
+        model_name: str = FAKE_MODEL_NAME,
+        max_model_len: int = 2048,
+        mode: str = "cycle",
+        token_delay_s: float = 0.0,
+        tokens_per_event: int = 1,
+        ready: bool = True,
+    ):
         if mode not in ("cycle", "reverse"):
             raise ValueError(f"FakeEngine mode must be 'cycle' or 'reverse', got {mode!r}")
         if tokens_per_event < 1 or max_model_len < 1 or token_delay_s < 0:
-            raise ValueError("FakeEngine: tokens_per_event and max_model_len must be positive, "
-                             "token_delay_s nonnegative")
+            raise ValueError(
+                "FakeEngine: tokens_per_event and max_model_len must be positive, token_delay_s nonnegative"
+            )
         self.model_name = model_name
         self.max_model_len = max_model_len
         self.tokenizer = CharTokenizer()
@@ -137,19 +147,25 @@ class FakeEngine:
             cancel_event = self._cancel_events[request.request_id] = threading.Event()
         stream = RequestStream(request.request_id, cancel_callback=self._on_cancel)
         error = failure[1] if failure is not None else None
-        threading.Thread(target=self._generate, args=(request, stream, cancel_event, error),
-                         name=f"fake-{request.request_id}", daemon=True).start()
+        threading.Thread(
+            target=self._generate,
+            args=(request, stream, cancel_event, error),
+            name=f"fake-{request.request_id}",
+            daemon=True,
+        ).start()
         return stream
 
     def metrics_text(self) -> str:
         with self._lock:
             submitted, cancelled = len(self._submitted), len(self._cancelled)
-        return ("# HELP helios_fake_engine_requests_total Requests the fake engine accepted.\n"
-                "# TYPE helios_fake_engine_requests_total counter\n"
-                f"helios_fake_engine_requests_total {submitted}\n"
-                "# HELP helios_fake_engine_cancellations_total Requests cancelled by their stream.\n"
-                "# TYPE helios_fake_engine_cancellations_total counter\n"
-                f"helios_fake_engine_cancellations_total {cancelled}\n")
+        return (
+            "# HELP helios_fake_engine_requests_total Requests the fake engine accepted.\n"
+            "# TYPE helios_fake_engine_requests_total counter\n"
+            f"helios_fake_engine_requests_total {submitted}\n"
+            "# HELP helios_fake_engine_cancellations_total Requests cancelled by their stream.\n"
+            "# TYPE helios_fake_engine_cancellations_total counter\n"
+            f"helios_fake_engine_cancellations_total {cancelled}\n"
+        )
 
     def shutdown(self) -> None:
         self._shutdown.set()
@@ -178,8 +194,10 @@ class FakeEngine:
 
     def wait_for_cancel(self, request_id: str | None = None, timeout: float = 5.0) -> bool:
         """Block until `request_id` (or any request) is cancelled; False on timeout."""
+
         def done():
             return request_id in self._cancelled if request_id is not None else bool(self._cancelled)
+
         with self._lock:
             return self._lock.wait_for(done, timeout=timeout)
 
@@ -197,8 +215,9 @@ class FakeEngine:
             return self.tokenizer.decode(request.prompt_tokens)[::-1]
         return CYCLE_TEXT
 
-    def _generate(self, request: GenerationRequest, stream: RequestStream, cancel: threading.Event,
-                  error: str | None) -> None:
+    def _generate(
+        self, request: GenerationRequest, stream: RequestStream, cancel: threading.Event, error: str | None
+    ) -> None:
         sampling = request.sampling
         n_prompt = len(request.prompt_tokens)
         counts = dict(prompt_tokens=n_prompt)
@@ -214,11 +233,17 @@ class FakeEngine:
 
             def emit(text_end: int, finish: str | None):
                 nonlocal emitted, pending, prompt_logprobs
-                stream.put(StreamEvent(
-                    text=generated[emitted:text_end], token_ids=tuple(pending), finish_reason=finish,
-                    completion_tokens=len(generated), token_logprobs=(
-                        (TOKEN_LOGPROB,) * len(pending) if sampling.logprobs else None),
-                    prompt_logprobs=prompt_logprobs, **counts))
+                stream.put(
+                    StreamEvent(
+                        text=generated[emitted:text_end],
+                        token_ids=tuple(pending),
+                        finish_reason=finish,
+                        completion_tokens=len(generated),
+                        token_logprobs=((TOKEN_LOGPROB,) * len(pending) if sampling.logprobs else None),
+                        prompt_logprobs=prompt_logprobs,
+                        **counts,
+                    )
+                )
                 emitted, pending, prompt_logprobs = text_end, [], None
 
             for i, char in zip(range(sampling.max_tokens), itertools.cycle(source or " ")):

@@ -18,6 +18,7 @@ The spec's hyphenated flags (``--scheduler-policy``) are spelled with underscore
 :func:`define_flags` registers everything on a ``FlagValues`` (``__main__`` uses the global
 ``absl.flags.FLAGS``), so tests parse their own argument lists without touching global state.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -67,8 +68,12 @@ class ServerConfig:
         if self.served_model_name is not None and not self.served_model_name.strip():
             _fail("served_model_name", "must not be empty when given")
         delay = self.fake_token_delay_ms
-        if isinstance(delay, bool) or not isinstance(delay, (int, float)) or not math.isfinite(delay) \
-                or delay < 0:
+        if (
+            isinstance(delay, bool)
+            or not isinstance(delay, (int, float))
+            or not math.isfinite(delay)
+            or delay < 0
+        ):
             _fail("fake_token_delay_ms", f"must be finite and nonnegative, got {delay!r}")
 
 
@@ -76,14 +81,22 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     """Register the server's flags and the engine's (``EngineOptions.define_flags``) on `flag_values`."""
     fv = flag_values
     flags.DEFINE_string("host", "127.0.0.1", "Address to listen on.", flag_values=fv)
-    flags.DEFINE_integer("port", 8000, "Port to listen on (0: a free port, logged at startup).",
-                         flag_values=fv)
-    flags.DEFINE_string("api_key", None, "Require 'Authorization: Bearer <key>' on /v1/* when set.",
-                        flag_values=fv)
-    flags.DEFINE_enum("engine", "real", list(ENGINES), "real: helios_jax.runtime.engine; fake: the "
-                      "deterministic fake engine of helios_jax.serve.fake.", flag_values=fv)
-    flags.DEFINE_string("served_model_name", None, "Model name clients use (default: the engine's).",
-                        flag_values=fv)
+    flags.DEFINE_integer(
+        "port", 8000, "Port to listen on (0: a free port, logged at startup).", flag_values=fv
+    )
+    flags.DEFINE_string(
+        "api_key", None, "Require 'Authorization: Bearer <key>' on /v1/* when set.", flag_values=fv
+    )
+    flags.DEFINE_enum(
+        "engine",
+        "real",
+        list(ENGINES),
+        "real: helios_jax.runtime.engine; fake: the deterministic fake engine of helios_jax.serve.fake.",
+        flag_values=fv,
+    )
+    flags.DEFINE_string(
+        "served_model_name", None, "Model name clients use (default: the engine's).", flag_values=fv
+    )
     flags.DEFINE_float("fake_token_delay_ms", 0.0, "Per-token delay of --engine=fake, in ms.", flag_values=fv)
     EngineOptions.define_flags(flag_values)
 
@@ -91,6 +104,12 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
 def config_from_flags(flag_values: flags.FlagValues = flags.FLAGS) -> ServerConfig:
     """The parsed flags as a validated :class:`ServerConfig` (ValueError names the bad flag)."""
     f = flag_values
-    return ServerConfig(host=f.host, port=f.port, api_key=f.api_key, engine=f.engine,
-                        served_model_name=f.served_model_name, fake_token_delay_ms=f.fake_token_delay_ms,
-                        engine_options=EngineOptions.from_flags(f))
+    return ServerConfig(
+        host=f.host,
+        port=f.port,
+        api_key=f.api_key,
+        engine=f.engine,
+        served_model_name=f.served_model_name,
+        fake_token_delay_ms=f.fake_token_delay_ms,
+        engine_options=EngineOptions.from_flags(f),
+    )

@@ -7,6 +7,7 @@ A generation request is parsed by ``openai_protocol``, submitted to the engine, 
 :class:`helios_jax.serve.streaming.GenerationResponse`; while it waits for events the handler
 peeks at the socket, so a client that hangs up is noticed and its request cancelled.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -102,8 +103,9 @@ class RequestHandler(BaseHTTPRequestHandler):
     def _read_body(self) -> bytes:
         if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
             self.close_connection = True
-            raise proto.ApiError(411, "chunked request bodies are not supported; send Content-Length",
-                                 code="length_required")
+            raise proto.ApiError(
+                411, "chunked request bodies are not supported; send Content-Length", code="length_required"
+            )
         try:
             length = int(self.headers.get("Content-Length") or 0)
         except ValueError:
@@ -111,8 +113,9 @@ class RequestHandler(BaseHTTPRequestHandler):
             raise proto.bad_request("invalid Content-Length header") from None
         if length < 0 or length > MAX_BODY_BYTES:
             self.close_connection = True  # the body stays unread
-            raise proto.ApiError(413, f"request bodies are limited to {MAX_BODY_BYTES} bytes",
-                                 code="request_too_large")
+            raise proto.ApiError(
+                413, f"request bodies are limited to {MAX_BODY_BYTES} bytes", code="request_too_large"
+            )
         return self.rfile.read(length) if length else b""
 
     def _authorize(self) -> None:
@@ -122,8 +125,9 @@ class RequestHandler(BaseHTTPRequestHandler):
         header = self.headers.get("Authorization", "")
         scheme, _, supplied = header.partition(" ")
         if not header:
-            raise proto.ApiError(401, "missing API key: send 'Authorization: Bearer <key>'",
-                                 code="invalid_api_key")
+            raise proto.ApiError(
+                401, "missing API key: send 'Authorization: Bearer <key>'", code="invalid_api_key"
+            )
         # Digests first, so that compare_digest's constant time covers the key's length as well.
         supplied_digest = hashlib.sha256(supplied.strip().encode()).digest()
         key_digest = hashlib.sha256(key.encode()).digest()
@@ -176,19 +180,29 @@ class RequestHandler(BaseHTTPRequestHandler):
         body = proto.parse_json_body(self._body)
         parse = proto.parse_chat_request if chat else proto.parse_completion_request
         try:
-            request = parse(body, tokenizer=engine.tokenizer, served_model=self.server.served_model(),
-                            max_model_len=engine.max_model_len)
+            request = parse(
+                body,
+                tokenizer=engine.tokenizer,
+                served_model=self.server.served_model(),
+                max_model_len=engine.max_model_len,
+            )
         except ValueError as e:  # SamplingParams' own checks, should the protocol layer miss one
             raise proto.bad_request(str(e)) from None
         request_id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
-        generation = GenerationRequest(request_id=request_id, prompt_tokens=request.prompt_tokens,
-                                       sampling=request.sampling, message_endpoints=request.message_endpoints)
+        generation = GenerationRequest(
+            request_id=request_id,
+            prompt_tokens=request.prompt_tokens,
+            sampling=request.sampling,
+            message_endpoints=request.message_endpoints,
+        )
         try:
             stream = engine.submit(generation)
         except Exception as e:
             log.exception("engine.submit failed for %s", request_id)
             self.server.metrics.finished.inc(reason="error")
-            raise proto.ApiError(500, f"the engine failed to accept the request: {e}", code="engine_error") from e
+            raise proto.ApiError(
+                500, f"the engine failed to accept the request: {e}", code="engine_error"
+            ) from e
         run = GenerationResponse(self, engine, request, request_id)
         metrics = self.server.metrics
         metrics.running.inc()
@@ -295,7 +309,9 @@ class RequestHandler(BaseHTTPRequestHandler):
         text = message or self.responses.get(code, ("error",))[0]
         if explain:
             text = f"{text}: {explain}"
-        self._send_error_object(proto.ApiError(code, text, code="bad_http_request" if code < 500 else "http_error"))
+        self._send_error_object(
+            proto.ApiError(code, text, code="bad_http_request" if code < 500 else "http_error")
+        )
 
     def log_message(self, format, *args):  # noqa: A002 (BaseHTTPRequestHandler's signature)
         log.debug("%s - %s", self.address_string(), format % args)

@@ -17,13 +17,15 @@ renders cumulative buckets::
 :func:`render_scheduler_stats` writes the scheduler's series (the spec's ``flare_*`` counters as
 ``helios_*``) from a ``Scheduler.stats()`` snapshot; the engine's ``metrics_text()`` uses it.
 """
+
 from __future__ import annotations
 
 import bisect
 import math
 import re
 import threading
-from typing import TYPE_CHECKING, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from helios_jax.scheduler.stats import SchedulerStats
@@ -103,7 +105,9 @@ class Counter(_Family):
             items = sorted(self._children.items())
         if not items and not self.labels:
             items = [((), 0.0)]
-        return self.header() + [f"{self.name}{_label_text(self.labels, k)} {_format_value(v)}" for k, v in items]
+        return self.header() + [
+            f"{self.name}{_label_text(self.labels, k)} {_format_value(v)}" for k, v in items
+        ]
 
 
 class Gauge(Counter):
@@ -193,7 +197,9 @@ class Registry:
     def gauge(self, name: str, help_text: str, labels: Sequence[str] = ()) -> Gauge:
         return self._add(Gauge(name, help_text, labels))
 
-    def histogram(self, name: str, help_text: str, buckets: Iterable[float], labels: Sequence[str] = ()) -> Histogram:
+    def histogram(
+        self, name: str, help_text: str, buckets: Iterable[float], labels: Sequence[str] = ()
+    ) -> Histogram:
         return self._add(Histogram(name, help_text, buckets, labels))
 
     def render(self) -> str:
@@ -206,12 +212,71 @@ class Registry:
 
 
 # Latency buckets in seconds: sub-millisecond CPU fakes up to minute-long generations.
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-                20.0, 40.0, 80.0)
-ITL_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15,
-               0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
-E2E_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
-               120.0, 240.0, 480.0)
+TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+ITL_BUCKETS = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.015,
+    0.02,
+    0.025,
+    0.03,
+    0.04,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+)
+E2E_BUCKETS = (
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+)
 
 
 class ServerMetrics:
@@ -235,20 +300,28 @@ class ServerMetrics:
     def __init__(self):
         self.registry = Registry()
         r = self.registry
-        self.http_requests = r.counter("helios_http_requests_total", "HTTP responses by endpoint and status.",
-                                       ("endpoint", "status"))
-        self.finished = r.counter("helios_requests_finished_total", "Generation requests by finish reason.",
-                                  ("reason",))
+        self.http_requests = r.counter(
+            "helios_http_requests_total", "HTTP responses by endpoint and status.", ("endpoint", "status")
+        )
+        self.finished = r.counter(
+            "helios_requests_finished_total", "Generation requests by finish reason.", ("reason",)
+        )
         self.running = r.gauge("helios_requests_running", "Generation requests submitted and not finished.")
         self.prompt_tokens = r.counter("helios_prompt_tokens_total", "Prompt tokens of finished requests.")
-        self.completion_tokens = r.counter("helios_completion_tokens_total",
-                                           "Completion tokens of finished requests.")
-        self.ttft = r.histogram("helios_time_to_first_token_seconds",
-                                "Request arrival to the first visible token.", TTFT_BUCKETS)
-        self.itl = r.histogram("helios_inter_token_latency_seconds",
-                               "Time between visible bursts, per output token.", ITL_BUCKETS)
-        self.e2e = r.histogram("helios_e2e_request_latency_seconds",
-                               "Request arrival to the final event.", E2E_BUCKETS)
+        self.completion_tokens = r.counter(
+            "helios_completion_tokens_total", "Completion tokens of finished requests."
+        )
+        self.ttft = r.histogram(
+            "helios_time_to_first_token_seconds", "Request arrival to the first visible token.", TTFT_BUCKETS
+        )
+        self.itl = r.histogram(
+            "helios_inter_token_latency_seconds",
+            "Time between visible bursts, per output token.",
+            ITL_BUCKETS,
+        )
+        self.e2e = r.histogram(
+            "helios_e2e_request_latency_seconds", "Request arrival to the final event.", E2E_BUCKETS
+        )
 
     def record_response(self, path: str, status: int) -> None:
         endpoint = path if path in self.ENDPOINTS else "other"  # bounded label cardinality
@@ -260,34 +333,49 @@ class ServerMetrics:
 
 def render_scheduler_stats(stats: SchedulerStats) -> str:
     """Prometheus exposition of a scheduler snapshot (the spec's flare_* as helios_*)."""
-    lines = ["# HELP helios_scheduler_executions_total Executions by accounting class.",
-             "# TYPE helios_scheduler_executions_total counter"]
+    lines = [
+        "# HELP helios_scheduler_executions_total Executions by accounting class.",
+        "# TYPE helios_scheduler_executions_total counter",
+    ]
     lines += [f'helios_scheduler_executions_total{{class="{c}"}} {n}' for c, n in stats.executions]
-    lines += ["# HELP helios_scheduler_execution_nanoseconds_total Raw execution time by accounting class.",
-              "# TYPE helios_scheduler_execution_nanoseconds_total counter"]
-    lines += [f'helios_scheduler_execution_nanoseconds_total{{class="{c}"}} {ns}'
-              for c, ns in stats.execution_ns]
-    lines += ["# HELP helios_scheduler_selections_total Committed plans by program kind.",
-              "# TYPE helios_scheduler_selections_total counter"]
+    lines += [
+        "# HELP helios_scheduler_execution_nanoseconds_total Raw execution time by accounting class.",
+        "# TYPE helios_scheduler_execution_nanoseconds_total counter",
+    ]
+    lines += [
+        f'helios_scheduler_execution_nanoseconds_total{{class="{c}"}} {ns}' for c, ns in stats.execution_ns
+    ]
+    lines += [
+        "# HELP helios_scheduler_selections_total Committed plans by program kind.",
+        "# TYPE helios_scheduler_selections_total counter",
+    ]
     lines += [f'helios_scheduler_selections_total{{kind="{k}"}} {n}' for k, n in stats.selections]
-    lines += ["# HELP helios_speculative_programs_total "
-              "Complete speculative programs (not producer or target calls).",
-              "# TYPE helios_speculative_programs_total counter",
-              f"helios_speculative_programs_total {stats.speculative_programs}",
-              "# TYPE helios_speculative_drafts_offered_total counter",
-              f"helios_speculative_drafts_offered_total {stats.drafts_offered}",
-              "# TYPE helios_speculative_learned_draws_total counter",
-              f"helios_speculative_learned_draws_total {stats.learned_draws}",
-              "# TYPE helios_speculative_drafts_accepted_total counter",
-              f"helios_speculative_drafts_accepted_total {stats.drafts_accepted}",
-              "# TYPE helios_speculative_accepted_by_position_total counter"]
-    lines += [f'helios_speculative_accepted_by_position_total{{position="{d}"}} {n}'
-              for d, n in stats.accepted_by_position]
+    lines += [
+        "# HELP helios_speculative_programs_total "
+        "Complete speculative programs (not producer or target calls).",
+        "# TYPE helios_speculative_programs_total counter",
+        f"helios_speculative_programs_total {stats.speculative_programs}",
+        "# TYPE helios_speculative_drafts_offered_total counter",
+        f"helios_speculative_drafts_offered_total {stats.drafts_offered}",
+        "# TYPE helios_speculative_learned_draws_total counter",
+        f"helios_speculative_learned_draws_total {stats.learned_draws}",
+        "# TYPE helios_speculative_drafts_accepted_total counter",
+        f"helios_speculative_drafts_accepted_total {stats.drafts_accepted}",
+        "# TYPE helios_speculative_accepted_by_position_total counter",
+    ]
+    lines += [
+        f'helios_speculative_accepted_by_position_total{{position="{d}"}} {n}'
+        for d, n in stats.accepted_by_position
+    ]
     lines += ["# TYPE helios_speculative_offered_by_position_total counter"]
-    lines += [f'helios_speculative_offered_by_position_total{{position="{d}"}} {n}'
-              for d, n in stats.offered_by_position]
-    lines += ["# TYPE helios_scheduler_refresh_credit_ms gauge",
-              f"helios_scheduler_refresh_credit_ms {stats.refresh_credit_ms}",
-              "# TYPE helios_scheduler_learning_credit_ms gauge",
-              f"helios_scheduler_learning_credit_ms {stats.learning_credit_ms}"]
+    lines += [
+        f'helios_speculative_offered_by_position_total{{position="{d}"}} {n}'
+        for d, n in stats.offered_by_position
+    ]
+    lines += [
+        "# TYPE helios_scheduler_refresh_credit_ms gauge",
+        f"helios_scheduler_refresh_credit_ms {stats.refresh_credit_ms}",
+        "# TYPE helios_scheduler_learning_credit_ms gauge",
+        f"helios_scheduler_learning_credit_ms {stats.learning_credit_ms}",
+    ]
     return "\n".join(lines) + "\n"

@@ -20,12 +20,13 @@ alternatives. Completions therefore accept ``logprobs=0`` (each token's own log-
 ``top_logprobs`` holding just that token) and chat accepts ``logprobs: true`` with
 ``top_logprobs`` absent or 0; asking for alternatives is a 400 rather than a silently short list.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import json
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 from helios_jax.runtime.api import SamplingParams, Tokenizer
 
@@ -37,8 +38,15 @@ CHAT_ROLES = ("system", "user", "assistant")
 class ApiError(Exception):
     """An error response: HTTP status plus the OpenAI error object's fields."""
 
-    def __init__(self, status: int, message: str, *, type: str | None = None, param: str | None = None,
-                 code: str | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str | None = None,
+        param: str | None = None,
+        code: str | None = None,
+    ):
         super().__init__(message)
         self.status = status
         self.message = message
@@ -64,6 +72,7 @@ def unsupported(message: str, param: str) -> ApiError:
 
 # -- JSON and field types ------------------------------------------------------------------------
 
+
 def _reject_constant(name: str):
     raise bad_request(f"invalid JSON: {name} is not a JSON number", code="invalid_json")
 
@@ -77,8 +86,9 @@ def parse_json_body(raw: bytes) -> dict:
     except json.JSONDecodeError as e:
         raise bad_request(f"the request body is not valid JSON: {e}", code="invalid_json") from None
     if not isinstance(body, dict):
-        raise bad_request(f"the request body must be a JSON object, got {type(body).__name__}",
-                          code="invalid_json")
+        raise bad_request(
+            f"the request body must be a JSON object, got {type(body).__name__}", code="invalid_json"
+        )
     return body
 
 
@@ -126,22 +136,64 @@ def _opt_number(body: dict, name: str, default: float) -> float:
 
 # Fields accepted and ignored: bookkeeping that changes nothing about the generated text.
 _IGNORED = {"user", "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key"}
-_GRAMMAR_FIELDS = ("response_format", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
-                   "guided_decoding_backend", "structured_outputs", "grammar")
-_COMMON = {"model", "stream", "stream_options", "temperature", "top_p", "top_k", "seed", "max_tokens",
-           "stop", "n", "logprobs", "logit_bias", "presence_penalty", "frequency_penalty",
-           "repetition_penalty", *_GRAMMAR_FIELDS, *_IGNORED}
+_GRAMMAR_FIELDS = (
+    "response_format",
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
+    "guided_grammar",
+    "guided_decoding_backend",
+    "structured_outputs",
+    "grammar",
+)
+_COMMON = {
+    "model",
+    "stream",
+    "stream_options",
+    "temperature",
+    "top_p",
+    "top_k",
+    "seed",
+    "max_tokens",
+    "stop",
+    "n",
+    "logprobs",
+    "logit_bias",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    *_GRAMMAR_FIELDS,
+    *_IGNORED,
+}
 COMPLETION_FIELDS = frozenset(_COMMON | {"prompt", "echo", "best_of", "suffix"})
-CHAT_FIELDS = frozenset(_COMMON | {"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice",
-                                   "functions", "function_call", "parallel_tool_calls", "modalities", "audio",
-                                   "prediction", "reasoning_effort", "web_search_options"})
+CHAT_FIELDS = frozenset(
+    _COMMON
+    | {
+        "messages",
+        "max_completion_tokens",
+        "top_logprobs",
+        "tools",
+        "tool_choice",
+        "functions",
+        "function_call",
+        "parallel_tool_calls",
+        "modalities",
+        "audio",
+        "prediction",
+        "reasoning_effort",
+        "web_search_options",
+    }
+)
 
 
 def _check_unsupported(body: dict, allowed: frozenset) -> None:
     unknown = sorted(k for k in body if k not in allowed)
     if unknown:
-        raise bad_request(f"unrecognized request argument(s): {', '.join(unknown)}", param=unknown[0],
-                          code="unrecognized_argument")
+        raise bad_request(
+            f"unrecognized request argument(s): {', '.join(unknown)}",
+            param=unknown[0],
+            code="unrecognized_argument",
+        )
     n = _opt_int(body, "n", 1)
     if n < 1:
         raise bad_request(f"'n' must be at least 1, got {n}", param="n")
@@ -160,8 +212,11 @@ def _check_unsupported(body: dict, allowed: frozenset) -> None:
             raise unsupported(f"{name} is not supported (tool and function calling)", name)
     response_format = body.get("response_format")
     if response_format is not None and response_format != {"type": "text"}:
-        raise unsupported("response_format (JSON mode, structured and grammar-constrained output) is not "
-                          "supported; only {\"type\": \"text\"}", "response_format")
+        raise unsupported(
+            "response_format (JSON mode, structured and grammar-constrained output) is not "
+            'supported; only {"type": "text"}',
+            "response_format",
+        )
     for name in _GRAMMAR_FIELDS[1:]:
         if body.get(name) is not None:
             raise unsupported(f"{name}: grammar-constrained output is not supported", name)
@@ -181,6 +236,7 @@ def _check_unsupported(body: dict, allowed: frozenset) -> None:
 
 
 # -- the parsed request ----------------------------------------------------------------------------
+
 
 @dataclasses.dataclass(frozen=True)
 class ParsedRequest:
@@ -216,8 +272,12 @@ def _check_model(body: dict, served_model: str) -> str:
     if not isinstance(model, str):
         raise _type_error("model", "a string", model)
     if model != served_model:
-        raise ApiError(404, f"The model '{model}' does not exist; this server serves '{served_model}'.",
-                       param="model", code="model_not_found")
+        raise ApiError(
+            404,
+            f"The model '{model}' does not exist; this server serves '{served_model}'.",
+            param="model",
+            code="model_not_found",
+        )
     return model
 
 
@@ -232,7 +292,9 @@ def _parse_stream(body: dict) -> tuple[bool, bool]:
         raise _type_error("stream_options", "an object", options)
     unknown = sorted(set(options) - {"include_usage", "include_obfuscation"})
     if unknown:
-        raise bad_request(f"unrecognized stream_options field(s): {', '.join(unknown)}", param="stream_options")
+        raise bad_request(
+            f"unrecognized stream_options field(s): {', '.join(unknown)}", param="stream_options"
+        )
     include_usage = options.get("include_usage")
     if include_usage is not None and not isinstance(include_usage, bool):
         raise _type_error("stream_options.include_usage", "a boolean", include_usage)
@@ -249,7 +311,9 @@ def _parse_stop(body: dict) -> tuple[str, ...]:
     if any(not s for s in stops):
         raise bad_request("stop strings must not be empty", param="stop")
     if len(stops) > MAX_STOP_STRINGS:
-        raise bad_request(f"at most {MAX_STOP_STRINGS} stop strings are supported, got {len(stops)}", param="stop")
+        raise bad_request(
+            f"at most {MAX_STOP_STRINGS} stop strings are supported, got {len(stops)}", param="stop"
+        )
     return tuple(dict.fromkeys(stops))  # deduplicated, in order
 
 
@@ -262,7 +326,9 @@ def _sampling_fields(body: dict) -> dict:
         raise bad_request(f"'top_p' must lie in (0, 1], got {top_p}", param="top_p")
     top_k = _opt_int(body, "top_k", 0)
     if top_k < -1:
-        raise bad_request(f"'top_k' must be -1, 0 (both: no restriction) or positive, got {top_k}", param="top_k")
+        raise bad_request(
+            f"'top_k' must be -1, 0 (both: no restriction) or positive, got {top_k}", param="top_k"
+        )
     seed = _opt_int(body, "seed")
     if seed is not None and not -(2**63) <= seed < 2**64:
         raise bad_request("'seed' must fit in 64 bits", param="seed")
@@ -285,12 +351,18 @@ def _fit_context(prompt_len: int, max_tokens: int | None, max_model_len: int, pa
         if max_tokens <= 0:
             raise bad_request(
                 f"This model's maximum context length is {max_model_len} tokens; the prompt has {prompt_len} "
-                "tokens and leaves no room for output.", param=param, code="context_length_exceeded")
+                "tokens and leaves no room for output.",
+                param=param,
+                code="context_length_exceeded",
+            )
     elif prompt_len + max_tokens > max_model_len:
         raise bad_request(
             f"This model's maximum context length is {max_model_len} tokens. However, you requested "
             f"{prompt_len + max_tokens} tokens ({prompt_len} in the prompt, {max_tokens} for the completion). "
-            "Please reduce the prompt or max_tokens.", param=param, code="context_length_exceeded")
+            "Please reduce the prompt or max_tokens.",
+            param=param,
+            code="context_length_exceeded",
+        )
     return max_tokens
 
 
@@ -318,8 +390,9 @@ def _completion_prompt(body: dict, tokenizer: Tokenizer) -> tuple[int, ...]:
     raise _type_error("prompt", "a string or a list of token ids", prompt)
 
 
-def parse_completion_request(body: dict, *, tokenizer: Tokenizer, served_model: str,
-                             max_model_len: int) -> ParsedRequest:
+def parse_completion_request(
+    body: dict, *, tokenizer: Tokenizer, served_model: str, max_model_len: int
+) -> ParsedRequest:
     """Validate a ``/v1/completions`` body (see the module docstring for the order)."""
     fields = _sampling_fields(body)
     stream, include_usage = _parse_stream(body)
@@ -330,16 +403,32 @@ def parse_completion_request(body: dict, *, tokenizer: Tokenizer, served_model: 
     max_tokens = _positive_max_tokens(body, "max_tokens")
     _check_unsupported(body, COMPLETION_FIELDS)
     if logprobs is not None and logprobs > 0:
-        raise unsupported("logprobs > 0 (top alternatives) is not supported; logprobs=0 returns each "
-                          "token's own log-probability", "logprobs")
+        raise unsupported(
+            "logprobs > 0 (top alternatives) is not supported; logprobs=0 returns each "
+            "token's own log-probability",
+            "logprobs",
+        )
     model = _check_model(body, served_model)
     prompt_tokens = _completion_prompt(body, tokenizer)
-    max_tokens = _fit_context(len(prompt_tokens), max_tokens or COMPLETIONS_DEFAULT_MAX_TOKENS, max_model_len,
-                              "prompt")
-    sampling = SamplingParams(max_tokens=max_tokens, prompt_logprobs=echo and logprobs is not None,
-                              logprobs=logprobs is not None, **fields)
-    return ParsedRequest(chat=False, model=model, prompt_tokens=prompt_tokens, sampling=sampling, stream=stream,
-                         include_usage=include_usage, echo=echo, logprobs=logprobs is not None)
+    max_tokens = _fit_context(
+        len(prompt_tokens), max_tokens or COMPLETIONS_DEFAULT_MAX_TOKENS, max_model_len, "prompt"
+    )
+    sampling = SamplingParams(
+        max_tokens=max_tokens,
+        prompt_logprobs=echo and logprobs is not None,
+        logprobs=logprobs is not None,
+        **fields,
+    )
+    return ParsedRequest(
+        chat=False,
+        model=model,
+        prompt_tokens=prompt_tokens,
+        sampling=sampling,
+        stream=stream,
+        include_usage=include_usage,
+        echo=echo,
+        logprobs=logprobs is not None,
+    )
 
 
 def _message_content(index: int, content: object) -> str:
@@ -349,10 +438,17 @@ def _message_content(index: int, content: object) -> str:
     if isinstance(content, list):
         texts = []
         for part in content:
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+            if (
+                not isinstance(part, dict)
+                or part.get("type") != "text"
+                or not isinstance(part.get("text"), str)
+            ):
                 kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                raise unsupported(f"only text content is supported; {param} has a '{kind}' part "
-                                  "(images, audio and files are not supported)", param)
+                raise unsupported(
+                    f"only text content is supported; {param} has a '{kind}' part "
+                    "(images, audio and files are not supported)",
+                    param,
+                )
             texts.append(part["text"])
         return "".join(texts)
     raise _type_error(param, "a string or a list of text parts", content)
@@ -372,20 +468,24 @@ def _chat_messages(body: dict) -> list[dict]:
             raise _type_error(f"messages[{i}]", "an object", message)
         role = message.get("role")
         if role not in CHAT_ROLES:
-            raise bad_request(f"messages[{i}].role must be one of {', '.join(CHAT_ROLES)}, got {role!r}",
-                              param=f"messages[{i}].role")
+            raise bad_request(
+                f"messages[{i}].role must be one of {', '.join(CHAT_ROLES)}, got {role!r}",
+                param=f"messages[{i}].role",
+            )
         for name in ("tool_calls", "function_call", "audio"):
             if message.get(name) is not None:
                 raise unsupported(f"messages[{i}].{name} is not supported", f"messages[{i}].{name}")
         if "content" not in message:
-            raise bad_request(f"messages[{i}] has no 'content'", param=f"messages[{i}].content",
-                              code="missing_field")
+            raise bad_request(
+                f"messages[{i}] has no 'content'", param=f"messages[{i}].content", code="missing_field"
+            )
         out.append({"role": role, "content": _message_content(i, message["content"])})
     return out
 
 
-def parse_chat_request(body: dict, *, tokenizer: Tokenizer, served_model: str,
-                       max_model_len: int) -> ParsedRequest:
+def parse_chat_request(
+    body: dict, *, tokenizer: Tokenizer, served_model: str, max_model_len: int
+) -> ParsedRequest:
     """Validate a ``/v1/chat/completions`` body; the prompt is the tokenizer's chat template."""
     fields = _sampling_fields(body)
     stream, include_usage = _parse_stream(body)
@@ -400,27 +500,43 @@ def parse_chat_request(body: dict, *, tokenizer: Tokenizer, served_model: str,
         if top_logprobs < 0:
             raise bad_request(f"'top_logprobs' must be nonnegative, got {top_logprobs}", param="top_logprobs")
         if top_logprobs > 0:
-            raise unsupported("top_logprobs > 0 (alternatives) is not supported; logprobs=true returns each "
-                              "token's own log-probability", "top_logprobs")
+            raise unsupported(
+                "top_logprobs > 0 (alternatives) is not supported; logprobs=true returns each "
+                "token's own log-probability",
+                "top_logprobs",
+            )
     model = _check_model(body, served_model)
     messages = _chat_messages(body)
     prompt_tokens, endpoints = tokenizer.apply_chat_template(messages)
     budget = max_completion_tokens if max_completion_tokens is not None else max_tokens
     budget = _fit_context(len(prompt_tokens), budget, max_model_len, "messages")
     sampling = SamplingParams(max_tokens=budget, logprobs=logprobs, **fields)
-    return ParsedRequest(chat=True, model=model, prompt_tokens=tuple(prompt_tokens), sampling=sampling,
-                         message_endpoints=tuple(endpoints), stream=stream, include_usage=include_usage,
-                         logprobs=logprobs)
+    return ParsedRequest(
+        chat=True,
+        model=model,
+        prompt_tokens=tuple(prompt_tokens),
+        sampling=sampling,
+        message_endpoints=tuple(endpoints),
+        stream=stream,
+        include_usage=include_usage,
+        logprobs=logprobs,
+    )
 
 
 # -- response builders ---------------------------------------------------------------------------
 
+
 def usage(prompt_tokens: int, completion_tokens: int) -> dict:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
 
 
-def completion_logprobs(tokens: Sequence[str], logprobs: Sequence[float | None], text_offset: int = 0) -> dict:
+def completion_logprobs(
+    tokens: Sequence[str], logprobs: Sequence[float | None], text_offset: int = 0
+) -> dict:
     """The completions ``logprobs`` object; `text_offset` is where the first token starts in the
     returned text. Example: tokens ("a", "b"), logprobs (None, -1.0), offset 0 ->
     ``{"tokens": ["a", "b"], "token_logprobs": [None, -1.0], "top_logprobs": [None, {"b": -1.0}],
@@ -429,45 +545,110 @@ def completion_logprobs(tokens: Sequence[str], logprobs: Sequence[float | None],
     for token in tokens:
         offsets.append(text_offset)
         text_offset += len(token)
-    return {"tokens": list(tokens), "token_logprobs": list(logprobs),
-            "top_logprobs": [None if lp is None else {t: lp} for t, lp in zip(tokens, logprobs, strict=True)],
-            "text_offset": offsets}
+    return {
+        "tokens": list(tokens),
+        "token_logprobs": list(logprobs),
+        "top_logprobs": [None if lp is None else {t: lp} for t, lp in zip(tokens, logprobs, strict=True)],
+        "text_offset": offsets,
+    }
 
 
 def chat_logprobs(tokens: Sequence[str], logprobs: Sequence[float | None]) -> dict:
     """The chat ``logprobs`` object: one entry per token with its UTF-8 bytes, no alternatives."""
-    return {"content": [{"token": t, "logprob": lp, "bytes": list(t.encode("utf-8", "surrogatepass")),
-                         "top_logprobs": []} for t, lp in zip(tokens, logprobs, strict=True)]}
+    return {
+        "content": [
+            {"token": t, "logprob": lp, "bytes": list(t.encode("utf-8", "surrogatepass")), "top_logprobs": []}
+            for t, lp in zip(tokens, logprobs, strict=True)
+        ]
+    }
 
 
-def completion_response(*, id: str, created: int, model: str, text: str, finish_reason: str | None,
-                        usage_: dict, logprobs: dict | None = None) -> dict:
-    return {"id": id, "object": "text_completion", "created": created, "model": model,
-            "choices": [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}],
-            "usage": usage_}
+def completion_response(
+    *,
+    id: str,
+    created: int,
+    model: str,
+    text: str,
+    finish_reason: str | None,
+    usage_: dict,
+    logprobs: dict | None = None,
+) -> dict:
+    return {
+        "id": id,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}],
+        "usage": usage_,
+    }
 
 
-def chat_response(*, id: str, created: int, model: str, text: str, finish_reason: str | None,
-                  usage_: dict, logprobs: dict | None = None) -> dict:
-    return {"id": id, "object": "chat.completion", "created": created, "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                         "logprobs": logprobs, "finish_reason": finish_reason}],
-            "usage": usage_}
+def chat_response(
+    *,
+    id: str,
+    created: int,
+    model: str,
+    text: str,
+    finish_reason: str | None,
+    usage_: dict,
+    logprobs: dict | None = None,
+) -> dict:
+    return {
+        "id": id,
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": logprobs,
+                "finish_reason": finish_reason,
+            }
+        ],
+        "usage": usage_,
+    }
 
 
-def completion_chunk(*, id: str, created: int, model: str, text: str, finish_reason: str | None = None,
-                     logprobs: dict | None = None, include_usage: bool = False) -> dict:
-    chunk = {"id": id, "object": "text_completion", "created": created, "model": model,
-             "choices": [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}]}
+def completion_chunk(
+    *,
+    id: str,
+    created: int,
+    model: str,
+    text: str,
+    finish_reason: str | None = None,
+    logprobs: dict | None = None,
+    include_usage: bool = False,
+) -> dict:
+    chunk = {
+        "id": id,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}],
+    }
     if include_usage:
         chunk["usage"] = None  # OpenAI: null on every chunk but the last when include_usage is set
     return chunk
 
 
-def chat_chunk(*, id: str, created: int, model: str, delta: dict, finish_reason: str | None = None,
-               logprobs: dict | None = None, include_usage: bool = False) -> dict:
-    chunk = {"id": id, "object": "chat.completion.chunk", "created": created, "model": model,
-             "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}]}
+def chat_chunk(
+    *,
+    id: str,
+    created: int,
+    model: str,
+    delta: dict,
+    finish_reason: str | None = None,
+    logprobs: dict | None = None,
+    include_usage: bool = False,
+) -> dict:
+    chunk = {
+        "id": id,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": model,
+        "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}],
+    }
     if include_usage:
         chunk["usage"] = None
     return chunk
@@ -475,16 +656,24 @@ def chat_chunk(*, id: str, created: int, model: str, delta: dict, finish_reason:
 
 def usage_chunk(*, id: str, created: int, model: str, chat: bool, usage_: dict) -> dict:
     """The final chunk of ``stream_options.include_usage``: no choices, the request's usage."""
-    return {"id": id, "object": "chat.completion.chunk" if chat else "text_completion", "created": created,
-            "model": model, "choices": [], "usage": usage_}
+    return {
+        "id": id,
+        "object": "chat.completion.chunk" if chat else "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [],
+        "usage": usage_,
+    }
 
 
 def models_response(model: str, created: int) -> dict:
-    return {"object": "list", "data": [{"id": model, "object": "model", "created": created,
-                                        "owned_by": "helios_jax"}]}
+    return {
+        "object": "list",
+        "data": [{"id": model, "object": "model", "created": created, "owned_by": "helios_jax"}],
+    }
 
 
 def sse(payload: dict | str) -> bytes:
     """One server-sent event: ``data: <json>`` and a blank line (``[DONE]`` as is)."""
     data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
-    return f"data: {data}\n\n".encode("utf-8")
+    return f"data: {data}\n\n".encode()

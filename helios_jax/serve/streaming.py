@@ -7,6 +7,7 @@ for it, and ``data: [DONE]``. An engine error after the headers went out is writ
 ``data: {"error": ...}`` event before ``[DONE]``. A failing write means the client left: the
 request is cancelled and counted as such (:class:`ClientGone`).
 """
+
 from __future__ import annotations
 
 import time
@@ -26,7 +27,9 @@ class ClientGone(Exception):
 class GenerationResponse:
     """One generation request's response: event collection, rendering and metrics."""
 
-    def __init__(self, handler: RequestHandler, engine: Engine, request: proto.ParsedRequest, request_id: str):
+    def __init__(
+        self, handler: RequestHandler, engine: Engine, request: proto.ParsedRequest, request_id: str
+    ):
         self.handler = handler
         self.tokenizer = engine.tokenizer
         self.request = request
@@ -88,7 +91,7 @@ class GenerationResponse:
             return None
         texts = self._token_texts(ids)
         values = list(values) if values is not None else [None] * len(ids)
-        values = (values + [None] * len(ids))[:len(ids)]
+        values = (values + [None] * len(ids))[: len(ids)]
         if self.request.chat:
             return proto.chat_logprobs(texts, values)
         return proto.completion_logprobs(texts, values, offset)
@@ -96,7 +99,9 @@ class GenerationResponse:
     def _failure(self, event: StreamEvent) -> proto.ApiError:
         if event.finish_reason == "cancelled":
             return proto.ApiError(503, "the engine cancelled the request", code="cancelled")
-        return proto.ApiError(500, f"the engine failed: {event.error or 'unknown error'}", code="engine_error")
+        return proto.ApiError(
+            500, f"the engine failed: {event.error or 'unknown error'}", code="engine_error"
+        )
 
     def _usage(self) -> dict:
         return proto.usage(self.prompt_tokens, self.completion_tokens)
@@ -124,9 +129,18 @@ class GenerationResponse:
             else:
                 logprobs = self._logprobs(ids, values, 0, True)
         build = proto.chat_response if request.chat else proto.completion_response
-        self.handler.send_json(200, build(id=self.id, created=self.created, model=request.model,
-                                           text=echo_text + "".join(text), finish_reason=reason,
-                                           usage_=self._usage(), logprobs=logprobs))
+        self.handler.send_json(
+            200,
+            build(
+                id=self.id,
+                created=self.created,
+                model=request.model,
+                text=echo_text + "".join(text),
+                finish_reason=reason,
+                usage_=self._usage(),
+                logprobs=logprobs,
+            ),
+        )
 
     # -- streaming --------------------------------------------------------------------------
     def _write(self, stream: RequestStream, payload) -> None:
@@ -135,12 +149,21 @@ class GenerationResponse:
             self._finish("cancelled")
             raise ClientGone()
 
-    def _chunk(self, text: str | None, finish: str | None = None, logprobs: dict | None = None,
-               role: bool = False) -> dict:
-        common = dict(id=self.id, created=self.created, model=self.request.model, finish_reason=finish,
-                      logprobs=logprobs, include_usage=self.request.include_usage)
+    def _chunk(
+        self, text: str | None, finish: str | None = None, logprobs: dict | None = None, role: bool = False
+    ) -> dict:
+        common = dict(
+            id=self.id,
+            created=self.created,
+            model=self.request.model,
+            finish_reason=finish,
+            logprobs=logprobs,
+            include_usage=self.request.include_usage,
+        )
         if self.request.chat:
-            delta = {"role": "assistant", "content": ""} if role else ({} if text is None else {"content": text})
+            delta = (
+                {"role": "assistant", "content": ""} if role else ({} if text is None else {"content": text})
+            )
             return proto.chat_chunk(delta=delta, **common)
         return proto.completion_chunk(text=text or "", **common)
 
@@ -167,8 +190,16 @@ class GenerationResponse:
         if reason in ("stop", "length"):
             self._write(stream, self._chunk(None, finish=reason))
             if request.include_usage:
-                self._write(stream, proto.usage_chunk(id=self.id, created=self.created, model=request.model,
-                                                      chat=request.chat, usage_=self._usage()))
+                self._write(
+                    stream,
+                    proto.usage_chunk(
+                        id=self.id,
+                        created=self.created,
+                        model=request.model,
+                        chat=request.chat,
+                        usage_=self._usage(),
+                    ),
+                )
         else:
             self._write(stream, self._failure(event).body())
         self._finish(reason)

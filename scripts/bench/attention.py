@@ -15,6 +15,7 @@ Two batches: --decode_rows decode rows (one query token each) and one --chunk-to
 chunk with the decode rows beside it. The ratio served / tight is what the prepared window
 costs; 1.0 means the kernel reads only the pages the contexts cover.
 """
+
 from __future__ import annotations
 
 import json
@@ -64,14 +65,16 @@ def make_batch(rng, context: int, window: int, chunk: int):
 def main(argv) -> int:
     del argv
     rng = np.random.default_rng(FLAGS.seed)
-    attend = jax.jit(lambda *a: ragged_paged_attention(*a, sm_scale=FLAGS.head_dim ** -0.5, impl="xla"))
+    attend = jax.jit(lambda *a: ragged_paged_attention(*a, sm_scale=FLAGS.head_dim**-0.5, impl="xla"))
     rows = []
-    for chunk in ([0, FLAGS.chunk] if FLAGS.chunk else [0]):
+    for chunk in [0, FLAGS.chunk] if FLAGS.chunk else [0]:
         for context in (int(c) for c in FLAGS.contexts):
             if context > FLAGS.window or context < chunk:
                 continue
-            batches = dict(tight=make_batch(rng, context, context, chunk),
-                           served=make_batch(rng, context, FLAGS.window, chunk))
+            batches = dict(
+                tight=make_batch(rng, context, context, chunk),
+                served=make_batch(rng, context, FLAGS.window, chunk),
+            )
             for args in batches.values():
                 jax.block_until_ready(attend(*args))
             times = {name: [] for name in batches}
@@ -81,13 +84,20 @@ def main(argv) -> int:
                     jax.block_until_ready(attend(*args))
                     times[name].append((time.perf_counter() - t) * 1e3)
             ratios = [s / t for s, t in zip(times["served"], times["tight"])]
-            row = dict(batch=f"{FLAGS.decode_rows} decode" + (f" + {chunk}-token chunk" if chunk else ""),
-                       context=context, window=FLAGS.window,
-                       tight_ms=statistics.median(times["tight"]), served_ms=statistics.median(times["served"]),
-                       ratio_median=statistics.median(ratios))
+            row = dict(
+                batch=f"{FLAGS.decode_rows} decode" + (f" + {chunk}-token chunk" if chunk else ""),
+                context=context,
+                window=FLAGS.window,
+                tight_ms=statistics.median(times["tight"]),
+                served_ms=statistics.median(times["served"]),
+                ratio_median=statistics.median(ratios),
+            )
             rows.append(row)
-            print(f"{row['batch']:28s} context {context:5d}  tight {row['tight_ms']:8.2f} ms  "
-                  f"window {FLAGS.window} {row['served_ms']:8.2f} ms  ratio {row['ratio_median']:.2f}", flush=True)
+            print(
+                f"{row['batch']:28s} context {context:5d}  tight {row['tight_ms']:8.2f} ms  "
+                f"window {FLAGS.window} {row['served_ms']:8.2f} ms  ratio {row['ratio_median']:.2f}",
+                flush=True,
+            )
     if FLAGS.json_out:
         with open(FLAGS.json_out, "w") as f:
             json.dump(dict(command=" ".join(sys.argv), rows=rows), f, indent=1)

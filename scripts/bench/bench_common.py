@@ -4,6 +4,7 @@ held-out prompts, and the persistent compilation cache's default folder.
 The scripts run as `python scripts/bench/<name>.py`, so this folder is on `sys.path` and they
 import this module by name.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -30,8 +31,14 @@ def summary(values) -> dict:
     v = [float(x) for x in values]
     if not v:
         return dict(n=0)
-    return dict(n=len(v), mean=float(np.mean(v)), p50=percentile(v, 50), p90=percentile(v, 90),
-                p99=percentile(v, 99), max=float(np.max(v)))
+    return dict(
+        n=len(v),
+        mean=float(np.mean(v)),
+        p50=percentile(v, 50),
+        p90=percentile(v, 90),
+        p99=percentile(v, 99),
+        max=float(np.max(v)),
+    )
 
 
 def machine() -> dict:
@@ -39,10 +46,18 @@ def machine() -> dict:
 
     cpu = ""
     with contextlib.suppress(OSError):
-        cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "")
+        cpu = next(
+            (l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), ""
+        )
     load = os.getloadavg() if hasattr(os, "getloadavg") else None
-    return dict(cpus=os.cpu_count(), cpu=cpu, python=platform.python_version(), jax=jax.__version__,
-                backend=jax.default_backend(), loadavg_at_start=load)
+    return dict(
+        cpus=os.cpu_count(),
+        cpu=cpu,
+        python=platform.python_version(),
+        jax=jax.__version__,
+        backend=jax.default_backend(),
+        loadavg_at_start=load,
+    )
 
 
 def held_out_texts() -> list[tuple[str, str]]:
@@ -72,5 +87,5 @@ def prompt_windows(tokenizer, count: int, length: int, seed: int) -> list[dict]:
     for _ in range(count):
         rel, ids = files[int(rng.integers(len(files)))]
         start = int(rng.integers(0, len(ids) - length))
-        out.append(dict(file=rel, offset=start, tokens=[int(t) for t in ids[start:start + length]]))
+        out.append(dict(file=rel, offset=start, tokens=[int(t) for t in ids[start : start + length]]))
     return out

@@ -39,6 +39,7 @@ precision). Run on the default model and on a random-weight Qwen3 config (--larg
 decode executable at the server's default max_model_len (4096): attention reads only the pages
 a row's context covers, so the prepared window should barely matter.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -52,9 +53,9 @@ import time
 
 import numpy as np
 from absl import app, flags
+from bench_common import DEFAULT_CACHE_DIR, EOS_TEXTS, machine, percentile, prompt_windows, summary
+
 from helios_jax.compilation_cache import enable_compilation_cache
-from bench_common import (DEFAULT_CACHE_DIR, EOS_TEXTS, machine, percentile, prompt_windows,
-                          summary)
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("dtypes", ["float32", "bfloat16"], "compute dtypes to compare (same bf16-rounded weights)")
@@ -75,8 +76,11 @@ flags.DEFINE_bool("decode", True, "run part 2")
 flags.DEFINE_integer("seed", 0, "seed of the prompt windows and random weights")
 flags.DEFINE_string("json_out", None, "write the results as JSON here")
 flags.DEFINE_string("plot_dir", None, "write PNG plots here (e.g. docs/img)")
-flags.DEFINE_string("compilation_cache_dir", DEFAULT_CACHE_DIR,
-                    "persistent compilation cache (the server's default); empty disables it")
+flags.DEFINE_string(
+    "compilation_cache_dir",
+    DEFAULT_CACHE_DIR,
+    "persistent compilation cache (the server's default); empty disables it",
+)
 
 import jax  # noqa: E402  (after absl flags so that --help stays fast to read)
 import jax.numpy as jnp  # noqa: E402
@@ -114,7 +118,10 @@ class NaiveDecoder:
         def prefill(params, cache, tokens):  # tokens i32[B, P]
             def attend(layer, q, k, v, cache):
                 kc, vc = cache
-                k4, v4 = k.reshape(b, p, c.num_kv_heads, c.head_dim), v.reshape(b, p, c.num_kv_heads, c.head_dim)
+                k4, v4 = (
+                    k.reshape(b, p, c.num_kv_heads, c.head_dim),
+                    v.reshape(b, p, c.num_kv_heads, c.head_dim),
+                )
                 kc = jax.lax.dynamic_update_slice(kc, k4[None].astype(kc.dtype), (layer, 0, 0, 0, 0))
                 vc = jax.lax.dynamic_update_slice(vc, v4[None].astype(vc.dtype), (layer, 0, 0, 0, 0))
                 causal = jnp.tril(jnp.ones((p, p), bool))
@@ -129,8 +136,12 @@ class NaiveDecoder:
         def step(params, cache, tokens, pos):  # tokens i32[B] at position pos (scalar)
             def attend(layer, q, k, v, cache):
                 kc, vc = cache
-                kc = jax.lax.dynamic_update_slice(kc, k[None, :, None].astype(kc.dtype), (layer, 0, pos, 0, 0))
-                vc = jax.lax.dynamic_update_slice(vc, v[None, :, None].astype(vc.dtype), (layer, 0, pos, 0, 0))
+                kc = jax.lax.dynamic_update_slice(
+                    kc, k[None, :, None].astype(kc.dtype), (layer, 0, pos, 0, 0)
+                )
+                vc = jax.lax.dynamic_update_slice(
+                    vc, v[None, :, None].astype(vc.dtype), (layer, 0, pos, 0, 0)
+                )
                 mask = (jnp.arange(s) <= pos)[None, :]
                 out = dense_attention(q[:, None], kc[layer], vc[layer], mask)
                 return out, (kc, vc)
@@ -215,8 +226,11 @@ def run_helios(engine, prompts, new_tokens) -> tuple[float, int, list, list, lis
     threads = []
     start = time.perf_counter()
     for i, p in enumerate(prompts):
-        req = GenerationRequest(f"bench-{time.perf_counter_ns()}-{i}", tuple(p),
-                                SamplingParams(max_tokens=new_tokens, temperature=0.0))
+        req = GenerationRequest(
+            f"bench-{time.perf_counter_ns()}-{i}",
+            tuple(p),
+            SamplingParams(max_tokens=new_tokens, temperature=0.0),
+        )
         stream = engine.submit(req)
         t = threading.Thread(target=consume, args=(i, stream, time.perf_counter()), daemon=True)
         t.start()
@@ -250,13 +264,21 @@ def run_transformers(model, prompts, new_tokens, pad_id):
     ids = torch.full((n, length), pad_id, dtype=torch.long)
     mask = torch.zeros((n, length), dtype=torch.long)
     for i, p in enumerate(prompts):  # left padding
-        ids[i, length - len(p):] = torch.tensor(p)
-        mask[i, length - len(p):] = 1
+        ids[i, length - len(p) :] = torch.tensor(p)
+        mask[i, length - len(p) :] = 1
     streamer = StepStamps()
     start = time.perf_counter()
     with torch.inference_mode():
-        out = model.generate(ids, attention_mask=mask, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                             do_sample=False, eos_token_id=None, pad_token_id=pad_id, streamer=streamer)
+        out = model.generate(
+            ids,
+            attention_mask=mask,
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=pad_id,
+            streamer=streamer,
+        )
     wall = time.perf_counter() - start
     steps = streamer.stamps[1:]  # stamps[0] is the prompt
     ttft = (steps[0] - start) * 1e3
@@ -275,7 +297,9 @@ def _torch_worker(conn, model_path: str, dtype: str, seed: int) -> None:
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype))
     model.eval()
-    conn.send(dict(model_class=type(model).__name__, torch=torch.__version__, transformers=transformers.__version__))
+    conn.send(
+        dict(model_class=type(model).__name__, torch=torch.__version__, transformers=transformers.__version__)
+    )
     while True:
         message = conn.recv()
         if message is None:
@@ -320,11 +344,22 @@ def build_helios(model, dtype: str, tokenizer, slots: int):
     from helios_jax.runtime.tokenizer import HFTokenizer
 
     chunks = tuple(c for c in (64, 128, 256, 512) if c <= FLAGS.max_model_len) or (FLAGS.max_model_len,)
-    ec = EngineConfig(request_slots=slots, prefill_chunks=chunks, speculation="off", draft_tokens=0,
-                      max_model_len=FLAGS.max_model_len, dtype=dtype)
+    ec = EngineConfig(
+        request_slots=slots,
+        prefill_chunks=chunks,
+        speculation="off",
+        draft_tokens=0,
+        max_model_len=FLAGS.max_model_len,
+        dtype=dtype,
+    )
     t = time.perf_counter()
-    engine = HeliosEngine(model_config=model.config, params=model.params, tokenizer=HFTokenizer(tokenizer),
-                          engine_config=ec, model_name="helios-default")
+    engine = HeliosEngine(
+        model_config=model.config,
+        params=model.params,
+        tokenizer=HFTokenizer(tokenizer),
+        engine_config=ec,
+        model_name="helios-default",
+    )
     return engine, time.perf_counter() - t, ec
 
 
@@ -349,8 +384,13 @@ def serving(results: dict) -> None:
     model_f32 = load_default_model("float32")
     tokenizer = model_f32.tokenizer
     prompts, skipped = select_prompts(tokenizer, slots, n, new, FLAGS.seed, model_f32)
-    results["prompts"] = dict(count=len(prompts), tokens=n, new_tokens=new, skipped_for_eos=skipped,
-                              windows=[dict(file=p["file"], offset=p["offset"]) for p in prompts])
+    results["prompts"] = dict(
+        count=len(prompts),
+        tokens=n,
+        new_tokens=new,
+        skipped_for_eos=skipped,
+        windows=[dict(file=p["file"], offset=p["offset"]) for p in prompts],
+    )
     token_lists = [p["tokens"] for p in prompts]
     pad_id = tokenizer.token_to_id("<|endoftext|>")
     setup = {}
@@ -361,8 +401,10 @@ def serving(results: dict) -> None:
         model = load_default_model(dtype)
         if "helios" in FLAGS.systems:
             engine, seconds, ec = build_helios(model, dtype, tokenizer, slots)
-            setup[f"helios/{dtype}"] = dict(build_and_compile_s=round(seconds, 2),
-                                            engine_config={k: v for k, v in dataclasses.asdict(ec).items()})
+            setup[f"helios/{dtype}"] = dict(
+                build_and_compile_s=round(seconds, 2),
+                engine_config={k: v for k, v in dataclasses.asdict(ec).items()},
+            )
             engines[dtype] = engine
             systems[("helios", dtype)] = (lambda e: lambda ps: run_helios(e, ps, new))(engine)
             print(f"helios {dtype}: engine built in {seconds:.1f} s", flush=True)
@@ -372,7 +414,8 @@ def serving(results: dict) -> None:
             setup[f"transformers/{dtype}"] = worker.info
             for threads in (int(t) for t in FLAGS.torch_threads):
                 systems[(f"transformers-{threads}t", dtype)] = (
-                    lambda w, t: lambda ps: w.run(ps, new, pad_id, t))(worker, threads)
+                    lambda w, t: lambda ps: w.run(ps, new, pad_id, t)
+                )(worker, threads)
         if "naive" in FLAGS.systems:
             decoders = {c: NaiveDecoder(model.config, model.params, c, n, new) for c in concurrencies}
             t = time.perf_counter()
@@ -398,18 +441,32 @@ def serving(results: dict) -> None:
                 wall, count, ttft, itl, outs = runner(chosen)
                 r = RunResult(system, dtype, c, rep, wall, count, ttft, itl, outs)
                 runs.append(r)
-                print(f"rep {rep} c={c:2d} {system:12s} {dtype:8s} {r.tokens_per_s:8.1f} tok/s "
-                      f"ttft p50 {percentile(ttft, 50):7.1f} ms  itl p50 {percentile(itl, 50):6.2f} ms", flush=True)
+                print(
+                    f"rep {rep} c={c:2d} {system:12s} {dtype:8s} {r.tokens_per_s:8.1f} tok/s "
+                    f"ttft p50 {percentile(ttft, 50):7.1f} ms  itl p50 {percentile(itl, 50):6.2f} ms",
+                    flush=True,
+                )
                 time.sleep(0.3)  # let the previous system's threads go idle
-    results["runs"] = [dict(system=r.system, dtype=r.dtype, concurrency=r.concurrency, repeat=r.repeat,
-                            wall_s=round(r.wall_s, 4), output_tokens=r.output_tokens,
-                            tokens_per_s=round(r.tokens_per_s, 2)) for r in runs]
+    results["runs"] = [
+        dict(
+            system=r.system,
+            dtype=r.dtype,
+            concurrency=r.concurrency,
+            repeat=r.repeat,
+            wall_s=round(r.wall_s, 4),
+            output_tokens=r.output_tokens,
+            tokens_per_s=round(r.tokens_per_s, 2),
+        )
+        for r in runs
+    ]
     table = []
     for dtype in FLAGS.dtypes:
         for c in concurrencies:
             names = list(dict.fromkeys(r.system for r in runs))
-            mine = {s: [r for r in runs if r.system == s and r.dtype == dtype and r.concurrency == c]
-                    for s in names}
+            mine = {
+                s: [r for r in runs if r.system == s and r.dtype == dtype and r.concurrency == c]
+                for s in names
+            }
             hf = [mine[s] for s in names if s.startswith("transformers-") and mine[s]]
             if hf:  # the faster thread setting of each repeat
                 mine["transformers"] = [max(rs, key=lambda r: r.tokens_per_s) for rs in zip(*hf)]
@@ -417,10 +474,12 @@ def serving(results: dict) -> None:
             for s, rs in mine.items():
                 if not rs:
                     continue
-                row[s] = dict(tokens_per_s=statistics.median(r.tokens_per_s for r in rs),
-                              ttft_ms=summary([x for r in rs for x in r.ttft_ms]),
-                              itl_ms=summary([x for r in rs for x in r.itl_ms]),
-                              output_tokens=[r.output_tokens for r in rs])
+                row[s] = dict(
+                    tokens_per_s=statistics.median(r.tokens_per_s for r in rs),
+                    ttft_ms=summary([x for r in rs for x in r.ttft_ms]),
+                    itl_ms=summary([x for r in rs for x in r.itl_ms]),
+                    output_tokens=[r.output_tokens for r in rs],
+                )
             for other in ("transformers", "naive"):
                 if mine.get("helios") and mine.get(other):
                     ratios = [h.tokens_per_s / o.tokens_per_s for h, o in zip(mine["helios"], mine[other])]
@@ -429,16 +488,23 @@ def serving(results: dict) -> None:
     results["serving"] = table
     # Greedy agreement with transformers float32 (token for token) at the largest concurrency.
     agree = {}
-    ref = [r for r in runs if r.system.startswith("transformers") and r.dtype == "float32" and r.concurrency == slots]
+    ref = [
+        r
+        for r in runs
+        if r.system.startswith("transformers") and r.dtype == "float32" and r.concurrency == slots
+    ]
     if ref:
         ref_out = ref[0].outputs
         for r in runs:
             if r.concurrency == slots and r.repeat == 0:
                 same = [a == b for a, b in zip(r.outputs, ref_out)]
-                prefix = [next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-                          for a, b in zip(r.outputs, ref_out)]
-                agree[f"{r.system}/{r.dtype}"] = dict(identical=int(sum(same)), of=len(same),
-                                                      mean_common_prefix=float(np.mean(prefix)))
+                prefix = [
+                    next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+                    for a, b in zip(r.outputs, ref_out)
+                ]
+                agree[f"{r.system}/{r.dtype}"] = dict(
+                    identical=int(sum(same)), of=len(same), mean_common_prefix=float(np.mean(prefix))
+                )
     results["greedy_agreement_with_transformers_float32"] = agree
     # The engine's own view: device time per decode program against wall time per step.
     views = {}
@@ -446,9 +512,11 @@ def serving(results: dict) -> None:
         ex = engine.executor
         views[dtype] = dict(
             graph_counts=dict(sorted(ex.graph_counts.items())),
-            graph_device_ms_mean={k: round(ex.graph_ns[k] / 1e6 / ex.graph_counts[k], 3)
-                                  for k in sorted(ex.graph_counts)},
-            selections=dict(engine.scheduler.selections))
+            graph_device_ms_mean={
+                k: round(ex.graph_ns[k] / 1e6 / ex.graph_counts[k], 3) for k in sorted(ex.graph_counts)
+            },
+            selections=dict(engine.scheduler.selections),
+        )
         engine.shutdown()
     results["helios_programs"] = views
     for w in workers:
@@ -479,11 +547,21 @@ def matmul_only(config):
             h = mm(x, mlp["gate_proj"]["kernel"]) * mm(x, mlp["up_proj"]["kernel"])
             x = x + mm(h, mlp["down_proj"]["kernel"])
         if config.tie_word_embeddings:
-            logits = jnp.einsum("bh,vh->bv", x, params["embed_tokens"]["embedding"], precision=precision,
-                                preferred_element_type=jnp.float32)
+            logits = jnp.einsum(
+                "bh,vh->bv",
+                x,
+                params["embed_tokens"]["embedding"],
+                precision=precision,
+                preferred_element_type=jnp.float32,
+            )
         else:
-            logits = jnp.einsum("bh,hv->bv", x, params["lm_head"]["kernel"], precision=precision,
-                                preferred_element_type=jnp.float32)
+            logits = jnp.einsum(
+                "bh,hv->bv",
+                x,
+                params["lm_head"]["kernel"],
+                precision=precision,
+                preferred_element_type=jnp.float32,
+            )
         return logits, outs
 
     return jax.jit(fn)
@@ -493,8 +571,10 @@ def matmul_weight_bytes(config, params) -> int:
     total = 0
     for i in range(config.num_layers):
         layer = params[f"layers_{i}"]
-        for group, names in (("self_attn", ("q_proj", "k_proj", "v_proj", "o_proj")),
-                             ("mlp", ("gate_proj", "up_proj", "down_proj"))):
+        for group, names in (
+            ("self_attn", ("q_proj", "k_proj", "v_proj", "o_proj")),
+            ("mlp", ("gate_proj", "up_proj", "down_proj")),
+        ):
             for name in names:
                 total += layer[group][name]["kernel"].nbytes
     head = params["embed_tokens"]["embedding"] if config.tie_word_embeddings else params["lm_head"]["kernel"]
@@ -508,10 +588,17 @@ def decode_vs_matmul(label: str, config, params, *, max_model_len: int, batch: i
     from helios_jax.programs.program_set import build_program
     from helios_jax.programs.state import init_state
 
-    ec = EngineConfig(request_slots=max(16, batch), speculation="off", draft_tokens=0, prefill_chunks=(64,),
-                      max_model_len=max_model_len, dtype=config.dtype)
-    descriptor = next(g for g in ec.catalog("bench").graphs
-                      if g.kind is GraphKind.DECODE and g.batch_capacity == batch)
+    ec = EngineConfig(
+        request_slots=max(16, batch),
+        speculation="off",
+        draft_tokens=0,
+        prefill_chunks=(64,),
+        max_model_len=max_model_len,
+        dtype=config.dtype,
+    )
+    descriptor = next(
+        g for g in ec.catalog("bench").graphs if g.kind is GraphKind.DECODE and g.batch_capacity == batch
+    )
     spec = lambda tree: jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)  # noqa: E731
     program = build_program(config, ec, descriptor)
     state = init_state(config, ec)
@@ -540,16 +627,29 @@ def decode_vs_matmul(label: str, config, params, *, max_model_len: int, batch: i
             matmul_ms.append(m)
     ratios = [d / m for d, m in zip(decode_ms, matmul_ms)]
     weight_bytes = matmul_weight_bytes(config, params)
-    row = dict(label=label, dtype=config.dtype, hidden=config.hidden_size, layers=config.num_layers,
-               vocab=config.vocab_size, batch=batch, context=context, max_model_len=max_model_len,
-               compile_s=round(compile_s, 2), decode_ms=summary(decode_ms), matmul_ms=summary(matmul_ms),
-               ratio_median=statistics.median(ratios),
-               ratio_of_medians=statistics.median(decode_ms) / statistics.median(matmul_ms),
-               matmul_weight_mib=round(weight_bytes / 2**20, 2),
-               matmul_weight_gb_per_s=round(weight_bytes / (statistics.median(matmul_ms) / 1e3) / 1e9, 2))
-    print(f"{label:28s} {config.dtype:8s} mml {max_model_len:5d} "
-          f"decode {statistics.median(decode_ms):8.2f} ms  matmuls {statistics.median(matmul_ms):7.2f} ms  "
-          f"ratio {row['ratio_median']:6.2f}", flush=True)
+    row = dict(
+        label=label,
+        dtype=config.dtype,
+        hidden=config.hidden_size,
+        layers=config.num_layers,
+        vocab=config.vocab_size,
+        batch=batch,
+        context=context,
+        max_model_len=max_model_len,
+        compile_s=round(compile_s, 2),
+        decode_ms=summary(decode_ms),
+        matmul_ms=summary(matmul_ms),
+        ratio_median=statistics.median(ratios),
+        ratio_of_medians=statistics.median(decode_ms) / statistics.median(matmul_ms),
+        matmul_weight_mib=round(weight_bytes / 2**20, 2),
+        matmul_weight_gb_per_s=round(weight_bytes / (statistics.median(matmul_ms) / 1e3) / 1e9, 2),
+    )
+    print(
+        f"{label:28s} {config.dtype:8s} mml {max_model_len:5d} "
+        f"decode {statistics.median(decode_ms):8.2f} ms  matmuls {statistics.median(matmul_ms):7.2f} ms  "
+        f"ratio {row['ratio_median']:6.2f}",
+        flush=True,
+    )
     del state
     return row
 
@@ -576,23 +676,45 @@ def decode_section(results: dict) -> None:
     rows = []
     for dtype in FLAGS.dtypes:
         m = load_default_model(dtype)
-        rows.append(decode_vs_matmul("default model", m.config, m.params, max_model_len=FLAGS.max_model_len,
-                                     batch=batch, context=context))
+        rows.append(
+            decode_vs_matmul(
+                "default model",
+                m.config,
+                m.params,
+                max_model_len=FLAGS.max_model_len,
+                batch=batch,
+                context=context,
+            )
+        )
     m = load_default_model("float32")
-    rows.append(decode_vs_matmul("default model", m.config, m.params, max_model_len=4096, batch=batch,
-                                 context=context))
+    rows.append(
+        decode_vs_matmul(
+            "default model", m.config, m.params, max_model_len=4096, batch=batch, context=context
+        )
+    )
     if FLAGS.large_hidden:
         h = FLAGS.large_hidden
-        base = ModelConfig(vocab_size=FLAGS.large_vocab, hidden_size=h, intermediate_size=3 * h,
-                           num_layers=FLAGS.large_layers, num_heads=h // 64, num_kv_heads=max(1, h // 128),
-                           head_dim=64, tie_word_embeddings=True, max_position_embeddings=4096)
+        base = ModelConfig(
+            vocab_size=FLAGS.large_vocab,
+            hidden_size=h,
+            intermediate_size=3 * h,
+            num_layers=FLAGS.large_layers,
+            num_heads=h // 64,
+            num_kv_heads=max(1, h // 128),
+            head_dim=64,
+            tie_word_embeddings=True,
+            max_position_embeddings=4096,
+        )
         params32 = init_params(base, jax.random.key(FLAGS.seed))
         label = f"random h{h} L{FLAGS.large_layers}"
         for dtype in FLAGS.dtypes:
             config = base.replace(dtype=dtype)
             params = jax.tree_util.tree_map(lambda x: x.astype(config.jnp_dtype), params32)
-            rows.append(decode_vs_matmul(label, config, params, max_model_len=FLAGS.max_model_len, batch=batch,
-                                         context=context))
+            rows.append(
+                decode_vs_matmul(
+                    label, config, params, max_model_len=FLAGS.max_model_len, batch=batch, context=context
+                )
+            )
             del params
     results["decode_vs_matmul"] = rows
     results["stream_bandwidth_gb_per_s"] = bandwidth_gb_per_s()
@@ -654,11 +776,28 @@ def main(argv) -> int:
     del argv
     enable_compilation_cache(FLAGS.compilation_cache_dir)
     started = time.perf_counter()
-    results = dict(command=" ".join(sys.argv), machine=machine(),
-                   flags={k: FLAGS[k].value for k in ("dtypes", "concurrency", "systems", "prompt_tokens",
-                                                       "new_tokens", "repeats", "max_model_len", "decode_runs",
-                                                       "decode_batch", "large_hidden", "large_layers",
-                                                       "large_vocab", "seed")})
+    results = dict(
+        command=" ".join(sys.argv),
+        machine=machine(),
+        flags={
+            k: FLAGS[k].value
+            for k in (
+                "dtypes",
+                "concurrency",
+                "systems",
+                "prompt_tokens",
+                "new_tokens",
+                "repeats",
+                "max_model_len",
+                "decode_runs",
+                "decode_batch",
+                "large_hidden",
+                "large_layers",
+                "large_vocab",
+                "seed",
+            )
+        },
+    )
     if FLAGS.serving:
         serving(results)
     if FLAGS.decode:
@@ -680,16 +819,20 @@ def print_tables(results: dict) -> None:
         parts = [f"{row['dtype']:8s} c={row['concurrency']:2d}"]
         for s in [k for k in row if isinstance(row[k], dict) and "tokens_per_s" in row[k]]:
             if s in row:
-                parts.append(f"{s} {row[s]['tokens_per_s']:8.1f} tok/s (ttft p50 {row[s]['ttft_ms']['p50']:7.1f} ms,"
-                             f" itl p50 {row[s]['itl_ms']['p50']:6.2f} ms)")
+                parts.append(
+                    f"{s} {row[s]['tokens_per_s']:8.1f} tok/s (ttft p50 {row[s]['ttft_ms']['p50']:7.1f} ms,"
+                    f" itl p50 {row[s]['itl_ms']['p50']:6.2f} ms)"
+                )
         for k in ("helios_over_transformers", "helios_over_naive"):
             if k in row:
                 parts.append(f"{k} {row[k]['median']:.2f}x")
         print(" | ".join(parts))
     for row in results.get("decode_vs_matmul", []):
-        print(f"{row['label']:24s} {row['dtype']:8s} len {row['max_model_len']:5d} "
-              f"decode {row['decode_ms']['p50']:8.2f} ms matmuls {row['matmul_ms']['p50']:7.2f} ms "
-              f"ratio {row['ratio_median']:6.2f}")
+        print(
+            f"{row['label']:24s} {row['dtype']:8s} len {row['max_model_len']:5d} "
+            f"decode {row['decode_ms']['p50']:8.2f} ms matmuls {row['matmul_ms']['p50']:7.2f} ms "
+            f"ratio {row['ratio_median']:6.2f}"
+        )
     print(f"wall {results['wall_s']} s")
 
 

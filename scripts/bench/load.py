@@ -19,6 +19,7 @@ error event, or a finish reason other than "stop"/"length"). A sampler thread re
 process's resident set size (psutil, children included) every 0.25 s: after startup (idle), the
 peak under load, and at the end. --server_url skips the subprocess (RSS is then not measured).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -77,12 +78,21 @@ def request_specs(count: int, seed: int) -> list[dict]:
             rel, text = files[int(rng.integers(len(files)))]
             ids = tokenizer.encode(text).ids
             start = int(rng.integers(0, max(1, len(ids) - FLAGS.prompt_tokens)))
-            prompt = tokenizer.decode(ids[start:start + FLAGS.prompt_tokens])
+            prompt = tokenizer.decode(ids[start : start + FLAGS.prompt_tokens])
             specs.append(dict(kind="completion", prompt=prompt))
         else:
             module, name, doc = functions[int(rng.integers(len(functions)))]
-            specs.append(dict(kind="chat", messages=[
-                {"role": "user", "content": f"Write the Python function `{name}` of `{module}`: {doc}."}]))
+            specs.append(
+                dict(
+                    kind="chat",
+                    messages=[
+                        {
+                            "role": "user",
+                            "content": f"Write the Python function `{name}` of `{module}`: {doc}.",
+                        }
+                    ],
+                )
+            )
     return specs
 
 
@@ -135,8 +145,14 @@ class RssSampler(threading.Thread):
 
 
 def start_server(port: int):
-    cmd = [sys.executable, "-m", "helios_jax.serve", f"--port={port}", "--host=127.0.0.1",
-           *shlex.split(FLAGS.server_args)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "helios_jax.serve",
+        f"--port={port}",
+        "--host=127.0.0.1",
+        *shlex.split(FLAGS.server_args),
+    ]
     log = open(FLAGS.server_log, "w")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     return proc, cmd
@@ -147,12 +163,23 @@ def start_server(port: int):
 
 
 async def one_request(client, spec: dict, index: int) -> dict:
-    extra = dict(max_tokens=FLAGS.max_tokens, temperature=FLAGS.temperature, stream=True,
-                 stream_options={"include_usage": True})
+    extra = dict(
+        max_tokens=FLAGS.max_tokens,
+        temperature=FLAGS.temperature,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     if FLAGS.temperature > 0:
         extra["seed"] = FLAGS.seed * 100003 + index
-    record = dict(kind=spec["kind"], ok=False, error=None, finish_reason=None, completion_tokens=None,
-                  chunks=0, text_chars=0)
+    record = dict(
+        kind=spec["kind"],
+        ok=False,
+        error=None,
+        finish_reason=None,
+        completion_tokens=None,
+        chunks=0,
+        text_chars=0,
+    )
     start = time.perf_counter()
     stamps = []
     try:
@@ -177,9 +204,13 @@ async def one_request(client, spec: dict, index: int) -> dict:
     except Exception as e:  # counted as a failed request
         record["error"] = f"{type(e).__name__}: {e}"
     end = time.perf_counter()
-    record.update(start=start, end=end, e2e_ms=(end - start) * 1e3,
-                  ttft_ms=(stamps[0] - start) * 1e3 if stamps else None,
-                  gaps_ms=list(np.diff(stamps) * 1e3))
+    record.update(
+        start=start,
+        end=end,
+        e2e_ms=(end - start) * 1e3,
+        ttft_ms=(stamps[0] - start) * 1e3 if stamps else None,
+        gaps_ms=list(np.diff(stamps) * 1e3),
+    )
     return record
 
 
@@ -188,8 +219,9 @@ async def level(url: str, concurrency: int, specs: list[dict]) -> dict:
 
     # No retries: a failed request must be counted, not hidden behind back-off. The client's
     # default connection pool (far above 16) keeps one connection per task.
-    async with openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0,
-                                  timeout=600) as client:
+    async with openai.AsyncOpenAI(
+        base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=600
+    ) as client:
         queue: asyncio.Queue = asyncio.Queue()
         for i, s in enumerate(specs):
             queue.put_nowait((i, s))
@@ -209,19 +241,31 @@ async def level(url: str, concurrency: int, specs: list[dict]) -> dict:
     ok = [r for r in records if r["ok"]]
     tokens = sum(r["completion_tokens"] or 0 for r in ok)
     return dict(
-        concurrency=concurrency, requests=len(records), failed=len(records) - len(ok),
-        errors=sorted({r["error"] for r in records if r["error"]}), wall_s=wall,
-        requests_per_s=len(ok) / wall, output_tokens=tokens, output_tokens_per_s=tokens / wall,
+        concurrency=concurrency,
+        requests=len(records),
+        failed=len(records) - len(ok),
+        errors=sorted({r["error"] for r in records if r["error"]}),
+        wall_s=wall,
+        requests_per_s=len(ok) / wall,
+        output_tokens=tokens,
+        output_tokens_per_s=tokens / wall,
         ttft_ms=summary([r["ttft_ms"] for r in ok if r["ttft_ms"] is not None]),
         gap_ms=summary([g for r in ok for g in r["gaps_ms"]]),
         e2e_ms=summary([r["e2e_ms"] for r in ok]),
-        by_kind={k: dict(requests=sum(r["kind"] == k for r in records),
-                         ttft_ms_p50=percentile([r["ttft_ms"] for r in ok if r["kind"] == k and r["ttft_ms"]], 50),
-                         tokens=sum(r["completion_tokens"] or 0 for r in ok if r["kind"] == k))
-                 for k in ("completion", "chat")},
-        finish_reasons={f: sum(r["finish_reason"] == f for r in records)
-                        for f in sorted({str(r["finish_reason"]) for r in records})},
-        window=(start, start + wall))
+        by_kind={
+            k: dict(
+                requests=sum(r["kind"] == k for r in records),
+                ttft_ms_p50=percentile([r["ttft_ms"] for r in ok if r["kind"] == k and r["ttft_ms"]], 50),
+                tokens=sum(r["completion_tokens"] or 0 for r in ok if r["kind"] == k),
+            )
+            for k in ("completion", "chat")
+        },
+        finish_reasons={
+            f: sum(r["finish_reason"] == f for r in records)
+            for f in sorted({str(r["finish_reason"]) for r in records})
+        },
+        window=(start, start + wall),
+    )
 
 
 def scrape_metrics(url: str) -> dict:
@@ -232,8 +276,13 @@ def scrape_metrics(url: str) -> dict:
             text = r.read().decode()
     except OSError as e:
         return dict(error=str(e))
-    keep = ("helios_scheduler_selections_total", "helios_speculative_", "helios_graph_executions_total",
-            "helios_graph_device_seconds_total", "helios_scheduler_executions_total")
+    keep = (
+        "helios_scheduler_selections_total",
+        "helios_speculative_",
+        "helios_graph_executions_total",
+        "helios_graph_device_seconds_total",
+        "helios_scheduler_executions_total",
+    )
     out = {}
     for line in text.splitlines():
         if line.startswith(keep):
@@ -252,10 +301,22 @@ def main(argv) -> int:
         logging.getLogger(name).setLevel(logging.WARNING)  # not one line per request
     started = time.perf_counter()
     levels = [int(c) for c in FLAGS.concurrency]
-    results = dict(command=" ".join(sys.argv), machine=dict(cpus=os.cpu_count(), python=platform.python_version(),
-                                                            loadavg_at_start=os.getloadavg()),
-                   flags={k: FLAGS[k].value for k in ("concurrency", "requests_per_worker", "max_tokens",
-                                                       "temperature", "prompt_tokens", "server_args", "seed")})
+    results = dict(
+        command=" ".join(sys.argv),
+        machine=dict(cpus=os.cpu_count(), python=platform.python_version(), loadavg_at_start=os.getloadavg()),
+        flags={
+            k: FLAGS[k].value
+            for k in (
+                "concurrency",
+                "requests_per_worker",
+                "max_tokens",
+                "temperature",
+                "prompt_tokens",
+                "server_args",
+                "seed",
+            )
+        },
+    )
     import openai
 
     results["openai_version"] = openai.__version__
@@ -297,11 +358,14 @@ def main(argv) -> int:
                 row["rss_peak_mib"] = round(peak / 2**20, 1) if peak else None
             del row["window"]
             rows.append(row)
-            print(f"c={c:2d} requests {row['requests']:3d} failed {row['failed']} "
-                  f"{row['requests_per_s']:6.2f} req/s {row['output_tokens_per_s']:7.1f} tok/s "
-                  f"ttft p50 {row['ttft_ms'].get('p50') or 0:8.1f} ms p90 {row['ttft_ms'].get('p90') or 0:8.1f} "
-                  f"gap p50 {row['gap_ms'].get('p50') or 0:7.1f} ms p99 {row['gap_ms'].get('p99') or 0:7.1f} "
-                  f"rss peak {row.get('rss_peak_mib')} MiB", flush=True)
+            print(
+                f"c={c:2d} requests {row['requests']:3d} failed {row['failed']} "
+                f"{row['requests_per_s']:6.2f} req/s {row['output_tokens_per_s']:7.1f} tok/s "
+                f"ttft p50 {row['ttft_ms'].get('p50') or 0:8.1f} ms p90 {row['ttft_ms'].get('p90') or 0:8.1f} "
+                f"gap p50 {row['gap_ms'].get('p50') or 0:7.1f} ms p99 {row['gap_ms'].get('p99') or 0:7.1f} "
+                f"rss peak {row.get('rss_peak_mib')} MiB",
+                flush=True,
+            )
         results["levels"] = rows
         results["failed_total"] = sum(r["failed"] for r in rows)
         results["metrics"] = scrape_metrics(url)
@@ -318,8 +382,10 @@ def main(argv) -> int:
             except subprocess.TimeoutExpired:
                 proc.kill()
     results["wall_s"] = round(time.perf_counter() - started, 1)
-    print(f"failed requests: {results['failed_total']}; RSS idle {results.get('rss_idle_mib')} MiB, "
-          f"peak {results.get('rss_peak_mib')} MiB; wall {results['wall_s']} s")
+    print(
+        f"failed requests: {results['failed_total']}; RSS idle {results.get('rss_idle_mib')} MiB, "
+        f"peak {results.get('rss_peak_mib')} MiB; wall {results['wall_s']} s"
+    )
     if FLAGS.plot_dir:
         results["plots"] = plots(results, FLAGS.plot_dir)
     if FLAGS.json_out:

@@ -22,6 +22,7 @@ shared. Catalog size: ``--subsets`` drop program families (``all``: every progra
 ``no_wide_mixed``: mixed programs of width one only; ``no_mixed``: no mixed programs; ``core``:
 prefill and speculative programs only).
 """
+
 from __future__ import annotations
 
 import cProfile
@@ -53,7 +54,9 @@ flags.DEFINE_integer("warmup", 40, "untimed decisions first")
 flags.DEFINE_integer("slots", 64, "request_slots of the loaded copy")
 flags.DEFINE_integer("seed", 0, "workload seed")
 flags.DEFINE_string("json_out", None, "write results as JSON here")
-flags.DEFINE_bool("profile", False, "then cProfile plan() (untimed pass) at the largest population, first subset")
+flags.DEFINE_bool(
+    "profile", False, "then cProfile plan() (untimed pass) at the largest population, first subset"
+)
 
 PROMPTS = (64, 512, 2048, 6000)
 OUTPUTS = (16, 128, 512)
@@ -71,7 +74,9 @@ def catalog_json() -> dict:
     if FLAGS.catalog:
         with open(FLAGS.catalog) as f:
             return json.load(f)
-    return json.loads(importlib.resources.files("helios_jax.catalogs").joinpath("synthetic-h200.json").read_text())
+    return json.loads(
+        importlib.resources.files("helios_jax.catalogs").joinpath("synthetic-h200.json").read_text()
+    )
 
 
 def subset_catalog(obj: dict, slots: int, subset: str) -> Catalog:
@@ -170,13 +175,19 @@ def measure(catalog: Catalog, mode: DecodeMode, n: int) -> dict:
     for r in s.requests.values():
         phases[r.phase.value] = phases.get(r.phase.value, 0) + 1
     row = {
-        "requests": n, "programs": len(s.graphs.graphs),
-        "median_ms": statistics.median(wall), "p99_ms": _p99(wall),
-        "cpu_median_ms": statistics.median(cpu), "cpu_p99_ms": _p99(cpu),
-        "views_median_ms": statistics.median(views_ms), "select_median_ms": statistics.median(select_ms),
+        "requests": n,
+        "programs": len(s.graphs.graphs),
+        "median_ms": statistics.median(wall),
+        "p99_ms": _p99(wall),
+        "cpu_median_ms": statistics.median(cpu),
+        "cpu_p99_ms": _p99(cpu),
+        "views_median_ms": statistics.median(views_ms),
+        "select_median_ms": statistics.median(select_ms),
         "other_median_ms": statistics.median([w - v - x for w, v, x in zip(wall, views_ms, select_ms)]),
-        "select_p99_ms": _p99(select_ms), "views_p99_ms": _p99(views_ms),
-        "plans_by_kind": kinds, "phases_at_end": phases,
+        "select_p99_ms": _p99(select_ms),
+        "views_p99_ms": _p99(views_ms),
+        "plans_by_kind": kinds,
+        "phases_at_end": phases,
     }
     return row
 
@@ -187,25 +198,39 @@ def main(argv):
     mode = DecodeMode(FLAGS.mode)
     sizes = [int(x) for x in FLAGS.requests]
     results = []
-    print(f"{'subset':14s} {'progs':>5s} {'reqs':>4s} {'median':>8s} {'p99':>8s} {'cpu med':>8s} {'cpu p99':>8s} "
-          f"{'views':>7s} {'select':>7s} {'other':>7s}   (ms)")
+    print(
+        f"{'subset':14s} {'progs':>5s} {'reqs':>4s} {'median':>8s} {'p99':>8s} {'cpu med':>8s} {'cpu p99':>8s} "
+        f"{'views':>7s} {'select':>7s} {'other':>7s}   (ms)"
+    )
     for subset in FLAGS.subsets:
         catalog = subset_catalog(obj, FLAGS.slots, subset)
         for n in sizes:
             row = measure(catalog, mode, n)
             row["subset"] = subset
             results.append(row)
-            print(f"{subset:14s} {row['programs']:5d} {n:4d} {row['median_ms']:8.3f} {row['p99_ms']:8.3f} "
-                  f"{row['cpu_median_ms']:8.3f} {row['cpu_p99_ms']:8.3f} {row['views_median_ms']:7.3f} "
-                  f"{row['select_median_ms']:7.3f} {row['other_median_ms']:7.3f}", flush=True)
+            print(
+                f"{subset:14s} {row['programs']:5d} {n:4d} {row['median_ms']:8.3f} {row['p99_ms']:8.3f} "
+                f"{row['cpu_median_ms']:8.3f} {row['cpu_p99_ms']:8.3f} {row['views_median_ms']:7.3f} "
+                f"{row['select_median_ms']:7.3f} {row['other_median_ms']:7.3f}",
+                flush=True,
+            )
     profile = None
     if FLAGS.profile:
         profile = profile_plan(subset_catalog(obj, FLAGS.slots, FLAGS.subsets[0]), mode, max(sizes))
         print(profile)
     if FLAGS.json_out:
         with open(FLAGS.json_out, "w") as f:
-            json.dump({"catalog": obj["name"], "mode": mode.value, "slots": FLAGS.slots, "results": results,
-                       "profile": profile}, f, indent=1)
+            json.dump(
+                {
+                    "catalog": obj["name"],
+                    "mode": mode.value,
+                    "slots": FLAGS.slots,
+                    "results": results,
+                    "profile": profile,
+                },
+                f,
+                indent=1,
+            )
 
 
 if __name__ == "__main__":

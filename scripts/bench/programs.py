@@ -13,6 +13,7 @@ tiny random one (2 layers, hidden 32, vocab 256, one MTP block), so the numbers 
 programs' structure and dispatch overhead, not a real model's arithmetic. Prints a table and,
 with --json_out, writes {"engine", "model", "machine", "programs": [...], "by_kind": {...}}.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -47,10 +48,14 @@ flags.DEFINE_string("json_out", None, "write the results as JSON here")
 def engine_from_flags() -> EngineConfig:
     speculative = FLAGS.speculation != "off"
     return EngineConfig(
-        request_slots=FLAGS.concurrency, prefill_chunks=parse_int_list(FLAGS.prefill_chunks),
-        speculation=FLAGS.speculation, draft_tokens=FLAGS.draft_tokens if speculative else 0,
-        speculative_token_capacity=FLAGS.speculative_token_capacity, mixed_prefill=FLAGS.mixed_prefill,
-        max_model_len=FLAGS.max_model_len, page_size=FLAGS.page_size,
+        request_slots=FLAGS.concurrency,
+        prefill_chunks=parse_int_list(FLAGS.prefill_chunks),
+        speculation=FLAGS.speculation,
+        draft_tokens=FLAGS.draft_tokens if speculative else 0,
+        speculative_token_capacity=FLAGS.speculative_token_capacity,
+        mixed_prefill=FLAGS.mixed_prefill,
+        max_model_len=FLAGS.max_model_len,
+        page_size=FLAGS.page_size,
     )
 
 
@@ -67,23 +72,47 @@ def run() -> dict:
     for program in prepared.programs.values():
         g = program.descriptor
         measured = next(x for x in prepared.catalog.graphs if x.key == g.key)
-        rows.append(dict(name=program.name, kind=g.kind.value, batch=g.batch_capacity, width=g.token_capacity,
-                         depth=g.proposal_depth, target=g.target_capacity, prompt=g.prefill_capacity,
-                         allocation=g.allocation.value if g.allocation else None,
-                         compile_s=round(program.compile_seconds, 3), execute_ms=measured.duration_ms))
+        rows.append(
+            dict(
+                name=program.name,
+                kind=g.kind.value,
+                batch=g.batch_capacity,
+                width=g.token_capacity,
+                depth=g.proposal_depth,
+                target=g.target_capacity,
+                prompt=g.prefill_capacity,
+                allocation=g.allocation.value if g.allocation else None,
+                compile_s=round(program.compile_seconds, 3),
+                execute_ms=measured.duration_ms,
+            )
+        )
     by_kind = {}
     for kind in dict.fromkeys(r["kind"] for r in rows):
         mine = [r for r in rows if r["kind"] == kind]
-        by_kind[kind] = dict(programs=len(mine), compile_s_total=round(sum(r["compile_s"] for r in mine), 2),
-                             compile_s_median=round(statistics.median(r["compile_s"] for r in mine), 3),
-                             execute_ms_median=round(statistics.median(r["execute_ms"] for r in mine), 3),
-                             execute_ms_max=round(max(r["execute_ms"] for r in mine), 3))
+        by_kind[kind] = dict(
+            programs=len(mine),
+            compile_s_total=round(sum(r["compile_s"] for r in mine), 2),
+            compile_s_median=round(statistics.median(r["compile_s"] for r in mine), 3),
+            execute_ms_median=round(statistics.median(r["execute_ms"] for r in mine), 3),
+            execute_ms_max=round(max(r["execute_ms"] for r in mine), 3),
+        )
     return dict(
         engine={k: v for k, v in dataclasses.asdict(engine).items()},
-        model=dict(folder=FLAGS.model, layers=config.num_layers, hidden=config.hidden_size,
-                   vocab=config.vocab_size, mtp_layers=config.mtp_num_layers, dtype=config.dtype),
-        machine=dict(backend=jax.default_backend(), devices=[str(d) for d in jax.devices()],
-                     cpus=os.cpu_count(), python=platform.python_version(), jax=jax.__version__),
+        model=dict(
+            folder=FLAGS.model,
+            layers=config.num_layers,
+            hidden=config.hidden_size,
+            vocab=config.vocab_size,
+            mtp_layers=config.mtp_num_layers,
+            dtype=config.dtype,
+        ),
+        machine=dict(
+            backend=jax.default_backend(),
+            devices=[str(d) for d in jax.devices()],
+            cpus=os.cpu_count(),
+            python=platform.python_version(),
+            jax=jax.__version__,
+        ),
         compile_cache=FLAGS.use_cache,
         headroom=dataclasses.asdict(prepared.headroom),
         programs=rows,
@@ -98,10 +127,14 @@ def main(argv) -> int:
     for r in result["programs"]:
         print(f"{r['name']:44s} {r['compile_s']:10.2f} {r['execute_ms']:11.3f}")
     print()
-    print(f"{'kind':16s} {'n':>3s} {'compile s (sum)':>16s} {'compile s (median)':>19s} {'execute ms (median)':>20s}")
+    print(
+        f"{'kind':16s} {'n':>3s} {'compile s (sum)':>16s} {'compile s (median)':>19s} {'execute ms (median)':>20s}"
+    )
     for kind, k in result["by_kind"].items():
-        print(f"{kind:16s} {k['programs']:3d} {k['compile_s_total']:16.2f} {k['compile_s_median']:19.3f} "
-              f"{k['execute_ms_median']:20.3f}")
+        print(
+            f"{kind:16s} {k['programs']:3d} {k['compile_s_total']:16.2f} {k['compile_s_median']:19.3f} "
+            f"{k['execute_ms_median']:20.3f}"
+        )
     if FLAGS.json_out:
         with open(FLAGS.json_out, "w") as f:
             json.dump(result, f, indent=1)

@@ -10,6 +10,7 @@ holds one), so the time is the decision itself: pricing, every program's best co
 and the tie order. Prints median and p99 in milliseconds per population size, and with
 --profile the functions that dominate at the largest size.
 """
+
 from __future__ import annotations
 
 import cProfile
@@ -46,18 +47,34 @@ def population(n: int, catalog: Catalog, rng: np.random.Generator, normalizers, 
         if rng.random() < 0.6:
             log_z = normalizers.share_log_rate(n) + rng.normal(0, 1)
             p = service.log_prices(config, log_x, log_z)
-            views.append(RequestView(
-                rid=i, slot=i, phase=Phase.DECODE, log_prefill_price=p.prefill_token,
-                log_output_price=p.output_token, log_delivery_price=p.delivery,
-                age_ms=float(rng.uniform(0, 100)), output_remaining=int(rng.integers(1, 2000)),
-                survival=np.cumprod(rng.uniform(0.4, 1.0, depth)), forecast=np.cumprod(rng.uniform(0.4, 1.0, depth)),
-                last_selected_ns=int(rng.integers(0, 10**9))))
+            views.append(
+                RequestView(
+                    rid=i,
+                    slot=i,
+                    phase=Phase.DECODE,
+                    log_prefill_price=p.prefill_token,
+                    log_output_price=p.output_token,
+                    log_delivery_price=p.delivery,
+                    age_ms=float(rng.uniform(0, 100)),
+                    output_remaining=int(rng.integers(1, 2000)),
+                    survival=np.cumprod(rng.uniform(0.4, 1.0, depth)),
+                    forecast=np.cumprod(rng.uniform(0.4, 1.0, depth)),
+                    last_selected_ns=int(rng.integers(0, 10**9)),
+                )
+            )
         else:
             p = service.log_prices(config, log_x, None)
-            views.append(RequestView(
-                rid=i, slot=i, phase=Phase.PREFILL, log_prefill_price=p.prefill_token,
-                log_output_price=p.output_token, prompt_remaining=int(rng.integers(1, 8000)),
-                last_selected_ns=int(rng.integers(0, 10**9))))
+            views.append(
+                RequestView(
+                    rid=i,
+                    slot=i,
+                    phase=Phase.PREFILL,
+                    log_prefill_price=p.prefill_token,
+                    log_output_price=p.output_token,
+                    prompt_remaining=int(rng.integers(1, 8000)),
+                    last_selected_ns=int(rng.integers(0, 10**9)),
+                )
+            )
     return views
 
 
@@ -88,12 +105,19 @@ def main(argv):
             policy.select(inp)
             cpu.append((time.process_time() - c0) * 1e3)
             wall.append((time.perf_counter() - w0) * 1e3)
-        row = {"requests": n, "graphs": len(graphs.graphs),
-               "median_ms": statistics.median(wall), "p99_ms": _p99(wall),
-               "cpu_median_ms": statistics.median(cpu), "cpu_p99_ms": _p99(cpu)}
+        row = {
+            "requests": n,
+            "graphs": len(graphs.graphs),
+            "median_ms": statistics.median(wall),
+            "p99_ms": _p99(wall),
+            "cpu_median_ms": statistics.median(cpu),
+            "cpu_p99_ms": _p99(cpu),
+        }
         results.append(row)
-        print(f"requests={n:3d}  median={row['median_ms']:.3f} ms  p99={row['p99_ms']:.3f} ms  "
-              f"(process CPU: median={row['cpu_median_ms']:.3f} ms  p99={row['cpu_p99_ms']:.3f} ms)")
+        print(
+            f"requests={n:3d}  median={row['median_ms']:.3f} ms  p99={row['p99_ms']:.3f} ms  "
+            f"(process CPU: median={row['cpu_median_ms']:.3f} ms  p99={row['cpu_p99_ms']:.3f} ms)"
+        )
     if FLAGS.profile:
         profiler = cProfile.Profile()
         profiler.enable()

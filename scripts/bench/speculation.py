@@ -27,6 +27,7 @@ Measured per run, from the engine's own counters (deltas over the run):
     the lanes they served; the mean device time of each program as the executor measured it and
     the scheduler's current duration estimates.
 """
+
 from __future__ import annotations
 
 import collections
@@ -40,8 +41,9 @@ import time
 
 import numpy as np
 from absl import app, flags
-from helios_jax.compilation_cache import enable_compilation_cache
 from bench_common import DEFAULT_CACHE_DIR, machine, percentile, prompt_windows
+
+from helios_jax.compilation_cache import enable_compilation_cache
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("modes", ["off", "fixed", "adaptive"], "speculation modes")
@@ -51,14 +53,20 @@ flags.DEFINE_integer("prompt_tokens", 64, "tokens per prompt")
 flags.DEFINE_integer("new_tokens", 128, "new tokens per request")
 flags.DEFINE_integer("requests_at_one", 2, "requests served one after another per run at concurrency 1")
 flags.DEFINE_integer("repeats", 3, "interleaved repeats")
-flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "compute dtype (the same bf16-rounded weights)")
+flags.DEFINE_enum(
+    "dtype", "float32", ["float32", "bfloat16"], "compute dtype (the same bf16-rounded weights)"
+)
 flags.DEFINE_integer("max_model_len", 512, "engine context length (the CPU attention window)")
 flags.DEFINE_enum("policy", "balanced", ["balanced", "throughput"], "scheduler policy preset of every engine")
 flags.DEFINE_integer("seed", 0, "seed of the prompt windows")
 flags.DEFINE_string("json_out", None, "write the results as JSON here")
 flags.DEFINE_string("plot_dir", None, "write PNG plots here (e.g. docs/img)")
-flags.DEFINE_string("compilation_cache_dir", DEFAULT_CACHE_DIR,
-                    "persistent compilation cache (the server's default); empty disables it")
+flags.DEFINE_string(
+    "compilation_cache_dir",
+    DEFAULT_CACHE_DIR,
+    "persistent compilation cache (the server's default); empty disables it",
+)
+
 
 def build(model, tokenizer, mode: str):
     from helios_jax.engine_config import EngineConfig
@@ -66,30 +74,48 @@ def build(model, tokenizer, mode: str):
     from helios_jax.runtime.tokenizer import HFTokenizer
 
     chunks = tuple(c for c in (64, 128) if c <= FLAGS.max_model_len and c >= FLAGS.prompt_tokens)[:1] or (
-        FLAGS.max_model_len,)
-    ec = EngineConfig(request_slots=16, prefill_chunks=chunks, speculation=mode,
-                      draft_tokens=FLAGS.draft_tokens if mode != "off" else 0,
-                      max_model_len=FLAGS.max_model_len, dtype=FLAGS.dtype)
+        FLAGS.max_model_len,
+    )
+    ec = EngineConfig(
+        request_slots=16,
+        prefill_chunks=chunks,
+        speculation=mode,
+        draft_tokens=FLAGS.draft_tokens if mode != "off" else 0,
+        max_model_len=FLAGS.max_model_len,
+        dtype=FLAGS.dtype,
+    )
     t = time.perf_counter()
     from helios_jax.scheduler.config import PolicyConfig
 
-    engine = HeliosEngine(model_config=model.config, params=model.params, tokenizer=HFTokenizer(tokenizer),
-                          engine_config=ec, policy_config=PolicyConfig.preset(FLAGS.policy), model_name="helios-default")
+    engine = HeliosEngine(
+        model_config=model.config,
+        params=model.params,
+        tokenizer=HFTokenizer(tokenizer),
+        engine_config=ec,
+        policy_config=PolicyConfig.preset(FLAGS.policy),
+        model_name="helios-default",
+    )
     return engine, ec, time.perf_counter() - t
 
 
 def counters(engine) -> dict:
     s, ex = engine.scheduler, engine.executor
-    return dict(selections=collections.Counter(s.selections), speculative=collections.Counter(s.speculative),
-                offered=collections.Counter(s.offered_by_position), accepted=collections.Counter(s.accepted_by_position),
-                graph_counts=collections.Counter(ex.graph_counts), graph_ns=collections.Counter(ex.graph_ns),
-                executions=collections.Counter(s.executions),
-                last_fence=s.trace[-1].fence if s.trace else 0)
+    return dict(
+        selections=collections.Counter(s.selections),
+        speculative=collections.Counter(s.speculative),
+        offered=collections.Counter(s.offered_by_position),
+        accepted=collections.Counter(s.accepted_by_position),
+        graph_counts=collections.Counter(ex.graph_counts),
+        graph_ns=collections.Counter(ex.graph_ns),
+        executions=collections.Counter(s.executions),
+        last_fence=s.trace[-1].fence if s.trace else 0,
+    )
 
 
 def delta(after: dict, before: dict) -> dict:
-    return {k: (after[k] - before[k]) if isinstance(after[k], collections.Counter) else after[k]
-            for k in after}
+    return {
+        k: (after[k] - before[k]) if isinstance(after[k], collections.Counter) else after[k] for k in after
+    }
 
 
 def serve_requests(engine, prompts, new_tokens, concurrent: bool):
@@ -107,12 +133,19 @@ def serve_requests(engine, prompts, new_tokens, concurrent: bool):
                 stamps.append(time.perf_counter())
                 events.append(len(event.token_ids))
                 tokens.extend(event.token_ids)
-        records[i] = dict(tokens=tokens, events=events, ttft_ms=(stamps[0] - submitted) * 1e3,
-                          gaps_ms=list(np.diff(stamps) * 1e3))
+        records[i] = dict(
+            tokens=tokens,
+            events=events,
+            ttft_ms=(stamps[0] - submitted) * 1e3,
+            gaps_ms=list(np.diff(stamps) * 1e3),
+        )
 
     def submit(i, p):
-        req = GenerationRequest(f"spec-{time.perf_counter_ns()}-{i}", tuple(p),
-                                SamplingParams(max_tokens=new_tokens, temperature=0.0))
+        req = GenerationRequest(
+            f"spec-{time.perf_counter_ns()}-{i}",
+            tuple(p),
+            SamplingParams(max_tokens=new_tokens, temperature=0.0),
+        )
         now = time.perf_counter()
         t = threading.Thread(target=consume, args=(i, engine.submit(req), now), daemon=True)
         t.start()
@@ -143,9 +176,16 @@ def acceptance(d: dict, gamma: int) -> dict:
     alpha = sum(accepted) / sum(below) if sum(below) else None
     predicted = (1 - alpha ** (gamma + 1)) / (1 - alpha) if alpha is not None and alpha < 1 else gamma + 1
     measured = 1 + sum(r for r in reached if r is not None)
-    return dict(rounds_with_drafts=offered[0], offered_by_position=offered, accepted_by_position=accepted,
-                reached=reached, conditional=conditional, alpha=alpha,
-                predicted_tokens_per_round=predicted, measured_tokens_per_round=measured)
+    return dict(
+        rounds_with_drafts=offered[0],
+        offered_by_position=offered,
+        accepted_by_position=accepted,
+        reached=reached,
+        conditional=conditional,
+        alpha=alpha,
+        predicted_tokens_per_round=predicted,
+        measured_tokens_per_round=measured,
+    )
 
 
 def trace_summary(engine, after_fence: int) -> dict:
@@ -167,12 +207,21 @@ def run_once(name, engine, prompts, c, gamma):
     tokens = sum(len(r["tokens"]) for r in records)
     lane_rounds = sum(len(r["events"]) - 1 for r in records)
     return dict(
-        mode=name, concurrency=c, wall_s=wall, output_tokens=tokens, tokens_per_s=tokens / wall,
-        tokens_per_target_forward=(tokens - len(records)) / max(lane_rounds, 1), lane_rounds=lane_rounds,
-        ttft_ms=[r["ttft_ms"] for r in records], gaps_ms=[g for r in records for g in r["gaps_ms"]],
-        outputs=[r["tokens"] for r in records], acceptance=acceptance(d, gamma),
-        selections=dict(d["selections"]), graph_counts={k: v for k, v in d["graph_counts"].items() if v},
-        speculative=dict(d["speculative"]), executions={k: v for k, v in d["executions"].items() if v},
+        mode=name,
+        concurrency=c,
+        wall_s=wall,
+        output_tokens=tokens,
+        tokens_per_s=tokens / wall,
+        tokens_per_target_forward=(tokens - len(records)) / max(lane_rounds, 1),
+        lane_rounds=lane_rounds,
+        ttft_ms=[r["ttft_ms"] for r in records],
+        gaps_ms=[g for r in records for g in r["gaps_ms"]],
+        outputs=[r["tokens"] for r in records],
+        acceptance=acceptance(d, gamma),
+        selections=dict(d["selections"]),
+        graph_counts={k: v for k, v in d["graph_counts"].items() if v},
+        speculative=dict(d["speculative"]),
+        executions={k: v for k, v in d["executions"].items() if v},
         plans=trace_summary(engine, before["last_fence"]),
     )
 
@@ -185,8 +234,11 @@ def program_costs(engine) -> dict:
             continue
         key = next((g.key for g in engine.catalog.graphs if g.name == name), None)
         est = s.costs.estimate_ms(key) if key is not None else None
-        out[name] = dict(executions=ex.graph_counts[name], device_ms_mean=ex.graph_ns[name] / 1e6 / ex.graph_counts[name],
-                         scheduler_estimate_ms=est)
+        out[name] = dict(
+            executions=ex.graph_counts[name],
+            device_ms_mean=ex.graph_ns[name] / 1e6 / ex.graph_counts[name],
+            scheduler_estimate_ms=est,
+        )
     return out
 
 
@@ -202,18 +254,37 @@ def main(argv) -> int:
     concurrencies = [int(c) for c in FLAGS.concurrency]
     prompts = prompt_windows(tokenizer, 32, FLAGS.prompt_tokens, FLAGS.seed)
     token_lists = [p["tokens"] for p in prompts]
-    results = dict(command=" ".join(sys.argv), machine=machine(),
-                   flags={k: FLAGS[k].value for k in ("modes", "concurrency", "draft_tokens", "prompt_tokens",
-                                                       "new_tokens", "requests_at_one", "repeats", "dtype",
-                                                       "max_model_len", "policy", "seed")},
-                   prompts=[dict(file=p["file"], offset=p["offset"]) for p in prompts])
+    results = dict(
+        command=" ".join(sys.argv),
+        machine=machine(),
+        flags={
+            k: FLAGS[k].value
+            for k in (
+                "modes",
+                "concurrency",
+                "draft_tokens",
+                "prompt_tokens",
+                "new_tokens",
+                "requests_at_one",
+                "repeats",
+                "dtype",
+                "max_model_len",
+                "policy",
+                "seed",
+            )
+        },
+        prompts=[dict(file=p["file"], offset=p["offset"]) for p in prompts],
+    )
     engines, setup = {}, {}
     names = list(FLAGS.modes)
     for name in names:
         engine, ec, seconds = build(model, tokenizer, name)
         engines[name] = engine
-        setup[name] = dict(build_and_compile_s=round(seconds, 1), programs=len(ec.catalog().graphs),
-                           engine_config=dataclasses.asdict(ec))
+        setup[name] = dict(
+            build_and_compile_s=round(seconds, 1),
+            programs=len(ec.catalog().graphs),
+            engine_config=dataclasses.asdict(ec),
+        )
         print(f"{name}: built in {seconds:.1f} s ({len(ec.catalog().graphs)} programs)", flush=True)
     results["setup"] = setup
     # Warm-up (untimed): allocators and the scheduler's first duration estimates / exploration.
@@ -233,9 +304,12 @@ def main(argv) -> int:
                 r["repeat"] = rep
                 runs.append(r)
                 a = r["acceptance"]
-                print(f"rep {rep} c={c:2d} {name:16s} {r['tokens_per_s']:8.1f} tok/s  tokens/forward "
-                      f"{r['tokens_per_target_forward']:.3f}  spec rounds {a.get('rounds_with_drafts', 0):5d}  "
-                      f"graphs {r['graph_counts']}", flush=True)
+                print(
+                    f"rep {rep} c={c:2d} {name:16s} {r['tokens_per_s']:8.1f} tok/s  tokens/forward "
+                    f"{r['tokens_per_target_forward']:.3f}  spec rounds {a.get('rounds_with_drafts', 0):5d}  "
+                    f"graphs {r['graph_counts']}",
+                    flush=True,
+                )
     # Summaries.
     table = []
     for c in concurrencies:
@@ -249,17 +323,27 @@ def main(argv) -> int:
                     for k in range(gamma):
                         pooled[("o", k + 1)] += a["offered_by_position"][k]
                         pooled[("a", k + 1)] += a["accepted_by_position"][k]
-            acc = acceptance(dict(offered={k: pooled[("o", k)] for k in range(1, gamma + 1)},
-                                  accepted={k: pooled[("a", k)] for k in range(1, gamma + 1)}), gamma)
-            row = dict(mode=name, concurrency=c,
-                       tokens_per_s=statistics.median(r["tokens_per_s"] for r in mine),
-                       tokens_per_target_forward=statistics.median(r["tokens_per_target_forward"] for r in mine),
-                       ttft_ms_p50=percentile([x for r in mine for x in r["ttft_ms"]], 50),
-                       gap_ms_p50=percentile([x for r in mine for x in r["gaps_ms"]], 50),
-                       gap_ms_p90=percentile([x for r in mine for x in r["gaps_ms"]], 90),
-                       acceptance=acc)
+            acc = acceptance(
+                dict(
+                    offered={k: pooled[("o", k)] for k in range(1, gamma + 1)},
+                    accepted={k: pooled[("a", k)] for k in range(1, gamma + 1)},
+                ),
+                gamma,
+            )
+            row = dict(
+                mode=name,
+                concurrency=c,
+                tokens_per_s=statistics.median(r["tokens_per_s"] for r in mine),
+                tokens_per_target_forward=statistics.median(r["tokens_per_target_forward"] for r in mine),
+                ttft_ms_p50=percentile([x for r in mine for x in r["ttft_ms"]], 50),
+                gap_ms_p50=percentile([x for r in mine for x in r["gaps_ms"]], 50),
+                gap_ms_p90=percentile([x for r in mine for x in r["gaps_ms"]], 90),
+                acceptance=acc,
+            )
             if base:
-                sp = [r["tokens_per_s"] / base[r["repeat"]]["tokens_per_s"] for r in mine if r["repeat"] in base]
+                sp = [
+                    r["tokens_per_s"] / base[r["repeat"]]["tokens_per_s"] for r in mine if r["repeat"] in base
+                ]
                 row["speedup_vs_off"] = dict(median=statistics.median(sp), per_repeat=sp)
             plans = collections.Counter()
             lanes = collections.Counter()
@@ -281,8 +365,17 @@ def main(argv) -> int:
         for r in runs:
             if r["mode"] != name:
                 continue
-            ref = next(x for x in runs if x["mode"] == "off" and x["repeat"] == r["repeat"]
-                       and x["concurrency"] == r["concurrency"]) if "off" in names else None
+            ref = (
+                next(
+                    x
+                    for x in runs
+                    if x["mode"] == "off"
+                    and x["repeat"] == r["repeat"]
+                    and x["concurrency"] == r["concurrency"]
+                )
+                if "off" in names
+                else None
+            )
             if ref is None:
                 continue
             for a, b in zip(r["outputs"], ref["outputs"]):
@@ -290,11 +383,15 @@ def main(argv) -> int:
                 total += 1
         agreement[name] = dict(identical_to_off=same, of=total)
     results["greedy_agreement"] = agreement
-    results["counters_at_end"] = {name: dict(selections=dict(e.scheduler.selections),
-                                             speculative=dict(e.scheduler.speculative),
-                                             graph_counts=dict(sorted(e.executor.graph_counts.items())),
-                                             executions=dict(e.scheduler.executions))
-                                  for name, e in engines.items()}
+    results["counters_at_end"] = {
+        name: dict(
+            selections=dict(e.scheduler.selections),
+            speculative=dict(e.scheduler.speculative),
+            graph_counts=dict(sorted(e.executor.graph_counts.items())),
+            executions=dict(e.scheduler.executions),
+        )
+        for name, e in engines.items()
+    }
     results["program_costs"] = {name: program_costs(e) for name, e in engines.items()}
     for r in runs:
         del r["outputs"]
@@ -314,22 +411,28 @@ def main(argv) -> int:
 
 def print_tables(results):
     print()
-    print(f"{'mode':16s} {'c':>3s} {'tok/s':>8s} {'speedup':>8s} {'tok/fwd':>8s} {'alpha':>6s} {'pred':>6s} "
-          f"{'meas':>6s}  conditional acceptance")
+    print(
+        f"{'mode':16s} {'c':>3s} {'tok/s':>8s} {'speedup':>8s} {'tok/fwd':>8s} {'alpha':>6s} {'pred':>6s} "
+        f"{'meas':>6s}  conditional acceptance"
+    )
     for row in results["table"]:
         a = row["acceptance"]
         sp = row.get("speedup_vs_off", {}).get("median")
-        print(f"{row['mode']:16s} {row['concurrency']:3d} {row['tokens_per_s']:8.1f} "
-              f"{(f'{sp:.2f}x' if sp else '-'):>8s} {row['tokens_per_target_forward']:8.3f} "
-              f"{(a.get('alpha') or 0):6.3f} {(a.get('predicted_tokens_per_round') or 0):6.3f} "
-              f"{(a.get('measured_tokens_per_round') or 0):6.3f}  {a.get('conditional')}")
+        print(
+            f"{row['mode']:16s} {row['concurrency']:3d} {row['tokens_per_s']:8.1f} "
+            f"{(f'{sp:.2f}x' if sp else '-'):>8s} {row['tokens_per_target_forward']:8.3f} "
+            f"{(a.get('alpha') or 0):6.3f} {(a.get('predicted_tokens_per_round') or 0):6.3f} "
+            f"{(a.get('measured_tokens_per_round') or 0):6.3f}  {a.get('conditional')}"
+        )
     print()
     for name, costs in results["program_costs"].items():
         print(name)
         for prog, c in costs.items():
             est = c["scheduler_estimate_ms"]
-            print(f"  {prog:44s} runs {c['executions']:6d} device {c['device_ms_mean']:8.2f} ms  "
-                  f"estimate {est if est is None else round(est, 2)}")
+            print(
+                f"  {prog:44s} runs {c['executions']:6d} device {c['device_ms_mean']:8.2f} ms  "
+                f"estimate {est if est is None else round(est, 2)}"
+            )
     print(f"wall {results['wall_s']} s")
 
 
@@ -355,7 +458,9 @@ def plots(results, folder):
         ax.set_title(title, fontsize=10)
     axes[1].legend(fontsize=7)
     fig.tight_layout()
-    path = os.path.join(folder, "speculation.png" if FLAGS.policy == "balanced" else f"speculation_{FLAGS.policy}.png")
+    path = os.path.join(
+        folder, "speculation.png" if FLAGS.policy == "balanced" else f"speculation_{FLAGS.policy}.png"
+    )
     fig.savefig(path, dpi=80)
     plt.close(fig)
     return [path]

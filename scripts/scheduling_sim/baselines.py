@@ -32,12 +32,13 @@ checkpoint restores, image windows, terminal snapshots), which the simulator doe
 :func:`simulate` runs :func:`helios_jax.simulation.run` with any scheduler factory, and every
 scheduler built through :func:`factory` records what it committed (``choices``).
 """
+
 from __future__ import annotations
 
 import collections
 import dataclasses
 import math
-from typing import Callable
+from collections.abc import Callable
 
 from helios_jax import simulation
 from helios_jax.catalog import Allocation, Catalog, DecodeMode, GraphDescriptor, GraphKind
@@ -49,6 +50,7 @@ BUDGETS = (256, 512, 1024, 2048, 4096)
 
 
 # -- recording --------------------------------------------------------------------------------
+
 
 class Recording:
     """Mixin: tallies every committed plan (program, prompt tokens, decode lanes and rows) and
@@ -85,7 +87,8 @@ class Recording:
             lanes = self.decode_lanes_by_kind[kind]
             out["by_kind"][kind] = {
                 "plans": n,
-                "share_of_time": self.expected_ms_by_kind[kind] / max(1e-9, sum(self.expected_ms_by_kind.values())),
+                "share_of_time": self.expected_ms_by_kind[kind]
+                / max(1e-9, sum(self.expected_ms_by_kind.values())),
                 "mean_prompt_tokens": self.prompt_tokens_by_kind[kind] / n,
                 "mean_decode_lanes": lanes / n,
                 "mean_rows_per_decode_lane": self.decode_rows_by_kind[kind] / lanes if lanes else 0.0,
@@ -105,6 +108,7 @@ class RecordingScheduler(Recording, Scheduler):
 
 # -- the baselines ------------------------------------------------------------------------------
 
+
 class BaselineScheduler(Recording, Scheduler):
     """A Scheduler whose selection is a classic rule; everything else is the real lifecycle.
 
@@ -112,24 +116,41 @@ class BaselineScheduler(Recording, Scheduler):
     programs (``self.graphs``), or None.
     """
 
-    def __init__(self, catalog: Catalog, *, token_budget: int, mode: DecodeMode | str | None = None,
-                 fixed_width: int | None = None, **kwargs):
+    def __init__(
+        self,
+        catalog: Catalog,
+        *,
+        token_budget: int,
+        mode: DecodeMode | str | None = None,
+        fixed_width: int | None = None,
+        **kwargs,
+    ):
         if token_budget < 1:
             raise ValueError(f"token_budget must be positive, got {token_budget}")
         for unsupported in ("initialize_requests", "checkpoints", "vision_window_tokens"):
             if kwargs.get(unsupported):
-                raise ValueError(f"{type(self).__name__} schedules prompts and decoding only: "
-                                 f"{unsupported} is not supported")
+                raise ValueError(
+                    f"{type(self).__name__} schedules prompts and decoding only: "
+                    f"{unsupported} is not supported"
+                )
         super().__init__(catalog, mode=mode, fixed_width=fixed_width, **kwargs)
         self._init_recording()
         self.token_budget = int(token_budget)
         graphs = self.graphs.graphs
-        self.prefill_programs = sorted((g for g in graphs if g.kind is GraphKind.PREFILL),
-                                       key=lambda g: g.token_capacity)
-        self.scored_programs = sorted((g for g in graphs if g.kind is GraphKind.SCORED_PREFILL),
-                                      key=lambda g: g.token_capacity)
-        self.width_one = sorted((g for g in graphs if g.kind in (GraphKind.DECODE, GraphKind.SPECULATIVE)
-                                 and g.token_capacity == 1), key=lambda g: g.batch_capacity)
+        self.prefill_programs = sorted(
+            (g for g in graphs if g.kind is GraphKind.PREFILL), key=lambda g: g.token_capacity
+        )
+        self.scored_programs = sorted(
+            (g for g in graphs if g.kind is GraphKind.SCORED_PREFILL), key=lambda g: g.token_capacity
+        )
+        self.width_one = sorted(
+            (
+                g
+                for g in graphs
+                if g.kind in (GraphKind.DECODE, GraphKind.SPECULATIVE) and g.token_capacity == 1
+            ),
+            key=lambda g: g.batch_capacity,
+        )
         self.mixed_width_one = [g for g in graphs if g.kind is GraphKind.MIXED and g.token_capacity == 1]
         self.last_kind: GraphKind | None = None
 
@@ -165,8 +186,15 @@ class BaselineScheduler(Recording, Scheduler):
 
     # -- building blocks -------------------------------------------------------------------
     def _candidate(self, g: GraphDescriptor, lanes: list[Lane]) -> Candidate:
-        return Candidate(graph=g, lanes=tuple(lanes), duration_ms=self.costs.estimate_ms(g.key), score=0.0,
-                         useful_value=0.0, log_scale=0.0, stale=self.costs.is_stale(g.key, self.now_ns))
+        return Candidate(
+            graph=g,
+            lanes=tuple(lanes),
+            duration_ms=self.costs.estimate_ms(g.key),
+            score=0.0,
+            useful_value=0.0,
+            log_scale=0.0,
+            stale=self.costs.is_stale(g.key, self.now_ns),
+        )
 
     @staticmethod
     def _by_service(decoders: list[RequestView]) -> list[RequestView]:
@@ -184,12 +212,19 @@ class BaselineScheduler(Recording, Scheduler):
         return total
 
     def _decode_lane(self, v: RequestView, rows: int) -> Lane:
-        return Lane(v.rid, v.slot, LaneRole.DECODE, query_length=rows, expected_tokens=self._expected(v, rows))
+        return Lane(
+            v.rid, v.slot, LaneRole.DECODE, query_length=rows, expected_tokens=self._expected(v, rows)
+        )
 
     @staticmethod
     def _prompt_lane(v: RequestView, tokens: int) -> Lane:
-        return Lane(v.rid, v.slot, LaneRole.PROMPT, prompt_tokens=tokens,
-                    expected_tokens=1.0 if tokens == v.prompt_remaining else 0.0)
+        return Lane(
+            v.rid,
+            v.slot,
+            LaneRole.PROMPT,
+            prompt_tokens=tokens,
+            expected_tokens=1.0 if tokens == v.prompt_remaining else 0.0,
+        )
 
     @staticmethod
     def _width(v: RequestView, width: int) -> int:
@@ -241,12 +276,20 @@ class FcfsFixedWidth(FcfsPrefillFirst):
 
     def __init__(self, catalog: Catalog, *, token_budget: int, fixed_width: int, **kwargs):
         kwargs.pop("mode", None)
-        super().__init__(catalog, token_budget=token_budget, mode=DecodeMode.FIXED, fixed_width=fixed_width,
-                         **kwargs)
+        super().__init__(
+            catalog, token_budget=token_budget, mode=DecodeMode.FIXED, fixed_width=fixed_width, **kwargs
+        )
         self.width = int(fixed_width)
-        self.spec_programs = sorted((g for g in self.graphs.graphs if g.kind is GraphKind.SPECULATIVE
-                                     and g.allocation is Allocation.QUERY_LENGTH and g.token_capacity == self.width),
-                                    key=lambda g: (g.batch_capacity, g.target_capacity))
+        self.spec_programs = sorted(
+            (
+                g
+                for g in self.graphs.graphs
+                if g.kind is GraphKind.SPECULATIVE
+                and g.allocation is Allocation.QUERY_LENGTH
+                and g.token_capacity == self.width
+            ),
+            key=lambda g: (g.batch_capacity, g.target_capacity),
+        )
         if not self.spec_programs:
             raise ValueError(f"no host-allocated speculative program of width {self.width}")
 
@@ -297,7 +340,9 @@ class StallFreeChunked(BaselineScheduler):
         for g in self.mixed_width_one:
             if g.batch_capacity - 1 < len(order):
                 continue
-            largest = max(h.prefill_capacity for h in self.mixed_width_one if h.batch_capacity == g.batch_capacity)
+            largest = max(
+                h.prefill_capacity for h in self.mixed_width_one if h.batch_capacity == g.batch_capacity
+            )
             tokens = min(prompt.prompt_work(largest), left)
             n = min(prompt.prompt_work(g.prefill_capacity), tokens)
             if n != tokens or n < 1:
@@ -311,6 +356,7 @@ class StallFreeChunked(BaselineScheduler):
 
 
 # -- legality -------------------------------------------------------------------------------------
+
 
 def plan_violations(sched: Scheduler, plan: ScheduledPlan, token_budget: int | None = None) -> list[str]:
     """What is wrong with `plan` for `sched` (empty: a legal plan of a loaded program).
@@ -336,8 +382,12 @@ def plan_violations(sched: Scheduler, plan: ScheduledPlan, token_budget: int | N
         out.append(f"{g.name}: lanes other than prompt and decode")
     for l in prompt:
         req = sched.requests.get(l.handle.rid)
-        if req is None or l.prompt_start != req.consumed or l.prompt_tokens < 1 \
-                or l.prompt_start + l.prompt_tokens > req.prompt_len:
+        if (
+            req is None
+            or l.prompt_start != req.consumed
+            or l.prompt_tokens < 1
+            or l.prompt_start + l.prompt_tokens > req.prompt_len
+        ):
             out.append(f"{g.name}: prompt lane {l.handle} outside its prompt")
     rows = sum(max(l.query_length, l.ceiling) for l in decode)
     if g.kind.is_prefill:
@@ -353,20 +403,25 @@ def plan_violations(sched: Scheduler, plan: ScheduledPlan, token_budget: int | N
     elif g.kind in (GraphKind.DECODE, GraphKind.SPECULATIVE):
         if prompt:
             out.append(f"{g.name}: a generation program takes no prompt rows")
-        if any(not 1 <= max(l.query_length, l.ceiling) <= min(g.token_capacity, g.proposal_depth + 1)
-               for l in decode):
+        if any(
+            not 1 <= max(l.query_length, l.ceiling) <= min(g.token_capacity, g.proposal_depth + 1)
+            for l in decode
+        ):
             out.append(f"{g.name}: a lane exceeds width {g.token_capacity}")
         if g.allocation is not Allocation.PREFIX_LIMIT and rows > max(g.target_capacity, g.batch_capacity):
             out.append(f"{g.name}: {rows} target rows exceed P={g.target_capacity}")
     else:
         out.append(f"{g.name}: not a prompt or generation program")
     if token_budget is not None and sum(l.prompt_tokens for l in prompt) + rows > token_budget:
-        out.append(f"{g.name}: {sum(l.prompt_tokens for l in prompt)} prompt tokens + {rows} rows exceed the "
-                   f"budget {token_budget}")
+        out.append(
+            f"{g.name}: {sum(l.prompt_tokens for l in prompt)} prompt tokens + {rows} rows exceed the "
+            f"budget {token_budget}"
+        )
     return out
 
 
 # -- running them in the simulator ---------------------------------------------------------------
+
 
 @dataclasses.dataclass(frozen=True)
 class SchedulerSpec:
@@ -402,10 +457,13 @@ def factory(spec: SchedulerSpec) -> Callable[..., Scheduler]:
 
     def make(catalog: Catalog, *, mode=None, policy_config=None, fixed_width=None, **kwargs) -> Scheduler:
         if spec.kind == "utility":
-            return RecordingScheduler(catalog, mode=mode, policy_config=policy_config, fixed_width=fixed_width,
-                                      **kwargs)
+            return RecordingScheduler(
+                catalog, mode=mode, policy_config=policy_config, fixed_width=fixed_width, **kwargs
+            )
         if spec.kind == "fcfs_fixed":
-            return FcfsFixedWidth(catalog, token_budget=spec.token_budget, fixed_width=spec.fixed_width, **kwargs)
+            return FcfsFixedWidth(
+                catalog, token_budget=spec.token_budget, fixed_width=spec.fixed_width, **kwargs
+            )
         cls = {"fcfs": FcfsPrefillFirst, "sarathi": StallFreeChunked}[spec.kind]
         base_mode, width = baseline_mode(catalog)
         return cls(catalog, token_budget=spec.token_budget, mode=base_mode, fixed_width=width, **kwargs)
@@ -413,7 +471,9 @@ def factory(spec: SchedulerSpec) -> Callable[..., Scheduler]:
     return make
 
 
-def simulate(config: simulation.SimConfig, make: Callable[..., Scheduler]) -> tuple[simulation.SimResult, Scheduler]:
+def simulate(
+    config: simulation.SimConfig, make: Callable[..., Scheduler]
+) -> tuple[simulation.SimResult, Scheduler]:
     """Run the simulator with the scheduler `make` builds; returns the result and the scheduler."""
     built = []
 

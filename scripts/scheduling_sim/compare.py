@@ -32,6 +32,7 @@ Best baseline setting per load: among a family's budgets, those within ``--throu
 The goal check compares the balanced policy with the best FCFS and the best stall-free setting:
 lower TTFT p99 and gap p99 at equal or higher throughput (``--equal_throughput``: at least 99%).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -59,22 +60,34 @@ flags.DEFINE_integer("seeds", 3, "seeds per load (workloads 0..seeds-1)")
 flags.DEFINE_integer("requests", 60, "requests per run")
 flags.DEFINE_list("prompt_tokens", ["64", "512", "2048", "6000"], "prompt lengths (drawn uniformly)")
 flags.DEFINE_list("output_tokens", ["16", "128", "512"], "output limits (drawn uniformly)")
-flags.DEFINE_list("acceptance_probs", ["0.8", "0.7", "0.6", "0.5", "0.4", "0.3", "0.2"],
-                  "per-position conditional acceptance probabilities")
+flags.DEFINE_list(
+    "acceptance_probs",
+    ["0.8", "0.7", "0.6", "0.5", "0.4", "0.3", "0.2"],
+    "per-position conditional acceptance probabilities",
+)
 flags.DEFINE_list("budgets", [str(b) for b in baselines.BUDGETS], "baseline token budgets")
-flags.DEFINE_list("fixed_budgets", None, "token budgets of the fixed-width FCFS baseline (default: --budgets)")
+flags.DEFINE_list(
+    "fixed_budgets", None, "token budgets of the fixed-width FCFS baseline (default: --budgets)"
+)
 flags.DEFINE_integer("fixed_width", 4, "speculative width of the fixed-width schedulers")
-flags.DEFINE_list("schedulers", ["balanced", "throughput", "fixed", "fcfs", "sarathi", "fcfs_fixed"],
-                  "scheduler families to run")
+flags.DEFINE_list(
+    "schedulers",
+    ["balanced", "throughput", "fixed", "fcfs", "sarathi", "fcfs_fixed"],
+    "scheduler families to run",
+)
 flags.DEFINE_float("throughput_slack", 0.05, "best setting: within this fraction of the best throughput")
-flags.DEFINE_float("equal_throughput", 0.99, "goal check: 'equal or higher' throughput means at least this ratio")
+flags.DEFINE_float(
+    "equal_throughput", 0.99, "goal check: 'equal or higher' throughput means at least this ratio"
+)
 flags.DEFINE_integer("workers", 1, "worker processes")
 flags.DEFINE_float("horizon_ms", 1e7, "virtual time limit per run")
 flags.DEFINE_string("json_out", None, "write every number here")
 flags.DEFINE_string("plot_out", None, "PNG: TTFT p99, gap p99 and throughput against load")
 flags.DEFINE_string("sweep_plot_out", None, "PNG: TTFT p99 against gap p99 of every setting, per load")
 flags.DEFINE_string("markdown_out", None, "write the per-load and per-setting tables as Markdown here")
-flags.DEFINE_list("from_json", None, "re-report and re-plot earlier --json_out files (merged) without simulating")
+flags.DEFINE_list(
+    "from_json", None, "re-report and re-plot earlier --json_out files (merged) without simulating"
+)
 flags.DEFINE_bool("per_request", False, "also write per-request first output, gaps count and rates")
 
 
@@ -93,8 +106,10 @@ def specs(catalog: Catalog, families, budgets, fixed_budgets, width) -> list[bas
         elif fam in ("fcfs", "sarathi"):
             out += [baselines.SchedulerSpec(f"{fam}@{b}", fam, token_budget=b) for b in budgets]
         elif fam == "fcfs_fixed" and speculative:
-            out += [baselines.SchedulerSpec(f"fcfs_w{width}@{b}", "fcfs_fixed", token_budget=b, fixed_width=width)
-                    for b in fixed_budgets]
+            out += [
+                baselines.SchedulerSpec(f"fcfs_w{width}@{b}", "fcfs_fixed", token_budget=b, fixed_width=width)
+                for b in fixed_budgets
+            ]
     return out
 
 
@@ -120,11 +135,21 @@ def run_one(task: dict) -> dict:
     spec = baselines.SchedulerSpec(**task["spec"])
     prompts, outputs = workload(task["seed"], task["requests"], task["prompt_tokens"], task["output_tokens"])
     config = simulation.SimConfig(
-        catalog=catalog, scenario="poisson", requests=task["requests"], prompt_tokens=prompts,
-        output_tokens=outputs, accepted_drafts=None, acceptance_probs=tuple(task["acceptance_probs"]),
-        policy=PolicyConfig.preset(spec.policy), mode=DecodeMode(spec.mode) if spec.mode else None,
-        fixed_width=spec.fixed_width, arrival_rate_per_s=task["load"], horizon_ms=task["horizon_ms"],
-        seed=task["seed"], rounds=10**9)
+        catalog=catalog,
+        scenario="poisson",
+        requests=task["requests"],
+        prompt_tokens=prompts,
+        output_tokens=outputs,
+        accepted_drafts=None,
+        acceptance_probs=tuple(task["acceptance_probs"]),
+        policy=PolicyConfig.preset(spec.policy),
+        mode=DecodeMode(spec.mode) if spec.mode else None,
+        fixed_width=spec.fixed_width,
+        arrival_rate_per_s=task["load"],
+        horizon_ms=task["horizon_ms"],
+        seed=task["seed"],
+        rounds=10**9,
+    )
     t0 = time.perf_counter()
     result, sched = baselines.simulate(config, baselines.factory(spec))
     wall = time.perf_counter() - t0
@@ -132,29 +157,61 @@ def run_one(task: dict) -> dict:
     done = [r for r in reqs if r.finished_ms is not None]
     ttft = [r.first_output_ms for r in reqs if r.first_output_ms is not None]
     gaps = np.concatenate([np.diff(r.publications) for r in reqs] + [np.zeros(0)])
-    rates = [(r.output_tokens - 1) / ((r.finished_ms - r.arrival_ms - r.first_output_ms) / 1e3)
-             for r in done if len(r.publications) >= 2]
+    rates = [
+        (r.output_tokens - 1) / ((r.finished_ms - r.arrival_ms - r.first_output_ms) / 1e3)
+        for r in done
+        if len(r.publications) >= 2
+    ]
     span_ms = max(r.finished_ms for r in done) - min(r.arrival_ms for r in reqs) if done else math.nan
     tokens = sum(r.output_tokens for r in reqs)
     out = {
-        "catalog": catalog.name, "label": spec.label, "family": spec.family, "budget": spec.token_budget,
-        "load": task["load"], "seed": task["seed"], "requests": len(reqs), "completed": len(done),
-        "output_tokens": tokens, "span_ms": span_ms, "throughput_tok_s": tokens / span_ms * 1e3,
-        "ttft_p50_ms": percentile(ttft, 50), "ttft_p99_ms": percentile(ttft, 99), "ttft_max_ms": max(ttft),
-        "gap_p50_ms": percentile(gaps, 50), "gap_p99_ms": percentile(gaps, 99),
-        "gap_max_ms": float(gaps.max()) if gaps.size else None, "jain": jain(rates),
-        "plans": sum(sched.kind_counts.values()), "wall_s": wall, "chosen": sched.summary(),
+        "catalog": catalog.name,
+        "label": spec.label,
+        "family": spec.family,
+        "budget": spec.token_budget,
+        "load": task["load"],
+        "seed": task["seed"],
+        "requests": len(reqs),
+        "completed": len(done),
+        "output_tokens": tokens,
+        "span_ms": span_ms,
+        "throughput_tok_s": tokens / span_ms * 1e3,
+        "ttft_p50_ms": percentile(ttft, 50),
+        "ttft_p99_ms": percentile(ttft, 99),
+        "ttft_max_ms": max(ttft),
+        "gap_p50_ms": percentile(gaps, 50),
+        "gap_p99_ms": percentile(gaps, 99),
+        "gap_max_ms": float(gaps.max()) if gaps.size else None,
+        "jain": jain(rates),
+        "plans": sum(sched.kind_counts.values()),
+        "wall_s": wall,
+        "chosen": sched.summary(),
         "executions": result.executions,
-        "ttft_by_prompt_ms": {str(p): {"p50": percentile(v, 50), "max": max(v)} for p in sorted(set(prompts))
-                              if (v := [r.first_output_ms for r in reqs if r.prompt_tokens == p])},
+        "ttft_by_prompt_ms": {
+            str(p): {"p50": percentile(v, 50), "max": max(v)}
+            for p in sorted(set(prompts))
+            if (v := [r.first_output_ms for r in reqs if r.prompt_tokens == p])
+        },
     }
-    raw = {"ttft": np.asarray(ttft), "gaps": gaps.astype(np.float32), "rates": np.asarray(rates),
-           "prompt": np.array([r.prompt_tokens for r in reqs])}
+    raw = {
+        "ttft": np.asarray(ttft),
+        "gaps": gaps.astype(np.float32),
+        "rates": np.asarray(rates),
+        "prompt": np.array([r.prompt_tokens for r in reqs]),
+    }
     if task.get("per_request"):
-        out["per_request"] = [{"arrival_ms": r.arrival_ms, "prompt_tokens": r.prompt_tokens,
-                               "output_tokens": r.output_tokens, "first_output_ms": r.first_output_ms,
-                               "finished_ms": r.finished_ms, "bursts": len(r.publications),
-                               "max_gap_ms": r.max_gap_ms} for r in reqs]
+        out["per_request"] = [
+            {
+                "arrival_ms": r.arrival_ms,
+                "prompt_tokens": r.prompt_tokens,
+                "output_tokens": r.output_tokens,
+                "first_output_ms": r.first_output_ms,
+                "finished_ms": r.finished_ms,
+                "bursts": len(r.publications),
+                "max_gap_ms": r.max_gap_ms,
+            }
+            for r in reqs
+        ]
     return {"summary": out, "raw": raw}
 
 
@@ -172,18 +229,32 @@ def aggregate(runs: list[dict]) -> dict:
     # every committed plan was checked by baselines.plan_violations (legal program, capacities, budget)
     prompts = np.concatenate([r["raw"]["prompt"] for r in runs])
     return {
-        "label": s[0]["label"], "family": s[0]["family"], "budget": s[0]["budget"], "load": s[0]["load"],
-        "seeds": len(s), "requests": sum(x["requests"] for x in s), "completed": sum(x["completed"] for x in s),
-        "throughput_tok_s": float(np.mean(thr)), "throughput_min": float(min(thr)), "throughput_max": float(max(thr)),
-        "ttft_p50_ms": percentile(ttft, 50), "ttft_p99_ms": percentile(ttft, 99),
+        "label": s[0]["label"],
+        "family": s[0]["family"],
+        "budget": s[0]["budget"],
+        "load": s[0]["load"],
+        "seeds": len(s),
+        "requests": sum(x["requests"] for x in s),
+        "completed": sum(x["completed"] for x in s),
+        "throughput_tok_s": float(np.mean(thr)),
+        "throughput_min": float(min(thr)),
+        "throughput_max": float(max(thr)),
+        "ttft_p50_ms": percentile(ttft, 50),
+        "ttft_p99_ms": percentile(ttft, 99),
         "ttft_p99_per_seed_ms": [x["ttft_p99_ms"] for x in s],
-        "gap_p50_ms": percentile(gaps, 50), "gap_p99_ms": percentile(gaps, 99),
+        "gap_p50_ms": percentile(gaps, 50),
+        "gap_p99_ms": percentile(gaps, 99),
         "gap_p99_per_seed_ms": [x["gap_p99_ms"] for x in s],
-        "gap_p999_ms": percentile(gaps, 99.9), "gap_max_ms": float(gaps.max()) if gaps.size else None,
+        "gap_p999_ms": percentile(gaps, 99.9),
+        "gap_max_ms": float(gaps.max()) if gaps.size else None,
         "gaps": int(gaps.size),
         "jain": float(np.mean([x["jain"] for x in s if x["jain"] is not None])),
-        "ttft_p99_by_prompt_ms": {str(int(p)): percentile(ttft[prompts == p], 99) for p in sorted(set(prompts))},
-        "plans": sum(x["plans"] for x in s), "wall_s": sum(x["wall_s"] for x in s), "chosen": chosen,
+        "ttft_p99_by_prompt_ms": {
+            str(int(p)): percentile(ttft[prompts == p], 99) for p in sorted(set(prompts))
+        },
+        "plans": sum(x["plans"] for x in s),
+        "wall_s": sum(x["wall_s"] for x in s),
+        "chosen": chosen,
         "violations": sum(x["chosen"]["violations"] for x in s),
     }
 
@@ -218,11 +289,18 @@ def goal_check(rows: list[dict], best: dict, equal: float) -> dict | None:
             "throughput_ratio": bal["throughput_tok_s"] / b["throughput_tok_s"],
             "throughput_ok": bal["throughput_tok_s"] >= equal * b["throughput_tok_s"],
         }
-        out[fam]["met"] = out[fam]["ttft_p99_lower"] and out[fam]["gap_p99_lower"] and out[fam]["throughput_ok"]
+        out[fam]["met"] = (
+            out[fam]["ttft_p99_lower"] and out[fam]["gap_p99_lower"] and out[fam]["throughput_ok"]
+        )
         # Any single setting of the family that beats balanced on all three?
-        out[fam]["dominated_by"] = [r["label"] for r in rows if r["family"] == fam
-                                    and r["ttft_p99_ms"] <= bal["ttft_p99_ms"] and r["gap_p99_ms"] <= bal["gap_p99_ms"]
-                                    and r["throughput_tok_s"] >= equal * bal["throughput_tok_s"]]
+        out[fam]["dominated_by"] = [
+            r["label"]
+            for r in rows
+            if r["family"] == fam
+            and r["ttft_p99_ms"] <= bal["ttft_p99_ms"]
+            and r["gap_p99_ms"] <= bal["gap_p99_ms"]
+            and r["throughput_tok_s"] >= equal * bal["throughput_tok_s"]
+        ]
     out["met"] = all(v["met"] for v in out.values())
     return out
 
@@ -236,19 +314,28 @@ def _save(fig, path: str) -> None:
     buf = _io.BytesIO()
     fig.savefig(buf, dpi=80, format="png")
     buf.seek(0)
-    Image.open(buf).convert("RGB").quantize(colors=96, method=Image.Quantize.FASTOCTREE).save(path, optimize=True)
+    Image.open(buf).convert("RGB").quantize(colors=96, method=Image.Quantize.FASTOCTREE).save(
+        path, optimize=True
+    )
 
 
 def plot(results: dict, path: str) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import matplotlib.ticker
 
     catalogs = list(results)
     fig, axes = plt.subplots(len(catalogs), 3, figsize=(13, 3.6 * len(catalogs)), squeeze=False)
-    styles = {"balanced": ("k", "o", "-"), "throughput": ("0.45", "s", "--"), "fcfs_w": ("tab:orange", "x", ":"),
-              "fcfs": ("tab:red", "v", "-"), "sarathi": ("tab:blue", "^", "-"), "fixed_w": ("tab:green", "D", "--")}
+    styles = {
+        "balanced": ("k", "o", "-"),
+        "throughput": ("0.45", "s", "--"),
+        "fcfs_w": ("tab:orange", "x", ":"),
+        "fcfs": ("tab:red", "v", "-"),
+        "sarathi": ("tab:blue", "^", "-"),
+        "fixed_w": ("tab:green", "D", "--"),
+    }
     for row, name in enumerate(catalogs):
         res = results[name]
         loads = sorted(float(x) for x in res["per_load"])
@@ -260,14 +347,33 @@ def plot(results: dict, path: str) -> None:
             shown.update(entry["best"])
             for fam, label in shown.items():
                 lines.setdefault(fam, []).append((load, by[label]))
-        for col, (key, title) in enumerate([("ttft_p99_ms", "TTFT p99 (ms)"), ("gap_p99_ms", "inter-output gap p99 (ms)"),
-                                            ("throughput_tok_s", "throughput (output tokens/s)")]):
+        for col, (key, title) in enumerate(
+            [
+                ("ttft_p99_ms", "TTFT p99 (ms)"),
+                ("gap_p99_ms", "inter-output gap p99 (ms)"),
+                ("throughput_tok_s", "throughput (output tokens/s)"),
+            ]
+        ):
             ax = axes[row][col]
             for fam, pts in lines.items():
-                color, marker, ls = next((v for k, v in styles.items() if fam.startswith(k)), ("0.5", ".", "-"))
-                label = fam if fam in ("balanced", "throughput") or fam.startswith("fixed") else f"{fam} (best budget)"
-                ax.plot([p[0] for p in pts], [p[1][key] for p in pts], color=color, marker=marker, ls=ls, label=label,
-                        ms=4, lw=1.2)
+                color, marker, ls = next(
+                    (v for k, v in styles.items() if fam.startswith(k)), ("0.5", ".", "-")
+                )
+                label = (
+                    fam
+                    if fam in ("balanced", "throughput") or fam.startswith("fixed")
+                    else f"{fam} (best budget)"
+                )
+                ax.plot(
+                    [p[0] for p in pts],
+                    [p[1][key] for p in pts],
+                    color=color,
+                    marker=marker,
+                    ls=ls,
+                    label=label,
+                    ms=4,
+                    lw=1.2,
+                )
             if key != "throughput_tok_s":
                 ax.set_yscale("log")
                 ax.yaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
@@ -285,13 +391,16 @@ def plot(results: dict, path: str) -> None:
 def sweep_plot(results: dict, path: str) -> None:
     """Per load: TTFT p99 against gap p99 for every setting (budgets labelled), one row per catalog."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import matplotlib.ticker
 
     catalogs = list(results)
     loads = sorted(float(x) for x in results[catalogs[0]]["per_load"])
-    fig, axes = plt.subplots(len(catalogs), len(loads), figsize=(2.6 * len(loads), 2.8 * len(catalogs)), squeeze=False)
+    fig, axes = plt.subplots(
+        len(catalogs), len(loads), figsize=(2.6 * len(loads), 2.8 * len(catalogs)), squeeze=False
+    )
     colors = {"balanced": "k", "throughput": "0.45", "fcfs": "tab:red", "sarathi": "tab:blue"}
     for row, name in enumerate(catalogs):
         for col, load in enumerate(loads):
@@ -300,10 +409,22 @@ def sweep_plot(results: dict, path: str) -> None:
                 fam = r["family"]
                 color = colors.get(fam, "tab:orange" if fam.startswith("fcfs_w") else "tab:green")
                 marker = "o" if r["budget"] is None else "."
-                ax.scatter(r["ttft_p99_ms"], r["gap_p99_ms"], color=color, marker=marker, s=22 if marker == "o" else 30)
+                ax.scatter(
+                    r["ttft_p99_ms"],
+                    r["gap_p99_ms"],
+                    color=color,
+                    marker=marker,
+                    s=22 if marker == "o" else 30,
+                )
                 if r["budget"] is not None:
-                    ax.annotate(str(r["budget"]), (r["ttft_p99_ms"], r["gap_p99_ms"]), fontsize=5, color=color,
-                                xytext=(2, 1), textcoords="offset points")
+                    ax.annotate(
+                        str(r["budget"]),
+                        (r["ttft_p99_ms"], r["gap_p99_ms"]),
+                        fontsize=5,
+                        color=color,
+                        xytext=(2, 1),
+                        textcoords="offset points",
+                    )
             ax.set_yscale("log")
             ax.yaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
             ax.yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
@@ -315,8 +436,10 @@ def sweep_plot(results: dict, path: str) -> None:
                 ax.set_ylabel("gap p99 (ms)", fontsize=7)
             ax.set_xlabel("TTFT p99 (ms)", fontsize=7)
     handles = [plt.Line2D([], [], color=c, marker="o", ls="", label=k) for k, c in colors.items()]
-    handles += [plt.Line2D([], [], color="tab:orange", marker=".", ls="", label="fcfs_w (fixed width)"),
-                plt.Line2D([], [], color="tab:green", marker="o", ls="", label="fixed_w (utility, fixed mode)")]
+    handles += [
+        plt.Line2D([], [], color="tab:orange", marker=".", ls="", label="fcfs_w (fixed width)"),
+        plt.Line2D([], [], color="tab:green", marker="o", ls="", label="fixed_w (utility, fixed mode)"),
+    ]
     fig.legend(handles=handles, loc="lower center", ncol=6, fontsize=7)
     fig.tight_layout(rect=(0, 0.06, 1, 1))
     _save(fig, path)
@@ -326,14 +449,20 @@ def report(results: dict) -> None:
     for name, res in results.items():
         print(f"\n== {name}")
         for load, entry in res["per_load"].items():
-            print(f"-- load {load} req/s (best: {entry['best']}; goal met: "
-                  f"{None if entry['goal'] is None else entry['goal']['met']})")
-            shown = [r for r in entry["schedulers"] if r["budget"] is None or r["label"] in entry["best"].values()]
+            print(
+                f"-- load {load} req/s (best: {entry['best']}; goal met: "
+                f"{None if entry['goal'] is None else entry['goal']['met']})"
+            )
+            shown = [
+                r for r in entry["schedulers"] if r["budget"] is None or r["label"] in entry["best"].values()
+            ]
             for r in shown:
-                print(f"   {r['label']:16s} thr={r['throughput_tok_s']:7.0f}  ttft p50={r['ttft_p50_ms']:7.1f} "
-                      f"p99={r['ttft_p99_ms']:7.1f}  gap p50={r['gap_p50_ms']:5.1f} p99={r['gap_p99_ms']:6.1f}  "
-                      f"jain={r['jain']:.3f}  done={r['completed']}/{r['requests']}"
-                      + (f"  ILLEGAL PLANS={r['violations']}" if r.get("violations") else ""))
+                print(
+                    f"   {r['label']:16s} thr={r['throughput_tok_s']:7.0f}  ttft p50={r['ttft_p50_ms']:7.1f} "
+                    f"p99={r['ttft_p99_ms']:7.1f}  gap p50={r['gap_p50_ms']:5.1f} p99={r['gap_p99_ms']:6.1f}  "
+                    f"jain={r['jain']:.3f}  done={r['completed']}/{r['requests']}"
+                    + (f"  ILLEGAL PLANS={r['violations']}" if r.get("violations") else "")
+                )
 
 
 def markdown(results: dict) -> str:
@@ -343,24 +472,33 @@ def markdown(results: dict) -> str:
         lines.append(f"### {name}\n")
         for load, entry in res["per_load"].items():
             best = entry["best"]
-            lines.append(f"**{float(load):g} requests/s** (best budgets: "
-                         + ", ".join(f"{k} {v.split('@')[1]}" for k, v in sorted(best.items())) + ")\n")
-            lines.append("| scheduler | throughput (tok/s) | TTFT p50 (ms) | TTFT p99 (ms) | gap p50 (ms) | gap p99 (ms) "
-                         "| Jain |")
+            lines.append(
+                f"**{float(load):g} requests/s** (best budgets: "
+                + ", ".join(f"{k} {v.split('@')[1]}" for k, v in sorted(best.items()))
+                + ")\n"
+            )
+            lines.append(
+                "| scheduler | throughput (tok/s) | TTFT p50 (ms) | TTFT p99 (ms) | gap p50 (ms) | gap p99 (ms) "
+                "| Jain |"
+            )
             lines.append("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
             shown = [r for r in entry["schedulers"] if r["budget"] is None or r["label"] in best.values()]
             for r in shown:
-                lines.append(f"| {r['label']} | {r['throughput_tok_s']:.0f} | {r['ttft_p50_ms']:.1f} | "
-                             f"{r['ttft_p99_ms']:.1f} | {r['gap_p50_ms']:.1f} | {r['gap_p99_ms']:.1f} | {r['jain']:.3f} |")
+                lines.append(
+                    f"| {r['label']} | {r['throughput_tok_s']:.0f} | {r['ttft_p50_ms']:.1f} | "
+                    f"{r['ttft_p99_ms']:.1f} | {r['gap_p50_ms']:.1f} | {r['gap_p99_ms']:.1f} | {r['jain']:.3f} |"
+                )
             goal = entry["goal"]
             if goal:
                 parts = []
                 for fam in ("fcfs", "sarathi"):
                     if fam in goal:
                         g = goal[fam]
-                        parts.append(f"vs {g['against']}: TTFT p99 {'lower' if g['ttft_p99_lower'] else 'higher'}, "
-                                     f"gap p99 {'lower' if g['gap_p99_lower'] else 'higher'}, throughput "
-                                     f"x{g['throughput_ratio']:.2f}")
+                        parts.append(
+                            f"vs {g['against']}: TTFT p99 {'lower' if g['ttft_p99_lower'] else 'higher'}, "
+                            f"gap p99 {'lower' if g['gap_p99_lower'] else 'higher'}, throughput "
+                            f"x{g['throughput_ratio']:.2f}"
+                        )
                 lines.append(f"\nGoal {'met' if goal['met'] else 'not met'}: " + "; ".join(parts) + ".\n")
             else:
                 lines.append("")
@@ -415,12 +553,20 @@ def main(argv):
         for spec in specs(catalog, FLAGS.schedulers, budgets, fixed_budgets, FLAGS.fixed_width):
             for load in loads:
                 for seed in range(FLAGS.seeds):
-                    tasks.append({"catalog": name, "spec": dataclasses.asdict(spec), "load": load, "seed": seed,
-                                  "requests": FLAGS.requests, "horizon_ms": FLAGS.horizon_ms,
-                                  "prompt_tokens": [int(x) for x in FLAGS.prompt_tokens],
-                                  "output_tokens": [int(x) for x in FLAGS.output_tokens],
-                                  "acceptance_probs": [float(x) for x in FLAGS.acceptance_probs],
-                                  "per_request": FLAGS.per_request})
+                    tasks.append(
+                        {
+                            "catalog": name,
+                            "spec": dataclasses.asdict(spec),
+                            "load": load,
+                            "seed": seed,
+                            "requests": FLAGS.requests,
+                            "horizon_ms": FLAGS.horizon_ms,
+                            "prompt_tokens": [int(x) for x in FLAGS.prompt_tokens],
+                            "output_tokens": [int(x) for x in FLAGS.output_tokens],
+                            "acceptance_probs": [float(x) for x in FLAGS.acceptance_probs],
+                            "per_request": FLAGS.per_request,
+                        }
+                    )
     t0 = time.perf_counter()
     print(f"{len(tasks)} simulations on {FLAGS.workers} worker(s)", flush=True)
     if FLAGS.workers > 1:
@@ -443,21 +589,46 @@ def main(argv):
                     groups.setdefault(t["spec"]["label"], []).append(o)
             rows = [aggregate(g) for g in groups.values()]
             best = best_settings([r for r in rows if r["budget"] is not None], FLAGS.throughput_slack)
-            per_load[str(load)] = {"schedulers": rows, "best": best,
-                                   "goal": goal_check(rows, best, FLAGS.equal_throughput)}
-        results[load_catalog(name).name] = {
-            "per_load": per_load, "runs": [o["summary"] for _, o in mine]}
+            per_load[str(load)] = {
+                "schedulers": rows,
+                "best": best,
+                "goal": goal_check(rows, best, FLAGS.equal_throughput),
+            }
+        results[load_catalog(name).name] = {"per_load": per_load, "runs": [o["summary"] for _, o in mine]}
     elapsed = time.perf_counter() - t0
     simulated_s = sum(o["summary"]["wall_s"] for o in outputs)
     report(results)
     print(f"\n{len(tasks)} simulations in {elapsed:.0f} s wall ({simulated_s:.0f} s summed over workers)")
     if FLAGS.json_out:
         with open(FLAGS.json_out, "w") as f:
-            json.dump({"flags": {k: FLAGS[k].value for k in ("catalogs", "loads", "seeds", "requests", "prompt_tokens",
-                                                            "output_tokens", "acceptance_probs", "budgets",
-                                                            "fixed_budgets", "fixed_width", "schedulers",
-                                                            "throughput_slack", "equal_throughput", "horizon_ms")},
-                       "elapsed_s": elapsed, "simulation_s": simulated_s, "results": results}, f, indent=1)
+            json.dump(
+                {
+                    "flags": {
+                        k: FLAGS[k].value
+                        for k in (
+                            "catalogs",
+                            "loads",
+                            "seeds",
+                            "requests",
+                            "prompt_tokens",
+                            "output_tokens",
+                            "acceptance_probs",
+                            "budgets",
+                            "fixed_budgets",
+                            "fixed_width",
+                            "schedulers",
+                            "throughput_slack",
+                            "equal_throughput",
+                            "horizon_ms",
+                        )
+                    },
+                    "elapsed_s": elapsed,
+                    "simulation_s": simulated_s,
+                    "results": results,
+                },
+                f,
+                indent=1,
+            )
     plots(results)
 
 

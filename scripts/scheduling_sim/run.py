@@ -13,6 +13,7 @@ of at least ``--rounds`` generation rounds and its window, executions and time p
 exploration episode's paid interval, and selections per graph kind (``helios_jax/simulation.py``
 defines each measurement).
 """
+
 from __future__ import annotations
 
 import json
@@ -31,7 +32,9 @@ flags.DEFINE_list("prompt_tokens", ["64"], "prompt lengths (cycled over requests
 flags.DEFINE_list("output_tokens", ["100000"], "output limits (cycled over requests)")
 flags.DEFINE_integer("accepted_drafts", 3, "accepted proposals per round (-1: use --acceptance_probs)")
 flags.DEFINE_list("acceptance_probs", [], "per-position conditional acceptance probabilities")
-flags.DEFINE_enum("acceptance_history", "untrained", ["untrained", "preseeded"], "initial acceptance estimates")
+flags.DEFINE_enum(
+    "acceptance_history", "untrained", ["untrained", "preseeded"], "initial acceptance estimates"
+)
 flags.DEFINE_integer("rounds", 100, "generation rounds the spread window spans at least (whole cycles)")
 flags.DEFINE_enum("policy", "balanced", ["balanced", "throughput"], "scheduler policy preset")
 flags.DEFINE_enum("mode", None, ["ordinary", "fixed", "adaptive"], "decode mode (default: from the catalog)")
@@ -47,23 +50,41 @@ def main(argv):
     del argv
     catalog = Catalog.load(FLAGS.catalog) if FLAGS.catalog else shipped_catalog()
     config = simulation.SimConfig(
-        catalog=catalog, scenario=FLAGS.scenario, requests=FLAGS.requests,
-        prompt_tokens=[int(x) for x in FLAGS.prompt_tokens], output_tokens=[int(x) for x in FLAGS.output_tokens],
+        catalog=catalog,
+        scenario=FLAGS.scenario,
+        requests=FLAGS.requests,
+        prompt_tokens=[int(x) for x in FLAGS.prompt_tokens],
+        output_tokens=[int(x) for x in FLAGS.output_tokens],
         accepted_drafts=None if FLAGS.accepted_drafts < 0 else FLAGS.accepted_drafts,
         acceptance_probs=tuple(float(x) for x in FLAGS.acceptance_probs) or None,
-        acceptance_history=FLAGS.acceptance_history, rounds=FLAGS.rounds,
-        policy=PolicyConfig.preset(FLAGS.policy), mode=DecodeMode(FLAGS.mode) if FLAGS.mode else None,
-        costs=FLAGS.costs, noise=FLAGS.noise, arrival_rate_per_s=FLAGS.arrival_rate, horizon_ms=FLAGS.horizon_ms,
-        seed=FLAGS.seed)
+        acceptance_history=FLAGS.acceptance_history,
+        rounds=FLAGS.rounds,
+        policy=PolicyConfig.preset(FLAGS.policy),
+        mode=DecodeMode(FLAGS.mode) if FLAGS.mode else None,
+        costs=FLAGS.costs,
+        noise=FLAGS.noise,
+        arrival_rate_per_s=FLAGS.arrival_rate,
+        horizon_ms=FLAGS.horizon_ms,
+        seed=FLAGS.seed,
+    )
     result = simulation.run(config)
     out = result.to_json()
     firsts = [r["first_output_ms"] for r in out["requests"] if r["first_output_ms"] is not None]
     gaps = [r["max_gap_ms"] for r in out["requests"]]
-    print(json.dumps({"requests": len(out["requests"]), "max_first_output_ms": max(firsts, default=None),
-                      "max_gap_ms": max(gaps, default=None), "progress_spread_tokens": out["progress_spread_tokens"],
-                      "spread_window": out["spread_window"],
-                      "virtual_ms": out["virtual_ms"], "executions": out["executions"],
-                      "selections": out["selections"]}))
+    print(
+        json.dumps(
+            {
+                "requests": len(out["requests"]),
+                "max_first_output_ms": max(firsts, default=None),
+                "max_gap_ms": max(gaps, default=None),
+                "progress_spread_tokens": out["progress_spread_tokens"],
+                "spread_window": out["spread_window"],
+                "virtual_ms": out["virtual_ms"],
+                "executions": out["executions"],
+                "selections": out["selections"],
+            }
+        )
+    )
     if FLAGS.json_out:
         with open(FLAGS.json_out, "w") as f:
             json.dump(out, f, indent=1)

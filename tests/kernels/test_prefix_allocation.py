@@ -15,6 +15,7 @@ HELIOS_KERNEL_CASES=N sets the per-shape budget (default 20000 for the oracles, 
 for the kernel); HELIOS_KERNEL_CASES=full uses 2,000,000 per shape and runs the kernel on all
 of it (exhaustive through B*D = 6, sampled above: the B=4, D=3 product alone is 7e10 cases).
 """
+
 import functools
 import itertools
 import os
@@ -60,7 +61,7 @@ def _structures(b, depth):
     return out
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def grid(b, depth, budget=GRID_BUDGET):
     """The shape's grid as batched arrays (joint_prob, ceilings, active, capacity)."""
     structures = _structures(b, depth)
@@ -84,7 +85,7 @@ def grid(b, depth, budget=GRID_BUDGET):
     return matrices[m_idx].astype(np.float32), ceilings, active, capacity
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def naive_grid(b, depth):
     probs, ceilings, active, capacity = grid(b, depth)
     return np.stack(
@@ -97,7 +98,11 @@ def _first_mismatch(got, want, arrays):
     if len(bad) == 0:
         return None
     i = bad[0]
-    return {"case": [a[i].tolist() for a in arrays], "got": np.asarray(got)[i].tolist(), "want": want[i].tolist()}
+    return {
+        "case": [a[i].tolist() for a in arrays],
+        "got": np.asarray(got)[i].tolist(),
+        "want": want[i].tolist(),
+    }
 
 
 WORKED = (
@@ -142,7 +147,9 @@ def test_only_the_joint_probability_order_ranks_the_frontier():
         capacity = int(active.sum() + rng.integers(0, b * depth + 1))
         base = prefix_allocation_naive(probs, ceilings, active, capacity)
         squashed = np.sqrt(probs) * 0.5 + 0.25  # strictly increasing on [0, 1]
-        assert np.array_equal(np.asarray(prefix_allocation_reference(squashed, ceilings, active, capacity)), base)
+        assert np.array_equal(
+            np.asarray(prefix_allocation_reference(squashed, ceilings, active, capacity)), base
+        )
         perm = rng.permutation(b)
         permuted = prefix_allocation_reference(probs[perm], ceilings[perm], active[perm], capacity)
         assert np.array_equal(np.asarray(permuted), base[perm])
@@ -220,7 +227,10 @@ class TestPrefixAllocationKernel:
 
     @pytest.mark.spec(*SPEC_ALLOCATION)
     def test_docstring_worked_example(self):
-        got = [np.asarray(prefix_allocation(*WORKED, p, interpret=self.INTERPRET)).tolist() for p in (3, 6, 7, 11)]
+        got = [
+            np.asarray(prefix_allocation(*WORKED, p, interpret=self.INTERPRET)).tolist()
+            for p in (3, 6, 7, 11)
+        ]
         assert got == [[1, 1, 1], [2, 2, 2], [3, 2, 2], [4, 2, 4]]
 
     @pytest.mark.spec(*SPEC_ALLOCATION)
@@ -276,7 +286,10 @@ class TestPrefixAllocationKernel:
         got = [np.asarray(run(probs, np.int32(cap))).tolist() for cap in (3, 4, 5, 6)]
         # NaN is -inf: the zeros of lane 1 go first, then lane 0's NaN frontier, then its 0.9.
         assert got == [[1, 2], [1, 3], [2, 3], [3, 3]]
-        want = [np.asarray(prefix_allocation_reference(probs, ceilings, active, cap)).tolist() for cap in (3, 4, 5, 6)]
+        want = [
+            np.asarray(prefix_allocation_reference(probs, ceilings, active, cap)).tolist()
+            for cap in (3, 4, 5, 6)
+        ]
         assert got == want
 
 
@@ -298,5 +311,10 @@ def test_kernel_lowers_to_triton_for_cuda(b, depth):
         jax.jit(lambda *a: prefix_allocation(*a, interpret=False)),
         platforms=["cuda"],
         disabled_checks=[export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")],
-    )(shapes((b, depth), jnp.float32), shapes((b,), jnp.int32), shapes((b,), jnp.bool_), shapes((), jnp.int32))
+    )(
+        shapes((b, depth), jnp.float32),
+        shapes((b,), jnp.int32),
+        shapes((b,), jnp.bool_),
+        shapes((), jnp.int32),
+    )
     assert "__gpu$xla.gpu.triton" in exported.mlir_module()

@@ -7,6 +7,7 @@ probabilities on a 1/8 grid (exact in float32 and float64, ties likely). The exp
 from the naive oracle and are pinned by the file: regenerate with
 `.venv/bin/python tests/kernels/test_prefix_allocation_golden.py` only when the rule changes.
 """
+
 import json
 import pathlib
 
@@ -68,8 +69,30 @@ HAND_PICKED = [
 ]
 
 
-RANDOM_SHAPES = [(1, 1), (1, 5), (2, 2), (2, 7), (3, 3), (3, 4), (4, 1), (4, 3), (5, 2), (5, 6), (6, 4),
-                 (7, 7), (8, 3), (8, 8), (10, 2), (12, 5), (16, 4), (16, 16), (32, 8), (48, 3), (64, 16), (64, 16)]
+RANDOM_SHAPES = [
+    (1, 1),
+    (1, 5),
+    (2, 2),
+    (2, 7),
+    (3, 3),
+    (3, 4),
+    (4, 1),
+    (4, 3),
+    (5, 2),
+    (5, 6),
+    (6, 4),
+    (7, 7),
+    (8, 3),
+    (8, 8),
+    (10, 2),
+    (12, 5),
+    (16, 4),
+    (16, 16),
+    (32, 8),
+    (48, 3),
+    (64, 16),
+    (64, 16),
+]
 
 
 def _random_cases(seed=20240611):
@@ -85,7 +108,9 @@ def _random_cases(seed=20240611):
         k = int(active.sum())
         room = int(np.where(active, ceilings - 1, 0).sum())  # admissions until every ceiling
         capacity = k if i % 7 == 3 else k + int(rng.integers(0, room + 3))
-        cases.append((f"random_{i:02d}", probs.tolist(), ceilings.tolist(), active.astype(int).tolist(), capacity))
+        cases.append(
+            (f"random_{i:02d}", probs.tolist(), ceilings.tolist(), active.astype(int).tolist(), capacity)
+        )
     return cases
 
 
@@ -97,8 +122,14 @@ def build_cases():
             np.asarray(probs, np.float32).reshape(len(ceilings), -1), ceilings, active, capacity
         )
         cases.append(
-            {"name": name, "joint_prob": probs, "ceilings": [int(c) for c in ceilings], "active": active,
-             "capacity": capacity, "expected": expected.tolist()}
+            {
+                "name": name,
+                "joint_prob": probs,
+                "ceilings": [int(c) for c in ceilings],
+                "active": active,
+                "capacity": capacity,
+                "expected": expected.tolist(),
+            }
         )
     return cases
 
@@ -107,12 +138,16 @@ def load_cases():
     cases = json.loads(GOLDEN.read_text())["cases"]
     for case in cases:
         b = len(case["ceilings"])
-        yield case["name"], (
-            np.asarray(case["joint_prob"], np.float32).reshape(b, -1),
-            np.asarray(case["ceilings"], np.int32),
-            np.asarray(case["active"], bool),
-            int(case["capacity"]),
-        ), case["expected"]
+        yield (
+            case["name"],
+            (
+                np.asarray(case["joint_prob"], np.float32).reshape(b, -1),
+                np.asarray(case["ceilings"], np.int32),
+                np.asarray(case["active"], bool),
+                int(case["capacity"]),
+            ),
+            case["expected"],
+        )
 
 
 CASES = list(load_cases()) if GOLDEN.exists() else []  # absent only while regenerating
@@ -167,5 +202,7 @@ if __name__ == "__main__":
     }
     # One case per line keeps the file reviewable as a table.
     lines = ",\n".join("  " + json.dumps(case) for case in payload["cases"])
-    GOLDEN.write_text(f'{{\n "description": {json.dumps(payload["description"])},\n "cases": [\n{lines}\n ]\n}}\n')
+    GOLDEN.write_text(
+        f'{{\n "description": {json.dumps(payload["description"])},\n "cases": [\n{lines}\n ]\n}}\n'
+    )
     print(f"wrote {len(payload['cases'])} cases to {GOLDEN}")

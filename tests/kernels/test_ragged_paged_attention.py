@@ -14,6 +14,7 @@ slow on CPU, so by default it runs a covering subset (every scenario, every rati
 least once); HELIOS_KERNEL_CASES=full runs it on the whole product. Seeded random packings of
 one static shape (so one compile) add 60 XLA and 24 kernel cases of mixed row kinds.
 """
+
 import dataclasses
 import functools
 import itertools
@@ -60,8 +61,7 @@ SCENARIOS = [
     Scenario("verification_rows", ((2, 2), (PS + 1, 3), (9, 4), (PS * 3, 5), (17, 7), (30, 8))),
     Scenario("page_boundaries", ((PS - 1, PS - 1), (PS, PS), (PS + 1, PS + 1), (2 * PS + 1, 2))),
     Scenario("max_context", ((32, 3), (32, 1), (32, 32))),
-    Scenario("prefill_with_decodes", ((40, 37), (7, 1), (19, 1), (1, 1), (33, 1), (12, 1)),
-             pages_per_row=12),
+    Scenario("prefill_with_decodes", ((40, 37), (7, 1), (19, 1), (1, 1), (33, 1), (12, 1)), pages_per_row=12),
     Scenario("chunked_prefill_mid_page", ((2 * PS + 2, 6), (14, 1)), spare_tokens=9),
     Scenario("inactive_rows_between", ((5, 2), (0, 0), (11, 1), (999, 0), (8, 8), (3, 0)), spare_tokens=5),
     Scenario("wide_pages", ((31, 4), (64, 1), (16, 16)), page_size=16, pages_per_row=4, head_dim=32),
@@ -96,12 +96,16 @@ def make_case(scenario: Scenario, gqa: int, dtype, seed: int, num_kv_heads: int 
             n = min(ps, ctx - j * ps)  # the rest of the page stays NaN
             k_pages[:, page, :n] = rng.standard_normal((num_kv_heads, n, dim))
             v_pages[:, page, :n] = rng.standard_normal((num_kv_heads, n, dim))
-        q[offset: offset + q_len] = rng.standard_normal((q_len, num_q_heads, dim))
+        q[offset : offset + q_len] = rng.standard_normal((q_len, num_q_heads, dim))
         offset += q_len
     to = lambda x: jnp.asarray(x, dtype)
     return (
-        to(q), to(k_pages), to(v_pages), jnp.asarray(tables),
-        jnp.asarray(context_lens, jnp.int32), jnp.asarray(query_starts, jnp.int32),
+        to(q),
+        to(k_pages),
+        to(v_pages),
+        jnp.asarray(tables),
+        jnp.asarray(context_lens, jnp.int32),
+        jnp.asarray(query_starts, jnp.int32),
         jnp.asarray(query_lens, jnp.int32),
     )
 
@@ -110,7 +114,7 @@ def covered_mask(args):
     num_tokens = args[0].shape[0]
     covered = np.zeros(num_tokens, bool)
     for start, q_len in zip(np.asarray(args[5]), np.asarray(args[6])):
-        covered[start: start + q_len] = True
+        covered[start : start + q_len] = True
     return covered
 
 
@@ -174,7 +178,15 @@ def _poison_variants(args, seed):
     used &= (np.asarray(query_lens) > 0)[:, None]
     foreign = np.random.default_rng(seed).integers(0, total_pages, tables.shape)
     tables = jnp.asarray(np.where(used, np.asarray(tables), foreign), jnp.int32)
-    return (refill(q, 1e4), refill(k_pages, 3e4), refill(v_pages, -7e3), tables, context_lens, query_starts, query_lens)
+    return (
+        refill(q, 1e4),
+        refill(k_pages, 3e4),
+        refill(v_pages, -7e3),
+        tables,
+        context_lens,
+        query_starts,
+        query_lens,
+    )
 
 
 def random_packings(count, seed, num_tokens=48, num_rows=6, pages_per_row=8, page_size=4):
@@ -190,8 +202,16 @@ def random_packings(count, seed, num_tokens=48, num_rows=6, pages_per_row=8, pag
             ctx = int(rng.integers(max(q_len, 1), window + 1)) if q_len else int(rng.integers(0, 99))
             rows.append((ctx, q_len))
             room -= q_len
-        out.append(Scenario(f"random_{i}", tuple(rows), page_size=page_size, pages_per_row=pages_per_row,
-                            spare_tokens=room, pool_pages=num_rows * pages_per_row + 3))
+        out.append(
+            Scenario(
+                f"random_{i}",
+                tuple(rows),
+                page_size=page_size,
+                pages_per_row=pages_per_row,
+                spare_tokens=room,
+                pool_pages=num_rows * pages_per_row + 3,
+            )
+        )
     return out
 
 
@@ -228,8 +248,9 @@ def test_stacked_layers_read_the_named_layer(impl):
     for layer in range(3):
         k_stack = jnp.stack([k_pages if i == layer else poison for i in range(3)])
         v_stack = jnp.stack([v_pages if i == layer else poison for i in range(3)])
-        out = ragged_paged_attention(q, k_stack, v_stack, *rest, sm_scale=0.25, impl=impl,
-                                     interpret=impl == "pallas", layer=layer)
+        out = ragged_paged_attention(
+            q, k_stack, v_stack, *rest, sm_scale=0.25, impl=impl, interpret=impl == "pallas", layer=layer
+        )
         check_against_reference(out, args, jnp.float32)
         want = ragged_paged_attention_reference(q, k_stack, v_stack, *rest, sm_scale=0.25, layer=layer)
         np.testing.assert_allclose(np.asarray(out), want, atol=2e-5, rtol=2e-5)
@@ -248,13 +269,20 @@ def test_stacked_layers_reject_bad_layers():
 def test_xla_long_window_short_contexts():
     """A 1024-key window over contexts of a few tokens to the whole window: the loop stops at
     the longest row's last key, and rows far shorter than the window are still exact."""
-    scenario = Scenario("long_window", ((3, 1), (130, 1), (1024, 1), (700, 9), (64, 64)),
-                        page_size=16, pages_per_row=64, head_dim=32)
+    scenario = Scenario(
+        "long_window",
+        ((3, 1), (130, 1), (1024, 1), (700, 9), (64, 64)),
+        page_size=16,
+        pages_per_row=64,
+        head_dim=32,
+    )
     args = make_case(scenario, 2, jnp.float32, seed=5)
-    check_against_reference(ragged_paged_attention(*args, sm_scale=32 ** -0.5, impl="xla"), args, jnp.float32)
-    short = Scenario("long_window_short_rows", ((3, 1), (17, 2), (5, 5)), page_size=16, pages_per_row=64, head_dim=32)
+    check_against_reference(ragged_paged_attention(*args, sm_scale=32**-0.5, impl="xla"), args, jnp.float32)
+    short = Scenario(
+        "long_window_short_rows", ((3, 1), (17, 2), (5, 5)), page_size=16, pages_per_row=64, head_dim=32
+    )
     args = make_case(short, 2, jnp.float32, seed=6)
-    check_against_reference(ragged_paged_attention(*args, sm_scale=32 ** -0.5, impl="xla"), args, jnp.float32)
+    check_against_reference(ragged_paged_attention(*args, sm_scale=32**-0.5, impl="xla"), args, jnp.float32)
 
 
 class TestRaggedPagedAttentionKernel:
@@ -268,7 +296,9 @@ class TestRaggedPagedAttentionKernel:
             pytest.skip("compiled Pallas needs a GPU; the Interpret subclass covers CPU")
 
     def attend(self, args, impl="pallas"):
-        return ragged_paged_attention(*args, sm_scale=args[0].shape[2] ** -0.5, impl=impl, interpret=self.INTERPRET)
+        return ragged_paged_attention(
+            *args, sm_scale=args[0].shape[2] ** -0.5, impl=impl, interpret=self.INTERPRET
+        )
 
     @pytest.mark.parametrize("case", PALLAS_CASES, ids=[_case_id(c) for c in PALLAS_CASES])
     def test_pallas_matches_reference(self, case):
@@ -277,7 +307,9 @@ class TestRaggedPagedAttentionKernel:
         check_against_reference(self.attend(args), args, dtype)
 
     def test_random_packings(self):
-        run = jax.jit(lambda *a: ragged_paged_attention(*a, sm_scale=0.25, impl="pallas", interpret=self.INTERPRET))
+        run = jax.jit(
+            lambda *a: ragged_paged_attention(*a, sm_scale=0.25, impl="pallas", interpret=self.INTERPRET)
+        )
         for i, scenario in enumerate(random_packings(24, seed=23)):
             args = make_case(scenario, 4, jnp.float32, seed=200 + i)
             check_against_reference(run(*args), args, jnp.float32)
@@ -365,11 +397,16 @@ def test_pallas_lowers_to_triton_for_cuda():
     f = jax.jit(functools.partial(ragged_paged_attention, sm_scale=0.125, impl="pallas", interpret=False))
     for dtype, heads, kv_heads in ((jnp.bfloat16, 40, 8), (jnp.float32, 8, 2)):
         exported = export.export(
-            f, platforms=["cuda"],
+            f,
+            platforms=["cuda"],
             disabled_checks=[export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")],
         )(
-            shapes((300, heads, 128), dtype), shapes((kv_heads, 500, 16, 128), dtype),
-            shapes((kv_heads, 500, 16, 128), dtype), shapes((9, 40), jnp.int32),
-            shapes((9,), jnp.int32), shapes((9,), jnp.int32), shapes((9,), jnp.int32),
+            shapes((300, heads, 128), dtype),
+            shapes((kv_heads, 500, 16, 128), dtype),
+            shapes((kv_heads, 500, 16, 128), dtype),
+            shapes((9, 40), jnp.int32),
+            shapes((9,), jnp.int32),
+            shapes((9,), jnp.int32),
+            shapes((9,), jnp.int32),
         )
         assert "__gpu$xla.gpu.triton" in exported.mlir_module()

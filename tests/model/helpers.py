@@ -4,6 +4,7 @@ Everything here is plain host code; the packed batch builder mirrors what the ru
 rows get pages from a shuffled pool, unused page-table entries point at a NaN-poisoned page,
 and tokens that no row covers (padding up to the token capacity) carry junk ids and positions.
 """
+
 from __future__ import annotations
 
 import dataclasses

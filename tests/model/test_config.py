@@ -1,4 +1,5 @@
 """ModelConfig reads every spelling of a Qwen3 config.json that the loader promises to read."""
+
 import pytest
 
 from helios_jax.model import ModelConfig, tiny_config

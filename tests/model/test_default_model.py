@@ -7,6 +7,7 @@ come from `helios_jax.model.default.greedy_speculative_decode`, whose drafts are
 against the numpy oracle (reference/mtp.py) so that the threshold measures the head, not the
 loop.
 """
+
 import json
 import pathlib
 import sysconfig
@@ -116,9 +117,7 @@ def test_loop_drafts_what_the_oracle_drafts(model, held_out_prompts):
         pending = int(np.argmax(np.asarray(model.forward_logits(prompt))[-1]))
         buf[n] = pending
         drafts, _, _ = speculation_round(config, params, hidden, DEPTH, jnp.asarray(buf), n - 1)
-        expected, _ = naive_proposals(
-            weights, config, np.asarray(hidden)[:n], buf[1 : n + 1], DEPTH
-        )
+        expected, _ = naive_proposals(weights, config, np.asarray(hidden)[:n], buf[1 : n + 1], DEPTH)
         assert list(np.asarray(drafts)) == list(expected)
 
 

@@ -10,6 +10,7 @@
 Target hidden states come from the package's full forward (itself checked against transformers
 and against reference/qwen3.py), so both sides of every comparison see the same inputs.
 """
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -40,12 +41,8 @@ CONFIGS = {
 full_hidden = jax.jit(forward_full, static_argnums=0)
 draft_full = jax.jit(draft_forward_full, static_argnums=0)
 logits_of = jax.jit(compute_logits, static_argnums=0)
-draft_step = jax.jit(
-    draft_forward_packed, static_argnums=0, static_argnames="attention", donate_argnums=2
-)
-target_step = jax.jit(
-    forward_packed, static_argnums=0, static_argnames="attention", donate_argnums=2
-)
+draft_step = jax.jit(draft_forward_packed, static_argnums=0, static_argnames="attention", donate_argnums=2)
+target_step = jax.jit(forward_packed, static_argnums=0, static_argnames="attention", donate_argnums=2)
 propose_jit = jax.jit(
     paged_proposals,
     static_argnums=0,
@@ -67,8 +64,11 @@ def _absorb_context(config, params, seqs, hiddens, context, pool, chunks):
     """Writes the draft context pairs (h_i, x_{i+1}), i < context[r], through packed steps of
     `chunks[k][r]` pairs per row. Returns the MTP cache and each row's draft hidden states."""
     cache = init_paged_cache(
-        config, total_pages=pool.total_pages, page_size=PAGE_SIZE,
-        num_layers=config.mtp_num_layers, fill=np.nan,
+        config,
+        total_pages=pool.total_pages,
+        page_size=PAGE_SIZE,
+        num_layers=config.mtp_num_layers,
+        fill=np.nan,
     )
     nexts = [s[1:] for s in seqs]  # pair i carries the token at i + 1
     done = [0] * len(seqs)
@@ -139,7 +139,7 @@ def _proposal_case(config_name, seed, sampled):
         key=jax.random.key(seed) if sampled else None,
         temperature=0.7 if sampled else 1.0,
         return_probs=sampled,
-            )
+    )
     return config, params, seqs, hiddens, context, active, depth, out
 
 
@@ -181,8 +181,13 @@ def test_sampled_proposals_follow_their_draft_distributions():
             return tokens[r, k]
 
         naive_proposals(
-            weights, config, hiddens[r][: n + 1], seqs[r][1 : n + 2], depth,
-            choose=choose, temperature=0.7,
+            weights,
+            config,
+            hiddens[r][: n + 1],
+            seqs[r][1 : n + 2],
+            depth,
+            choose=choose,
+            temperature=0.7,
         )
         assert max_abs(dists[r], np.stack(seen)) <= 1e-5
         np.testing.assert_allclose(probs[r], dists[r][np.arange(depth), tokens[r]], rtol=1e-6)
@@ -204,8 +209,11 @@ def test_width_one_decoding_keeps_the_draft_context_for_wider_rounds():
     pool = PagePool(rows=2, max_len=max(prompt_lengths) + steps + depth, page_size=PAGE_SIZE, seed=8)
     target = init_paged_cache(config, total_pages=pool.total_pages, page_size=PAGE_SIZE, fill=np.nan)
     draft = init_paged_cache(
-        config, total_pages=pool.total_pages, page_size=PAGE_SIZE,
-        num_layers=config.mtp_num_layers, fill=np.nan,
+        config,
+        total_pages=pool.total_pages,
+        page_size=PAGE_SIZE,
+        num_layers=config.mtp_num_layers,
+        fill=np.nan,
     )
     hidden_of = [[None] * len(s) for s in seqs]  # target hidden per position, as produced
 
@@ -245,7 +253,9 @@ def test_width_one_decoding_keeps_the_draft_context_for_wider_rounds():
     # A wider round from position p = length - 1 with the pending token x_{p+1}.
     p = np.array(length) - 1
     out = propose_jit(
-        config, params, draft,
+        config,
+        params,
+        draft,
         jnp.asarray(np.stack([hidden_of[r][p[r]] for r in range(2)])),
         jnp.asarray(np.array([seqs[r][p[r] + 1] for r in range(2)])),
         jnp.asarray(p.astype(np.int32)),

@@ -6,6 +6,7 @@ of a page another row owns before it is written) turns the row's logits into NaN
 prefill chunks, verification-style multi-token rows, single-token decode rows, inactive rows
 and padding tokens in one packed call of fixed token capacity (one compile per config).
 """
+
 import functools
 
 import jax
@@ -13,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from helios_jax.kernels.ragged_paged_attention import ragged_paged_attention
 from helios_jax.model import (
     compute_logits,
     forward_full_logits,
@@ -20,16 +22,13 @@ from helios_jax.model import (
     init_paged_cache,
     tiny_config,
 )
-from helios_jax.kernels.ragged_paged_attention import ragged_paged_attention
 
 from .helpers import PagePool, max_abs, pack_step, random_params
 
 CAPACITY = 16  # packed tokens per step
 PAGE_SIZE = 4
 
-packed_step = jax.jit(
-    forward_packed, static_argnums=0, static_argnames="attention", donate_argnums=2
-)
+packed_step = jax.jit(forward_packed, static_argnums=0, static_argnames="attention", donate_argnums=2)
 full_logits = jax.jit(forward_full_logits, static_argnums=0)
 logits_of = jax.jit(compute_logits, static_argnums=0)
 

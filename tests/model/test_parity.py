@@ -9,6 +9,7 @@ untied embeddings, head_dim != hidden/heads, GQA ratios 1, 2 and 4, the rotary b
 save. The last test goes the other way: transformers loads a folder that `save_checkpoint`
 wrote (MTP tensors included, which transformers ignores).
 """
+
 import json
 
 import numpy as np
@@ -25,23 +26,47 @@ transformers.logging.set_verbosity_error()
 # name -> (Qwen3Config overrides, rope spelling written to config.json)
 CASES = {
     "untied_gqa2_headdim16": (
-        dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-             tie_word_embeddings=False, rope_theta=10_000.0),
+        dict(
+            hidden_size=32,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            tie_word_embeddings=False,
+            rope_theta=10_000.0,
+        ),
         "rope_parameters",
     ),
     "tied_gqa1_legacy_rope_theta": (
-        dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=4, head_dim=8,
-             tie_word_embeddings=True, rope_theta=1_000_000.0),
+        dict(
+            hidden_size=32,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            head_dim=8,
+            tie_word_embeddings=True,
+            rope_theta=1_000_000.0,
+        ),
         "rope_theta",
     ),
     "untied_gqa4_legacy_rope_theta": (
-        dict(hidden_size=64, num_attention_heads=8, num_key_value_heads=2, head_dim=8,
-             tie_word_embeddings=False, rope_theta=500_000.0),
+        dict(
+            hidden_size=64,
+            num_attention_heads=8,
+            num_key_value_heads=2,
+            head_dim=8,
+            tie_word_embeddings=False,
+            rope_theta=500_000.0,
+        ),
         "rope_theta",
     ),
     "tied_gqa4_headdim24": (
-        dict(hidden_size=48, num_attention_heads=4, num_key_value_heads=1, head_dim=24,
-             tie_word_embeddings=True, rope_theta=1_000_000.0),
+        dict(
+            hidden_size=48,
+            num_attention_heads=4,
+            num_key_value_heads=1,
+            head_dim=24,
+            tie_word_embeddings=True,
+            rope_theta=1_000_000.0,
+        ),
         "rope_parameters",
     ),
 }

@@ -1,4 +1,5 @@
 """Checkpoint folders: save/load round trips and errors that name what is wrong."""
+
 import json
 
 import jax
@@ -45,8 +46,12 @@ def test_round_trip_with_mtp_head_and_tokenizer(tied, dtype, shard, tmp_path):
     _assert_same_params(loaded.params, params)
     assert loaded.tokenizer.encode("the quick fox").ids == [1, 2, 4]
     names = set(expected_tensors(config))
-    assert {"mtp.fc.weight", "mtp.pre_fc_norm_embedding.weight", "mtp.pre_fc_norm_hidden.weight",
-            "mtp.layers.0.self_attn.q_proj.weight"} <= names
+    assert {
+        "mtp.fc.weight",
+        "mtp.pre_fc_norm_embedding.weight",
+        "mtp.pre_fc_norm_hidden.weight",
+        "mtp.layers.0.self_attn.q_proj.weight",
+    } <= names
     assert ("lm_head.weight" in names) == (not tied)
 
 

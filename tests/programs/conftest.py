@@ -3,9 +3,18 @@
 Programs are jitted lazily: each shape compiles on its first call and is reused by every test
 in the session (and across runs through the persistent compilation cache).
 """
+
 import pytest
 
-from .helpers import MODEL, ORDINARY_ENGINE, SPECULATIVE_ENGINE, build, ordinary_catalog, random_params, speculative_catalog
+from .helpers import (
+    MODEL,
+    ORDINARY_ENGINE,
+    SPECULATIVE_ENGINE,
+    build,
+    ordinary_catalog,
+    random_params,
+    speculative_catalog,
+)
 
 
 @pytest.fixture(scope="session")

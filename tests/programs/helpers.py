@@ -5,6 +5,7 @@ fixed reservation of pages (the scheduler reserves the full execution ceiling), 
 pool is never handed out, and the pool starts as NaN so that any read of an unwritten or foreign
 page poisons the output. Every call goes through `Program.pack` (the runtime's packing path).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -29,26 +30,44 @@ MIXED_PROMPT = 64
 MARGIN_TOL = 1e-4
 
 SPECULATIVE_ENGINE = EngineConfig(
-    request_slots=4, prefill_chunks=(CHUNK,), speculation="adaptive", draft_tokens=3,
-    speculative_token_capacity=16, max_model_len=MAX_LEN, page_size=PAGE_SIZE, kv_pages=88,
+    request_slots=4,
+    prefill_chunks=(CHUNK,),
+    speculation="adaptive",
+    draft_tokens=3,
+    speculative_token_capacity=16,
+    max_model_len=MAX_LEN,
+    page_size=PAGE_SIZE,
+    kv_pages=88,
     snapshot_rows=1,
 )
 ORDINARY_ENGINE = SPECULATIVE_ENGINE.replace(speculation="off", draft_tokens=0, proposal_depths=None)
 
 
 def spec_graph(b, w, d, p, allocation=Allocation.QUERY_LENGTH):
-    return GraphDescriptor(GraphKind.SPECULATIVE, b, token_capacity=w, proposal_depth=d,
-                           target_capacity=p, allocation=allocation)
+    return GraphDescriptor(
+        GraphKind.SPECULATIVE, b, token_capacity=w, proposal_depth=d, target_capacity=p, allocation=allocation
+    )
 
 
 def mixed_graph(b, w, c, speculative):
-    return GraphDescriptor(GraphKind.MIXED, b, token_capacity=w, proposal_depth=w - 1,
-                           prefill_capacity=c, target_capacity=c + (b - 1) * w, speculative=speculative)
+    return GraphDescriptor(
+        GraphKind.MIXED,
+        b,
+        token_capacity=w,
+        proposal_depth=w - 1,
+        prefill_capacity=c,
+        target_capacity=c + (b - 1) * w,
+        speculative=speculative,
+    )
 
 
-STATE_OPS = tuple(GraphDescriptor(k, 1) for k in (GraphKind.INITIALIZE, GraphKind.SNAPSHOT, GraphKind.RESTORE))
-PREFILLS = (GraphDescriptor(GraphKind.PREFILL, 1, token_capacity=CHUNK),
-            GraphDescriptor(GraphKind.SCORED_PREFILL, 1, token_capacity=CHUNK))
+STATE_OPS = tuple(
+    GraphDescriptor(k, 1) for k in (GraphKind.INITIALIZE, GraphKind.SNAPSHOT, GraphKind.RESTORE)
+)
+PREFILLS = (
+    GraphDescriptor(GraphKind.PREFILL, 1, token_capacity=CHUNK),
+    GraphDescriptor(GraphKind.SCORED_PREFILL, 1, token_capacity=CHUNK),
+)
 
 # The speculative shapes the default suite compiles (HELIOS_ALL_SHAPES=1 adds a planned catalog).
 WIDTH_ONE = spec_graph(2, 1, 0, 2)
@@ -64,14 +83,24 @@ DECODE = GraphDescriptor(GraphKind.DECODE, 2, token_capacity=1, target_capacity=
 
 def speculative_catalog() -> Catalog:
     graphs = PREFILLS + (WIDTH_ONE, RECT, RAGGED_DEVICE, RAGGED_HOST, NARROW, MIXED_W1, MIXED_W4) + STATE_OPS
-    return Catalog("test-speculative", "speculative", SPECULATIVE_ENGINE.speculative_token_capacity,
-                   SPECULATIVE_ENGINE.request_slots, graphs)
+    return Catalog(
+        "test-speculative",
+        "speculative",
+        SPECULATIVE_ENGINE.speculative_token_capacity,
+        SPECULATIVE_ENGINE.request_slots,
+        graphs,
+    )
 
 
 def ordinary_catalog() -> Catalog:
     graphs = PREFILLS + (DECODE, MIXED_ORDINARY) + STATE_OPS
-    return Catalog("test-ordinary", "ordinary", ORDINARY_ENGINE.speculative_token_capacity,
-                   ORDINARY_ENGINE.request_slots, graphs)
+    return Catalog(
+        "test-ordinary",
+        "ordinary",
+        ORDINARY_ENGINE.speculative_token_capacity,
+        ORDINARY_ENGINE.request_slots,
+        graphs,
+    )
 
 
 def random_params(config, seed: int, scale: float = 0.1):
@@ -81,8 +110,11 @@ def random_params(config, seed: int, scale: float = 0.1):
     shapes = jax.eval_shape(lambda k: init_params(config, k), jax.random.key(0))
     flat = {}
     for path, leaf in traverse_util.flatten_dict(shapes).items():
-        value = (1.0 + 0.3 * rng.standard_normal(leaf.shape)) if path[-1] == "weight" \
+        value = (
+            (1.0 + 0.3 * rng.standard_normal(leaf.shape))
+            if path[-1] == "weight"
             else scale * rng.standard_normal(leaf.shape)
+        )
         flat[path] = jnp.asarray(value, jnp.float32).astype(config.jnp_dtype)
     return traverse_util.unflatten_dict(flat)
 
@@ -105,7 +137,7 @@ def greedy_reference(params, prompt, steps: int):
         top2 = np.sort(logits)[-2:]
         margins.append(float(top2[1] - top2[0]))
         tokens.append(int(np.argmax(logits)))
-    return tokens[len(prompt):], margins
+    return tokens[len(prompt) :], margins
 
 
 def reliable_prefix(margins, tol: float = MARGIN_TOL) -> int:
@@ -132,8 +164,10 @@ class Driver:
         rng = np.random.default_rng(self.seed)
         order = rng.permutation(engine.kv_pages)
         n = engine.pages_per_row
-        self.pages = {row: [int(p) for p in order[row * n:(row + 1) * n]] for row in range(engine.state_rows)}
-        self.unassigned = [int(p) for p in order[engine.state_rows * n:]]
+        self.pages = {
+            row: [int(p) for p in order[row * n : (row + 1) * n]] for row in range(engine.state_rows)
+        }
+        self.unassigned = [int(p) for p in order[engine.state_rows * n :]]
 
     def program(self, graph: GraphDescriptor):
         return self.programs[graph.key]
@@ -145,15 +179,18 @@ class Driver:
 
     def initialize(self, slot, temperature=0.0, top_p=1.0, top_k=0, seed=0):
         init = self.programs.find(GraphKind.INITIALIZE, batch_capacity=1)
-        self.state, _ = init(self.params, self.state, init.pack(
-            slots=[slot], temperature=[temperature], top_p=[top_p], top_k=[top_k], seeds=[seed]))
+        self.state, _ = init(
+            self.params,
+            self.state,
+            init.pack(slots=[slot], temperature=[temperature], top_p=[top_p], top_k=[top_k], seeds=[seed]),
+        )
 
     def prefill(self, slot, prompt, *, scored=False):
         """Whole prompt in CHUNK-token chunks; returns (first output token, logprobs list)."""
         graph = PREFILLS[1] if scored else PREFILLS[0]
         logprobs, token = [], None
         for start in range(0, len(prompt), CHUNK):
-            chunk = list(prompt[start:start + CHUNK])
+            chunk = list(prompt[start : start + CHUNK])
             ends = start + CHUNK >= len(prompt)
             out = self.run(graph, slot=slot, tokens=chunk, page_table=self.pages[slot], prompt_ends=ends)
             if scored:
@@ -168,8 +205,9 @@ class Driver:
 
     def row(self, slot):
         s = self.state
-        return dict(cursor=int(s.cursor[slot]), pending=int(s.pending[slot]),
-                    generated=int(s.generated[slot]))
+        return dict(
+            cursor=int(s.cursor[slot]), pending=int(s.pending[slot]), generated=int(s.generated[slot])
+        )
 
 
 def as_bits(x) -> np.ndarray:

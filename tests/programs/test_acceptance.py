@@ -10,6 +10,7 @@
 - Worked example of acceptance.py, greedy as one-hot p and q, sampling distributions against the
   naive oracle.
 """
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -60,11 +61,18 @@ def _problem(seed: int):
 def _jax_draws(p, q, seed: int, length: int = W):
     key_q, key_u = jax.random.split(jax.random.key(seed))
     # Proposal j drawn from q_j (inverse CDF with its own uniforms).
-    proposals = sample_inverse_cdf(jnp.broadcast_to(q, (DRAWS, W - 1, V)),
-                                   jax.random.uniform(key_q, (DRAWS, W - 1)))
+    proposals = sample_inverse_cdf(
+        jnp.broadcast_to(q, (DRAWS, W - 1, V)), jax.random.uniform(key_q, (DRAWS, W - 1))
+    )
     u = jax.random.uniform(key_u, (DRAWS, W))
-    out = accept(jnp.broadcast_to(p, (DRAWS, W, V)), jnp.broadcast_to(q, (DRAWS, W - 1, V)), proposals,
-                 jnp.full((DRAWS,), length, jnp.int32), u[:, : W - 1], u[:, W - 1])
+    out = accept(
+        jnp.broadcast_to(p, (DRAWS, W, V)),
+        jnp.broadcast_to(q, (DRAWS, W - 1, V)),
+        proposals,
+        jnp.full((DRAWS,), length, jnp.int32),
+        u[:, : W - 1],
+        u[:, W - 1],
+    )
     return np.asarray(out.tokens), np.asarray(out.counts)
 
 
@@ -118,7 +126,9 @@ def test_numpy_oracle_preserves_the_target_distribution_and_matches_jax():
     jax_first, jax_pairs, _ = _histograms(jax_tokens, jax_counts)
     assert two_sample(first, jax_first) > P_VALUE
     assert two_sample(pairs, jax_pairs) > P_VALUE
-    assert two_sample(np.bincount(counts, minlength=W + 1), np.bincount(jax_counts, minlength=W + 1)) > P_VALUE
+    assert (
+        two_sample(np.bincount(counts, minlength=W + 1), np.bincount(jax_counts, minlength=W + 1)) > P_VALUE
+    )
 
 
 @spec("confidence-acceptance/survival-output")
@@ -133,8 +143,14 @@ def test_shared_uniforms_give_the_oracle_draws_exactly(length):
     q = rng.dirichlet(np.full(V, 0.5), size=(n, W - 1)).astype(np.float32)
     props = np.array([[draw_inverse_cdf(q[i, j], rng.random()) for j in range(W - 1)] for i in range(n)])
     u = rng.random((n, W)).astype(np.float32)
-    out = accept(jnp.asarray(p), jnp.asarray(q), jnp.asarray(props, jnp.int32),
-                 jnp.full((n,), length, jnp.int32), jnp.asarray(u[:, : W - 1]), jnp.asarray(u[:, W - 1]))
+    out = accept(
+        jnp.asarray(p),
+        jnp.asarray(q),
+        jnp.asarray(props, jnp.int32),
+        jnp.full((n,), length, jnp.int32),
+        jnp.asarray(u[:, : W - 1]),
+        jnp.asarray(u[:, W - 1]),
+    )
     tokens, counts, survival = map(np.asarray, (out.tokens, out.counts, out.survival))
     mismatches = 0
     for i in range(n):
@@ -142,7 +158,7 @@ def test_shared_uniforms_give_the_oracle_draws_exactly(length):
         got = tokens[i, : counts[i]].tolist()
         mismatches += got != want
         np.testing.assert_allclose(survival[i, : length - 1], want_survival, rtol=1e-5)
-        assert np.all(survival[i, length - 1:] == 0)
+        assert np.all(survival[i, length - 1 :] == 0)
     assert mismatches <= n // 1000
 
 
@@ -150,8 +166,14 @@ def test_shared_uniforms_give_the_oracle_draws_exactly(length):
 def test_worked_example_of_the_module_docstring():
     q = np.array([[[0.5, 0.5, 0.0], [0.1, 0.1, 0.8]]], np.float32)
     p = np.array([[[0.2, 0.3, 0.5], [0.6, 0.2, 0.2], [1 / 3, 1 / 3, 1 / 3]]], np.float32)
-    out = accept(jnp.asarray(p), jnp.asarray(q), jnp.asarray([[1, 2]], jnp.int32), jnp.asarray([3], jnp.int32),
-                 jnp.asarray([[0.4, 0.9]], jnp.float32), jnp.asarray([0.9], jnp.float32))
+    out = accept(
+        jnp.asarray(p),
+        jnp.asarray(q),
+        jnp.asarray([[1, 2]], jnp.int32),
+        jnp.asarray([3], jnp.int32),
+        jnp.asarray([[0.4, 0.9]], jnp.float32),
+        jnp.asarray([0.9], jnp.float32),
+    )
     # residual [5/6, 1/6, 0]: u = 0.9 lands on token 1.
     assert np.asarray(out.tokens).tolist() == [[1, 1, 0]]
     assert int(out.counts[0]) == 2 and int(out.accepted[0]) == 1
@@ -168,24 +190,43 @@ def test_greedy_is_one_hot_acceptance():
     p = sampling_probs(jnp.asarray(logits), zeros, jnp.zeros((1, 4), jnp.int32), jnp.ones((1, 4)))
     proposals = np.array([[greedy[0], greedy[1], (greedy[2] + 1) % 7]], np.int32)
     q = jax.nn.one_hot(proposals, 7)
-    out = accept(p, q, jnp.asarray(proposals), jnp.asarray([4]), jnp.full((1, 3), 0.999), jnp.asarray([0.999]))
+    out = accept(
+        p, q, jnp.asarray(proposals), jnp.asarray([4]), jnp.full((1, 3), 0.999), jnp.asarray([0.999])
+    )
     assert np.asarray(out.tokens)[0, :3].tolist() == [greedy[0], greedy[1], greedy[2]]
     assert int(out.counts[0]) == 3
     assert np.asarray(out.survival).tolist() == [[1.0, 1.0, 0.0]]
 
 
-@pytest.mark.parametrize("temperature, top_k, top_p", [
-    (0.0, 0, 1.0), (1.0, 0, 1.0), (0.7, 0, 1.0), (1.3, 3, 1.0), (1.0, 0, 0.6), (0.8, 4, 0.9), (1.0, 1, 1.0),
-])
+@pytest.mark.parametrize(
+    "temperature, top_k, top_p",
+    [
+        (0.0, 0, 1.0),
+        (1.0, 0, 1.0),
+        (0.7, 0, 1.0),
+        (1.3, 3, 1.0),
+        (1.0, 0, 0.6),
+        (0.8, 4, 0.9),
+        (1.0, 1, 1.0),
+    ],
+)
 def test_sampling_distribution_matches_the_naive_oracle(temperature, top_k, top_p):
     rng = np.random.default_rng(int(temperature * 10) + top_k)
     logits = (2 * rng.standard_normal((6, 11))).astype(np.float32)
     logits[0, :4] = logits[0, 0]  # ties
     n = logits.shape[0]
-    got = np.asarray(sampling_probs(jnp.asarray(logits), jnp.full((n,), temperature), jnp.full((n,), top_k, jnp.int32),
-                                    jnp.full((n,), top_p)))
+    got = np.asarray(
+        sampling_probs(
+            jnp.asarray(logits),
+            jnp.full((n,), temperature),
+            jnp.full((n,), top_k, jnp.int32),
+            jnp.full((n,), top_p),
+        )
+    )
     for i in range(n):
-        np.testing.assert_allclose(got[i], sampling_probs_naive(logits[i], temperature, top_k, top_p), atol=2e-6)
+        np.testing.assert_allclose(
+            got[i], sampling_probs_naive(logits[i], temperature, top_k, top_p), atol=2e-6
+        )
     draws = np.asarray(sample_inverse_cdf(jnp.asarray(got), jnp.linspace(0, 0.999, n)))
     assert all(got[i, draws[i]] > 0 for i in range(n))
 
@@ -198,7 +239,13 @@ def test_sampling_rows_with_different_settings_match_the_oracle_row_by_row():
     settings = [(0.0, 5, 0.5), (1.0, 0, 1.0), (0.8, 3, 1.0), (1.2, 0, 0.7), (0.9, 0, 1.0)]
     for rows in (settings, [s for s in settings if s[0] == 0 or (s[1] == 0 and s[2] == 1.0)]):
         t, k, p = (np.array(c) for c in zip(*rows))
-        got = np.asarray(sampling_probs(jnp.asarray(logits[:len(rows)]), jnp.asarray(t, jnp.float32),
-                                        jnp.asarray(k, jnp.int32), jnp.asarray(p, jnp.float32)))
+        got = np.asarray(
+            sampling_probs(
+                jnp.asarray(logits[: len(rows)]),
+                jnp.asarray(t, jnp.float32),
+                jnp.asarray(k, jnp.int32),
+                jnp.asarray(p, jnp.float32),
+            )
+        )
         for i, (ti, ki, pi) in enumerate(rows):
             np.testing.assert_allclose(got[i], sampling_probs_naive(logits[i], ti, ki, pi), atol=2e-6)

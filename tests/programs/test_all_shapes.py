@@ -9,6 +9,7 @@ token every other round) and learned proposals, until each request has 12 tokens
 equal the full-forward greedy reference on its reliable prefix (margin > 1e-4). Not run in CI:
 it compiles about forty programs.
 """
+
 import os
 
 import numpy as np
@@ -27,9 +28,18 @@ PROMPTS = [[3 + i, 14, 15, 92, 65, 35 + i, 89, 79, 32 + 2 * i] for i in range(4)
 
 
 def _engine(speculation):
-    return EngineConfig(request_slots=4, prefill_chunks=(16, 64), speculation=speculation, draft_tokens=3,
-                        proposal_depths=(1, 3), speculative_token_capacity=8, mixed_prefill=True,
-                        max_model_len=MAX_LEN, page_size=PAGE_SIZE, kv_pages=88)
+    return EngineConfig(
+        request_slots=4,
+        prefill_chunks=(16, 64),
+        speculation=speculation,
+        draft_tokens=3,
+        proposal_depths=(1, 3),
+        speculative_token_capacity=8,
+        mixed_prefill=True,
+        max_model_len=MAX_LEN,
+        page_size=PAGE_SIZE,
+        kv_pages=88,
+    )
 
 
 @pytest.fixture(scope="module", params=["adaptive", "fixed"])
@@ -52,7 +62,9 @@ def _host_rows(shape, lanes):
     return dict(query_lengths=rows)
 
 
-@spec("speculative-coverage/recipe-shapes", "intro/speculative-graph-stages", "mixed-execution/shared-forward")
+@spec(
+    "speculative-coverage/recipe-shapes", "intro/speculative-graph-stages", "mixed-execution/shared-forward"
+)
 @pytest.mark.parametrize("source", ["copy", "learned"])
 def test_every_planned_generation_shape(planned, params, references, source):
     prefill = planned.find(GraphKind.PREFILL, token_capacity=16).descriptor
@@ -74,7 +86,7 @@ def test_every_planned_generation_shape(planned, params, references, source):
                 copies = []
                 for lane, s in enumerate(slots):
                     want = references[s][0]
-                    prefix = list(want[len(streams[lane]):len(streams[lane]) + shape.width - 1])
+                    prefix = list(want[len(streams[lane]) : len(streams[lane]) + shape.width - 1])
                     if rounds % 2 and prefix:
                         prefix[-1] = (prefix[-1] + 1) % MODEL.vocab_size
                     copies.append(prefix + [0] * (shape.width - 1 - len(prefix)))

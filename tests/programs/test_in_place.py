@@ -6,6 +6,7 @@ a dynamic-update-slice that the compiler guarded with copies, because the attent
 the same buffer). These tests compile programs ahead of time, as the engine does, and look for
 copies of a cache-shaped array in the optimised HLO.
 """
+
 import re
 
 import jax
@@ -57,7 +58,9 @@ def test_no_program_copies_a_cache(name, params, state):
     hlo = program.compile(_spec(params), state).as_text()
     shapes = _cache_shapes(state)
     assert shapes, "the state has no cache-shaped arrays"
-    copies = [line.strip()[:160] for line in hlo.splitlines()
-              if re.search(r"= (\S+)\{[0-9,]*\} copy\(", line)
-              and re.search(r"= (\S+)\{", line).group(1) in shapes]
+    copies = [
+        line.strip()[:160]
+        for line in hlo.splitlines()
+        if re.search(r"= (\S+)\{[0-9,]*\} copy\(", line) and re.search(r"= (\S+)\{", line).group(1) in shapes
+    ]
     assert not copies, f"{program.name} copies a whole cache:\n" + "\n".join(copies[:5])

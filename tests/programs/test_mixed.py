@@ -9,6 +9,7 @@ both KV pools must agree: bitwise for integers and untouched bytes (NaN stays Na
 float32 batching noise (1e-5) for written K/V and hidden states. Sampling draws come from each
 row's own key, so a sampled frame matches too.
 """
+
 import numpy as np
 import pytest
 
@@ -37,7 +38,9 @@ def _engines(programs, params, **sampling):
 
 def _assert_same_state(a, b):
     for field in ("cursor", "pending", "generated", "rng", "temperature", "top_k", "top_p"):
-        np.testing.assert_array_equal(np.asarray(getattr(a.state, field)), np.asarray(getattr(b.state, field)), field)
+        np.testing.assert_array_equal(
+            np.asarray(getattr(a.state, field)), np.asarray(getattr(b.state, field)), field
+        )
     np.testing.assert_allclose(np.asarray(a.state.last_hidden), np.asarray(b.state.last_hidden), atol=1e-5)
     caches = [("target", a.state.target, b.state.target)]
     if a.state.draft is not None:
@@ -49,10 +52,19 @@ def _assert_same_state(a, b):
             np.testing.assert_allclose(u, w, atol=1e-5, equal_nan=True, err_msg=f"{name}.{kv}")
 
 
-@spec("mixed-execution/shared-forward", "mixed-execution/prompt-row-commit", "mixed-execution/spec-row-commit",
-      "mixed-execution/complete-by-phase", "mixed-execution/separate-updates", "mixed-execution/disjoint-publication",
-      "mixed-execution/prompt-upload", "mixed-execution/packed-offsets", "mixed-execution/decoder-inputs",
-      "verification/mixed-decode-rows", "verification/input-sampling-masks")
+@spec(
+    "mixed-execution/shared-forward",
+    "mixed-execution/prompt-row-commit",
+    "mixed-execution/spec-row-commit",
+    "mixed-execution/complete-by-phase",
+    "mixed-execution/separate-updates",
+    "mixed-execution/disjoint-publication",
+    "mixed-execution/prompt-upload",
+    "mixed-execution/packed-offsets",
+    "mixed-execution/decoder-inputs",
+    "verification/mixed-decode-rows",
+    "verification/input-sampling-masks",
+)
 @pytest.mark.parametrize("case", ["w4_greedy", "w4_copy", "w4_sampled", "w1_speculative"])
 def test_mixed_frame_equals_separate_programs(spec_programs, params, case):
     sampling = dict(temperature=0.8, top_p=0.9) if case == "w4_sampled" else {}
@@ -65,22 +77,28 @@ def test_mixed_frame_equals_separate_programs(spec_programs, params, case):
         # both engines verify the same supplied prefixes.
         copies = [[7, 8, 9], [mixed.row(1)["pending"]]]
     # A: one mixed frame, lanes [decoder 0, prompt, decoder 1]: the prompt sits at offset 4.
-    host = dict(slots=[0, NEWCOMER, 1], page_tables=mixed.tables([0, NEWCOMER, 1]),
-                query_lengths=[lengths[0], len(NEW_PROMPT), lengths[1]], prefill_row=1,
-                prompt_tokens=NEW_PROMPT, prompt_ends=True)
+    host = dict(
+        slots=[0, NEWCOMER, 1],
+        page_tables=mixed.tables([0, NEWCOMER, 1]),
+        query_lengths=[lengths[0], len(NEW_PROMPT), lengths[1]],
+        prefill_row=1,
+        prompt_tokens=NEW_PROMPT,
+        prompt_ends=True,
+    )
     if copies is not None:
         host["copy_proposals"] = [copies[0], None, copies[1]]
     program = mixed.program(graph)
     inputs = program.pack(**host)
     offset = packed_offsets(inputs.query_lengths)[1]
     assert offset == lengths[0]
-    np.testing.assert_array_equal(inputs.tokens[offset:offset + len(NEW_PROMPT)], NEW_PROMPT)
+    np.testing.assert_array_equal(inputs.tokens[offset : offset + len(NEW_PROMPT)], NEW_PROMPT)
     mixed.state, out = program(mixed.params, mixed.state, inputs)
     mask = sampling_mask(program.shape, 3, prefill_row=1, prompt_ends=True)
     np.testing.assert_array_equal(np.asarray(out.counts) > 0, mask)
     # B: the same work as a prefill and a separate round.
-    first = separate.run(PREFILLS[0], slot=NEWCOMER, tokens=NEW_PROMPT, page_table=separate.pages[NEWCOMER],
-                         prompt_ends=True)
+    first = separate.run(
+        PREFILLS[0], slot=NEWCOMER, tokens=NEW_PROMPT, page_table=separate.pages[NEWCOMER], prompt_ends=True
+    )
     spec_host = dict(slots=list(DECODERS), page_tables=separate.tables(DECODERS), query_lengths=lengths)
     if copies is not None:
         spec_host["copy_proposals"] = copies
@@ -94,8 +112,12 @@ def test_mixed_frame_equals_separate_programs(spec_programs, params, case):
     assert mixed.row(NEWCOMER)["cursor"] == len(NEW_PROMPT)
 
 
-@spec("mixed-execution/width-one-forward", "mixed-execution/ordinary-capture", "mixed-execution/one-prompt-row",
-      "mixed-execution/prompt-row-commit")
+@spec(
+    "mixed-execution/width-one-forward",
+    "mixed-execution/ordinary-capture",
+    "mixed-execution/one-prompt-row",
+    "mixed-execution/prompt-row-commit",
+)
 def test_ordinary_mixed_equals_prefill_plus_decode(ordinary_programs, params):
     mixed, separate = _engines(ordinary_programs, params)
     assert mixed.state.draft is None  # an ordinary engine keeps no draft context
@@ -103,33 +125,74 @@ def test_ordinary_mixed_equals_prefill_plus_decode(ordinary_programs, params):
     half = len(NEW_PROMPT) // 2
     for d, program in ((mixed, MIXED_ORDINARY), (separate, None)):
         if program is None:
-            d.run(PREFILLS[0], slot=NEWCOMER, tokens=NEW_PROMPT[:half], page_table=d.pages[NEWCOMER], prompt_ends=False)
+            d.run(
+                PREFILLS[0],
+                slot=NEWCOMER,
+                tokens=NEW_PROMPT[:half],
+                page_table=d.pages[NEWCOMER],
+                prompt_ends=False,
+            )
             continue
-        out = d.run(program, slots=[NEWCOMER], page_tables=d.tables([NEWCOMER]), query_lengths=[half],
-                    prefill_row=0, prompt_tokens=NEW_PROMPT[:half], prompt_ends=False)
+        out = d.run(
+            program,
+            slots=[NEWCOMER],
+            page_tables=d.tables([NEWCOMER]),
+            query_lengths=[half],
+            prefill_row=0,
+            prompt_tokens=NEW_PROMPT[:half],
+            prompt_ends=False,
+        )
         assert int(out.counts[0]) == 0
-    out = mixed.run(MIXED_ORDINARY, slots=[0, NEWCOMER], page_tables=mixed.tables([0, NEWCOMER]),
-                    query_lengths=[1, len(NEW_PROMPT) - half], prefill_row=1, prompt_tokens=NEW_PROMPT[half:],
-                    prompt_ends=True)
-    first = separate.run(PREFILLS[0], slot=NEWCOMER, tokens=NEW_PROMPT[half:], page_table=separate.pages[NEWCOMER],
-                         prompt_ends=True)
+    out = mixed.run(
+        MIXED_ORDINARY,
+        slots=[0, NEWCOMER],
+        page_tables=mixed.tables([0, NEWCOMER]),
+        query_lengths=[1, len(NEW_PROMPT) - half],
+        prefill_row=1,
+        prompt_tokens=NEW_PROMPT[half:],
+        prompt_ends=True,
+    )
+    first = separate.run(
+        PREFILLS[0],
+        slot=NEWCOMER,
+        tokens=NEW_PROMPT[half:],
+        page_table=separate.pages[NEWCOMER],
+        prompt_ends=True,
+    )
     rest = separate.run(DECODE, slots=[0], page_tables=separate.tables([0]))
     assert emitted(out, 1) == [int(first.tokens[0])] and emitted(out, 0) == emitted(rest, 0)
     _assert_same_state(mixed, separate)
 
 
-@spec("mixed-execution/prompt-only-legal", "mixed-execution/prefill-row-input", "mixed-execution/query-length")
+@spec(
+    "mixed-execution/prompt-only-legal", "mixed-execution/prefill-row-input", "mixed-execution/query-length"
+)
 def test_decode_only_and_prompt_only_populations(spec_programs, params):
     """prefill_row = -1 runs decode rows only; a prompt-only frame equals the prefill program."""
     mixed, separate = _engines(spec_programs, params)
     out = mixed.run(MIXED_W4, slots=list(DECODERS), page_tables=mixed.tables(DECODERS), query_lengths=[3, 4])
-    assert mixed.program(MIXED_W4).pack(slots=[0], page_tables=mixed.tables([0]), query_lengths=[1]).prefill_row[0] == -1
-    rest = separate.run(RECT, slots=list(DECODERS), page_tables=separate.tables(DECODERS), query_lengths=[3, 4])
+    assert (
+        mixed.program(MIXED_W4)
+        .pack(slots=[0], page_tables=mixed.tables([0]), query_lengths=[1])
+        .prefill_row[0]
+        == -1
+    )
+    rest = separate.run(
+        RECT, slots=list(DECODERS), page_tables=separate.tables(DECODERS), query_lengths=[3, 4]
+    )
     assert [emitted(out, i) for i in range(2)] == [emitted(rest, i) for i in range(2)]
-    out = mixed.run(MIXED_W4, slots=[NEWCOMER], page_tables=mixed.tables([NEWCOMER]),
-                    query_lengths=[len(NEW_PROMPT)], prefill_row=0, prompt_tokens=NEW_PROMPT, prompt_ends=True)
-    first = separate.run(PREFILLS[0], slot=NEWCOMER, tokens=NEW_PROMPT, page_table=separate.pages[NEWCOMER],
-                         prompt_ends=True)
+    out = mixed.run(
+        MIXED_W4,
+        slots=[NEWCOMER],
+        page_tables=mixed.tables([NEWCOMER]),
+        query_lengths=[len(NEW_PROMPT)],
+        prefill_row=0,
+        prompt_tokens=NEW_PROMPT,
+        prompt_ends=True,
+    )
+    first = separate.run(
+        PREFILLS[0], slot=NEWCOMER, tokens=NEW_PROMPT, page_table=separate.pages[NEWCOMER], prompt_ends=True
+    )
     assert emitted(out, 0) == [int(first.tokens[0])]
     assert int(out.query_lengths[0]) == len(NEW_PROMPT)
     _assert_same_state(mixed, separate)

@@ -1,4 +1,5 @@
 """Host input packing (pure numpy, no compile): offsets, one length upload, masks, role validation."""
+
 import dataclasses
 
 import numpy as np
@@ -36,28 +37,51 @@ TABLES = [[0, 1], [2, 3], [4], [5, 6, 7]]
 @spec("verification/input-packed-offsets", "mixed-execution/packed-offsets", "mixed-execution/prompt-upload")
 def test_prompt_tokens_land_at_the_prompt_rows_packed_offset():
     prompt = list(range(100, 110))
-    inputs = pack_mixed(MIXED, slots=[3, 0, 2], page_tables=TABLES[:3], query_lengths=[4, 2, 10],
-                        prefill_row=2, prompt_tokens=prompt, prompt_ends=True)
+    inputs = pack_mixed(
+        MIXED,
+        slots=[3, 0, 2],
+        page_tables=TABLES[:3],
+        query_lengths=[4, 2, 10],
+        prefill_row=2,
+        prompt_tokens=prompt,
+        prompt_ends=True,
+    )
     offsets = packed_offsets(inputs.query_lengths)
     assert offsets.tolist() == [0, 4, 6, 16]  # prefix sums of lengths, independent of slot ids
     assert inputs.tokens.shape == (MIXED.target_capacity,)
-    assert inputs.tokens[6:16].tolist() == prompt and not inputs.tokens[:6].any() and not inputs.tokens[16:].any()
+    assert (
+        inputs.tokens[6:16].tolist() == prompt
+        and not inputs.tokens[:6].any()
+        and not inputs.tokens[16:].any()
+    )
     assert inputs.slots.tolist() == [3, 0, 2, 0] and inputs.active.tolist() == [True, True, True, False]
     assert inputs.prefill_row.dtype == np.int32 and inputs.prefill_row.tolist() == [2]
     # The same population with the prompt first moves the offset, not the tokens' content.
-    moved = pack_mixed(MIXED, slots=[2, 3, 0], page_tables=TABLES[:3], query_lengths=[10, 4, 2], prefill_row=0,
-                       prompt_tokens=prompt, prompt_ends=True)
+    moved = pack_mixed(
+        MIXED,
+        slots=[2, 3, 0],
+        page_tables=TABLES[:3],
+        query_lengths=[10, 4, 2],
+        prefill_row=0,
+        prompt_tokens=prompt,
+        prompt_ends=True,
+    )
     assert moved.tokens[:10].tolist() == prompt
 
 
-@spec("verification/input-one-querylength", "mixed-execution/query-length", "mixed-execution/prefill-row-input")
+@spec(
+    "verification/input-one-querylength", "mixed-execution/query-length", "mixed-execution/prefill-row-input"
+)
 def test_one_query_length_upload_per_frame():
     """Lengths are uploaded once (i32[B]); offsets, positions and context lengths are derived on
     the device. No other input field has the lane shape of a length vector except the lane
     identities (slots, active) and the copy lengths of copy proposals."""
     spec_ = input_spec(MIXED)
-    lane_vectors = {f.name for f in dataclasses.fields(MixedInputs)
-                    if getattr(spec_, f.name).shape == (MIXED.lanes,) and getattr(spec_, f.name).dtype == np.int32}
+    lane_vectors = {
+        f.name
+        for f in dataclasses.fields(MixedInputs)
+        if getattr(spec_, f.name).shape == (MIXED.lanes,) and getattr(spec_, f.name).dtype == np.int32
+    }
     assert lane_vectors == {"slots", "query_lengths", "copy_lengths"}
     assert spec_.prefill_row.shape == (1,) and spec_.prefill_row.dtype == np.int32
     decode_only = pack_mixed(MIXED, slots=[1, 2], page_tables=TABLES[:2], query_lengths=[4, 1])
@@ -78,15 +102,33 @@ def test_row_sampling_masks():
 
 
 @spec("verification/input-role-validation", "mixed-execution/one-prompt-row", "mixed-execution/max-extent")
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(query_lengths=[4, 2, 10], prefill_row=3, prompt_tokens=[1] * 10), "outside the dense lane list"),
-    (dict(query_lengths=[4, 2, 10], prefill_row=-1, prompt_tokens=[1] * 10), "outside the dense lane list"),
-    (dict(query_lengths=[4, 2, 9], prefill_row=2, prompt_tokens=[1] * 10), "must equal its 10 prompt tokens"),
-    (dict(query_lengths=[4, 2, 65], prefill_row=2, prompt_tokens=[1] * 65), "within 1..64"),
-    (dict(query_lengths=[5, 2, 10], prefill_row=2, prompt_tokens=[1] * 10), "decode row 0: query length 5"),
-    (dict(query_lengths=[0, 2, 10], prefill_row=2, prompt_tokens=[1] * 10), "decode row 0: query length 0"),
-    (dict(query_lengths=[4, 2, 10], prompt_tokens=[1] * 10), "prompt tokens without a prompt row"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (
+            dict(query_lengths=[4, 2, 10], prefill_row=3, prompt_tokens=[1] * 10),
+            "outside the dense lane list",
+        ),
+        (
+            dict(query_lengths=[4, 2, 10], prefill_row=-1, prompt_tokens=[1] * 10),
+            "outside the dense lane list",
+        ),
+        (
+            dict(query_lengths=[4, 2, 9], prefill_row=2, prompt_tokens=[1] * 10),
+            "must equal its 10 prompt tokens",
+        ),
+        (dict(query_lengths=[4, 2, 65], prefill_row=2, prompt_tokens=[1] * 65), "within 1..64"),
+        (
+            dict(query_lengths=[5, 2, 10], prefill_row=2, prompt_tokens=[1] * 10),
+            "decode row 0: query length 5",
+        ),
+        (
+            dict(query_lengths=[0, 2, 10], prefill_row=2, prompt_tokens=[1] * 10),
+            "decode row 0: query length 0",
+        ),
+        (dict(query_lengths=[4, 2, 10], prompt_tokens=[1] * 10), "prompt tokens without a prompt row"),
+    ],
+)
 def test_mixed_role_validation(kwargs, message):
     with pytest.raises(InputError, match=message):
         pack_mixed(MIXED, slots=[3, 0, 2], page_tables=TABLES[:3], prompt_ends=True, **kwargs)
@@ -96,22 +138,38 @@ def test_mixed_role_validation(kwargs, message):
 def test_mixed_lengths_must_fit_the_packed_extent():
     narrow = ProgramShape.of(mixed_graph(4, 4, 64, True), ENGINE.replace(max_model_len=128))
     assert narrow.target_capacity == 64 + 3 * 4
-    pack_mixed(narrow, slots=[0, 1, 2, 3], page_tables=[[]] * 4, query_lengths=[64, 4, 4, 4], prefill_row=0,
-               prompt_tokens=[1] * 64)
+    pack_mixed(
+        narrow,
+        slots=[0, 1, 2, 3],
+        page_tables=[[]] * 4,
+        query_lengths=[64, 4, 4, 4],
+        prefill_row=0,
+        prompt_tokens=[1] * 64,
+    )
     with pytest.raises(InputError, match="exceed the program's batch capacity"):
         pack_mixed(narrow, slots=[0, 1, 2, 3, 4], page_tables=[[]] * 5, query_lengths=[1] * 5)
 
 
 @spec("verification/input-role-validation")
-@pytest.mark.parametrize("slots, message", [([0, 0], "slots repeat"), ([4], "outside 0..3"), ([0, 1, 2], "batch capacity 2")])
+@pytest.mark.parametrize(
+    "slots, message", [([0, 0], "slots repeat"), ([4], "outside 0..3"), ([0, 1, 2], "batch capacity 2")]
+)
 def test_lane_identities_are_validated(slots, message):
     with pytest.raises(InputError, match=message):
-        pack_decode(shape_of(GraphDescriptor(GraphKind.DECODE, 2, token_capacity=1, target_capacity=2)),
-                    slots=slots, page_tables=[[0]] * len(slots))
+        pack_decode(
+            shape_of(GraphDescriptor(GraphKind.DECODE, 2, token_capacity=1, target_capacity=2)),
+            slots=slots,
+            page_tables=[[0]] * len(slots),
+        )
 
 
-@spec("speculative-coverage/querylength-fits-p", "speculative-coverage/prefix-limit-ceilings",
-      "speculative-coverage/ceiling-bound", "speculative-coverage/ceilings-over-p", "speculative-coverage/copy-d")
+@spec(
+    "speculative-coverage/querylength-fits-p",
+    "speculative-coverage/prefix-limit-ceilings",
+    "speculative-coverage/ceiling-bound",
+    "speculative-coverage/ceilings-over-p",
+    "speculative-coverage/copy-d",
+)
 def test_speculative_bindings_and_copy_prefixes():
     host, device = shape_of(RAGGED_HOST), shape_of(RAGGED_DEVICE)  # P = 6 (host), P = 5 (device)
     ok = pack_speculative(host, slots=[0, 1], page_tables=TABLES[:2], query_lengths=[4, 2])
@@ -127,34 +185,56 @@ def test_speculative_bindings_and_copy_prefixes():
         pack_speculative(device, slots=[0, 1], page_tables=TABLES[:2], ceilings=[5, 4])
     with pytest.raises(InputError, match="takes ceilings"):
         pack_speculative(device, slots=[0, 1], page_tables=TABLES[:2], query_lengths=[1, 1])
-    copies = pack_speculative(host, slots=[0, 1], page_tables=TABLES[:2], query_lengths=[3, 1],
-                              copy_proposals=[[7, 8], None])
+    copies = pack_speculative(
+        host, slots=[0, 1], page_tables=TABLES[:2], query_lengths=[3, 1], copy_proposals=[[7, 8], None]
+    )
     assert copies.copy_tokens.tolist() == [[7, 8, 0], [0, 0, 0]] and copies.copy_lengths.tolist() == [2, -1]
     with pytest.raises(InputError, match="copy prefix has 1"):
-        pack_speculative(host, slots=[0, 1], page_tables=TABLES[:2], query_lengths=[3, 1], copy_proposals=[[7], None])
+        pack_speculative(
+            host, slots=[0, 1], page_tables=TABLES[:2], query_lengths=[3, 1], copy_proposals=[[7], None]
+        )
     with pytest.raises(InputError, match="exceed D=3"):
-        pack_speculative(host, slots=[0], page_tables=TABLES[:1], query_lengths=[1], copy_proposals=[[1, 2, 3, 4]])
+        pack_speculative(
+            host, slots=[0], page_tables=TABLES[:1], query_lengths=[1], copy_proposals=[[1, 2, 3, 4]]
+        )
 
 
 def test_page_tables_pad_with_an_out_of_range_page():
-    inputs = pack_prefill(shape_of(GraphDescriptor(GraphKind.PREFILL, 1, token_capacity=16)), slot=2,
-                          tokens=[1, 2, 3], page_table=[9, 4], prompt_ends=False)
+    inputs = pack_prefill(
+        shape_of(GraphDescriptor(GraphKind.PREFILL, 1, token_capacity=16)),
+        slot=2,
+        tokens=[1, 2, 3],
+        page_table=[9, 4],
+        prompt_ends=False,
+    )
     assert inputs.page_table.shape == (1, N)
     assert inputs.page_table[0, :2].tolist() == [9, 4] and (inputs.page_table[0, 2:] == ENGINE.kv_pages).all()
     assert inputs.tokens[:3].tolist() == [1, 2, 3] and inputs.length.tolist() == [3]
     with pytest.raises(InputError, match="page ids outside"):
-        pack_prefill(shape_of(GraphDescriptor(GraphKind.PREFILL, 1, token_capacity=16)), slot=0,
-                     tokens=[1], page_table=[ENGINE.kv_pages], prompt_ends=False)
+        pack_prefill(
+            shape_of(GraphDescriptor(GraphKind.PREFILL, 1, token_capacity=16)),
+            slot=0,
+            tokens=[1],
+            page_table=[ENGINE.kv_pages],
+            prompt_ends=False,
+        )
     with pytest.raises(InputError, match="outside 1..16"):
-        pack_prefill(shape_of(GraphDescriptor(GraphKind.PREFILL, 1, token_capacity=16)), slot=0,
-                     tokens=list(range(17)), page_table=[0], prompt_ends=False)
+        pack_prefill(
+            shape_of(GraphDescriptor(GraphKind.PREFILL, 1, token_capacity=16)),
+            slot=0,
+            tokens=list(range(17)),
+            page_table=[0],
+            prompt_ends=False,
+        )
 
 
 @spec("prerequisites/snapshot-preserves")
 def test_copy_roles():
     snap = shape_of(GraphDescriptor(GraphKind.SNAPSHOT, 1))
     row = ENGINE.request_slots  # first snapshot row
-    inputs = pack_copy(snap, src_rows=[1], dst_rows=[row], src_pages=[[3, 4, 5]], dst_pages=[[10, 11, 12]], role="snapshot")
+    inputs = pack_copy(
+        snap, src_rows=[1], dst_rows=[row], src_pages=[[3, 4, 5]], dst_pages=[[10, 11, 12]], role="snapshot"
+    )
     assert inputs.page_counts.tolist() == [3]
     with pytest.raises(InputError, match="a snapshot copies a request slot"):
         pack_copy(snap, src_rows=[row], dst_rows=[1], src_pages=[[1]], dst_pages=[[2]], role="snapshot")

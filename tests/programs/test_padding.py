@@ -9,6 +9,7 @@ then compares the whole state bitwise with a host copy taken before the call:
   - rows of inactive slots (and snapshot rows) keep every per-row field, PRNG key included.
 A frame with no active lane at all changes no bit of the state.
 """
+
 import numpy as np
 import pytest
 
@@ -54,9 +55,13 @@ def _assert_only_allowed_changes(before, after, d, writes):
                     allowed[d.pages[slot][pos // page_size], pos % page_size] = True
         for old, new in zip(before[name], after[name]):
             same = (as_bits(old) == as_bits(new)).all(axis=(0, 1, 4))  # [pages, page_size]
-            assert np.all(same | allowed), f"{name}: unexpected writes at {np.argwhere(~(same | allowed))[:5]}"
+            assert np.all(same | allowed), (
+                f"{name}: unexpected writes at {np.argwhere(~(same | allowed))[:5]}"
+            )
     for field in ROW_FIELDS:
-        changed = np.flatnonzero(np.any((as_bits(before[field]) != as_bits(after[field])).reshape(len(before[field]), -1), axis=1))
+        changed = np.flatnonzero(
+            np.any((as_bits(before[field]) != as_bits(after[field])).reshape(len(before[field]), -1), axis=1)
+        )
         assert set(changed.tolist()) <= set(writes), f"{field}: rows {changed.tolist()} changed"
 
 
@@ -74,9 +79,24 @@ CASES = {
     "width_one": ("spec_programs", WIDTH_ONE, dict(slots=[0], query_lengths=[1]), [0]),
     "rect_one_lane": ("spec_programs", RECT, dict(slots=[1], query_lengths=[3]), [1]),
     "ragged_device_unused_rows": ("spec_programs", RAGGED_DEVICE, dict(slots=[0], ceilings=[4]), [0]),
-    "ragged_host_unused_rows": ("spec_programs", RAGGED_HOST, dict(slots=[1, 0], query_lengths=[2, 1]), [1, 0]),
-    "mixed_prompt_and_decode": ("spec_programs", MIXED_W4, dict(slots=[0, 2], query_lengths=[2, 5], prefill_row=1,
-                                                               prompt_tokens=[5, 4, 3, 2, 1], prompt_ends=False), [0, 2]),
+    "ragged_host_unused_rows": (
+        "spec_programs",
+        RAGGED_HOST,
+        dict(slots=[1, 0], query_lengths=[2, 1]),
+        [1, 0],
+    ),
+    "mixed_prompt_and_decode": (
+        "spec_programs",
+        MIXED_W4,
+        dict(
+            slots=[0, 2],
+            query_lengths=[2, 5],
+            prefill_row=1,
+            prompt_tokens=[5, 4, 3, 2, 1],
+            prompt_ends=False,
+        ),
+        [0, 2],
+    ),
     "mixed_ordinary": ("ordinary_programs", MIXED_ORDINARY, dict(slots=[1], query_lengths=[1]), [1]),
 }
 
@@ -102,7 +122,9 @@ def test_inactive_lanes_and_unused_capacity_write_nothing(request, params, case)
 
 
 @spec("mixed-execution/inactive-no-mutation")
-@pytest.mark.parametrize("case", ["decode", "rect", "ragged_device", "mixed", "prefill_empty", "snapshot_empty"])
+@pytest.mark.parametrize(
+    "case", ["decode", "rect", "ragged_device", "mixed", "prefill_empty", "snapshot_empty"]
+)
 def test_a_frame_without_active_lanes_changes_no_bit(request, params, case):
     programs = request.getfixturevalue("ordinary_programs" if case == "decode" else "spec_programs")
     d = _driver(programs, params)
@@ -116,7 +138,13 @@ def test_a_frame_without_active_lanes_changes_no_bit(request, params, case):
     elif case == "mixed":
         d.run(MIXED_W4, slots=[], page_tables=[], query_lengths=[])
     elif case == "snapshot_empty":
-        d.run(d.programs.find(GraphKind.SNAPSHOT).descriptor, src_rows=[], dst_rows=[], src_pages=[], dst_pages=[])
+        d.run(
+            d.programs.find(GraphKind.SNAPSHOT).descriptor,
+            src_rows=[],
+            dst_rows=[],
+            src_pages=[],
+            dst_pages=[],
+        )
     else:  # a prefill with a zero-length chunk, bypassing the packer (which refuses it)
         program = d.program(PREFILLS[0])
         inputs = program.pack(slot=0, tokens=[1], page_table=d.pages[0], prompt_ends=True)

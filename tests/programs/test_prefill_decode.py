@@ -6,6 +6,7 @@ return log_softmax(full-forward logits)[next token] for every prompt token but t
 within 1e-4; the first output token and ordinary greedy decoding must equal the full-forward
 greedy continuation on its reliable prefix (margins > 1e-4).
 """
+
 import jax
 import numpy as np
 import pytest
@@ -15,8 +16,10 @@ from helios_jax.model import forward_full_logits
 from .helpers import DECODE, MODEL, Driver, emitted, greedy_reference, reliable_prefix
 
 spec = pytest.mark.spec
-PROMPTS = {0: [7, 3, 250, 1, 19, 19, 4, 88, 2, 31, 64, 5, 5, 5, 120, 6, 7, 8, 9, 200, 12, 13, 14, 15, 16, 17, 18],
-           2: [40, 2, 9, 33]}
+PROMPTS = {
+    0: [7, 3, 250, 1, 19, 19, 4, 88, 2, 31, 64, 5, 5, 5, 120, 6, 7, 8, 9, 200, 12, 13, 14, 15, 16, 17, 18],
+    2: [40, 2, 9, 33],
+}
 
 
 def test_scored_prefill_returns_prompt_logprobs(spec_programs, params):
@@ -27,7 +30,9 @@ def test_scored_prefill_returns_prompt_logprobs(spec_programs, params):
     logits = np.asarray(forward_full_logits(MODEL, params, np.asarray(prompt, np.int32)), np.float64)
     want = jax.nn.log_softmax(logits, axis=-1)
     assert np.isnan(logprobs[0])  # nothing predicts a request's first token
-    np.testing.assert_allclose(logprobs[1:], [want[i - 1, prompt[i]] for i in range(1, len(prompt))], atol=1e-4)
+    np.testing.assert_allclose(
+        logprobs[1:], [want[i - 1, prompt[i]] for i in range(1, len(prompt))], atol=1e-4
+    )
     assert first == int(np.argmax(logits[-1]))
     assert d.row(0)["cursor"] == len(prompt)
 

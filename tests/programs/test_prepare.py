@@ -1,4 +1,5 @@
 """prepare compiles a small catalog ahead of time end to end, measures it and exports it."""
+
 import json
 
 import jax
@@ -13,17 +14,31 @@ from helios_jax.prepare import load_engine_model, prepare, random_model
 from helios_jax.prepare.command import define_flags, engine_from_flags
 
 spec = pytest.mark.spec
-ENGINE = EngineConfig(request_slots=1, prefill_chunks=(16,), speculation="adaptive", draft_tokens=1,
-                      speculative_token_capacity=4, max_model_len=32, page_size=8, snapshot_rows=1)
+ENGINE = EngineConfig(
+    request_slots=1,
+    prefill_chunks=(16,),
+    speculation="adaptive",
+    draft_tokens=1,
+    speculative_token_capacity=4,
+    max_model_len=32,
+    page_size=8,
+    snapshot_rows=1,
+)
 
 
 @pytest.fixture(scope="module")
 def prepared():
     config, params = random_model()
-    return config, params, prepare(config, params, ENGINE, name="tiny", do_measure=True, runs=2, progress=None)
+    return (
+        config,
+        params,
+        prepare(config, params, ENGINE, name="tiny", do_measure=True, runs=2, progress=None),
+    )
 
 
-@spec("mixed-execution/planning-same-catalog", "mixed-execution/headroom-extent", "intro/stages-not-scheduled")
+@spec(
+    "mixed-execution/planning-same-catalog", "mixed-execution/headroom-extent", "intro/stages-not-scheduled"
+)
 def test_prepare_compiles_measures_and_exports(prepared, tmp_path):
     config, params, out = prepared
     planned = ENGINE.catalog("tiny")
@@ -34,7 +49,10 @@ def test_prepare_compiles_measures_and_exports(prepared, tmp_path):
     h = out.headroom
     assert h.params_bytes == sum(x.nbytes for x in jax.tree_util.tree_leaves(params))
     layers = config.num_layers + config.mtp_num_layers
-    assert h.kv_pool_bytes == 2 * layers * config.num_kv_heads * ENGINE.kv_pages * ENGINE.page_size * config.head_dim * 4
+    assert (
+        h.kv_pool_bytes
+        == 2 * layers * config.num_kv_heads * ENGINE.kv_pages * ENGINE.page_size * config.head_dim * 4
+    )
     assert h.max_packed_extent == out.catalog.max_packed_extent == 16  # the prefill chunk; speculative P = 2
     assert h.workspace_bytes >= 0 and h.lines()
     path = tmp_path / "measured.json"
@@ -60,11 +78,29 @@ def test_compiled_programs_donate_the_state(prepared):
 def test_flags_mirror_the_engine_config():
     fv = flags.FlagValues()
     define_flags(fv)
-    fv(["prepare", "--concurrency=16", "--draft_tokens=7", "--proposal_depths=3,7", "--mixed_prefill",
-        "--prefill_chunks=64,128", "--max_model_len=4096", "--speculation=fixed"])
+    fv(
+        [
+            "prepare",
+            "--concurrency=16",
+            "--draft_tokens=7",
+            "--proposal_depths=3,7",
+            "--mixed_prefill",
+            "--prefill_chunks=64,128",
+            "--max_model_len=4096",
+            "--speculation=fixed",
+        ]
+    )
     engine = engine_from_flags(fv)
-    assert engine == EngineConfig(request_slots=16, draft_tokens=7, proposal_depths=(3, 7), mixed_prefill=True,
-                                  prefill_chunks=(64, 128), max_model_len=4096, speculation="fixed", page_size=16)
+    assert engine == EngineConfig(
+        request_slots=16,
+        draft_tokens=7,
+        proposal_depths=(3, 7),
+        mixed_prefill=True,
+        prefill_chunks=(64, 128),
+        max_model_len=4096,
+        speculation="fixed",
+        page_size=16,
+    )
     fv.unparse_flags()
     fv(["prepare", "--speculation=off"])
     assert engine_from_flags(fv).catalog().mode == "ordinary"

@@ -12,6 +12,7 @@ learned (the random MTP head: mostly rejected) or copied from the reference cont
 one corrupted token every other round, so both full acceptance with a bonus token and rejection
 at a chosen depth with a replacement token occur and are checked exactly.
 """
+
 import numpy as np
 import pytest
 
@@ -38,11 +39,18 @@ from .helpers import (
 
 spec = pytest.mark.spec
 SLOTS = (1, 3)
-PROMPTS = ([5, 17, 99, 3, 250, 42, 42, 7, 1, 0, 128],
-           [9, 8, 7, 6, 5, 4, 3, 2, 1, 200, 201, 202, 203, 77, 66, 55, 44, 33])
+PROMPTS = (
+    [5, 17, 99, 3, 250, 42, 42, 7, 1, 0, 128],
+    [9, 8, 7, 6, 5, 4, 3, 2, 1, 200, 201, 202, 203, 77, 66, 55, 44, 33],
+)
 STEPS = 24
-SHAPES = {"width_one": WIDTH_ONE, "rect": RECT, "ragged_device": RAGGED_DEVICE, "ragged_host": RAGGED_HOST,
-          "narrow": NARROW}
+SHAPES = {
+    "width_one": WIDTH_ONE,
+    "rect": RECT,
+    "ragged_device": RAGGED_DEVICE,
+    "ragged_host": RAGGED_HOST,
+    "narrow": NARROW,
+}
 HOST_LENGTHS = {"rect": [4, 4], "ragged_host": [4, 2], "narrow": [2, 2], "width_one": [1, 1]}
 
 
@@ -76,7 +84,7 @@ def _copies(reference, streams, depth, round_index):
     out, corrupt = [], []
     for lane, (want, _) in enumerate(reference):
         done = len(streams[lane])
-        prefix = list(want[done:done + depth])
+        prefix = list(want[done : done + depth])
         k = (round_index + lane) % depth if round_index % 2 else None
         if k is not None and k < len(prefix):
             prefix[k] = (prefix[k] + 1) % MODEL.vocab_size
@@ -85,10 +93,16 @@ def _copies(reference, streams, depth, round_index):
     return out, corrupt
 
 
-@spec("intro/speculative-graph-stages", "speculative-coverage/device-program-steps",
-      "speculative-coverage/device-fixed-cohort", "speculative-coverage/querylength-fits-p",
-      "speculative-coverage/copy-d", "speculative-coverage/learned-d", "useful-service/output-progress",
-      "confidence-acceptance/survival-output")
+@spec(
+    "intro/speculative-graph-stages",
+    "speculative-coverage/device-program-steps",
+    "speculative-coverage/device-fixed-cohort",
+    "speculative-coverage/querylength-fits-p",
+    "speculative-coverage/copy-d",
+    "speculative-coverage/learned-d",
+    "useful-service/output-progress",
+    "confidence-acceptance/survival-output",
+)
 @pytest.mark.parametrize("source", ["learned", "copy"])
 @pytest.mark.parametrize("name", sorted(SHAPES))
 def test_greedy_speculation_equals_plain_greedy(spec_programs, params, reference, name, source):
@@ -111,7 +125,9 @@ def test_greedy_speculation_equals_plain_greedy(spec_programs, params, reference
             n, evaluated = len(tokens), lengths[lane] - 1
             assert 1 <= n <= lengths[lane] <= graph.token_capacity
             # Greedy survival is 1 while the proposal was the argmax, 0 from the first miss.
-            np.testing.assert_array_equal(survival[lane, :evaluated], (np.arange(evaluated) < n - 1).astype(np.float32))
+            np.testing.assert_array_equal(
+                survival[lane, :evaluated], (np.arange(evaluated) < n - 1).astype(np.float32)
+            )
             assert np.all(survival[lane, evaluated:] == 0)
             want, margins = reference[lane]
             done = len(streams[lane])
@@ -128,8 +144,9 @@ def test_greedy_speculation_equals_plain_greedy(spec_programs, params, reference
             # probabilities, within the immutable ceilings and P, for the fixed cohort.
             joint = np.asarray(out.sidecar)[1][list(SLOTS), : graph.proposal_depth]
             ceilings = host["ceilings"]
-            np.testing.assert_array_equal(lengths, allocate_prefix_rows(joint, ceilings, [True, True],
-                                                                        graph.target_capacity))
+            np.testing.assert_array_equal(
+                lengths, allocate_prefix_rows(joint, ceilings, [True, True], graph.target_capacity)
+            )
             assert lengths.sum() == graph.target_capacity
         else:
             np.testing.assert_array_equal(lengths, host["query_lengths"])
@@ -142,8 +159,12 @@ def test_greedy_speculation_equals_plain_greedy(spec_programs, params, reference
         assert d.row(slot)["generated"] == len(streams[lane])
 
 
-@spec("confidence-acceptance/sidecar-shape", "confidence-acceptance/confidence-width",
-      "speculative-coverage/device-fixed-cohort", "planning-queue/packed-round")
+@spec(
+    "confidence-acceptance/sidecar-shape",
+    "confidence-acceptance/confidence-width",
+    "speculative-coverage/device-fixed-cohort",
+    "planning-queue/packed-round",
+)
 def test_sidecar_layout_covers_every_produced_prefix(spec_programs, params):
     d, _ = _start(spec_programs, params)
     program = d.program(RAGGED_DEVICE)
@@ -166,11 +187,14 @@ def _draft_confidence_reference(params, prompt, stream, depth):
     sequence = list(prompt) + list(stream)  # the last token is the pending one
     cursor = len(sequence) - 1
     hidden = np.asarray(forward_full(MODEL, params, np.asarray(sequence[:cursor], np.int32)))
-    return naive_proposals(hf_weights(params), MODEL, hidden, sequence[1:cursor + 1], depth)
+    return naive_proposals(hf_weights(params), MODEL, hidden, sequence[1 : cursor + 1], depth)
 
 
-@spec("speculative-coverage/width-one-draft-context", "mixed-execution/width-one-forward",
-      "mixed-execution/adaptive-width-one-draft")
+@spec(
+    "speculative-coverage/width-one-draft-context",
+    "mixed-execution/width-one-forward",
+    "mixed-execution/adaptive-width-one-draft",
+)
 @pytest.mark.parametrize("width_one", ["speculative", "mixed"])
 def test_width_one_keeps_the_draft_context_for_a_wider_round(spec_programs, params, width_one):
     """Width-one rounds (separate or mixed, D = 0) absorb each committed pair; a following
@@ -194,8 +218,9 @@ def test_width_one_keeps_the_draft_context_for_a_wider_round(spec_programs, para
 def test_copy_prefix_shorter_than_depth_bounds_the_lane(spec_programs, params, reference):
     d, streams = _start(spec_programs, params)
     copies = [list(reference[0][0][1:2]), []]  # one supplied proposal, none
-    out = d.run(RAGGED_DEVICE, slots=list(SLOTS), page_tables=d.tables(SLOTS), ceilings=[4, 4],
-                copy_proposals=copies)
+    out = d.run(
+        RAGGED_DEVICE, slots=list(SLOTS), page_tables=d.tables(SLOTS), ceilings=[4, 4], copy_proposals=copies
+    )
     lengths = np.asarray(out.query_lengths)
     assert lengths.tolist() == [2, 1]  # ceilings shrink to the supplied prefix + 1
     sidecar = np.asarray(out.sidecar)
@@ -246,12 +271,37 @@ def test_greedy_learned_proposals_equal_the_paged_oracle(spec_programs, params):
     slots = np.array(SLOTS)
     tables = jnp.asarray(np.array(d.tables(SLOTS), np.int32))
     cursor = s.cursor[slots]
-    ours = jax.jit(lambda cache: draft_proposals(
-        MODEL, params, cache, hidden=s.last_hidden[slots], pending=s.pending[slots], cursor=cursor,
-        page_tables=tables, active=jnp.array([True, True]), temperature=jnp.zeros(2), top_k=jnp.zeros(2, jnp.int32),
-        top_p=jnp.ones(2), key=wrap_keys(s.rng[slots]), copy_tokens=jnp.zeros((2, 3), jnp.int32),
-        copy_lengths=jnp.full((2,), -1, jnp.int32), depth=3))(s.draft)
-    theirs = jax.jit(lambda cache: paged_proposals(MODEL, params, cache, s.last_hidden[slots], s.pending[slots],
-                                                   cursor - 1, tables, jnp.array([True, True]), depth=3))(s.draft)
+    ours = jax.jit(
+        lambda cache: draft_proposals(
+            MODEL,
+            params,
+            cache,
+            hidden=s.last_hidden[slots],
+            pending=s.pending[slots],
+            cursor=cursor,
+            page_tables=tables,
+            active=jnp.array([True, True]),
+            temperature=jnp.zeros(2),
+            top_k=jnp.zeros(2, jnp.int32),
+            top_p=jnp.ones(2),
+            key=wrap_keys(s.rng[slots]),
+            copy_tokens=jnp.zeros((2, 3), jnp.int32),
+            copy_lengths=jnp.full((2,), -1, jnp.int32),
+            depth=3,
+        )
+    )(s.draft)
+    theirs = jax.jit(
+        lambda cache: paged_proposals(
+            MODEL,
+            params,
+            cache,
+            s.last_hidden[slots],
+            s.pending[slots],
+            cursor - 1,
+            tables,
+            jnp.array([True, True]),
+            depth=3,
+        )
+    )(s.draft)
     np.testing.assert_array_equal(np.asarray(ours.tokens), np.asarray(theirs.tokens))
     np.testing.assert_allclose(np.asarray(ours.confidence), np.asarray(theirs.token_probs), atol=1e-6)

@@ -5,6 +5,7 @@ original uninterrupted: same tokens (sampled, so the PRNG key and sampling setti
 the row), same draft confidences (so the MTP draft context travelled too), and the prompt's
 length leaves a partial last page, which must be preserved.
 """
+
 import numpy as np
 import pytest
 
@@ -27,8 +28,12 @@ def _continue(d, slot, rounds=4):
     return tokens, np.stack(confidences)
 
 
-@spec("prerequisites/snapshot-preserves", "prerequisites/restore-fresh-generation",
-      "prerequisites/logical-request-kept", "prerequisites/enabling-kinds")
+@spec(
+    "prerequisites/snapshot-preserves",
+    "prerequisites/restore-fresh-generation",
+    "prerequisites/logical-request-kept",
+    "prerequisites/enabling-kinds",
+)
 def test_snapshot_restore_continues_like_uninterrupted_decoding(spec_programs, params):
     d = Driver(spec_programs, params, seed=3)
     d.initialize(0, temperature=1.0, top_k=20, seed=123)
@@ -41,16 +46,28 @@ def test_snapshot_restore_continues_like_uninterrupted_decoding(spec_programs, p
         cursor = d.row(0)["cursor"]
     assert cursor % PAGE_SIZE
     used = -(-cursor // PAGE_SIZE)
-    d.run(_snapshot(d), src_rows=[0], dst_rows=[SNAPSHOT_ROW],
-          src_pages=[d.pages[0][:used]], dst_pages=[d.pages[SNAPSHOT_ROW][:used]])
-    saved = {k: np.array(getattr(d.state, k)[SNAPSHOT_ROW]) for k in ("cursor", "pending", "rng", "last_hidden")}
+    d.run(
+        _snapshot(d),
+        src_rows=[0],
+        dst_rows=[SNAPSHOT_ROW],
+        src_pages=[d.pages[0][:used]],
+        dst_pages=[d.pages[SNAPSHOT_ROW][:used]],
+    )
+    saved = {
+        k: np.array(getattr(d.state, k)[SNAPSHOT_ROW]) for k in ("cursor", "pending", "rng", "last_hidden")
+    }
     assert saved["cursor"] == cursor
     # Uninterrupted continuation in slot 0.
     want_tokens, want_conf = _continue(d, 0)
     # A fresh slot (initialized for some other request first) receives the snapshot.
     d.initialize(2, temperature=0.0, seed=999)
-    d.run(_restore(d), src_rows=[SNAPSHOT_ROW], dst_rows=[2], src_pages=[d.pages[SNAPSHOT_ROW][:used]],
-          dst_pages=[d.pages[2][:used]])
+    d.run(
+        _restore(d),
+        src_rows=[SNAPSHOT_ROW],
+        dst_rows=[2],
+        src_pages=[d.pages[SNAPSHOT_ROW][:used]],
+        dst_pages=[d.pages[2][:used]],
+    )
     assert d.row(2)["cursor"] == cursor
     np.testing.assert_array_equal(np.asarray(d.state.rng[2]), saved["rng"])
     got_tokens, got_conf = _continue(d, 2)
@@ -80,7 +97,9 @@ def test_copy_moves_whole_pages_of_both_pools_and_nothing_else(spec_programs, pa
         after = np.asarray(getattr(d.state, name).k)
         np.testing.assert_array_equal(after[:, :, dst], before[name][:, :, src])  # NaN tails included
         others = np.setdiff1d(np.arange(after.shape[2]), dst)
-        np.testing.assert_array_equal(after[:, :, others].view(np.uint32), before[name][:, :, others].view(np.uint32))
+        np.testing.assert_array_equal(
+            after[:, :, others].view(np.uint32), before[name][:, :, others].view(np.uint32)
+        )
 
 
 def test_initialize_resets_the_row(spec_programs, params):

@@ -1,5 +1,6 @@
 """The engine end to end on a tiny random model: greedy output equals offline greedy decoding,
 stop strings, cancellation and slot reuse, and the page pool matching the reservations."""
+
 import time
 
 import jax
@@ -20,10 +21,12 @@ spec = pytest.mark.spec
 @pytest.fixture(scope="module")
 def engine():
     config, params = model()
-    ec = EngineConfig(request_slots=4, prefill_chunks=(64, 256), speculation="adaptive", draft_tokens=3,
-                      max_model_len=512)
-    eng = HeliosEngine(model_config=config, params=params, tokenizer=tokenizer(), engine_config=ec,
-                       check_invariants=True)
+    ec = EngineConfig(
+        request_slots=4, prefill_chunks=(64, 256), speculation="adaptive", draft_tokens=3, max_model_len=512
+    )
+    eng = HeliosEngine(
+        model_config=config, params=params, tokenizer=tokenizer(), engine_config=ec, check_invariants=True
+    )
     yield eng
     eng.shutdown()
 
@@ -45,7 +48,7 @@ def offline_greedy(prompt, n):
         buf = np.zeros(BUFFER, np.int32)
         buf[: len(ids)] = ids
         ids.append(int(jnp.argmax(_logits(jnp.asarray(buf))[len(ids) - 1])))
-    return ids[len(prompt):]
+    return ids[len(prompt) :]
 
 
 def run(engine, rid, prompt, **sampling):
@@ -54,13 +57,17 @@ def run(engine, rid, prompt, **sampling):
     return events, [t for e in events for t in e.token_ids]
 
 
-@spec("verification/runtime-phase-coverage", "intro/speculative-graph-stages", "planning-queue/page-reservation")
+@spec(
+    "verification/runtime-phase-coverage", "intro/speculative-graph-stages", "planning-queue/page-reservation"
+)
 def test_concurrent_greedy_requests_equal_offline_greedy_decoding(engine):
     """The engine verifies after every step that the page pool equals the reservations."""
     tok = tokenizer()
     prompts = [tok.encode("def f(x):\n    return x + 1\n") * k for k in (1, 3, 9)]
-    streams = [engine.submit(GenerationRequest(f"g{i}", tuple(p), SamplingParams(max_tokens=24, temperature=0.0)))
-               for i, p in enumerate(prompts)]
+    streams = [
+        engine.submit(GenerationRequest(f"g{i}", tuple(p), SamplingParams(max_tokens=24, temperature=0.0)))
+        for i, p in enumerate(prompts)
+    ]
     for p, s in zip(prompts, streams):
         events = list(s)
         tokens = [t for e in events for t in e.token_ids]
@@ -86,7 +93,9 @@ def test_stop_strings_are_never_shown(engine):
 @spec("service-accounting/cancelled-slot-reuse", "planning-queue/cancel-keeps-pages")
 def test_cancellation_frees_the_slot_and_reservations_match_the_pool(engine):
     tok = tokenizer()
-    long = GenerationRequest("c0", tuple(tok.encode("for i in range(10):\n") * 4), SamplingParams(max_tokens=400))
+    long = GenerationRequest(
+        "c0", tuple(tok.encode("for i in range(10):\n") * 4), SamplingParams(max_tokens=400)
+    )
     stream = engine.submit(long)
     first = stream.get(timeout=60)
     assert first.token_ids

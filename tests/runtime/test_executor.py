@@ -4,6 +4,7 @@ The fake device runs one program at a time, each for exactly its catalog duratio
 milliseconds; a program dispatched while another runs starts when that one finishes. Outputs
 are derivable on paper: every decode row emits token 7 and accepts nothing.
 """
+
 import dataclasses
 import threading
 import time
@@ -67,16 +68,22 @@ class FakeProgram:
         if kind.is_state_operation:
             out = FakeOutputs()
         elif kind.is_prefill:
-            out = FakeOutputs(tokens=np.array([7]), counts=np.array([1 if inputs["prompt_ends"] else 0]),
-                              prompt_logprobs=None)
+            out = FakeOutputs(
+                tokens=np.array([7]),
+                counts=np.array([1 if inputs["prompt_ends"] else 0]),
+                prompt_logprobs=None,
+            )
         else:
             rows = inputs.get("query_lengths") or inputs.get("ceilings") or [1] * len(inputs["slots"])
             counts = np.zeros(b, np.int32)
             counts[: len(rows)] = 1
-            out = FakeOutputs(tokens=np.full((b, 8), 7), counts=counts,
-                              query_lengths=np.array(list(rows) + [0] * (b - len(rows))),
-                              sidecar=np.zeros((2, 4, max(1, self.descriptor.proposal_depth)), np.float32),
-                              survival=np.zeros((b, 7), np.float32))
+            out = FakeOutputs(
+                tokens=np.full((b, 8), 7),
+                counts=counts,
+                query_lengths=np.array(list(rows) + [0] * (b - len(rows))),
+                sidecar=np.zeros((2, 4, max(1, self.descriptor.proposal_depth)), np.float32),
+                survival=np.zeros((b, 7), np.float32),
+            )
         out.entry = entry
         return state, out
 
@@ -92,21 +99,34 @@ class FakeSet(dict):
 
 
 def fake_engine(speculation="off"):
-    ec = EngineConfig(request_slots=4, prefill_chunks=(64, 256), speculation=speculation,
-                      draft_tokens=0 if speculation == "off" else 3, max_model_len=512)
+    ec = EngineConfig(
+        request_slots=4,
+        prefill_chunks=(64, 256),
+        speculation=speculation,
+        draft_tokens=0 if speculation == "off" else 3,
+        max_model_len=512,
+    )
     device = FakeDevice()
     programs = FakeSet({g.key: FakeProgram(g, device, g.batch_capacity) for g in ec.catalog().graphs})
-    engine = HeliosEngine(model_config=None, params=None, tokenizer=tokenizer(), engine_config=ec, programs=programs)
+    engine = HeliosEngine(
+        model_config=None, params=None, tokenizer=tokenizer(), engine_config=ec, programs=programs
+    )
     return engine, device
 
 
-@spec("verification/runtime-phase-coverage", "planning-queue/two-slots", "planning-queue/double-occupancy",
-      "planning-queue/draining-kinds")
+@spec(
+    "verification/runtime-phase-coverage",
+    "planning-queue/two-slots",
+    "planning-queue/double-occupancy",
+    "planning-queue/draining-kinds",
+)
 def test_decode_frames_overlap_and_drain_only_frames_never_do():
     engine, device = fake_engine()
     try:
-        streams = [engine.submit(GenerationRequest(f"r{i}", (5,) * 20, SamplingParams(max_tokens=30, temperature=0)))
-                   for i in range(2)]
+        streams = [
+            engine.submit(GenerationRequest(f"r{i}", (5,) * 20, SamplingParams(max_tokens=30, temperature=0)))
+            for i in range(2)
+        ]
         for s in streams:
             list(s)
     finally:

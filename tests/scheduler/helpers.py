@@ -1,4 +1,5 @@
 """Builders for selector tests: measured catalogs and request views with derived prices."""
+
 from __future__ import annotations
 
 import math
@@ -25,36 +26,74 @@ def measured(catalog: Catalog, now_ns: int = 0, **overrides_ms) -> CostModel:
     return costs
 
 
-def decoder(rid: int, *, x: float = 2.0, z: float = 0.25, age_ms: float = 10.0, survival=(0.5,),
-            output_remaining: int = 1000, policy_config: PolicyConfig = POLICY, **kw) -> RequestView:
+def decoder(
+    rid: int,
+    *,
+    x: float = 2.0,
+    z: float = 0.25,
+    age_ms: float = 10.0,
+    survival=(0.5,),
+    output_remaining: int = 1000,
+    policy_config: PolicyConfig = POLICY,
+    **kw,
+) -> RequestView:
     """A decoding request with token rate x (tokens/ms) and delivery rate z (deliveries/ms)."""
     prices = service.log_prices(policy_config, math.log(x), math.log(z))
     survival = np.asarray(survival, dtype=float)
     kw.setdefault("forecast", survival)
-    return RequestView(rid=rid, slot=kw.pop("slot", rid), phase=Phase.DECODE,
-                       log_prefill_price=prices.prefill_token, log_output_price=prices.output_token,
-                       log_delivery_price=prices.delivery, age_ms=age_ms, output_remaining=output_remaining,
-                       survival=survival, **kw)
+    return RequestView(
+        rid=rid,
+        slot=kw.pop("slot", rid),
+        phase=Phase.DECODE,
+        log_prefill_price=prices.prefill_token,
+        log_output_price=prices.output_token,
+        log_delivery_price=prices.delivery,
+        age_ms=age_ms,
+        output_remaining=output_remaining,
+        survival=survival,
+        **kw,
+    )
 
 
-def prompt(rid: int, tokens: int, *, x: float = 2.0, log_x: float | None = None,
-           policy_config: PolicyConfig = POLICY, **kw) -> RequestView:
+def prompt(
+    rid: int,
+    tokens: int,
+    *,
+    x: float = 2.0,
+    log_x: float | None = None,
+    policy_config: PolicyConfig = POLICY,
+    **kw,
+) -> RequestView:
     """A request with `tokens` uncached prompt tokens and token rate x (or its log)."""
     prices = service.log_prices(policy_config, math.log(x) if log_x is None else log_x, None)
-    return RequestView(rid=rid, slot=kw.pop("slot", rid), phase=Phase.PREFILL,
-                       log_prefill_price=prices.prefill_token, log_output_price=prices.output_token,
-                       prompt_remaining=tokens, **kw)
+    return RequestView(
+        rid=rid,
+        slot=kw.pop("slot", rid),
+        phase=Phase.PREFILL,
+        log_prefill_price=prices.prefill_token,
+        log_output_price=prices.output_token,
+        prompt_remaining=tokens,
+        **kw,
+    )
 
 
 def geometric(p: float, depth: int = 7) -> np.ndarray:
     return p ** np.arange(1, depth + 1)
 
 
-def inputs(views, catalog: Catalog = SPEC, mode: DecodeMode = DecodeMode.ADAPTIVE, costs=None,
-           now_ns: int = 0, policy_config: PolicyConfig = POLICY, fixed_width=None) -> policy.SelectionInput:
+def inputs(
+    views,
+    catalog: Catalog = SPEC,
+    mode: DecodeMode = DecodeMode.ADAPTIVE,
+    costs=None,
+    now_ns: int = 0,
+    policy_config: PolicyConfig = POLICY,
+    fixed_width=None,
+) -> policy.SelectionInput:
     costs = measured(catalog) if costs is None else costs
-    return policy.SelectionInput(list(views), catalog.eligible(mode, fixed_width=fixed_width), costs, now_ns,
-                                 policy_config, mode)
+    return policy.SelectionInput(
+        list(views), catalog.eligible(mode, fixed_width=fixed_width), costs, now_ns, policy_config, mode
+    )
 
 
 def choose(views, **kw):

@@ -1,4 +1,5 @@
 """Queue projection, service accounting, duration samples and exploration credit, rule by rule."""
+
 import dataclasses
 import math
 
@@ -9,8 +10,8 @@ from helios_jax.catalog import Allocation, CostKey, DecodeMode, GraphKind
 from helios_jax.scheduler import policy
 from helios_jax.scheduler.core import NS_PER_MS, PlanRejected, Scheduler
 from helios_jax.scheduler.plan import CompletionRecord, ExecutionClass, ExecutionTiming
-from helios_jax.scheduler.speculation import SOURCE_COPY, SOURCE_LEARNED
-from helios_jax.scheduler.view import LaneRole, Phase
+from helios_jax.scheduler.speculation import SOURCE_LEARNED
+from helios_jax.scheduler.view import Phase
 
 from .helpers import ORDINARY, RAGGED, SPEC, decoder, inputs, prompt
 from .test_core import records, run_once, scheduler, timing
@@ -30,9 +31,15 @@ def decoding(catalog=ORDINARY, n=2, **kw):
     return s, handles, t, n + 1
 
 
-@spec("planning-queue/project-queue-end", "planning-queue/freeze-queued-service", "planning-queue/project-copies",
-      "planning-queue/projected-age", "planning-queue/projection-pure", "planning-queue/history-validated-only",
-      "planning-queue/appended-start")
+@spec(
+    "planning-queue/project-queue-end",
+    "planning-queue/freeze-queued-service",
+    "planning-queue/project-copies",
+    "planning-queue/projected-age",
+    "planning-queue/projection-pure",
+    "planning-queue/history-validated-only",
+    "planning-queue/appended-start",
+)
 def test_selection_projects_queued_service_to_the_queue_end():
     s, handles, t, fence = decoding()
     before = {h.rid: s.requests[h.rid].history.log_x for h in handles}
@@ -40,8 +47,9 @@ def test_selection_projects_queued_service_to_the_queue_end():
     s.commit(plan, fence)
     end = int(t * MS) + int(plan.expected_duration_ms * MS)
     first, again = s.views(), s.views()
-    assert [(v.rid, v.log_output_price, v.age_ms) for v in first] == \
-        [(v.rid, v.log_output_price, v.age_ms) for v in again]  # recomputed from copies, never stored
+    assert [(v.rid, v.log_output_price, v.age_ms) for v in first] == [
+        (v.rid, v.log_output_price, v.age_ms) for v in again
+    ]  # recomputed from copies, never stored
     views = {v.rid: v for v in first}
     a = math.exp(-plan.expected_duration_ms / 100)
     for lane in plan.lanes:
@@ -55,8 +63,11 @@ def test_selection_projects_queued_service_to_the_queue_end():
     assert s.plan().planning_start_ns == end
 
 
-@spec("service-accounting/commit-records", "service-accounting/late-admit-excluded",
-      "service-accounting/restoring-excluded")
+@spec(
+    "service-accounting/commit-records",
+    "service-accounting/late-admit-excluded",
+    "service-accounting/restoring-excluded",
+)
 def test_participants_are_the_residents_at_commit():
     s, handles, t, fence = decoding()
     plan = s.plan()
@@ -79,7 +90,11 @@ def test_participants_are_the_residents_at_commit():
     assert blocked.frames[-1].participants == ()  # requests waiting for their state are outside
 
 
-@spec("service-accounting/plans-survive", "service-accounting/physical-units", "service-accounting/prices-preserved")
+@spec(
+    "service-accounting/plans-survive",
+    "service-accounting/physical-units",
+    "service-accounting/prices-preserved",
+)
 def test_rates_are_physical_and_only_service_changes_them():
     s, handles, t, fence = decoding(n=1)
     plan = s.plan()
@@ -101,9 +116,15 @@ def test_rates_are_physical_and_only_service_changes_them():
     s.commit(saved, fence + 1)
 
 
-@spec("duration-estimates/isolated-and-queued", "duration-estimates/no-host-time",
-      "duration-estimates/service-raw", "confidence-acceptance/no-host-delay", "timing-refresh/queued-credit",
-      "timing-refresh/isolated-credit", "acceptance-learning/budgets-raw")
+@spec(
+    "duration-estimates/isolated-and-queued",
+    "duration-estimates/no-host-time",
+    "duration-estimates/service-raw",
+    "confidence-acceptance/no-host-delay",
+    "timing-refresh/queued-credit",
+    "timing-refresh/isolated-credit",
+    "acceptance-learning/budgets-raw",
+)
 def test_samples_credit_and_service_use_the_right_intervals():
     s, handles, t, fence = decoding(SPEC)
     first = s.plan()
@@ -113,8 +134,11 @@ def test_samples_credit_and_service_use_the_right_intervals():
     key = first.graph.key
     s.advance_to(int((t + 10) * MS))
     credit = s.timing_ledger.balance_ms
-    s.complete(fence, records(first, accepted=1), ExecutionTiming((4.0 * MS,), 9.0 * MS, queued=False,
-                                                                     readiness_delay_ns=1.0 * MS))
+    s.complete(
+        fence,
+        records(first, accepted=1),
+        ExecutionTiming((4.0 * MS,), 9.0 * MS, queued=False, readiness_delay_ns=1.0 * MS),
+    )
     # isolated: credit and service use max(device, wall) = 9 ms; the cost sample is 4 - 1 = 3 ms
     assert s.timing_ledger.balance_ms - credit == pytest.approx(9.0 * 0.002 / 0.998)
     assert s.costs.samples(key)[-1] == pytest.approx(3.0 * MS)
@@ -131,9 +155,18 @@ def test_a_speculative_round_is_costed_under_its_actual_b_d_w_p():
     """ragged-small's device program (B=4, W=4, D=3, P=8) serves three decoders; its host sibling
     (B=4, W=4, D=3, P=6) differs only in P. The 4.2 ms sample joins the P=8 entry (seeded at
     4.7 ms: median of the two 4.45), three active rows or not, and nothing else moves."""
-    catalog = dataclasses.replace(RAGGED, graphs=tuple(
-        g for g in RAGGED.graphs if g.kind is GraphKind.PREFILL or g.target_capacity in (6, 8)
-        and g.kind is GraphKind.SPECULATIVE and g.token_capacity == 4 and g.batch_capacity == 4))
+    catalog = dataclasses.replace(
+        RAGGED,
+        graphs=tuple(
+            g
+            for g in RAGGED.graphs
+            if g.kind is GraphKind.PREFILL
+            or g.target_capacity in (6, 8)
+            and g.kind is GraphKind.SPECULATIVE
+            and g.token_capacity == 4
+            and g.batch_capacity == 4
+        ),
+    )
     s = scheduler(catalog)
     for _ in range(3):
         s.admit([1] * 8, max_output=100)
@@ -157,8 +190,12 @@ def test_a_speculative_round_is_costed_under_its_actual_b_d_w_p():
     assert (rec.batch_capacity, rec.proposal_depth, rec.token_capacity, rec.target_capacity) == (4, 3, 4, 8)
 
 
-@spec("timing-refresh/invalid-not-fresh", "timing-refresh/invalid-wall-pays", "timing-refresh/speculative-one-program",
-      "timing-refresh/cancel-no-timing")
+@spec(
+    "timing-refresh/invalid-not-fresh",
+    "timing-refresh/invalid-wall-pays",
+    "timing-refresh/speculative-one-program",
+    "timing-refresh/cancel-no-timing",
+)
 def test_refresh_with_invalid_timing_or_a_cancelled_lane():
     s, handles, t, fence = decoding(SPEC)
     later = t + 31_000
@@ -193,12 +230,17 @@ def test_survival_rows_replace_binary_observations_for_the_future_only():
     after = req.acceptance.get(SOURCE_LEARNED).mean
     # all proposals were accepted (binary 1.0), but the survival rows (0.5) are what is observed
     assert after[0] < before[0] + (1 - before[0]) / 3 and after[0] == pytest.approx(
-        before[0] + (0.5 - before[0]) / (1 + 2 * 0.5 ** (len(req.output) / 128)), rel=1e-6)
+        before[0] + (0.5 - before[0]) / (1 + 2 * 0.5 ** (len(req.output) / 128)), rel=1e-6
+    )
     assert plan.lanes[0].query_length == rows  # the completed plan itself is untouched
 
 
-@spec("planning-queue/feedback-triggers", "planning-queue/deps-actual-program", "planning-queue/no-displace-winner",
-      "planning-queue/empty-window-wait")
+@spec(
+    "planning-queue/feedback-triggers",
+    "planning-queue/deps-actual-program",
+    "planning-queue/no-displace-winner",
+    "planning-queue/empty-window-wait",
+)
 def test_feedback_dependencies_apply_to_the_selected_program():
     s = scheduler(ORDINARY)
     stops = s.admit([1] * 8, max_output=500, host_stops=True)  # stop strings on the host
@@ -241,12 +283,19 @@ def test_a_speculative_burst_is_one_delivery():
     before = s._last_completed.delivery_before[h.rid]
     s.published_output(h, fence)
     a = math.exp(-5.0 / 100)
-    assert math.exp(s.requests[h.rid].history.log_z) == pytest.approx(a * math.exp(before) + (1 - a) * 1 / 5.0)
+    assert math.exp(s.requests[h.rid].history.log_z) == pytest.approx(
+        a * math.exp(before) + (1 - a) * 1 / 5.0
+    )
 
 
-@spec("useful-service/conditional-acceptance", "confidence-acceptance/expected-output-bounds",
-      "speculative-coverage/value-source-allocator", "speculative-coverage/host-inputs",
-      "speculative-coverage/host-before-draws", "speculative-coverage/copy-d")
+@spec(
+    "useful-service/conditional-acceptance",
+    "confidence-acceptance/expected-output-bounds",
+    "speculative-coverage/value-source-allocator",
+    "speculative-coverage/host-inputs",
+    "speculative-coverage/host-before-draws",
+    "speculative-coverage/copy-d",
+)
 def test_lane_work_respects_request_limits_and_the_binding():
     limited = decoder(1, survival=np.full(7, 0.95), output_remaining=2)
     copy = decoder(2, survival=np.full(7, 0.95), copy_limit=1)
@@ -261,7 +310,11 @@ def test_lane_work_respects_request_limits_and_the_binding():
                 assert lane.query_length >= 1 and lane.ceiling == 0  # host lengths, fixed in the plan
 
 
-@spec("useful-service/no-duration-ceiling", "useful-service/no-oldest-filter", "useful-service/no-chunk-lateness")
+@spec(
+    "useful-service/no-duration-ceiling",
+    "useful-service/no-oldest-filter",
+    "useful-service/no-chunk-lateness",
+)
 def test_no_ceilings_no_oldest_filter_no_lateness():
     old = prompt(1, 100, x=2.0, last_selected_ns=-10)
     new = prompt(2, 5000, x=2.0, last_selected_ns=10)
@@ -269,16 +322,20 @@ def test_no_ceilings_no_oldest_filter_no_lateness():
     assert c.rids == (2,) and c.duration_ms > 80  # a 90 ms chunk for the newer request wins
     # Waiting longer changes a prompt's value only through its price, never a lateness term.
     a = policy.candidates(inputs([prompt(1, 5000, x=2.0)]))
-    b = policy.candidates(inputs([prompt(1, 5000, x=2.0, last_selected_ns=-10**9)]))
+    b = policy.candidates(inputs([prompt(1, 5000, x=2.0, last_selected_ns=-(10**9))]))
     assert [c.score for c in a] == [c.score for c in b]
 
 
 @spec("prerequisites/compare-first-stage", "prerequisites/setup-no-tokens")
 def test_first_stage_alone_competes_and_setup_commits_no_tokens():
     from .test_prerequisites import blocked, terminal
+
     views = [blocked(1, [GraphKind.SNAPSHOT], Phase.DECODE), terminal(2, age_ms=50.0)]
-    cands = [c for c in policy.candidates(inputs(views, catalog=ORDINARY, mode=DecodeMode.ORDINARY))
-             if c.kind is GraphKind.SNAPSHOT]
+    cands = [
+        c
+        for c in policy.candidates(inputs(views, catalog=ORDINARY, mode=DecodeMode.ORDINARY))
+        if c.kind is GraphKind.SNAPSHOT
+    ]
     assert any(c.following is None for c in cands) and any(c.following is not None for c in cands)
     s = Scheduler(ORDINARY, initialize_requests=True)
     s.seed_costs(0)
@@ -294,12 +351,14 @@ def test_first_stage_alone_competes_and_setup_commits_no_tokens():
 @spec("mixed-execution/needs-feedback", "mixed-execution/no-synthesis", "mixed-execution/measured-choose")
 def test_mixed_programs_in_the_window_and_the_references():
     assert not GraphKind.MIXED.may_share_window
-    no_mixed = ORDINARY.__class__(**{**ORDINARY.__dict__, "graphs": tuple(
-        g for g in ORDINARY.graphs if g.kind is not GraphKind.MIXED)})
+    no_mixed = ORDINARY.__class__(
+        **{**ORDINARY.__dict__, "graphs": tuple(g for g in ORDINARY.graphs if g.kind is not GraphKind.MIXED)}
+    )
     cands = policy.candidates(inputs([prompt(1, 64), decoder(2)], catalog=no_mixed, mode=DecodeMode.ORDINARY))
     assert not any(c.kind is GraphKind.MIXED for c in cands)  # never synthesised from serial programs
     # Measured durations decide between mixed alternatives: make the 64-token mixed shape slow.
     from .helpers import measured
+
     costs = measured(ORDINARY)
     views = [prompt(1, 40, x=0.2), decoder(2), decoder(3)]
     fast = policy.select(inputs(views, catalog=ORDINARY, mode=DecodeMode.ORDINARY, costs=costs))
@@ -311,8 +370,9 @@ def test_mixed_programs_in_the_window_and_the_references():
     assert other.graph != fast.graph
     # Mixed shapes join the service-rate reference: with only mixed generation programs loaded
     # the reference interval still exists.
-    only_mixed = ORDINARY.__class__(**{**ORDINARY.__dict__, "graphs": tuple(
-        g for g in ORDINARY.graphs if g.kind is not GraphKind.DECODE)})
+    only_mixed = ORDINARY.__class__(
+        **{**ORDINARY.__dict__, "graphs": tuple(g for g in ORDINARY.graphs if g.kind is not GraphKind.DECODE)}
+    )
     c = policy.select(inputs([decoder(1)], catalog=only_mixed, mode=DecodeMode.ORDINARY))
     assert c.kind is GraphKind.MIXED and c.score > 0
 
@@ -322,8 +382,14 @@ def test_unselected_participants_are_charged_zero_service():
     """Only decode B=1 is loaded: of two decoding requests one is served per frame. Over an
     isolated 5 ms interval the served one gets one token (x <- a*x + (1 - a)*1/5, a = e^-0.05)
     and the other zero: its token and delivery rates decay by e^-0.05 (log -0.05)."""
-    catalog = dataclasses.replace(ORDINARY, graphs=tuple(
-        g for g in ORDINARY.graphs if g.kind is GraphKind.PREFILL or g.name == "decode[B=1,W=1,D=0,C=0,P=1]"))
+    catalog = dataclasses.replace(
+        ORDINARY,
+        graphs=tuple(
+            g
+            for g in ORDINARY.graphs
+            if g.kind is GraphKind.PREFILL or g.name == "decode[B=1,W=1,D=0,C=0,P=1]"
+        ),
+    )
     s, handles, t, fence = decoding(catalog)
     before = {h.rid: (s.requests[h.rid].history.log_x, s.requests[h.rid].history.log_z) for h in handles}
     assert all(x is not None and z is not None for x, z in before.values())
@@ -349,6 +415,7 @@ def test_queued_frames_are_charged_their_own_committed_tokens():
     6 tokens: each interval is charged its own committed tokens, not the output counter as it
     stood before the queued work, nor the frozen expectation."""
     from helios_jax.scheduler.speculation import PrefixEstimate
+
     history = {SOURCE_LEARNED: PrefixEstimate(np.full(7, 0.9), np.full(7, 64.0), 0)}
     s = scheduler(SPEC)
     h = s.admit([1] * 8, max_output=500, acceptance_history=history)
@@ -388,7 +455,9 @@ def test_mixed_shapes_set_the_reference_and_follow_prerequisites():
       row rides mixed B=2 C=64 after it, U = 5.085: (54.333*40 + 117.333 + 88 + 0.1*4.885*(10 + U))/U
       - U/2*0.1 = 468.975974.
     """
-    only_mixed = dataclasses.replace(ORDINARY, graphs=tuple(g for g in ORDINARY.graphs if g.kind is not GraphKind.DECODE))
+    only_mixed = dataclasses.replace(
+        ORDINARY, graphs=tuple(g for g in ORDINARY.graphs if g.kind is not GraphKind.DECODE)
+    )
     ordinary = dict(catalog=only_mixed, mode=DecodeMode.ORDINARY)
     m2 = "mixed[B=2,W=1,D=0,C=64,P=65]"
     unscaled = lambda c: c.score * math.exp(c.log_scale)
@@ -396,12 +465,16 @@ def test_mixed_shapes_set_the_reference_and_follow_prerequisites():
     assert c.graph.name == m2 and c.prefill_row == -1
     assert unscaled(c) == pytest.approx((88 + 0.1 * 4.885 * (10 + 4.885)) / 4.885 - 4.885 / 2 * 0.1)
     from .test_prerequisites import blocked
+
     c = policy.select(inputs([blocked(1, [GraphKind.RESTORE], Phase.DECODE), decoder(2)], **ordinary))
     u = 0.35 + 4.885
     assert c.kind is GraphKind.RESTORE and c.following.graph.name == m2 and sorted(c.following.rids) == [1, 2]
-    assert unscaled(c) == pytest.approx((88 + 0.1 * u * (10 + u) + 88 + 0.1 * 4.885 * (10 + u)) / u - u / 2 * 0.2)
-    c = policy.select(inputs([blocked(1, [GraphKind.INITIALIZE], Phase.PREFILL, tokens=40, x=0.3), decoder(2)],
-                             **ordinary))
+    assert unscaled(c) == pytest.approx(
+        (88 + 0.1 * u * (10 + u) + 88 + 0.1 * 4.885 * (10 + u)) / u - u / 2 * 0.2
+    )
+    c = policy.select(
+        inputs([blocked(1, [GraphKind.INITIALIZE], Phase.PREFILL, tokens=40, x=0.3), decoder(2)], **ordinary)
+    )
     u = 0.2 + 4.885
     prompt_value = (1 + 16 / 0.3) * 40 + (64 + 16 / 0.3)
     assert c.kind is GraphKind.INITIALIZE and c.following.graph.name == m2 and c.following.prefill_row == 0

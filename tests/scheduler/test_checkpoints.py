@@ -1,16 +1,15 @@
 """Checkpoint retention: anchors, extras within the allowance, the prefix cache, terminal
 captures, guards, victims and preemption."""
+
 import math
 
-import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from helios_jax.catalog import GraphKind
 from helios_jax.scheduler.checkpoints import CheckpointStore, Role, capture_endpoints
 from helios_jax.scheduler.core import NS_PER_MS, Scheduler
-from helios_jax.scheduler.cost import CostModel
-from helios_jax.scheduler.plan import CompletionRecord, ExecutionTiming
 from helios_jax.scheduler.view import LaneRole, Phase
 
 from .helpers import SPEC
@@ -40,8 +39,12 @@ def step(s, fence, t, accepted=0):
     return plan, gen, t
 
 
-@spec("planning-queue/anchor-last-message", "planning-queue/anchor-prompt-end", "planning-queue/earlier-reverse",
-      "planning-queue/exact-endpoints")
+@spec(
+    "planning-queue/anchor-last-message",
+    "planning-queue/anchor-prompt-end",
+    "planning-queue/earlier-reverse",
+    "planning-queue/exact-endpoints",
+)
 def test_anchor_and_extras_order():
     assert capture_endpoints([100, 300, 700], 1000, 0) == (700, [300, 100, 1000])
     assert capture_endpoints([], 1000, 0) == (1000, [])
@@ -52,8 +55,12 @@ def test_anchor_and_extras_order():
     assert capture_endpoints([1000], 1000, 999) == (1000, [])
 
 
-@spec("planning-queue/victim-ranking", "planning-queue/guard-protects", "planning-queue/mandatory-revokes",
-      "planning-queue/armed-retained")
+@spec(
+    "planning-queue/victim-ranking",
+    "planning-queue/guard-protects",
+    "planning-queue/mandatory-revokes",
+    "planning-queue/armed-retained",
+)
 def test_store_victims_guards_and_pins():
     store = CheckpointStore(3)
     a = store.arm(1, (1, 2), Role.ANCHOR, now_ns=10)
@@ -86,7 +93,11 @@ def test_lookup_is_longest_proper_prefix_and_alias_aware():
     assert store.holds((1, 2)) and not store.holds((1,))
 
 
-@spec("planning-queue/extra-allowance", "planning-queue/cut-needs-destination", "prerequisites/nonterminal-utility")
+@spec(
+    "planning-queue/extra-allowance",
+    "planning-queue/cut-needs-destination",
+    "prerequisites/nonterminal-utility",
+)
 def test_a_chat_prompt_stops_at_its_anchor_and_snapshots_it():
     s = sched()
     prompt = list(range(1, 301))
@@ -110,8 +121,12 @@ def test_a_chat_prompt_stops_at_its_anchor_and_snapshots_it():
     assert s.checkpoints.lookup(prompt + [7]).length == 250
 
 
-@spec("planning-queue/exact-endpoints", "useful-service/prompt-progress", "useful-service/no-service-waste",
-      "prerequisites/restore-fresh-generation")
+@spec(
+    "planning-queue/exact-endpoints",
+    "useful-service/prompt-progress",
+    "useful-service/no-service-waste",
+    "prerequisites/restore-fresh-generation",
+)
 def test_a_second_turn_restores_the_anchor_and_pays_only_uncached_tokens():
     s = sched()
     first = list(range(1, 201))
@@ -155,8 +170,13 @@ def test_extra_captures_fit_the_allowance(prompt_len, endpoints):
     assert len(extras) * cost <= 0.05 * per_token * prompt_len + 1e-9
 
 
-@spec("planning-queue/decode-terminal-capture", "prerequisites/terminal-snapshot", "prerequisites/terminal-age-start",
-      "prerequisites/terminal-clock-no-reset", "prerequisites/snapshot-before-continuation")
+@spec(
+    "planning-queue/decode-terminal-capture",
+    "prerequisites/terminal-snapshot",
+    "prerequisites/terminal-age-start",
+    "prerequisites/terminal-clock-no-reset",
+    "prerequisites/snapshot-before-continuation",
+)
 def test_terminal_capture_is_funded_by_decode_and_completes_the_response():
     s = sched()
     h = s.admit([3] * 64, max_output=40)
@@ -166,7 +186,11 @@ def test_terminal_capture_is_funded_by_decode_and_completes_the_response():
         fence += 1
         plan, gen, t = step(s, fence, t)
         events += [(plan.kind, g.finished, g.tokens) for g in gen]
-        if s.requests.get(h.rid) is not None and s.requests[h.rid].phase is Phase.TERMINAL and finished_at is None:
+        if (
+            s.requests.get(h.rid) is not None
+            and s.requests[h.rid].phase is Phase.TERMINAL
+            and finished_at is None
+        ):
             finished_at = s.requests[h.rid].terminal_since_ns
     # 40 tokens of decoding earn 0.05 * ~40 rounds * ~3.6 ms = ~7 ms >> one 0.3 ms snapshot
     assert events[-1] == (GraphKind.SNAPSHOT, True, ())  # the completion is visible only now
@@ -307,8 +331,10 @@ def test_the_preemption_candidate_is_the_best_served_decoder_not_the_oldest():
     b = s.admit([4] * 64, max_output=100)
     s.restrict_width(b, 1)
     t, fence = 0.0, 0
-    while not all(r.phase is Phase.DECODE and not r.prerequisites for r in s.requests.values()) or \
-            len(s.requests[a.rid].output) < 6:
+    while (
+        not all(r.phase is Phase.DECODE and not r.prerequisites for r in s.requests.values())
+        or len(s.requests[a.rid].output) < 6
+    ):
         fence += 1
         _, _, t = step(s, fence, t, accepted=3)
     rate = {h: s.requests[h.rid].history.log_x for h in (a, b)}

@@ -1,4 +1,5 @@
 """PolicyConfig defaults, presets, overrides and validation."""
+
 import math
 
 import pytest
@@ -8,13 +9,28 @@ from helios_jax.scheduler.config import PolicyConfig
 spec = pytest.mark.spec
 
 
-@spec("policy/output-token-value", "policy/token-fairness", "policy/delivery-fairness",
-      "policy/decode-age-price", "policy/terminal-value", "policy/terminal-age-price",
-      "policy/adaptation-ms", "policy/estimate-ttl", "policy/alpha", "confidence-acceptance/alpha-default",
-      "planning-queue/extra-fraction-default", "policy/default-balanced")
+@spec(
+    "policy/output-token-value",
+    "policy/token-fairness",
+    "policy/delivery-fairness",
+    "policy/decode-age-price",
+    "policy/terminal-value",
+    "policy/terminal-age-price",
+    "policy/adaptation-ms",
+    "policy/estimate-ttl",
+    "policy/alpha",
+    "confidence-acceptance/alpha-default",
+    "planning-queue/extra-fraction-default",
+    "policy/default-balanced",
+)
 def test_defaults_are_the_spec_table():
     p = PolicyConfig.preset()
-    assert (p.output_token_value, p.token_fairness, p.delivery_fairness, p.decode_age_price) == (64, 16, 4, 0.1)
+    assert (p.output_token_value, p.token_fairness, p.delivery_fairness, p.decode_age_price) == (
+        64,
+        16,
+        4,
+        0.1,
+    )
     assert (p.terminal_value, p.terminal_age_price, p.adaptation_ms) == (256, 1, 100)
     assert p.estimate_ttl_ns == 30_000_000_000
     assert p.adaptive_verification_alpha == 1
@@ -32,19 +48,24 @@ def test_throughput_preset_zeroes_delivery_and_age_only():
 
 @spec("policy/terminal-overrides", "policy/terminal-both-zero", "policy/alpha-flag")
 def test_overrides_apply_after_the_preset():
-    t = PolicyConfig.preset("throughput", terminal_value=0, terminal_age_price=0, adaptive_verification_alpha=0.5)
+    t = PolicyConfig.preset(
+        "throughput", terminal_value=0, terminal_age_price=0, adaptive_verification_alpha=0.5
+    )
     assert (t.terminal_value, t.terminal_age_price, t.adaptive_verification_alpha) == (0, 0, 0.5)
     assert t.delivery_fairness == 0
 
 
 @spec("policy/terminal-validation", "policy/alpha-validation")
-@pytest.mark.parametrize("kwargs, field", [
-    (dict(terminal_value=-1), "terminal_value"),
-    (dict(terminal_age_price=math.inf), "terminal_age_price"),
-    (dict(terminal_value=math.nan), "terminal_value"),
-    (dict(adaptive_verification_alpha=0), "adaptive_verification_alpha"),
-    (dict(adaptive_verification_alpha=math.inf), "adaptive_verification_alpha"),
-])
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        (dict(terminal_value=-1), "terminal_value"),
+        (dict(terminal_age_price=math.inf), "terminal_age_price"),
+        (dict(terminal_value=math.nan), "terminal_value"),
+        (dict(adaptive_verification_alpha=0), "adaptive_verification_alpha"),
+        (dict(adaptive_verification_alpha=math.inf), "adaptive_verification_alpha"),
+    ],
+)
 def test_invalid_coefficients_are_rejected(kwargs, field):
     with pytest.raises(ValueError, match=field):
         PolicyConfig.preset("balanced", **kwargs)
@@ -61,14 +82,17 @@ def test_zero_coefficients_are_legal():
     assert p.token_fairness == 0
 
 
-@pytest.mark.parametrize("kwargs, field", [
-    (dict(adaptation_ms=0), "adaptation_ms"),  # tau divides: positive, not merely nonnegative
-    (dict(estimate_ttl_ns=0), "estimate_ttl_ns"),
-    (dict(checkpoint_extra_work_fraction=1.0), "checkpoint_extra_work_fraction"),
-    (dict(token_fairness=True), "token_fairness"),  # a flag is not a coefficient
-    (dict(output_token_value="64"), "output_token_value"),
-    (dict(decode_age_price=-0.1), "decode_age_price"),
-])
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        (dict(adaptation_ms=0), "adaptation_ms"),  # tau divides: positive, not merely nonnegative
+        (dict(estimate_ttl_ns=0), "estimate_ttl_ns"),
+        (dict(checkpoint_extra_work_fraction=1.0), "checkpoint_extra_work_fraction"),
+        (dict(token_fairness=True), "token_fairness"),  # a flag is not a coefficient
+        (dict(output_token_value="64"), "output_token_value"),
+        (dict(decode_age_price=-0.1), "decode_age_price"),
+    ],
+)
 def test_every_field_is_validated(kwargs, field):
     with pytest.raises(ValueError, match=field):
         PolicyConfig(**kwargs)

@@ -1,4 +1,5 @@
 """The Scheduler's lifecycle on a virtual clock: plan, commit, complete, publish, cancel."""
+
 import dataclasses
 import math
 
@@ -32,13 +33,22 @@ def records(plan, accepted=0, token=5):
     out = []
     for lane in plan.lanes:
         if lane.role is LaneRole.PROMPT:
-            out.append(CompletionRecord(lane.handle, lane.epoch, prompt_tokens=lane.prompt_tokens,
-                                        tokens=(token,) if lane.finishes_prompt else ()))
+            out.append(
+                CompletionRecord(
+                    lane.handle,
+                    lane.epoch,
+                    prompt_tokens=lane.prompt_tokens,
+                    tokens=(token,) if lane.finishes_prompt else (),
+                )
+            )
         elif lane.role is LaneRole.DECODE:
             rows = lane.query_length or lane.ceiling
             a = min(accepted, rows - 1)
-            out.append(CompletionRecord(lane.handle, lane.epoch, tokens=(token,) * (a + 1), offered=rows - 1,
-                                        accepted=a))
+            out.append(
+                CompletionRecord(
+                    lane.handle, lane.epoch, tokens=(token,) * (a + 1), offered=rows - 1, accepted=a
+                )
+            )
         else:
             out.append(CompletionRecord(lane.handle, lane.epoch))
     return out
@@ -64,11 +74,28 @@ def run_once(s, fence, now_ms, accepted=0, publish=True):
 
 def snapshot(s):
     """Everything completion may change, for 'changes nothing' checks."""
-    reqs = {rid: (r.phase, r.epoch, r.consumed, list(r.output), r.history.log_x, r.history.log_z,
-                  r.acceptance.get(r.proposal_source).mean.tolist(), list(r.inflight))
-            for rid, r in s.requests.items()}
-    return (reqs, {k: s.costs.samples(k) for k in s.costs.keys()}, s.timing_ledger.balance_ms,
-            s.acceptance_ledger.balance_ms, tuple(s.in_flight), s.pages.owned(), dict(s.executions))
+    reqs = {
+        rid: (
+            r.phase,
+            r.epoch,
+            r.consumed,
+            list(r.output),
+            r.history.log_x,
+            r.history.log_z,
+            r.acceptance.get(r.proposal_source).mean.tolist(),
+            list(r.inflight),
+        )
+        for rid, r in s.requests.items()
+    }
+    return (
+        reqs,
+        {k: s.costs.samples(k) for k in s.costs.keys()},
+        s.timing_ledger.balance_ms,
+        s.acceptance_ledger.balance_ms,
+        tuple(s.in_flight),
+        s.pages.owned(),
+        dict(s.executions),
+    )
 
 
 @spec("planning-queue/api")
@@ -130,8 +157,14 @@ def test_plan_is_pure_and_frozen():
     assert math.isfinite(a.selection_log_scale())
 
 
-@spec("planning-queue/two-slots", "planning-queue/double-occupancy", "planning-queue/draining-kinds",
-      "planning-queue/appended-start", "planning-queue/no-ms-cap", "planning-queue/feedback-visible")
+@spec(
+    "planning-queue/two-slots",
+    "planning-queue/double-occupancy",
+    "planning-queue/draining-kinds",
+    "planning-queue/appended-start",
+    "planning-queue/no-ms-cap",
+    "planning-queue/feedback-visible",
+)
 def test_two_decode_frames_queue_and_drain_kinds_do_not():
     s = scheduler()
     h = [s.admit([1] * 8, max_output=100) for _ in range(2)]
@@ -174,16 +207,41 @@ def test_commit_rechecks_epochs_and_exposes_decoders_after_completion():
     assert s.plan().kind is GraphKind.DECODE
 
 
-@spec("service-accounting/validate-first", "verification/mixed-malformed", "mixed-execution/complete-by-phase")
-@pytest.mark.parametrize("mutate, message", [
-    (lambda r, p: r[:-1], "records for"),
-    (lambda r, p: [r[0].__class__(r[0].handle, r[0].epoch + 1, r[0].prompt_tokens, r[0].tokens)] + r[1:], "epoch"),
-    (lambda r, p: [r[0].__class__(r[0].handle, r[0].epoch, r[0].prompt_tokens + 1, r[0].tokens)] + r[1:], "prompt tokens"),
-    (lambda r, p: r[:1] + [r[1].__class__(r[1].handle, r[1].epoch, tokens=(1, 2, 3), offered=0, accepted=0)] + r[2:],
-     "accepted proposals plus one"),
-    (lambda r, p: r[:1] + [r[1].__class__(r[1].handle, r[1].epoch, tokens=(-1,), offered=0, accepted=0)] + r[2:],
-     "nonnegative"),
-])
+@spec(
+    "service-accounting/validate-first", "verification/mixed-malformed", "mixed-execution/complete-by-phase"
+)
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda r, p: r[:-1], "records for"),
+        (
+            lambda r, p: (
+                [r[0].__class__(r[0].handle, r[0].epoch + 1, r[0].prompt_tokens, r[0].tokens)] + r[1:]
+            ),
+            "epoch",
+        ),
+        (
+            lambda r, p: (
+                [r[0].__class__(r[0].handle, r[0].epoch, r[0].prompt_tokens + 1, r[0].tokens)] + r[1:]
+            ),
+            "prompt tokens",
+        ),
+        (
+            lambda r, p: (
+                r[:1]
+                + [r[1].__class__(r[1].handle, r[1].epoch, tokens=(1, 2, 3), offered=0, accepted=0)]
+                + r[2:]
+            ),
+            "accepted proposals plus one",
+        ),
+        (
+            lambda r, p: (
+                r[:1] + [r[1].__class__(r[1].handle, r[1].epoch, tokens=(-1,), offered=0, accepted=0)] + r[2:]
+            ),
+            "nonnegative",
+        ),
+    ],
+)
 def test_malformed_mixed_completion_changes_nothing(mutate, message):
     s = scheduler()
     s.admit([1] * 8, max_output=50)
@@ -200,8 +258,12 @@ def test_malformed_mixed_completion_changes_nothing(mutate, message):
     s.complete(2, records(plan), timing(plan.expected_duration_ms))  # the valid report still lands
 
 
-@spec("service-accounting/one-interval", "service-accounting/queued-interval", "service-accounting/isolated-interval",
-      "useful-service/actual-updates-history")
+@spec(
+    "service-accounting/one-interval",
+    "service-accounting/queued-interval",
+    "service-accounting/isolated-interval",
+    "useful-service/actual-updates-history",
+)
 def test_service_intervals():
     """An isolated frame charges max(device, wall); a queued one its device interval only."""
     s = scheduler()
@@ -221,17 +283,29 @@ def test_service_intervals():
         assert s.requests[rid].history.log_x == pytest.approx(expect)
 
 
-@spec("service-accounting/zero-deliveries", "service-accounting/first-publication", "service-accounting/burst-count",
-      "service-accounting/age-host-time", "service-accounting/publish-before-complete", "service-accounting/no-rewind",
-      "planning-queue/age-reset-published", "service-accounting/postponed-output")
+@spec(
+    "service-accounting/zero-deliveries",
+    "service-accounting/first-publication",
+    "service-accounting/burst-count",
+    "service-accounting/age-host-time",
+    "service-accounting/publish-before-complete",
+    "service-accounting/no-rewind",
+    "planning-queue/age-reset-published",
+    "service-accounting/postponed-output",
+)
 def test_publication_replaces_the_delivery_update():
     s = scheduler()
     h = s.admit([1] * 8, max_output=100)
     _, _, t = run_once(s, 1, 0.0)
     req = s.requests[h.rid]
     z0 = req.history.log_z
-    assert z0 == pytest.approx(-math.log(s.costs.estimate_ms(next(g.key for g in ORDINARY.graphs
-                                                                  if g.kind is GraphKind.PREFILL and g.token_capacity == 64))))
+    assert z0 == pytest.approx(
+        -math.log(
+            s.costs.estimate_ms(
+                next(g.key for g in ORDINARY.graphs if g.kind is GraphKind.PREFILL and g.token_capacity == 64)
+            )
+        )
+    )
     s.advance_to(int(t * MS))
     plan = s.plan()
     s.commit(plan, 2)
@@ -277,7 +351,9 @@ def test_a_fixed_width_scheduler_runs_only_programs_of_its_width():
     widest (8) that fixed mode defaults to without a width."""
     s = Scheduler(SPEC, mode=DecodeMode.FIXED, fixed_width=4)
     s.seed_costs(0)
-    assert {g.token_capacity for g in s.graphs.graphs if g.kind in (GraphKind.SPECULATIVE, GraphKind.MIXED)} == {4}
+    assert {
+        g.token_capacity for g in s.graphs.graphs if g.kind in (GraphKind.SPECULATIVE, GraphKind.MIXED)
+    } == {4}
     s.admit([1] * 8, max_output=50)
     s.admit([2] * 40, max_output=50)
     t = 0.0
@@ -325,8 +401,13 @@ def test_a_width_limit_of_one_is_valid_and_restricts_rounds_to_the_pending_token
     assert next(v for v in s.views() if v.rid == h.rid).width_limit == 1
 
 
-@spec("service-accounting/cancelled-slot-reuse", "planning-queue/cancel-stops", "planning-queue/cancel-keeps-pages",
-      "prerequisites/fenced-ownership", "planning-queue/pages-pinned")
+@spec(
+    "service-accounting/cancelled-slot-reuse",
+    "planning-queue/cancel-stops",
+    "planning-queue/cancel-keeps-pages",
+    "prerequisites/fenced-ownership",
+    "planning-queue/pages-pinned",
+)
 def test_cancellation_keeps_fenced_resources_and_never_charges_the_next_owner():
     s = scheduler(catalog=ORDINARY)
     h = s.admit([1] * 8, max_output=100)
@@ -347,7 +428,11 @@ def test_cancellation_keeps_fenced_resources_and_never_charges_the_next_owner():
         s.cancel(h)
 
 
-@spec("planning-queue/queued-lane-bound", "planning-queue/limits-use-bound", "confidence-acceptance/expected-output-bounds")
+@spec(
+    "planning-queue/queued-lane-bound",
+    "planning-queue/limits-use-bound",
+    "confidence-acceptance/expected-output-bounds",
+)
 def test_output_limits_account_for_queued_rounds():
     s = scheduler(SPEC)
     h = s.admit([1] * 8, max_output=10)
@@ -363,8 +448,12 @@ def test_output_limits_account_for_queued_rounds():
         assert all(p2.max_advance(l) <= 9 - bound for l in p2.lanes)
 
 
-@spec("planning-queue/packed-round", "confidence-acceptance/completed-only", "confidence-acceptance/rank-zero",
-      "confidence-acceptance/peer-valid-probs")
+@spec(
+    "planning-queue/packed-round",
+    "confidence-acceptance/completed-only",
+    "confidence-acceptance/rank-zero",
+    "confidence-acceptance/peer-valid-probs",
+)
 def test_device_allocation_completes_through_the_packed_round():
     s, handles, plan, _ = _packed_round_in_flight()
     recs = [CompletionRecord(l.handle, l.epoch, tokens=(5, 5), offered=1, accepted=1) for l in plan.lanes]
@@ -384,16 +473,23 @@ def test_device_allocation_completes_through_the_packed_round():
     # ceiling 4 -> depths 1..3 observed; weight 2 aged by the three tokens generated so far
     # (the first token from the prefill, then this round's two)
     w = 2 * 0.5 ** (3 / 128)
-    np.testing.assert_allclose(after, [(w * p + x) / (w + 1) for p, x in zip([0.5, 0.25, 0.125], [0.9, 0.5, 0.2])],
-                               rtol=1e-6)  # the sidecar is float32
+    np.testing.assert_allclose(
+        after, [(w * p + x) / (w + 1) for p, x in zip([0.5, 0.25, 0.125], [0.9, 0.5, 0.2])], rtol=1e-6
+    )  # the sidecar is float32
     assert not np.allclose(before, after)
 
 
 def _device_only():
     """ragged-small with its prefill and device-allocated (prefix_limit) programs only."""
-    return dataclasses.replace(RAGGED, graphs=tuple(
-        g for g in RAGGED.graphs if g.kind is GraphKind.PREFILL
-        or (g.allocation is not None and g.allocation.value == "prefix_limit")))
+    return dataclasses.replace(
+        RAGGED,
+        graphs=tuple(
+            g
+            for g in RAGGED.graphs
+            if g.kind is GraphKind.PREFILL
+            or (g.allocation is not None and g.allocation.value == "prefix_limit")
+        ),
+    )
 
 
 def _packed_round_in_flight():
@@ -436,8 +532,11 @@ def test_the_packed_round_with_survival_takes_both_the_sidecar_and_the_survival_
     assert sorted((g.handle.rid, g.tokens) for g in gen) == [(h.rid, (5, 5)) for h in handles]
     assert s.in_flight == () and len(req.output) == 3
     w = 2 * 0.5 ** (3 / 128)  # the prior's weight aged by the three tokens generated so far
-    np.testing.assert_allclose(req.forecast.mean, [(w * p + x) / (w + 1) for p, x in
-                                                   zip([0.5, 0.25, 0.125], [0.9, 0.5, 0.2])], rtol=1e-6)
+    np.testing.assert_allclose(
+        req.forecast.mean,
+        [(w * p + x) / (w + 1) for p, x in zip([0.5, 0.25, 0.125], [0.9, 0.5, 0.2])],
+        rtol=1e-6,
+    )
     assert req.acceptance.get(req.proposal_source).mean[0] == pytest.approx((w * 0.5 + 0.8) / (w + 1))
 
 
@@ -450,12 +549,16 @@ def _survival(value, at=0):
 
 
 @spec("service-accounting/validate-first", "planning-queue/packed-round", "planning-queue/survival-variants")
-@pytest.mark.parametrize("sidecar, survival, message", [
-    (_sidecar((3, RAGGED.request_slots, 3)), None, "sidecar shape"),  # a third leading row
-    (_sidecar((2, RAGGED.request_slots, 3))[:, :, 0], None, "sidecar shape"),  # no draft dimension
-    (_sidecar(), _survival(None), "survival values must be probabilities"),  # a missing value
-    (_sidecar(), _survival(1.5), "survival values must be probabilities"),
-], ids=["three-leading-rows", "no-draft-dimension", "missing-survival-value", "survival-above-one"])
+@pytest.mark.parametrize(
+    "sidecar, survival, message",
+    [
+        (_sidecar((3, RAGGED.request_slots, 3)), None, "sidecar shape"),  # a third leading row
+        (_sidecar((2, RAGGED.request_slots, 3))[:, :, 0], None, "sidecar shape"),  # no draft dimension
+        (_sidecar(), _survival(None), "survival values must be probabilities"),  # a missing value
+        (_sidecar(), _survival(1.5), "survival values must be probabilities"),
+    ],
+    ids=["three-leading-rows", "no-draft-dimension", "missing-survival-value", "survival-above-one"],
+)
 def test_a_malformed_sidecar_or_survival_row_is_refused_before_anything_changes(sidecar, survival, message):
     """The confidence sidecar is [2, request_slots, >= depth] (row 1 the joint prefix
     probabilities) and survival values are probabilities; a completion carrying anything else
@@ -499,10 +602,18 @@ def test_idle_clears_positive_credit():
     assert s.timing_ledger.balance_ms == 0 and s.acceptance_ledger.balance_ms == 0
 
 
-@spec("timing-refresh/earn-rate", "timing-refresh/credit-cap", "acceptance-learning/earn-rate",
-      "acceptance-learning/credit-cap", "timing-refresh/next-needs-full", "acceptance-learning/started-debt",
-      "acceptance-learning/next-needs-full", "timing-refresh/idle-discards", "timing-refresh/first-2495ms",
-      "acceptance-learning/one-episode")
+@spec(
+    "timing-refresh/earn-rate",
+    "timing-refresh/credit-cap",
+    "acceptance-learning/earn-rate",
+    "acceptance-learning/credit-cap",
+    "timing-refresh/next-needs-full",
+    "acceptance-learning/started-debt",
+    "acceptance-learning/next-needs-full",
+    "timing-refresh/idle-discards",
+    "timing-refresh/first-2495ms",
+    "acceptance-learning/one-episode",
+)
 def test_ledgers():
     t = refresh.timing_ledger()
     t.earn(2494.0)
@@ -525,7 +636,11 @@ def test_ledgers():
     assert a.balance_ms == 0
 
 
-@spec("confidence-acceptance/trace-fields", "confidence-acceptance/spec-counters", "acceptance-learning/execution-metrics")
+@spec(
+    "confidence-acceptance/trace-fields",
+    "confidence-acceptance/spec-counters",
+    "acceptance-learning/execution-metrics",
+)
 def test_trace_and_counters():
     s = scheduler(SPEC)
     s.admit([1] * 8, max_output=20)
@@ -539,7 +654,11 @@ def test_trace_and_counters():
     assert s.execution_ns["ordinary"] > 0
 
 
-@spec("intro/stages-not-scheduled", "speculative-coverage/no-proposal-completion", "speculative-coverage/no-retained-proposals")
+@spec(
+    "intro/stages-not-scheduled",
+    "speculative-coverage/no-proposal-completion",
+    "speculative-coverage/no-retained-proposals",
+)
 def test_speculative_rounds_are_one_program():
     """A round is one plan and one completion; no proposal step is ever planned on its own."""
     s = scheduler(SPEC)
@@ -560,7 +679,9 @@ def test_stop_tokens_and_length_finish_requests():
     s.advance_to(int(t * MS))
     plan = s.plan()
     s.commit(plan, 2)
-    gen = s.complete(2, [CompletionRecord(plan.lanes[0].handle, plan.lanes[0].epoch, tokens=(9,))], timing(3.5))
+    gen = s.complete(
+        2, [CompletionRecord(plan.lanes[0].handle, plan.lanes[0].epoch, tokens=(9,))], timing(3.5)
+    )
     assert gen[0].finished and gen[0].finish_reason == "stop"
     assert h.rid not in s.requests  # retired, resources returned
 
@@ -610,8 +731,11 @@ def test_a_rejection_observes_zero_at_every_longer_offered_prefix():
     req = s.requests[h.rid]
     before = req.acceptance.get(req.proposal_source).mean.copy()
     s.advance_to(int((t + plan.expected_duration_ms) * MS))
-    gen = s.complete(2, [CompletionRecord(h, lane.epoch, tokens=(5, 5), offered=3, accepted=1)],
-                     timing(plan.expected_duration_ms))
+    gen = s.complete(
+        2,
+        [CompletionRecord(h, lane.epoch, tokens=(5, 5), offered=3, accepted=1)],
+        timing(plan.expected_duration_ms),
+    )
     assert gen[0].tokens == (5, 5) and not gen[0].finished
     after = req.acceptance.get(req.proposal_source).mean
     assert after[0] > before[0] and after[1] < before[1] and after[2] < before[2]
@@ -630,8 +754,13 @@ def test_completing_with_nothing_in_flight_is_refused():
         s.complete(1, records(plan), timing(1.0))  # the same fence again
 
 
-@spec("timing-refresh/full-credit-displace", "timing-refresh/attempt-on-commit",
-      "useful-service/refresh-separate", "planning-queue/gate-discovery-probe", "duration-estimates/stale-needs-empty")
+@spec(
+    "timing-refresh/full-credit-displace",
+    "timing-refresh/attempt-on-commit",
+    "useful-service/refresh-separate",
+    "planning-queue/gate-discovery-probe",
+    "duration-estimates/stale-needs-empty",
+)
 def test_full_refresh_credit_displaces_the_winner_with_the_oldest_stale_alternative():
     s = scheduler()
     for _ in range(2):
@@ -643,9 +772,14 @@ def test_full_refresh_credit_displaces_the_winner_with_the_oldest_stale_alternat
     s.advance_to(int(later * MS))
     winner = s.plan()
     assert winner.reason is ExecutionClass.ORDINARY and winner.needs_empty_window  # stale: empty window
-    s.costs.observe(winner.graph.key, [winner.expected_duration_ms * MS], int(later * MS))  # refreshed for free
-    older = next(g for g in ORDINARY.graphs if g.kind is GraphKind.MIXED and g.batch_capacity == 2
-                 and g.prefill_capacity == 64)
+    s.costs.observe(
+        winner.graph.key, [winner.expected_duration_ms * MS], int(later * MS)
+    )  # refreshed for free
+    older = next(
+        g
+        for g in ORDINARY.graphs
+        if g.kind is GraphKind.MIXED and g.batch_capacity == 2 and g.prefill_capacity == 64
+    )
     s.costs.note_attempt(older.key, 5)  # attempted once, long ago
     s.timing_ledger.earn(2495.0)
     plan = s.plan()
@@ -660,14 +794,20 @@ def test_full_refresh_credit_displaces_the_winner_with_the_oldest_stale_alternat
     assert s.executions["timing_refresh"] == 1
 
 
-@spec("acceptance-learning/probe-deeper", "acceptance-learning/probe-can-beat",
-      "acceptance-learning/rank-gain-rate", "acceptance-learning/pays-interval", "acceptance-learning/ledgers-disjoint",
-      "acceptance-learning/fixed-no-probe")
+@spec(
+    "acceptance-learning/probe-deeper",
+    "acceptance-learning/probe-can-beat",
+    "acceptance-learning/rank-gain-rate",
+    "acceptance-learning/pays-interval",
+    "acceptance-learning/ledgers-disjoint",
+    "acceptance-learning/fixed-no-probe",
+)
 @pytest.mark.parametrize("mode", [DecodeMode.ADAPTIVE, DecodeMode.FIXED])
 def test_acceptance_probe_offers_a_deeper_prefix(mode):
     s = Scheduler(SPEC, mode=mode, fixed_width=8 if mode is DecodeMode.FIXED else None)
     s.seed_costs(0)
     from helios_jax.scheduler.speculation import SOURCE_LEARNED, PrefixEstimate
+
     low = {SOURCE_LEARNED: PrefixEstimate(np.full(7, 0.05), np.full(7, 2.0), 0)}  # pessimistic, uninformed
     h = s.admit([1] * 8, max_output=500, acceptance_history=low)
     _, _, t = run_once(s, 1, 0.0)
@@ -731,8 +871,6 @@ def test_a_saved_plan_rechecks_freshness_at_commit(commit_ms, fresh):
         assert s.in_flight == (2,)
 
 
-
-
 @spec("acceptance-learning/execution-metrics", "confidence-acceptance/spec-counters")
 def test_metrics_exposition():
     s = scheduler(SPEC)
@@ -787,8 +925,10 @@ def test_learned_proposals_count_their_drafts_as_learned_draws():
             _, _, t = run_once(s, fence, t, accepted=2)
         text = render_scheduler_stats(s.stats())
         lines = dict(line.rsplit(" ", 1) for line in text.splitlines() if not line.startswith("#"))
-        counts[source] = (int(lines["helios_speculative_drafts_offered_total"]),
-                          int(lines["helios_speculative_learned_draws_total"]))
+        counts[source] = (
+            int(lines["helios_speculative_drafts_offered_total"]),
+            int(lines["helios_speculative_learned_draws_total"]),
+        )
     offered = counts[SOURCE_LEARNED][0]
     assert offered > 0 and counts == {SOURCE_LEARNED: (offered, offered), SOURCE_COPY: (offered, 0)}
 
@@ -797,6 +937,7 @@ def test_metrics_text_is_well_formed_exposition():
     """Every series is announced by one `# TYPE name counter|gauge` line before its samples, in
     Prometheus's lower-case spelling; counters end in _total, the credit balances are gauges."""
     import re
+
     s = scheduler(SPEC)
     s.admit([1] * 8, max_output=20)
     t = 0.0
@@ -819,11 +960,17 @@ def test_metrics_text_is_well_formed_exposition():
     assert set(sampled) <= set(typed)
     for name, kind in typed.items():
         assert kind == ("counter" if name.endswith("_total") else "gauge"), name
-    assert {n for n, k in typed.items() if k == "gauge"} == {"helios_scheduler_refresh_credit_ms",
-                                                             "helios_scheduler_learning_credit_ms"}
+    assert {n for n, k in typed.items() if k == "gauge"} == {
+        "helios_scheduler_refresh_credit_ms",
+        "helios_scheduler_learning_credit_ms",
+    }
 
 
-@spec("confidence-acceptance/prior-update", "confidence-acceptance/half-life", "confidence-acceptance/initial-weight")
+@spec(
+    "confidence-acceptance/prior-update",
+    "confidence-acceptance/half-life",
+    "confidence-acceptance/initial-weight",
+)
 def test_completed_rounds_move_the_population_priors_a_sixty_fourth():
     """ragged-small's device program (B=4, W=4, D=3, P=8): four decoders, ceilings 4, each lane
     offered 2 proposals and accepted 1, sidecar joint probabilities [0.9, 0.5, 0.2].
@@ -877,15 +1024,21 @@ def _stale_pair(catalog=ORDINARY, history=None, requests=2):
 
 
 @spec("timing-refresh/alternative-order")
-@pytest.mark.parametrize("attempts, chosen", [
-    # decode B=1 (value rate 43.5) was last observed at 0, mixed B=2 C=64 (62.9) at 9.739 ms: oldest first
-    ({}, "decode[B=1,W=1,D=0,C=0,P=1]"),
-    # an attempt at 20 ms makes decode B=1 the younger one: the later of observation and attempt counts
-    ({"decode[B=1,W=1,D=0,C=0,P=1]": 20.0}, "mixed[B=2,W=1,D=0,C=64,P=65]"),
-    # equally old (both attempted at 20 ms): the higher ordinary value rate goes first
-    ({"decode[B=1,W=1,D=0,C=0,P=1]": 20.0, "mixed[B=2,W=1,D=0,C=64,P=65]": 20.0}, "mixed[B=2,W=1,D=0,C=64,P=65]"),
-    ({"mixed[B=2,W=1,D=0,C=64,P=65]": 20.0}, "decode[B=1,W=1,D=0,C=0,P=1]"),
-])
+@pytest.mark.parametrize(
+    "attempts, chosen",
+    [
+        # decode B=1 (value rate 43.5) was last observed at 0, mixed B=2 C=64 (62.9) at 9.739 ms: oldest first
+        ({}, "decode[B=1,W=1,D=0,C=0,P=1]"),
+        # an attempt at 20 ms makes decode B=1 the younger one: the later of observation and attempt counts
+        ({"decode[B=1,W=1,D=0,C=0,P=1]": 20.0}, "mixed[B=2,W=1,D=0,C=64,P=65]"),
+        # equally old (both attempted at 20 ms): the higher ordinary value rate goes first
+        (
+            {"decode[B=1,W=1,D=0,C=0,P=1]": 20.0, "mixed[B=2,W=1,D=0,C=64,P=65]": 20.0},
+            "mixed[B=2,W=1,D=0,C=64,P=65]",
+        ),
+        ({"mixed[B=2,W=1,D=0,C=64,P=65]": 20.0}, "decode[B=1,W=1,D=0,C=0,P=1]"),
+    ],
+)
 def test_refresh_takes_the_oldest_stale_alternative_then_the_most_valuable(attempts, chosen):
     """Two decoders 31 s on: the winner decode B=2 is re-measured, the stale alternatives are
     decode B=1 and the decode-only mixed B=2 C=64 (the second prefill ran on it at 9.739 ms)."""
@@ -924,7 +1077,9 @@ def test_a_stale_ordinary_winner_refreshes_its_cost_without_spending_credit():
     s.commit(plan, 3)
     s.advance_to(int((later + 4) * MS))
     s.complete(3, records(plan), timing(4.0))
-    assert s.costs.estimate_ms(plan.graph.key) == pytest.approx(4.0) and s.costs.is_fresh(plan.graph.key, s.now_ns)
+    assert s.costs.estimate_ms(plan.graph.key) == pytest.approx(4.0) and s.costs.is_fresh(
+        plan.graph.key, s.now_ns
+    )
     assert s.timing_ledger.balance_ms == pytest.approx(5.0) and not s.timing_ledger.episode_active
     assert s.executions["timing_refresh"] == 0 and s.executions["ordinary"] == 3
 
@@ -955,6 +1110,7 @@ def test_timing_refresh_takes_precedence_over_an_acceptance_probe():
     and a probe available (a pessimistic, uninformed acceptance history): the refresh is chosen. With the timing credit gone, the same state
     (plan() is pure) offers the probe."""
     from helios_jax.scheduler.speculation import SOURCE_LEARNED, PrefixEstimate
+
     low = {SOURCE_LEARNED: PrefixEstimate(np.full(7, 0.05), np.full(7, 2.0), 0)}
     s, winner, later = _stale_pair(SPEC, history=low, requests=1)
     assert winner.reason is ExecutionClass.ORDINARY and winner.lanes[0].query_length == 1
@@ -1009,7 +1165,9 @@ def test_discovery_earns_no_credit_and_is_accounted_on_its_own():
     assert s.acceptance_ledger.balance_ms == pytest.approx(4.0 * 0.01 / 0.99)
 
 
-@spec("mixed-execution/same-contracts", "mixed-execution/prompt-row-commit", "mixed-execution/spec-row-commit")
+@spec(
+    "mixed-execution/same-contracts", "mixed-execution/prompt-row-commit", "mixed-execution/spec-row-commit"
+)
 def test_mixed_rows_follow_the_contracts_of_separate_graphs():
     """Speculative mixed B=2 W=4 C=512 with checkpoints: a decoder (preseeded acceptance 0.9,
     weight 64) and a 300-token prompt whose anchor is its end.
@@ -1024,13 +1182,23 @@ def test_mixed_rows_follow_the_contracts_of_separate_graphs():
     generation charged nothing.
     """
     from helios_jax.scheduler.speculation import SOURCE_LEARNED, PrefixEstimate
-    names = {"prefill[B=1,W=64,D=0,C=0,P=0]", "speculative[B=1,W=1,D=0,C=0,P=1]",
-             "speculative[B=2,W=1,D=0,C=0,P=2]", "mixed[B=2,W=4,D=3,C=512,P=516]",
-             "snapshot[B=1,W=0,D=0,C=0,P=0]", "restore[B=1,W=0,D=0,C=0,P=0]"}
-    s = scheduler(dataclasses.replace(SPEC, graphs=tuple(g for g in SPEC.graphs if g.name in names)),
-                  checkpoints=True)
-    a = s.admit([1] * 8, max_output=500,
-                acceptance_history={SOURCE_LEARNED: PrefixEstimate(np.full(7, 0.9), np.full(7, 64.0), 0)})
+
+    names = {
+        "prefill[B=1,W=64,D=0,C=0,P=0]",
+        "speculative[B=1,W=1,D=0,C=0,P=1]",
+        "speculative[B=2,W=1,D=0,C=0,P=2]",
+        "mixed[B=2,W=4,D=3,C=512,P=516]",
+        "snapshot[B=1,W=0,D=0,C=0,P=0]",
+        "restore[B=1,W=0,D=0,C=0,P=0]",
+    }
+    s = scheduler(
+        dataclasses.replace(SPEC, graphs=tuple(g for g in SPEC.graphs if g.name in names)), checkpoints=True
+    )
+    a = s.admit(
+        [1] * 8,
+        max_output=500,
+        acceptance_history={SOURCE_LEARNED: PrefixEstimate(np.full(7, 0.9), np.full(7, 64.0), 0)},
+    )
     t, fence = 0.0, 0
     while s.requests[a.rid].phase is not Phase.DECODE:  # its prefill, then its anchor snapshot
         fence += 1
@@ -1045,20 +1213,25 @@ def test_mixed_rows_follow_the_contracts_of_separate_graphs():
     ra, rb = s.requests[a.rid], s.requests[b.rid]
     z_before = ra.history.log_z
     s.advance_to(int((t + 16) * MS))
-    recs = [CompletionRecord(b, plan.lanes[0].epoch, prompt_tokens=300, tokens=(7,)),
-            CompletionRecord(a, plan.lanes[1].epoch, tokens=(5, 5, 5), offered=3, accepted=2)]
+    recs = [
+        CompletionRecord(b, plan.lanes[0].epoch, prompt_tokens=300, tokens=(7,)),
+        CompletionRecord(a, plan.lanes[1].epoch, tokens=(5, 5, 5), offered=3, accepted=2),
+    ]
     gen = s.complete(fence, recs, timing(16.0))
     assert rb.consumed == 300 and rb.output == [7]
     assert rb.phase is Phase.BLOCKED and rb.prerequisites == [GraphKind.SNAPSHOT]
     assert rb.capture.row is not None
     w = 64 * 0.5 ** (4 / 128)
     est = ra.acceptance.get(SOURCE_LEARNED)
-    np.testing.assert_allclose(est.mean[:4], [0.9 + 0.1 / (w + 1), 0.9 + 0.1 / (w + 1), 0.9 - 0.9 / (w + 1), 0.9])
+    np.testing.assert_allclose(
+        est.mean[:4], [0.9 + 0.1 / (w + 1), 0.9 + 0.1 / (w + 1), 0.9 - 0.9 / (w + 1), 0.9]
+    )
     assert {g.handle: g.tokens for g in gen} == {b: (7,), a: (5, 5, 5)}
     for g in gen:
         s.published_output(g.handle, fence)
     assert math.exp(ra.history.log_z) == pytest.approx(
-        math.exp(-0.16) * math.exp(z_before) + (1 - math.exp(-0.16)) / 16.0)
+        math.exp(-0.16) * math.exp(z_before) + (1 - math.exp(-0.16)) / 16.0
+    )
     assert rb.history.log_z == pytest.approx(-math.log(16.0))
     t += 16
     # A prompt row cancelled in flight.

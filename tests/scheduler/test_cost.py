@@ -1,8 +1,10 @@
 """Duration estimates: indeterminate start, first sample, median of nine, staleness."""
+
 import collections
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from helios_jax.catalog import GraphKind, shipped_catalog
 from helios_jax.scheduler.cost import CostModel, cost_sample, median, raw_device_interval
@@ -35,8 +37,12 @@ def test_first_sets_then_median_of_last_nine():
     assert costs.estimate_ns(KEY) == 5.0
 
 
-@spec("duration-estimates/stale-30s", "duration-estimates/stale-usable", "duration-estimates/stale-replace",
-      "duration-estimates/never-unknown-by-time")
+@spec(
+    "duration-estimates/stale-30s",
+    "duration-estimates/stale-usable",
+    "duration-estimates/stale-replace",
+    "duration-estimates/never-unknown-by-time",
+)
 def test_staleness_keeps_cost_and_first_new_sample_replaces():
     costs = CostModel(TTL)
     for x in (10.0, 12.0, 14.0):
@@ -50,8 +56,12 @@ def test_staleness_keeps_cost_and_first_new_sample_replaces():
     assert not costs.is_stale(KEY, TTL + 2)
 
 
-@spec("duration-estimates/raw-max-rank", "duration-estimates/readiness-correction",
-      "confidence-acceptance/cost-full-graph", "acceptance-learning/estimates-corrected")
+@spec(
+    "duration-estimates/raw-max-rank",
+    "duration-estimates/readiness-correction",
+    "confidence-acceptance/cost-full-graph",
+    "acceptance-learning/estimates-corrected",
+)
 def test_sample_is_max_positive_rank_interval_less_readiness():
     assert cost_sample([3.0, 7.0, 0.0, -1.0]) == 7.0
     assert raw_device_interval([-5.0, None, 0.0]) == 0.0  # no rank reported a positive interval
@@ -104,7 +114,11 @@ def test_median_of_no_samples_is_an_error():
         median([])
 
 
-@spec("timing-refresh/alternative-order", "timing-refresh/attempt-on-commit", "duration-estimates/zero-indeterminate")
+@spec(
+    "timing-refresh/alternative-order",
+    "timing-refresh/attempt-on-commit",
+    "duration-estimates/zero-indeterminate",
+)
 def test_queries_on_unmeasured_and_attempted_entries():
     costs = CostModel(TTL)
     other = shipped_catalog().graphs[1].key

@@ -3,6 +3,7 @@
 A few hundred seeded populations per catalog run in the suite; set HELIOS_CROSSCHECK_CASES for
 thousands (``python -m helios_jax.reference.crosscheck`` does the same from the command line).
 """
+
 import itertools
 import os
 import subprocess
@@ -10,7 +11,8 @@ import sys
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from helios_jax.catalog import Allocation, GraphKind
 from helios_jax.reference import cohorts, crosscheck
@@ -27,11 +29,22 @@ spec = pytest.mark.spec
 CASES = int(os.environ.get("HELIOS_CROSSCHECK_CASES", "150"))
 
 
-@spec("verification/mixed-exhaustive", "useful-service/unconstrained-top-lanes", "useful-service/constrained-ragged",
-      "useful-service/dominance-prune", "useful-service/dominance-mixed", "useful-service/dominance-speculative",
-      "mixed-execution/compare-populations", "useful-service/fixed-complete-prefixes", "verification/cpu-only")
-@pytest.mark.parametrize("catalog, max_requests", [(SPEC, 5), (ORDINARY, 5), (RAGGED, 7)],
-                         ids=["speculative", "ordinary", "ragged-small"])
+@spec(
+    "verification/mixed-exhaustive",
+    "useful-service/unconstrained-top-lanes",
+    "useful-service/constrained-ragged",
+    "useful-service/dominance-prune",
+    "useful-service/dominance-mixed",
+    "useful-service/dominance-speculative",
+    "mixed-execution/compare-populations",
+    "useful-service/fixed-complete-prefixes",
+    "verification/cpu-only",
+)
+@pytest.mark.parametrize(
+    "catalog, max_requests",
+    [(SPEC, 5), (ORDINARY, 5), (RAGGED, 7)],
+    ids=["speculative", "ordinary", "ragged-small"],
+)
 def test_production_matches_enumeration(catalog, max_requests):
     report = crosscheck.run(catalog, CASES, seed=7, max_requests=max_requests, noise=0.15)
     assert report.cases == CASES and report.exact_cases > CASES
@@ -41,16 +54,23 @@ def test_production_matches_enumeration(catalog, max_requests):
 
 
 def test_command_line_prints_one_json_line():
-    out = subprocess.run([sys.executable, "-m", "helios_jax.reference.crosscheck", "--cases=20", "--seed=3"],
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "helios_jax.reference.crosscheck", "--cases=20", "--seed=3"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     line = out.stdout.strip()
     assert line.startswith('{"cases": 20, "exact_cases": ') and '"mismatches": 0' in line
 
 
 @spec("useful-service/constrained-ragged")
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(st.floats(0.1, 10.0), st.integers(1, 4)), min_size=1, max_size=7),
-       st.integers(1, 5), st.integers(1, 12))
+@given(
+    st.lists(st.tuples(st.floats(0.1, 10.0), st.integers(1, 4)), min_size=1, max_size=7),
+    st.integers(1, 5),
+    st.integers(1, 12),
+)
 def test_fixed_ragged_solver_is_exact(lanes, batch, rows):
     values = np.array([v for v, _ in lanes])
     weights = np.array([w for _, w in lanes])
@@ -65,12 +85,24 @@ def test_fixed_ragged_solver_is_exact(lanes, batch, rows):
     assert values[chosen].sum() == pytest.approx(total)
 
 
-@spec("prerequisites/pair-exact", "prerequisites/prefix-sums", "prerequisites/enumerate-k",
-      "prerequisites/fill-following", "prerequisites/fill-prerequisite", "prerequisites/one-newly-ready",
-      "prerequisites/additive-lanes")
+@spec(
+    "prerequisites/pair-exact",
+    "prerequisites/prefix-sums",
+    "prerequisites/enumerate-k",
+    "prerequisites/fill-following",
+    "prerequisites/fill-prerequisite",
+    "prerequisites/one-newly-ready",
+    "prerequisites/additive-lanes",
+)
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.floats(0.0, 10.0), max_size=4), st.lists(st.floats(0.0, 10.0), max_size=4),
-       st.lists(st.floats(0.0, 10.0), max_size=3), st.integers(1, 4), st.integers(1, 4), st.integers(0, 1))
+@given(
+    st.lists(st.floats(0.0, 10.0), max_size=4),
+    st.lists(st.floats(0.0, 10.0), max_size=4),
+    st.lists(st.floats(0.0, 10.0), max_size=3),
+    st.integers(1, 4),
+    st.integers(1, 4),
+    st.integers(0, 1),
+)
 def test_pair_solver_is_exact(new, ready, terminal, b1, b2, min_new):
     got = utility.best_pair(np.array(new), np.array(ready), np.array(terminal), b1, b2, min_new=min_new)
     want = best_pair_naive(new, ready, terminal, b1, b2, min_new=min_new)
@@ -98,7 +130,7 @@ def _lane_values_case(catalog, rng, max_requests, policy_config):
 
 def _expected(obj, v, rows):
     s = cohorts._survival(v, obj.depth)
-    return 1.0 + sum(x ** obj.policy.adaptive_verification_alpha for x in s[: rows - 1])
+    return 1.0 + sum(x**obj.policy.adaptive_verification_alpha for x in s[: rows - 1])
 
 
 def _device_rows(obj, g, lanes, by_rid):
@@ -112,19 +144,35 @@ def _device_rows(obj, g, lanes, by_rid):
     limits = [cohorts._lane_limit(v, g) for v in views]
     active = [True] * len(views)
     device = prefix_allocation_naive(forecast, limits, active, g.target_capacity)
-    priced = prefix_allocation_naive([[obj.price(v.log_output_price) * p for p in f] for v, f in zip(views, forecast)],
-                                     limits, active, g.target_capacity)
+    priced = prefix_allocation_naive(
+        [[obj.price(v.log_output_price) * p for p in f] for v, f in zip(views, forecast)],
+        limits,
+        active,
+        g.target_capacity,
+    )
     ceilings = [int(p) if p < d else m for p, d, m in zip(priced, device, limits)]
     rows = prefix_allocation_naive(forecast, ceilings, active, g.target_capacity)
     return {l.rid: (c, int(r)) for l, c, r in zip(order, ceilings, rows)}
 
 
-@spec("useful-service/score-formula", "useful-service/expected-scores", "useful-service/prefill-actual-tokens",
-      "useful-service/tail-example", "prerequisites/terminal-lane-value", "speculative-coverage/ceiling-bound",
-      "speculative-coverage/prefix-limit-ceilings", "speculative-coverage/prices-rank-cohorts",
-      "speculative-coverage/querylength-fits-p", "mixed-execution/one-prompt-row", "useful-service/unknown-optimistic")
-@pytest.mark.parametrize("catalog, max_requests", [(SPEC, 6), (ORDINARY, 6), (RAGGED, 7)],
-                         ids=["speculative", "ordinary", "ragged-small"])
+@spec(
+    "useful-service/score-formula",
+    "useful-service/expected-scores",
+    "useful-service/prefill-actual-tokens",
+    "useful-service/tail-example",
+    "prerequisites/terminal-lane-value",
+    "speculative-coverage/ceiling-bound",
+    "speculative-coverage/prefix-limit-ceilings",
+    "speculative-coverage/prices-rank-cohorts",
+    "speculative-coverage/querylength-fits-p",
+    "mixed-execution/one-prompt-row",
+    "useful-service/unknown-optimistic",
+)
+@pytest.mark.parametrize(
+    "catalog, max_requests",
+    [(SPEC, 6), (ORDINARY, 6), (RAGGED, 7)],
+    ids=["speculative", "ordinary", "ragged-small"],
+)
 def test_every_candidates_lanes_carry_the_reference_values(catalog, max_requests):
     """Every materialised candidate of random populations, lane by lane, against the naive
     objective of reference/cohorts.py: a lane's work is legal for its program and request, its
@@ -147,7 +195,11 @@ def test_every_candidates_lanes_carry_the_reference_values(catalog, max_requests
             assert 1 <= len(lanes) <= g.batch_capacity and len({l.rid for l in lanes}) == len(lanes)
             assert all(by_rid[l.rid].runnable and by_rid[l.rid].slot == l.slot for l in lanes)
             device = g.kind is GraphKind.SPECULATIVE and g.allocation is Allocation.PREFIX_LIMIT
-            rows = _device_rows(obj, g, [l for l in lanes if l.role is LaneRole.DECODE], by_rid) if device else {}
+            rows = (
+                _device_rows(obj, g, [l for l in lanes if l.role is LaneRole.DECODE], by_rid)
+                if device
+                else {}
+            )
             for lane in lanes:
                 v = by_rid[lane.rid]
                 if lane.role is LaneRole.PROMPT:

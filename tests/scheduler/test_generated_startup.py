@@ -11,6 +11,7 @@ bound must hold on every runnable trace except those docs/conformance.md lists a
 failures (`KNOWN_SPREAD`): a new failure, or a failure of another bound, fails the test, while a
 listed trace that starts to hold is welcome (then remove it here and there).
 """
+
 import pytest
 
 from helios_jax import catalog_family
@@ -35,8 +36,12 @@ def test_the_sample_covers_the_kinds_the_docstring_names():
     assert min(p["R"] for p in params) == 32
 
 
-@pytest.mark.spec("verification/startup-traces", "verification/first-output-100ms", "verification/gaps-150ms",
-                  "verification/hundred-rounds-spread")
+@pytest.mark.spec(
+    "verification/startup-traces",
+    "verification/first-output-100ms",
+    "verification/gaps-150ms",
+    "verification/hundred-rounds-spread",
+)
 @pytest.mark.parametrize("index", CHOSEN)
 @pytest.mark.exhaustive
 def test_startup_bounds_hold_on_generated_catalogs(index):
@@ -46,10 +51,12 @@ def test_startup_bounds_hold_on_generated_catalogs(index):
     assert counts["runnable"] >= 2
     if member.catalog.request_slots < 16:
         assert counts["not achievable"] >= 2 and all(
-            "request slots" in r.figure for r in results if r.verdict == "not achievable")
+            "request slots" in r.figure for r in results if r.verdict == "not achievable"
+        )
     failures = [r for r in results if r.verdict == "fail" and (index, r.check) not in KNOWN_SPREAD]
     assert not failures, f"{member.name} ({member.describe()}):\n" + "\n".join(
-        f"{r.check}: {r.figure}" for r in failures)
+        f"{r.check}: {r.figure}" for r in failures
+    )
     for r in results:
         if (index, r.check) in KNOWN_SPREAD and r.verdict == "fail":
             # a listed failure may only be the spread bound

@@ -5,6 +5,7 @@ The first tests run the real scorer on single-request B=1 programs (W=1 at 3 ms,
 can beat it). The others hand ``probe`` scored rows with chosen scores and durations, so that
 the ranking and tie rules are checked with figures derived by hand.
 """
+
 import dataclasses
 import types
 
@@ -23,14 +24,20 @@ spec = pytest.mark.spec
 
 
 def _speculative(b, w):
-    return next(g for g in SPEC.graphs if g.kind is GraphKind.SPECULATIVE and g.batch_capacity == b
-                and g.token_capacity == w)
+    return next(
+        g
+        for g in SPEC.graphs
+        if g.kind is GraphKind.SPECULATIVE and g.batch_capacity == b and g.token_capacity == w
+    )
 
 
 W1, W4, W8 = (_speculative(1, w) for w in (1, 4, 8))
 B2W8 = _speculative(2, 8)
-MIXED_W8 = next(g for g in SPEC.graphs if g.kind is GraphKind.MIXED and g.batch_capacity == 2
-                and g.token_capacity == 8 and g.proposal_depth == 7)
+MIXED_W8 = next(
+    g
+    for g in SPEC.graphs
+    if g.kind is GraphKind.MIXED and g.batch_capacity == 2 and g.token_capacity == 8 and g.proposal_depth == 7
+)
 
 
 def _setting(graphs=(W1, W4, W8), remaining=100):
@@ -82,21 +89,30 @@ def _decode(rid, width, slot=None):
 
 
 def _candidate(graph, lanes, duration_ms, score):
-    return Candidate(graph=graph, lanes=tuple(lanes), duration_ms=duration_ms, score=score, useful_value=score,
-                     log_scale=0.0)
+    return Candidate(
+        graph=graph,
+        lanes=tuple(lanes),
+        duration_ms=duration_ms,
+        score=score,
+        useful_value=score,
+        log_scale=0.0,
+    )
 
 
 def _row(graph, lanes, duration_ms, score):
     c = _candidate(graph, lanes, duration_ms, score)
-    return types.SimpleNamespace(graph=graph, score=score, duration_ms=duration_ms,
-                                 indeterminate=duration_ms is None, build=lambda: c)
+    return types.SimpleNamespace(
+        graph=graph, score=score, duration_ms=duration_ms, indeterminate=duration_ms is None, build=lambda: c
+    )
 
 
 def _probe(monkeypatch, rows, ordinary_lanes=(), views=None, information=_uninformed):
     """probe() over exactly `rows` (in that order) against an ordinary W=1 choice of score 10."""
     monkeypatch.setattr(policy, "scored", lambda inp: list(rows))
     views = views or [decoder(rid, output_remaining=100) for rid in (1, 2, 3)]
-    inp = policy.SelectionInput(views, [W1, W4, W8, B2W8], CostModel(), 0, PolicyConfig(), DecodeMode.ADAPTIVE)
+    inp = policy.SelectionInput(
+        views, [W1, W4, W8, B2W8], CostModel(), 0, PolicyConfig(), DecodeMode.ADAPTIVE
+    )
     ordinary = _candidate(W1, ordinary_lanes or [_decode(1, 1)], 3.0, ORDINARY_SCORE)
     return learning.probe(inp, ordinary, views, information)
 
@@ -106,8 +122,11 @@ def test_probes_rank_by_optimistic_improvement_per_execution_time(monkeypatch):
     """Against the ordinary score 10: W=4 at 4 ms scoring 14 gains 4/4 = 1.0 per ms; B=2 W=8 at
     3 ms scoring 12.5 gains 2.5/3 = 0.83; W=8 at 10 ms scoring 18 gains 8/10 = 0.8. W=4 wins,
     though W=8 improves the score most and B=2 W=8 has the best score per time."""
-    rows = [_row(B2W8, [_decode(1, 8)], 3.0, 12.5), _row(W8, [_decode(1, 8)], 10.0, 18.0),
-            _row(W4, [_decode(1, 4)], 4.0, 14.0)]
+    rows = [
+        _row(B2W8, [_decode(1, 8)], 3.0, 12.5),
+        _row(W8, [_decode(1, 8)], 10.0, 18.0),
+        _row(W4, [_decode(1, 4)], 4.0, 14.0),
+    ]
     assert _probe(monkeypatch, rows).graph == W4
 
 
@@ -118,8 +137,12 @@ def test_only_measured_rows_that_beat_the_ordinary_choice_and_add_depth_are_prob
     duration to rank by), and a W=4 row for request 1 scoring 12 (beats it at no added depth).
     The W=8 row scoring 11 after them is the probe; alone the others give none."""
     ordinary = [_decode(1, 4)]
-    losing = [_row(W8, [_decode(1, 8)], 5.0, 9.5), _row(W8, [_decode(1, 8)], 5.0, ORDINARY_SCORE),
-              _row(W8, [_decode(1, 8)], None, 20.0), _row(W4, [_decode(1, 4)], 4.0, 12.0)]
+    losing = [
+        _row(W8, [_decode(1, 8)], 5.0, 9.5),
+        _row(W8, [_decode(1, 8)], 5.0, ORDINARY_SCORE),
+        _row(W8, [_decode(1, 8)], None, 20.0),
+        _row(W4, [_decode(1, 4)], 4.0, 12.0),
+    ]
     assert _probe(monkeypatch, losing, ordinary) is None
     winner = _row(W8, [_decode(1, 8)], 5.0, 11.0)
     assert _probe(monkeypatch, losing + [winner], ordinary).score == 11.0

@@ -1,5 +1,6 @@
 """Lifecycle sequences the state machine (test_state_machine.py) found breaking an invariant,
 minimised to plain regression tests."""
+
 import numpy as np
 import pytest
 
@@ -26,9 +27,14 @@ def _run_one(s, fence, now_ms):
     s.commit(plan, fence)
     now_ms += 1.0
     s.advance_to(int(now_ms * NS_PER_MS))
-    recs = [CompletionRecord(l.handle, l.epoch, prompt_tokens=l.prompt_tokens,
-                             tokens=(TOKEN,) if l.finishes_prompt else ())
-            if l.role is LaneRole.PROMPT else CompletionRecord(l.handle, l.epoch) for l in plan.lanes]
+    recs = [
+        CompletionRecord(
+            l.handle, l.epoch, prompt_tokens=l.prompt_tokens, tokens=(TOKEN,) if l.finishes_prompt else ()
+        )
+        if l.role is LaneRole.PROMPT
+        else CompletionRecord(l.handle, l.epoch)
+        for l in plan.lanes
+    ]
     return plan, s.complete(fence, recs, ExecutionTiming((NS_PER_MS,), NS_PER_MS)), now_ms
 
 
@@ -120,8 +126,13 @@ def test_a_saved_probe_plan_whose_credit_is_spent_is_rejected_without_side_effec
     fence += 1
     now = _complete_plainly(s, plan, fence, now, 5.0)  # the probe runs and pays
     assert not s.acceptance_ledger.can_start()
-    state = lambda: (tuple(s.requests[0].inflight), s.in_flight, s.acceptance_ledger.copy(), s.timing_ledger.copy(),
-                     dict(s.selections))
+    state = lambda: (
+        tuple(s.requests[0].inflight),
+        s.in_flight,
+        s.acceptance_ledger.copy(),
+        s.timing_ledger.copy(),
+        dict(s.selections),
+    )
     before = state()
     with pytest.raises(PlanRejected):
         s.commit(plan, fence + 1)
@@ -136,10 +147,18 @@ def _complete_plainly(s, plan, fence, now_ms, ms):
     recs = []
     for l in plan.lanes:
         if l.role is LaneRole.PROMPT:
-            recs.append(CompletionRecord(l.handle, l.epoch, prompt_tokens=l.prompt_tokens,
-                                         tokens=(TOKEN,) if l.finishes_prompt else ()))
+            recs.append(
+                CompletionRecord(
+                    l.handle,
+                    l.epoch,
+                    prompt_tokens=l.prompt_tokens,
+                    tokens=(TOKEN,) if l.finishes_prompt else (),
+                )
+            )
         elif l.role is LaneRole.DECODE:
-            recs.append(CompletionRecord(l.handle, l.epoch, tokens=(TOKEN,), offered=max(0, l.query_length - 1)))
+            recs.append(
+                CompletionRecord(l.handle, l.epoch, tokens=(TOKEN,), offered=max(0, l.query_length - 1))
+            )
         else:
             recs.append(CompletionRecord(l.handle, l.epoch))
     timing = ExecutionTiming((ms * NS_PER_MS,), ms * NS_PER_MS)

@@ -1,7 +1,7 @@
 """Remaining scheduler rules: deadlines, idle staleness, probe ties, skipped copies, mixed
 followers, copy proposals, per-shape expiry, concurrent mixed workloads, throughput bursts."""
+
 import dataclasses
-import math
 
 import numpy as np
 import pytest
@@ -54,10 +54,19 @@ def test_equal_probe_gains_prefer_the_least_informed_prefix():
     beyond depth 3, so both add the same expected output. The least-informed added prefix wins."""
     from helios_jax.scheduler.cost import CostModel
 
-    w1 = next(g for g in SPEC.graphs if g.kind is GraphKind.SPECULATIVE and g.batch_capacity == 1
-              and g.token_capacity == 1)
-    w4, w8 = (next(g for g in SPEC.graphs if g.kind is GraphKind.SPECULATIVE and g.batch_capacity == 1
-                   and g.token_capacity == w) for w in (4, 8))
+    w1 = next(
+        g
+        for g in SPEC.graphs
+        if g.kind is GraphKind.SPECULATIVE and g.batch_capacity == 1 and g.token_capacity == 1
+    )
+    w4, w8 = (
+        next(
+            g
+            for g in SPEC.graphs
+            if g.kind is GraphKind.SPECULATIVE and g.batch_capacity == 1 and g.token_capacity == w
+        )
+        for w in (4, 8)
+    )
     costs = CostModel()
     costs.observe(w1.key, [3.0e6], 0)
     for g in (w4, w8):
@@ -101,14 +110,19 @@ def test_an_expired_extra_copy_is_skipped_after_its_split():
 @spec("mixed-execution/prereq-cases")
 def test_mixed_followers_take_the_prompt_absent_ready_or_enabled():
     def mixed_followers(views):
-        return [c for c in policy.candidates(inputs(views, **ORD))
-                if c.following is not None and c.following.kind is GraphKind.MIXED]
+        return [
+            c
+            for c in policy.candidates(inputs(views, **ORD))
+            if c.following is not None and c.following.kind is GraphKind.MIXED
+        ]
 
     def prompt_row(c):
         return next((l.rid for l in c.following.lanes if l.role is LaneRole.PROMPT), None)
 
     # the prompt row is the request the prerequisite enables
-    enabled = mixed_followers([blocked(1, [GraphKind.INITIALIZE], Phase.PREFILL, tokens=40, x=0.3), decoder(2)])
+    enabled = mixed_followers(
+        [blocked(1, [GraphKind.INITIALIZE], Phase.PREFILL, tokens=40, x=0.3), decoder(2)]
+    )
     assert {prompt_row(c) for c in enabled} == {1}
     # an already ready prompt row beside a decoder the prerequisite enables
     ready = mixed_followers([blocked(5, [GraphKind.RESTORE], Phase.DECODE), prompt(4, 40, x=0.5), decoder(2)])
@@ -145,8 +159,18 @@ def test_mixed_shapes_expire_independently():
 
 @spec("verification/mixed-concurrent")
 def test_concurrent_prompt_and_decode_workload_on_mixed_graphs():
-    result = sim.run(sim.SimConfig(ORDINARY, scenario="poisson", requests=40, prompt_tokens=[40, 200, 900],
-                                   output_tokens=[20, 60], accepted_drafts=0, arrival_rate_per_s=60.0, seed=5))
+    result = sim.run(
+        sim.SimConfig(
+            ORDINARY,
+            scenario="poisson",
+            requests=40,
+            prompt_tokens=[40, 200, 900],
+            output_tokens=[20, 60],
+            accepted_drafts=0,
+            arrival_rate_per_s=60.0,
+            seed=5,
+        )
+    )
     assert all(r.finished_ms is not None for r in result.requests)
     assert result.selections.get("mixed", 0) > 0 and result.selections.get("decode", 0) > 0
 
@@ -157,10 +181,12 @@ def test_throughput_policy_takes_longer_bursts(acceptance):
     """Sixteen decoders near the width-one/width-four break-even (token rates 3.95 vs about 4.0 per
     ms): throughput, valuing tokens alone, takes the four-row bursts; balanced, also pricing
     deliveries and output age, keeps the faster width-one cadence."""
+
     def width(name):
         pc = PolicyConfig.preset(name)
         views = [decoder(i, survival=geometric(acceptance), policy_config=pc) for i in range(16)]
         return choose(views, policy_config=pc).graph.token_capacity
+
     assert (width("throughput"), width("balanced")) == (4, 1)
 
 
@@ -173,8 +199,14 @@ def test_a_probe_leaves_output_in_which_to_use_its_observation(remaining, probe_
     probes; with 4 left neither does."""
     from helios_jax.scheduler.cost import CostModel
 
-    w1, w4, w8 = (next(g for g in SPEC.graphs if g.kind is GraphKind.SPECULATIVE and g.batch_capacity == 1
-                       and g.token_capacity == w) for w in (1, 4, 8))
+    w1, w4, w8 = (
+        next(
+            g
+            for g in SPEC.graphs
+            if g.kind is GraphKind.SPECULATIVE and g.batch_capacity == 1 and g.token_capacity == w
+        )
+        for w in (1, 4, 8)
+    )
     costs = CostModel()
     costs.observe(w1.key, [3.0e6], 0)
     for g in (w4, w8):

@@ -1,4 +1,5 @@
 """Plain data crossing the scheduler boundary (plan.py)."""
+
 import math
 
 import numpy as np

@@ -1,4 +1,5 @@
 """Prerequisites, two-stage sequences, continuations and terminal snapshots in selection."""
+
 import dataclasses
 import itertools
 import math
@@ -38,10 +39,18 @@ def with_graphs(extra, catalog=ORDINARY, mode=DecodeMode.ORDINARY, views=(), cos
     return policy.SelectionInput(list(views), graphs, costs, 0, kw.pop("policy_config", POLICY), mode)
 
 
-@spec("prerequisites/all-shape-pairs", "prerequisites/joint-cohorts", "prerequisites/following-ready",
-      "prerequisites/sequence-score", "prerequisites/age-reset-following", "prerequisites/plan-duration-t",
-      "prerequisites/lookahead-not-timing", "prerequisites/first-only-executes", "useful-service/multistage-reference",
-      "prerequisites/enabling-kinds")
+@spec(
+    "prerequisites/all-shape-pairs",
+    "prerequisites/joint-cohorts",
+    "prerequisites/following-ready",
+    "prerequisites/sequence-score",
+    "prerequisites/age-reset-following",
+    "prerequisites/plan-duration-t",
+    "prerequisites/lookahead-not-timing",
+    "prerequisites/first-only-executes",
+    "useful-service/multistage-reference",
+    "prerequisites/enabling-kinds",
+)
 def test_restore_then_shared_decode_by_hand():
     """A restoring stream (blocked) and a ready decoder, x = 2, z = 0.25, A = 10 ms each.
 
@@ -66,10 +75,15 @@ def test_unused_prerequisite_capacity_advances_more_rows():
     tie goes to advancing more requests. It never takes more rows than its capacity.
     """
     init4 = GraphDescriptor(GraphKind.INITIALIZE, 4, duration_ms=0.2)
-    views = [blocked(i, [GraphKind.INITIALIZE], Phase.PREFILL, tokens=64, last_selected_ns=i) for i in range(6)]
+    views = [
+        blocked(i, [GraphKind.INITIALIZE], Phase.PREFILL, tokens=64, last_selected_ns=i) for i in range(6)
+    ]
     inp = with_graphs([init4], views=views)
-    pairs = {c.graph.batch_capacity: c for c in policy.candidates(inp)
-             if c.following is not None and c.following.graph.name == "prefill[B=1,W=64,D=0,C=0,P=0]"}
+    pairs = {
+        c.graph.batch_capacity: c
+        for c in policy.candidates(inp)
+        if c.following is not None and c.following.graph.name == "prefill[B=1,W=64,D=0,C=0,P=0]"
+    }
     one, four = pairs[1], pairs[4]
     assert four.score == one.score and len(one.lanes) == 1
     assert [l.rid for l in four.lanes] == [0, 1, 2, 3] and four.following.rids == (0,)
@@ -83,12 +97,17 @@ def test_unused_prerequisite_capacity_advances_more_rows():
 def test_a_terminal_snapshot_advances_blocked_rows_in_its_unused_rows():
     """Snapshot B=4 retiring one terminal row also snapshots three of the five streams blocked
     behind a window snapshot, for the same score as retiring the terminal row alone."""
-    views = [terminal(0, age_ms=5.0)] + [blocked(i, [GraphKind.SNAPSHOT], Phase.PREFILL, tokens=64)
-                                         for i in range(1, 6)]
-    snap = next(c for c in policy.candidates(inputs(views, **ORD))
-                if c.graph.batch_capacity == 4 and c.following is None and c.lanes[0].role is LaneRole.TERMINAL)
+    views = [terminal(0, age_ms=5.0)] + [
+        blocked(i, [GraphKind.SNAPSHOT], Phase.PREFILL, tokens=64) for i in range(1, 6)
+    ]
+    snap = next(
+        c
+        for c in policy.candidates(inputs(views, **ORD))
+        if c.graph.batch_capacity == 4 and c.following is None and c.lanes[0].role is LaneRole.TERMINAL
+    )
     assert [(l.rid, l.role) for l in snap.lanes] == [(0, LaneRole.TERMINAL)] + [
-        (i, LaneRole.PREREQUISITE) for i in (1, 2, 3)]
+        (i, LaneRole.PREREQUISITE) for i in (1, 2, 3)
+    ]
     # (256 + 1*0.3*(5 + 0.5)) / 0.5 - 0.5/2*1: the free rows add neither value nor cost
     assert snap.score * math.exp(snap.log_scale) == pytest.approx((256 + 0.3 * 5.5) / 0.5 - 0.25)
 
@@ -101,7 +120,11 @@ def test_window_snapshot_also_retires_terminal_rows():
     assert shared and {l.role for l in shared[0].lanes} == {LaneRole.PREREQUISITE, LaneRole.TERMINAL}
 
 
-@spec("prerequisites/terminal-age-stops", "prerequisites/terminal-two-stage", "useful-service/multistage-reference")
+@spec(
+    "prerequisites/terminal-age-stops",
+    "prerequisites/terminal-two-stage",
+    "useful-service/multistage-reference",
+)
 def test_terminal_row_of_a_two_stage_sequence_by_hand():
     """A stream behind a window snapshot (x = 2, z = 0.25, A = 10), a terminal row aged 5 ms and a
     ready decoder like the first; ordinary catalog.
@@ -116,8 +139,13 @@ def test_terminal_row_of_a_two_stage_sequence_by_hand():
     Score: their sum / U - U/2 * (0.1 + 0.1 + 1) = 113.344627.
     """
     views = [blocked(1, [GraphKind.SNAPSHOT], Phase.DECODE), terminal(2, age_ms=5.0), decoder(3)]
-    c = next(c for c in policy.candidates(inputs(views, **ORD)) if c.graph.batch_capacity == 4
-             and c.following is not None and c.following.graph.name == "decode[B=2,W=1,D=0,C=0,P=2]")
+    c = next(
+        c
+        for c in policy.candidates(inputs(views, **ORD))
+        if c.graph.batch_capacity == 4
+        and c.following is not None
+        and c.following.graph.name == "decode[B=2,W=1,D=0,C=0,P=2]"
+    )
     t, f = 0.5, 3.562
     u = t + f
     new = 88 + 0.1 * u * (10 + u)
@@ -146,7 +174,9 @@ SHARED_DECODE_ALTERNATIVE = 2 * (88 + 0.1 * 3.624 * 13.562) / 3.562 - 3.562 / 2 
 
 
 @spec("verification/snapshot-cost-sweep")
-@pytest.mark.parametrize("snapshot_ms, shared_wins", [(0.3, True), (1.73, True), (1.83, False), (400.0, False)])
+@pytest.mark.parametrize(
+    "snapshot_ms, shared_wins", [(0.3, True), (1.73, True), (1.83, False), (400.0, False)]
+)
 def test_snapshot_cost_decides_whether_enabling_a_shared_batch_wins(snapshot_ms, shared_wins):
     """A stream blocked behind a window snapshot and two ready decoders (x = 2, z = 0.25,
     A = 10 each): the sequence (snapshot, then decode of all three) wins only while its whole
@@ -162,7 +192,11 @@ def test_snapshot_cost_decides_whether_enabling_a_shared_batch_wins(snapshot_ms,
     assert (_sequence_score(snapshot_ms) > SHARED_DECODE_ALTERNATIVE) == shared_wins
     score = c.score * math.exp(c.log_scale)
     if shared_wins:
-        assert c.following.graph.name == "decode[B=4,W=1,D=0,C=0,P=4]" and sorted(c.following.rids) == [1, 2, 3]
+        assert c.following.graph.name == "decode[B=4,W=1,D=0,C=0,P=4]" and sorted(c.following.rids) == [
+            1,
+            2,
+            3,
+        ]
         assert score == pytest.approx(_sequence_score(snapshot_ms))
     else:
         assert c.kind is GraphKind.DECODE and sorted(c.rids) == [2, 3]
@@ -194,8 +228,11 @@ def test_continuations_are_summed_over_the_cohort_and_pay_the_waiting_cost():
     decoders) = 79.590734.
     """
     r2 = GraphDescriptor(GraphKind.RESTORE, 2, duration_ms=0.4)
-    views = [blocked(1, [GraphKind.RESTORE, GraphKind.VISION], Phase.PREFILL, tokens=64),
-             blocked(2, [GraphKind.RESTORE, GraphKind.SNAPSHOT], Phase.DECODE), decoder(3)]
+    views = [
+        blocked(1, [GraphKind.RESTORE, GraphKind.VISION], Phase.PREFILL, tokens=64),
+        blocked(2, [GraphKind.RESTORE, GraphKind.SNAPSHOT], Phase.DECODE),
+        decoder(3),
+    ]
     c = next(c for c in policy.candidates(with_graphs([r2], views=views)) if c.graph == r2)
     v2 = 88 + 0.1 * 3.831 * (10 + 3.831)
     contributions = [648 * 0.4 / (0.4 + 10.854), v2 * 0.4 / (0.4 + 3.831)]
@@ -213,8 +250,14 @@ def test_unknown_durations_compare_by_value():
     assert c.indeterminate and c.score * math.exp(c.log_scale) == pytest.approx(648.0)
 
 
-@spec("prerequisites/terminal-lane-value", "prerequisites/terminal-own-value", "prerequisites/terminal-waiting-cost",
-      "prerequisites/terminal-same-rules", "prerequisites/terminal-no-priority", "prerequisites/snapshot-no-credit")
+@spec(
+    "prerequisites/terminal-lane-value",
+    "prerequisites/terminal-own-value",
+    "prerequisites/terminal-waiting-cost",
+    "prerequisites/terminal-same-rules",
+    "prerequisites/terminal-no-priority",
+    "prerequisites/snapshot-no-credit",
+)
 def test_terminal_snapshot_value_by_hand():
     """One terminal row aged 20 ms and one decoder. sigma_terminal = 1 * 0.3 ms (snapshot B=1).
     Snapshot: (256 + 1*0.3*(20 + 0.3)) / 0.3 - 0.3/2*(0.1 + 1) = 873.465."""
@@ -241,12 +284,15 @@ def test_terminal_preferences_follow_the_policy():
 
 
 @spec("policy/terminal-zero")
-@pytest.mark.parametrize("overrides, snapshot_score", [
-    # no terminal value: only the age term is left, (1*0.3*(20 + 0.3))/0.3 - 0.3/2*(0.1 + 1)
-    (dict(terminal_value=0.0), 0.3 * 20.3 / 0.3 - 0.15 * 1.1),
-    # no terminal age price: the value alone, 256/0.3 - 0.3/2*0.1, and no terminal waiting cost
-    (dict(terminal_age_price=0.0), 256 / 0.3 - 0.15 * 0.1),
-])
+@pytest.mark.parametrize(
+    "overrides, snapshot_score",
+    [
+        # no terminal value: only the age term is left, (1*0.3*(20 + 0.3))/0.3 - 0.3/2*(0.1 + 1)
+        (dict(terminal_value=0.0), 0.3 * 20.3 / 0.3 - 0.15 * 1.1),
+        # no terminal age price: the value alone, 256/0.3 - 0.3/2*0.1, and no terminal waiting cost
+        (dict(terminal_age_price=0.0), 256 / 0.3 - 0.15 * 0.1),
+    ],
+)
 def test_each_zero_terminal_coefficient_removes_its_preference(overrides, snapshot_score):
     """One terminal row aged 20 ms and one decoder (ordinary catalog, snapshot B=1 0.3 ms,
     sigma_terminal 0.3 ms). Zeroing one terminal coefficient removes that term and keeps the
@@ -257,13 +303,20 @@ def test_each_zero_terminal_coefficient_removes_its_preference(overrides, snapsh
     snap = next(c for c in cands if c.kind is GraphKind.SNAPSHOT and c.graph.batch_capacity == 1)
     assert snap.score * math.exp(snap.log_scale) == pytest.approx(snapshot_score)
     dec = next(c for c in cands if c.kind is GraphKind.DECODE)
-    alone = next(c for c in policy.candidates(inputs([decoder(2, policy_config=pc)], policy_config=pc, **ORD))
-                 if c.kind is GraphKind.DECODE)
+    alone = next(
+        c
+        for c in policy.candidates(inputs([decoder(2, policy_config=pc)], policy_config=pc, **ORD))
+        if c.kind is GraphKind.DECODE
+    )
     gap = alone.score * math.exp(alone.log_scale) - dec.score * math.exp(dec.log_scale)
     assert gap == pytest.approx(dec.duration_ms / 2 * pc.terminal_age_price)
 
 
-@spec("prerequisites/continuation-unknown", "prerequisites/continuation-value", "prerequisites/continuation-images")
+@spec(
+    "prerequisites/continuation-unknown",
+    "prerequisites/continuation-value",
+    "prerequisites/continuation-images",
+)
 def test_an_unmeasured_later_stage_makes_the_continuation_optimistic():
     """Restore, then vision, then a 64-token prompt (x = 2), with everything measured but vision.
     F is unknown, so the stream contributes its whole value V = 9*64 + 72 = 648 (no V*T/(T+F)
@@ -297,13 +350,22 @@ def test_every_later_stage_adds_its_time_to_the_continuation():
 
 PREREQUISITE_KINDS = (GraphKind.INITIALIZE, GraphKind.RESTORE, GraphKind.VISION, GraphKind.SNAPSHOT)
 # Extra prerequisite shapes so that prerequisite batches above one compete.
-EXTRA_PREREQUISITES = (GraphDescriptor(GraphKind.INITIALIZE, 4, duration_ms=0.25),
-                       GraphDescriptor(GraphKind.RESTORE, 2, duration_ms=0.4),
-                       GraphDescriptor(GraphKind.VISION, 1, duration_ms=6.0),
-                       GraphDescriptor(GraphKind.SNAPSHOT, 4, duration_ms=0.5))
+EXTRA_PREREQUISITES = (
+    GraphDescriptor(GraphKind.INITIALIZE, 4, duration_ms=0.25),
+    GraphDescriptor(GraphKind.RESTORE, 2, duration_ms=0.4),
+    GraphDescriptor(GraphKind.VISION, 1, duration_ms=6.0),
+    GraphDescriptor(GraphKind.SNAPSHOT, 4, duration_ms=0.5),
+)
 # A host ragged program of width two (P = 5 < B*W = 8).
-RAGGED_W2 = GraphDescriptor(GraphKind.SPECULATIVE, 4, token_capacity=2, proposal_depth=1, target_capacity=5,
-                            allocation=Allocation.QUERY_LENGTH, duration_ms=4.0)
+RAGGED_W2 = GraphDescriptor(
+    GraphKind.SPECULATIVE,
+    4,
+    token_capacity=2,
+    proposal_depth=1,
+    target_capacity=5,
+    allocation=Allocation.QUERY_LENGTH,
+    duration_ms=4.0,
+)
 
 
 def _sequence_population(rng, depth, n_max=6):
@@ -313,17 +375,28 @@ def _sequence_population(rng, depth, n_max=6):
     views = []
     for i in range(int(rng.integers(1, n_max + 1))):
         rid = 10 + i
-        kw = dict(slot=int(rng.permutation(32)[i]), last_selected_ns=int(rng.integers(0, 4)),
-                  runnable=bool(rng.random() > 0.05))
+        kw = dict(
+            slot=int(rng.permutation(32)[i]),
+            last_selected_ns=int(rng.integers(0, 4)),
+            runnable=bool(rng.random() > 0.05),
+        )
         x = float(np.exp(rng.normal(0.0, 1.0)))
         role = rng.choice(["blocked", "blocked", "decode", "prompt", "terminal"])
         survival = np.cumprod(rng.uniform(0.2, 1.0, depth))
-        dec = dict(x=x, z=float(np.exp(rng.normal(-1.5, 1.0))), age_ms=float(rng.uniform(0, 100)),
-                   survival=survival, forecast=np.cumprod(rng.uniform(0.2, 1.0, depth)),
-                   output_remaining=int(rng.choice([1, 2, 3, 500])))
+        dec = dict(
+            x=x,
+            z=float(np.exp(rng.normal(-1.5, 1.0))),
+            age_ms=float(rng.uniform(0, 100)),
+            survival=survival,
+            forecast=np.cumprod(rng.uniform(0.2, 1.0, depth)),
+            output_remaining=int(rng.choice([1, 2, 3, 500])),
+        )
         tokens = int(rng.choice([30, 64, 100, 700]))
-        pro = dict(x=x, needs_scores=bool(rng.random() < 0.2),
-                   prompt_limit=None if rng.random() < 0.8 else int(rng.integers(1, tokens + 1)))
+        pro = dict(
+            x=x,
+            needs_scores=bool(rng.random() < 0.2),
+            prompt_limit=None if rng.random() < 0.8 else int(rng.integers(1, tokens + 1)),
+        )
         if role == "blocked":
             chain = [kinds[int(rng.integers(len(kinds)))]]
             if rng.random() < 0.2:
@@ -358,7 +431,7 @@ def _sequence_oracle(obj, views, graphs, costs, mode):
     alpha = obj.policy.adaptive_verification_alpha
 
     def expected(v, rows):
-        return 1.0 + sum(s ** alpha for s in cohorts._survival(v, obj.depth)[: rows - 1])
+        return 1.0 + sum(s**alpha for s in cohorts._survival(v, obj.depth)[: rows - 1])
 
     out = {}
     for g1 in graphs:
@@ -379,17 +452,25 @@ def _sequence_oracle(obj, views, graphs, costs, mode):
                 f = costs.estimate_ms(g2.key)
                 unknown = t1 is None or f is None
                 u = 0.0 if unknown else t1 + f
-                tv = sorted((obj.terminal_value(v, 0.0 if unknown else t1)
-                             + (0.0 if unknown else obj.ct * (v.terminal_age_ms * f + 0.5 * (u * u - t1 * t1)))
-                             for v in terms), reverse=True)
+                tv = sorted(
+                    (
+                        obj.terminal_value(v, 0.0 if unknown else t1)
+                        + (0.0 if unknown else obj.ct * (v.terminal_age_ms * f + 0.5 * (u * u - t1 * t1)))
+                        for v in terms
+                    ),
+                    reverse=True,
+                )
 
                 def terminal_fill(rows):
-                    return sum(tv[:max(rows, 0)])
+                    return sum(tv[: max(rows, 0)])
 
                 def decode_value(v, rows, newly):
                     ref = u if newly else obj.sigma
-                    return (obj.price(v.log_output_price) * expected(v, rows) + obj.price(v.log_delivery_price)
-                            + obj.c * ref * (v.age_ms + u))
+                    return (
+                        obj.price(v.log_output_price) * expected(v, rows)
+                        + obj.price(v.log_delivery_price)
+                        + obj.c * ref * (v.age_ms + u)
+                    )
 
                 ragged = g2.kind is GraphKind.SPECULATIVE and g2.token_capacity > 1 and not g2.is_rectangular
                 device = ragged and g2.allocation is Allocation.PREFIX_LIMIT
@@ -402,12 +483,17 @@ def _sequence_oracle(obj, views, graphs, costs, mode):
                         if len(members) > g2.target_capacity:
                             return None
                         order = sorted(range(len(members)), key=lambda i: members[i][0].slot)
-                        rows = prefix_allocation_naive([cohorts._forecast(members[i][0], g2.proposal_depth)
-                                                        for i in order], [limits[i] for i in order],
-                                                       [True] * len(order), g2.target_capacity)
+                        rows = prefix_allocation_naive(
+                            [cohorts._forecast(members[i][0], g2.proposal_depth) for i in order],
+                            [limits[i] for i in order],
+                            [True] * len(order),
+                            g2.target_capacity,
+                        )
                         got = dict(zip(order, rows))
                         return sum(decode_value(v, int(got[i]), n) for i, (v, n) in enumerate(members))
-                    choices = [range(1, w + 1) for w in limits] if ragged and not exact else [(w,) for w in limits]
+                    choices = (
+                        [range(1, w + 1) for w in limits] if ragged and not exact else [(w,) for w in limits]
+                    )
                     best = None
                     for widths in itertools.product(*choices):
                         if ragged and sum(widths) > g2.target_capacity:
@@ -420,16 +506,25 @@ def _sequence_oracle(obj, views, graphs, costs, mode):
                 if enables is Phase.DECODE:
                     fixed_prompts = [None]
                     if g2.kind is GraphKind.MIXED:
-                        fixed_prompts += [p for p in prompts if not p.needs_scores
-                                          and cohorts.prompt_work_naive(p, g2.prefill_capacity) > 0]
+                        fixed_prompts += [
+                            p
+                            for p in prompts
+                            if not p.needs_scores and cohorts.prompt_work_naive(p, g2.prefill_capacity) > 0
+                        ]
                     for p in fixed_prompts:
                         room = g2.batch_capacity - (p is not None)
-                        pv = 0.0 if p is None else obj.prompt_value(p, cohorts.prompt_work_naive(p, g2.prefill_capacity))
+                        pv = (
+                            0.0
+                            if p is None
+                            else obj.prompt_value(p, cohorts.prompt_work_naive(p, g2.prefill_capacity))
+                        )
                         for kn in range(1, min(len(new), g1.batch_capacity, room) + 1):
                             for nset in itertools.combinations(new, kn):
                                 for kr in range(0, min(len(decoders), room - kn) + 1):
                                     for rset in itertools.combinations(decoders, kr):
-                                        val = cohort_value([(v, True) for v in nset] + [(v, False) for v in rset])
+                                        val = cohort_value(
+                                            [(v, True) for v in nset] + [(v, False) for v in rset]
+                                        )
                                         if val is None:
                                             continue
                                         val += pv + terminal_fill(g1.batch_capacity - kn)
@@ -449,13 +544,18 @@ def _sequence_oracle(obj, views, graphs, costs, mode):
                         if mixed:  # the enabled prompt row and already ready decoders
                             for kr in range(0, min(len(decoders), g2.batch_capacity - 1) + 1):
                                 for rset in itertools.combinations(decoders, kr):
-                                    val = pvalue(v) + sum(decode_value(d, cohorts._lane_limit(d, g2), False)
-                                                          for d in rset)
+                                    val = pvalue(v) + sum(
+                                        decode_value(d, cohorts._lane_limit(d, g2), False) for d in rset
+                                    )
                                     val += terminal_fill(g1.batch_capacity - 1)
                                     best = val if best is None else max(best, val)
                         else:
                             ready = sorted((pvalue(p) for p in prompts if pvalue(p) > 0), reverse=True)
-                            val = pvalue(v) + sum(ready[: g2.batch_capacity - 1]) + terminal_fill(g1.batch_capacity - 1)
+                            val = (
+                                pvalue(v)
+                                + sum(ready[: g2.batch_capacity - 1])
+                                + terminal_fill(g1.batch_capacity - 1)
+                            )
                             best = val if best is None else max(best, val)
                 if best is not None:
                     score = best if unknown else best / u - 0.5 * u * obj.waiting
@@ -465,16 +565,34 @@ def _sequence_oracle(obj, views, graphs, costs, mode):
     return out
 
 
-@spec("prerequisites/pair-exact", "prerequisites/all-shape-pairs", "prerequisites/joint-cohorts",
-      "prerequisites/following-ready", "prerequisites/first-finishes-terminal", "prerequisites/one-newly-ready",
-      "prerequisites/sequence-score", "prerequisites/age-reset-following", "prerequisites/terminal-age-stops",
-      "prerequisites/terminal-two-stage", "prerequisites/free-unused-capacity", "prerequisites/plan-duration-t",
-      "useful-service/multistage-reference", "mixed-execution/prereq-cases", "mixed-execution/references-lookahead")
-@pytest.mark.parametrize("catalog, mode, extra", [(SPEC, DecodeMode.ADAPTIVE, ()), (SPEC, DecodeMode.FIXED, ()),
-                                                  (ORDINARY, DecodeMode.ORDINARY, ()),
-                                                  (RAGGED, DecodeMode.ADAPTIVE, (RAGGED_W2,)),
-                                                  (RAGGED, DecodeMode.FIXED, ())],
-                         ids=["speculative", "fixed", "ordinary", "ragged-adaptive", "ragged-fixed"])
+@spec(
+    "prerequisites/pair-exact",
+    "prerequisites/all-shape-pairs",
+    "prerequisites/joint-cohorts",
+    "prerequisites/following-ready",
+    "prerequisites/first-finishes-terminal",
+    "prerequisites/one-newly-ready",
+    "prerequisites/sequence-score",
+    "prerequisites/age-reset-following",
+    "prerequisites/terminal-age-stops",
+    "prerequisites/terminal-two-stage",
+    "prerequisites/free-unused-capacity",
+    "prerequisites/plan-duration-t",
+    "useful-service/multistage-reference",
+    "mixed-execution/prereq-cases",
+    "mixed-execution/references-lookahead",
+)
+@pytest.mark.parametrize(
+    "catalog, mode, extra",
+    [
+        (SPEC, DecodeMode.ADAPTIVE, ()),
+        (SPEC, DecodeMode.FIXED, ()),
+        (ORDINARY, DecodeMode.ORDINARY, ()),
+        (RAGGED, DecodeMode.ADAPTIVE, (RAGGED_W2,)),
+        (RAGGED, DecodeMode.FIXED, ()),
+    ],
+    ids=["speculative", "fixed", "ordinary", "ragged-adaptive", "ragged-fixed"],
+)
 def test_two_stage_sequences_match_enumeration(catalog, mode, extra):
     """Random populations with blocked streams: every (prerequisite, following) pair the selector
     offers scores what exhaustive enumeration of the two cohorts finds (adaptive ragged
@@ -508,8 +626,14 @@ def test_two_stage_sequences_match_enumeration(catalog, mode, extra):
             u = 0.0 if unknown else t1 + f
             assert (c.duration_ms, c.following.duration_ms) == (t1, f)
             assert c.sequence_ms == (None if unknown else pytest.approx(u))
-            group = {v.rid for v in views if v.runnable and v.phase is Phase.BLOCKED and v.prerequisites
-                     and v.prerequisites[0] is g1.kind}
+            group = {
+                v.rid
+                for v in views
+                if v.runnable
+                and v.phase is Phase.BLOCKED
+                and v.prerequisites
+                and v.prerequisites[0] is g1.kind
+            }
             assert all(l.slot == by_rid[l.rid].slot for l in c.lanes + c.following.lanes)
             first = {l.rid: l for l in c.lanes}
             assert len(first) == len(c.lanes) <= g1.batch_capacity
@@ -526,7 +650,9 @@ def test_two_stage_sequences_match_enumeration(catalog, mode, extra):
             for l in retired:
                 v = by_rid[l.rid]
                 extra = 0.0 if unknown else obj.ct * (v.terminal_age_ms * f + 0.5 * (u * u - t1 * t1))
-                assert l.value == pytest.approx(obj.terminal_value(v, 0.0 if unknown else t1) + extra, rel=1e-9)
+                assert l.value == pytest.approx(
+                    obj.terminal_value(v, 0.0 if unknown else t1) + extra, rel=1e-9
+                )
             for l in c.following.lanes:
                 v = by_rid[l.rid]
                 if l.role is LaneRole.PROMPT:
@@ -537,12 +663,17 @@ def test_two_stage_sequences_match_enumeration(catalog, mode, extra):
                     rows = l.query_length or l.ceiling
                     assert 1 <= rows <= cohorts._lane_limit(v, g2)
                     ref = u if v.phase is Phase.BLOCKED else obj.sigma
-                    assert l.value == pytest.approx(obj.price(v.log_output_price) * l.expected_tokens
-                                                    + obj.price(v.log_delivery_price) + obj.c * ref * (v.age_ms + u),
-                                                    rel=1e-9)
+                    assert l.value == pytest.approx(
+                        obj.price(v.log_output_price) * l.expected_tokens
+                        + obj.price(v.log_delivery_price)
+                        + obj.c * ref * (v.age_ms + u),
+                        rel=1e-9,
+                    )
             useful = sum(l.value for l in c.lanes) + sum(l.value for l in c.following.lanes)
             assert c.useful_value == pytest.approx(useful, rel=1e-9)
-            assert c.score == pytest.approx(useful if unknown else useful / u - 0.5 * u * obj.waiting, rel=1e-9)
+            assert c.score == pytest.approx(
+                useful if unknown else useful / u - 0.5 * u * obj.waiting, rel=1e-9
+            )
         for key, score in got.items():
             assert key in want, key
             ref, exact = want[key]
@@ -554,8 +685,13 @@ def test_two_stage_sequences_match_enumeration(catalog, mode, extra):
             compared += 1
         for key in want:
             if key not in got:  # pruned: a smaller prerequisite shape of the same kind carries it
-                assert any(k2 == key[1] and k1.kind is key[0].kind and k1 != key[0]
-                           and k1.batch_capacity <= key[0].batch_capacity for k1, k2 in got), (case, key)
+                assert any(
+                    k2 == key[1]
+                    and k1.kind is key[0].kind
+                    and k1 != key[0]
+                    and k1.batch_capacity <= key[0].batch_capacity
+                    for k1, k2 in got
+                ), (case, key)
     assert compared > 30 and exact_compared > 0
 
 
@@ -569,8 +705,11 @@ def _costs_without(catalog, *skip):
 
 
 def _restore_lane_value(views, costs):
-    c = next(c for c in policy.candidates(inputs(views, catalog=SPEC, costs=costs))
-             if c.kind is GraphKind.RESTORE and c.graph.batch_capacity == 1)
+    c = next(
+        c
+        for c in policy.candidates(inputs(views, catalog=SPEC, costs=costs))
+        if c.kind is GraphKind.RESTORE and c.graph.batch_capacity == 1
+    )
     return c, c.lanes[0].value * math.exp(c.log_scale), c.score * math.exp(c.log_scale)
 
 
@@ -605,7 +744,11 @@ def test_a_small_continuation_value_keeps_its_own_size(measured_prefill):
     assert value == pytest.approx(v * 0.35 / (0.35 + 10.854) if measured_prefill else v, rel=1e-9)
 
 
-@spec("prerequisites/continuation-value", "prerequisites/continuation-unknown", "useful-service/multistage-reference")
+@spec(
+    "prerequisites/continuation-value",
+    "prerequisites/continuation-unknown",
+    "useful-service/multistage-reference",
+)
 def test_a_decoding_continuation_without_a_measured_generation_program():
     """Restore, snapshot, then decoding (x = 2, z = 0.25, A = 10), with no generation program
     measured: the time until its first delivery is unknown, so V is its output and delivery
@@ -618,7 +761,11 @@ def test_a_decoding_continuation_without_a_measured_generation_program():
     assert score == pytest.approx(88.0 / 0.35 - 0.35 / 2 * 0.1)
 
 
-@spec("duration-estimates/stale-usable", "duration-estimates/stale-ranked-measured", "prerequisites/plan-duration-t")
+@spec(
+    "duration-estimates/stale-usable",
+    "duration-estimates/stale-ranked-measured",
+    "prerequisites/plan-duration-t",
+)
 def test_a_sequence_plan_reports_its_prerequisites_staleness():
     """Restore then decode, measured at time 0. One freshness interval later the restore
     estimate is stale: the sequence still ranks on its measured costs (the same program pair
@@ -631,24 +778,41 @@ def test_a_sequence_plan_reports_its_prerequisites_staleness():
     stale = policy.select(inputs(views, costs=costs, now_ns=later, **ORD))
     assert fresh.kind is GraphKind.RESTORE and fresh.following is not None and not fresh.stale
     assert stale.stale and (stale.graph, stale.following.graph, stale.score) == (
-        fresh.graph, fresh.following.graph, fresh.score)
+        fresh.graph,
+        fresh.following.graph,
+        fresh.score,
+    )
     costs.observe(stale.graph.key, [0.35e6], later)
     again = policy.select(inputs(views, costs=costs, now_ns=later, **ORD))
     assert again.kind is GraphKind.RESTORE and not again.stale
 
 
-@spec("speculative-coverage/wp-not-imply-d", "speculative-coverage/querylength-fits-p", "useful-service/multistage-reference")
+@spec(
+    "speculative-coverage/wp-not-imply-d",
+    "speculative-coverage/querylength-fits-p",
+    "useful-service/multistage-reference",
+)
 def test_a_newly_ready_decoder_is_bounded_by_the_following_programs_width():
     """A rectangular speculative program B=1, W=2 with D=3 proposals (legal: D is not derived
     from W) follows restore (0.35 ms) for a stream with survival 0.9**d, x = 2, z = 0.25,
     A = 10. The program verifies two rows per request, so the newly ready lane queries 2 rows,
     not the D + 1 = 4 its proposals would allow: E = 1 + 0.9, and with U = 0.35 + 3.9 ms the
     lane is worth 72*1.9 + 16 + 0.1*U*(10 + U) (its own future-delivery reference U)."""
-    w2 = GraphDescriptor(GraphKind.SPECULATIVE, 1, token_capacity=2, proposal_depth=3, target_capacity=2,
-                         allocation=Allocation.QUERY_LENGTH, duration_ms=3.9)
+    w2 = GraphDescriptor(
+        GraphKind.SPECULATIVE,
+        1,
+        token_capacity=2,
+        proposal_depth=3,
+        target_capacity=2,
+        allocation=Allocation.QUERY_LENGTH,
+        duration_ms=3.9,
+    )
     views = [blocked(1, [GraphKind.RESTORE], Phase.DECODE, survival=geometric(0.9))]
-    c = next(c for c in policy.candidates(with_graphs([w2], catalog=SPEC, mode=DecodeMode.ADAPTIVE, views=views))
-             if c.following is not None and c.following.graph == w2)
+    c = next(
+        c
+        for c in policy.candidates(with_graphs([w2], catalog=SPEC, mode=DecodeMode.ADAPTIVE, views=views))
+        if c.following is not None and c.following.graph == w2
+    )
     u = 0.35 + 3.9
     (lane,) = c.following.lanes
     assert (lane.rid, lane.query_length) == (1, 2)
@@ -662,12 +826,19 @@ HOST_P6 = "speculative[B=4,W=4,D=3,C=0,P=6]"
 def _ragged_sequence(views, extra=()):
     """The candidate that runs a snapshot and then ragged-small's host ragged program B=4,
     W=4, P=6 (adaptive mode), with the snapshot shape of largest batch."""
-    cands = [c for c in policy.candidates(with_graphs(extra, catalog=RAGGED, mode=DecodeMode.ADAPTIVE, views=views))
-             if c.kind is GraphKind.SNAPSHOT and c.following is not None and c.following.graph.name == HOST_P6]
+    cands = [
+        c
+        for c in policy.candidates(with_graphs(extra, catalog=RAGGED, mode=DecodeMode.ADAPTIVE, views=views))
+        if c.kind is GraphKind.SNAPSHOT and c.following is not None and c.following.graph.name == HOST_P6
+    ]
     return max(cands, key=lambda c: c.graph.batch_capacity)
 
 
-@spec("useful-service/adaptive-causal-pricing", "speculative-coverage/host-inputs", "prerequisites/following-ready")
+@spec(
+    "useful-service/adaptive-causal-pricing",
+    "speculative-coverage/host-inputs",
+    "prerequisites/following-ready",
+)
 def test_a_host_ragged_follower_allocates_rows_by_value_not_forecast():
     """Behind a window snapshot, stream 1 (survival 0.9**d, but confidence forecast 0.1**d)
     and a ready decoder 2 (survival 0.3**d, forecast 0.95**d), both x = 2. The host program
@@ -675,14 +846,20 @@ def test_a_host_ragged_follower_allocates_rows_by_value_not_forecast():
     72 * survival: stream 1's 64.8, 58.3, 52.5 before decoder 2's 21.6, so stream 1 queries 4
     rows (E = 1 + 0.9 + 0.81 + 0.729) and decoder 2 two (E = 1.3). Ranking by the device's
     forecast would give decoder 2 the four."""
-    views = [blocked(1, [GraphKind.SNAPSHOT], Phase.DECODE, survival=geometric(0.9, 3), forecast=geometric(0.1, 3)),
-             decoder(2, survival=geometric(0.3, 3), forecast=geometric(0.95, 3))]
+    views = [
+        blocked(
+            1, [GraphKind.SNAPSHOT], Phase.DECODE, survival=geometric(0.9, 3), forecast=geometric(0.1, 3)
+        ),
+        decoder(2, survival=geometric(0.3, 3), forecast=geometric(0.95, 3)),
+    ]
     c = _ragged_sequence(views)
     assert {l.rid: l.query_length for l in c.following.lanes} == {1: 4, 2: 2}
     assert {l.rid: l.expected_tokens for l in c.following.lanes} == pytest.approx({1: 3.439, 2: 1.3})
 
 
-@spec("prerequisites/following-ready", "prerequisites/joint-cohorts", "useful-service/adaptive-causal-pricing")
+@spec(
+    "prerequisites/following-ready", "prerequisites/joint-cohorts", "useful-service/adaptive-causal-pricing"
+)
 def test_a_ready_decoder_with_a_high_delivery_price_joins_a_ragged_follower():
     """Behind a window snapshot, stream 1 (x = 2, z = 0.25); beside it a ready decoder with
     z = 0.01, so its delivery price 4/0.01 = 400 is worth far more than its output token (72).
@@ -695,7 +872,11 @@ def test_a_ready_decoder_with_a_high_delivery_price_joins_a_ragged_follower():
     assert [l.value * scale > 400 for l in c.following.lanes if l.rid == 2] == [True]
 
 
-@spec("prerequisites/fill-prerequisite", "prerequisites/first-finishes-terminal", "prerequisites/terminal-two-stage")
+@spec(
+    "prerequisites/fill-prerequisite",
+    "prerequisites/first-finishes-terminal",
+    "prerequisites/terminal-two-stage",
+)
 def test_a_snapshot_before_a_ragged_follower_retires_every_terminal_row_it_holds():
     """A snapshot B=4 (0.5 ms) enables stream 1 for the host ragged program (4.5 ms) and has
     three rows left: both terminal rows (aged 5 and 8 ms) retire in it, the older first, each
@@ -705,8 +886,11 @@ def test_a_snapshot_before_a_ragged_follower_retires_every_terminal_row_it_holds
     views = [blocked(1, [GraphKind.SNAPSHOT], Phase.DECODE), terminal(2, age_ms=5.0), terminal(3, age_ms=8.0)]
     c = _ragged_sequence(views, extra=[GraphDescriptor(GraphKind.SNAPSHOT, 4, duration_ms=0.5)])
     assert c.graph.batch_capacity == 4 and c.sequence_ms == pytest.approx(5.0)
-    assert [(l.rid, l.role) for l in c.lanes] == [(1, LaneRole.PREREQUISITE), (3, LaneRole.TERMINAL),
-                                                  (2, LaneRole.TERMINAL)]
+    assert [(l.rid, l.role) for l in c.lanes] == [
+        (1, LaneRole.PREREQUISITE),
+        (3, LaneRole.TERMINAL),
+        (2, LaneRole.TERMINAL),
+    ]
     scale = math.exp(c.log_scale)
     retired = {a: 256 + 0.4 * (a + 0.5) + a * 4.5 + (25 - 0.25) / 2 for a in (8.0, 5.0)}
     assert [l.value * scale for l in c.lanes[1:]] == pytest.approx([retired[8.0], retired[5.0]])

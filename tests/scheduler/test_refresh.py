@@ -1,14 +1,26 @@
 """Exploration ledgers (refresh.py): earning, the 5 ms cap, episodes paid once, idle and debt."""
+
 import pytest
 
-from helios_jax.scheduler.refresh import (ACCEPTANCE_RATE, CREDIT_CAP_MS, TIMING_RATE, Ledger, acceptance_ledger,
-                                          timing_ledger)
+from helios_jax.scheduler.refresh import (
+    ACCEPTANCE_RATE,
+    CREDIT_CAP_MS,
+    TIMING_RATE,
+    Ledger,
+    acceptance_ledger,
+    timing_ledger,
+)
 
 spec = pytest.mark.spec
 
 
-@spec("timing-refresh/earn-rate", "timing-refresh/credit-cap", "timing-refresh/first-2495ms",
-      "acceptance-learning/earn-rate", "acceptance-learning/credit-cap")
+@spec(
+    "timing-refresh/earn-rate",
+    "timing-refresh/credit-cap",
+    "timing-refresh/first-2495ms",
+    "acceptance-learning/earn-rate",
+    "acceptance-learning/credit-cap",
+)
 def test_ledgers_earn_their_share_up_to_five_ms():
     timing, acceptance = timing_ledger(), acceptance_ledger()
     assert (timing.rate, acceptance.rate) == (TIMING_RATE, ACCEPTANCE_RATE) == (0.002 / 0.998, 0.01 / 0.99)
@@ -33,8 +45,14 @@ def test_invalid_intervals_earn_nothing():
     assert ledger.balance_ms == 0.0 and ledger.earned_from_ms == 0.0
 
 
-@spec("timing-refresh/next-needs-full", "acceptance-learning/started-debt", "acceptance-learning/next-needs-full",
-      "acceptance-learning/one-episode", "timing-refresh/speculative-pays-once", "acceptance-learning/pays-interval")
+@spec(
+    "timing-refresh/next-needs-full",
+    "acceptance-learning/started-debt",
+    "acceptance-learning/next-needs-full",
+    "acceptance-learning/one-episode",
+    "timing-refresh/speculative-pays-once",
+    "acceptance-learning/pays-interval",
+)
 def test_an_episode_needs_full_credit_and_pays_its_interval_once_into_debt():
     ledger = acceptance_ledger()
     with pytest.raises(ValueError):

@@ -1,4 +1,5 @@
 """Per-request host state and the resource pools (requests.py)."""
+
 import pytest
 
 from helios_jax.scheduler.plan import Handle
@@ -8,11 +9,25 @@ spec = pytest.mark.spec
 
 
 def request(prompt_len=1000, consumed=0, message_endpoints=(), image_spans=()):
-    return Request(handle=Handle(3, 0), slot=3, prompt=tuple(range(prompt_len)), max_output=8,
-                   stop_token_ids=frozenset(), message_endpoints=tuple(message_endpoints),
-                   image_spans=tuple(image_spans), needs_scores=False, host_stops=False, sampling=None,
-                   proposal_source="learned", pages=[], admitted_ns=0, history=None, acceptance=None,
-                   forecast=None, consumed=consumed)
+    return Request(
+        handle=Handle(3, 0),
+        slot=3,
+        prompt=tuple(range(prompt_len)),
+        max_output=8,
+        stop_token_ids=frozenset(),
+        message_endpoints=tuple(message_endpoints),
+        image_spans=tuple(image_spans),
+        needs_scores=False,
+        host_stops=False,
+        sampling=None,
+        proposal_source="learned",
+        pages=[],
+        admitted_ns=0,
+        history=None,
+        acceptance=None,
+        forecast=None,
+        consumed=consumed,
+    )
 
 
 def test_pools_hand_out_the_lowest_free_ids_and_take_back_only_their_owners():

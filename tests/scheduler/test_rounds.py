@@ -1,10 +1,12 @@
 """Host statement of the device allocation against the shared golden cases and the oracle."""
+
 import json
 import pathlib
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from helios_jax.reference.prefix_allocation import prefix_allocation_naive
 from helios_jax.scheduler.rounds import allocate_prefix_rows, forecast_observations, prefix_allocation_order
@@ -13,8 +15,11 @@ spec = pytest.mark.spec
 GOLDEN = json.loads((pathlib.Path(__file__).parents[1] / "golden" / "prefix_allocation.json").read_text())
 
 
-@spec("speculative-coverage/device-frontier", "speculative-coverage/frontier-ties",
-      "speculative-coverage/ceilings-over-p")
+@spec(
+    "speculative-coverage/device-frontier",
+    "speculative-coverage/frontier-ties",
+    "speculative-coverage/ceilings-over-p",
+)
 @pytest.mark.parametrize("case", GOLDEN["cases"], ids=[c["name"] for c in GOLDEN["cases"]])
 def test_host_allocation_matches_golden_cases(case):
     got = allocate_prefix_rows(case["joint_prob"], case["ceilings"], case["active"], case["capacity"])
@@ -47,7 +52,11 @@ def test_host_allocation_equals_the_naive_oracle(p):
     got = allocate_prefix_rows(prob, ceilings, active, capacity)
     np.testing.assert_array_equal(got, prefix_allocation_naive(prob, ceilings, active, capacity))
     assert got.sum() <= capacity
-    assert (got[active] >= 1).all() and (got[~active] == 0).all() and (got <= np.where(active, ceilings, 0)).all()
+    assert (
+        (got[active] >= 1).all()
+        and (got[~active] == 0).all()
+        and (got <= np.where(active, ceilings, 0)).all()
+    )
 
 
 @settings(max_examples=300, deadline=None)

@@ -4,6 +4,7 @@ Each scenario builds request views with prices derived from stated service rates
 the program, cohort and work the selector chooses; numbers quoted in docstrings come from the
 catalog files (ms) and the PolicyConfig defaults.
 """
+
 import dataclasses
 import math
 
@@ -17,16 +18,22 @@ from helios_jax.scheduler.cost import CostModel
 from helios_jax.scheduler.rounds import prefix_allocation_order
 from helios_jax.scheduler.view import Candidate, Lane, LaneRole
 
-from .helpers import (ORDINARY, POLICY, RAGGED, SPEC, choose, decoder, geometric, inputs, measured,
-                      prompt)
+from .helpers import ORDINARY, POLICY, RAGGED, SPEC, choose, decoder, geometric, inputs, measured, prompt
 
 spec = pytest.mark.spec
 ORD = dict(catalog=ORDINARY, mode=DecodeMode.ORDINARY)
 
 
-@spec("useful-service/score-formula", "useful-service/t-in-ms", "useful-service/sigma-formula",
-      "useful-service/sigma-fastest", "useful-service/value-rate-accessor", "useful-service/log-scale-accessor",
-      "intro/value-per-time", "intro/decode-age-continuation")
+@spec(
+    "useful-service/score-formula",
+    "useful-service/t-in-ms",
+    "useful-service/sigma-formula",
+    "useful-service/sigma-fastest",
+    "useful-service/value-rate-accessor",
+    "useful-service/log-scale-accessor",
+    "intro/value-per-time",
+    "intro/decode-age-continuation",
+)
 def test_score_by_hand():
     """One decoder, x = 2, z = 0.25, A = 10 ms, ordinary catalog.
 
@@ -45,10 +52,16 @@ def test_prefill_only_requests_do_not_enlarge_k():
     alone = choose([decoder(1)], **ORD)
     with_prompt = policy.candidates(inputs([decoder(1), prompt(2, 10)], **ORD))
     same = [c for c in with_prompt if c.graph == alone.graph]
-    assert same[0].score * math.exp(same[0].log_scale) == pytest.approx(alone.score * math.exp(alone.log_scale))
+    assert same[0].score * math.exp(same[0].log_scale) == pytest.approx(
+        alone.score * math.exp(alone.log_scale)
+    )
 
 
-@spec("verification/selector-long-prefills", "useful-service/full-prefill-wins", "useful-service/no-decoder-no-age")
+@spec(
+    "verification/selector-long-prefills",
+    "useful-service/full-prefill-wins",
+    "useful-service/no-decoder-no-age",
+)
 @pytest.mark.parametrize("n", [1, 2, 16])
 def test_long_prefills_fill_the_largest_graph(n):
     """4096/89.526 ms = 45.8 prompt tokens per ms beats every smaller chunk (64/4.854 = 13.2)."""
@@ -59,8 +72,12 @@ def test_long_prefills_fill_the_largest_graph(n):
     assert c.lanes[0].rid == 0  # equal values: the least recently used request
 
 
-@spec("verification/selector-tails", "useful-service/tail-example", "useful-service/prefill-actual-tokens",
-      "useful-service/no-smallest-fit-filter")
+@spec(
+    "verification/selector-tails",
+    "useful-service/tail-example",
+    "useful-service/prefill-actual-tokens",
+    "useful-service/no-smallest-fit-filter",
+)
 def test_fitting_and_padded_tails():
     assert choose([prompt(1, 64)]).graph.token_capacity == 64  # fitting tail
     padded = choose([prompt(1, 100)])
@@ -73,20 +90,26 @@ def test_fitting_and_padded_tails():
     assert [c.graph.token_capacity for c in cands if c.kind is GraphKind.PREFILL] == [64]
 
 
-@spec("verification/selector-acceptance", "speculative-coverage/width-one-competes",
-      "useful-service/all-capacities-compete", "useful-service/expected-scores")
+@spec(
+    "verification/selector-acceptance",
+    "speculative-coverage/width-one-competes",
+    "useful-service/all-capacities-compete",
+    "useful-service/expected-scores",
+)
 def test_high_and_low_acceptance():
     high = choose([decoder(1, survival=geometric(0.95))])
     low = choose([decoder(1, survival=geometric(0.05))])
     assert (high.graph.token_capacity, high.lanes[0].query_length) == (8, 8)
-    assert high.lanes[0].expected_tokens == pytest.approx(1 + sum(0.95 ** d for d in range(1, 8)))
+    assert high.lanes[0].expected_tokens == pytest.approx(1 + sum(0.95**d for d in range(1, 8)))
     assert (low.graph.token_capacity, low.graph.proposal_depth) == (1, 0)
 
 
 @spec("verification/selector-heterogeneous", "useful-service/unconstrained-top-lanes")
 def test_heterogeneous_cohort_takes_the_highest_lane_values():
     """Six decoders, only B <= 4 graphs loaded: the four with the highest delivery prices win."""
-    views = [decoder(i, z=z, survival=geometric(0.6)) for i, z in enumerate([0.5, 0.01, 0.3, 0.02, 0.04, 0.2])]
+    views = [
+        decoder(i, z=z, survival=geometric(0.6)) for i, z in enumerate([0.5, 0.01, 0.3, 0.02, 0.04, 0.2])
+    ]
     inp = inputs(views)
     graphs = [g for g in inp.graphs if g.batch_capacity <= 4 and g.kind is GraphKind.SPECULATIVE]
     c = policy.select(policy.SelectionInput(views, graphs, inp.costs, 0, POLICY))
@@ -136,7 +159,11 @@ def test_output_age_raises_a_decoders_value():
     assert choose(views(5000.0), **ORD).kind is not GraphKind.PREFILL
 
 
-@spec("verification/selector-expiry", "duration-estimates/stale-ranked-measured", "duration-estimates/stale-usable")
+@spec(
+    "verification/selector-expiry",
+    "duration-estimates/stale-ranked-measured",
+    "duration-estimates/stale-usable",
+)
 def test_graph_expiry_and_recovery():
     costs = measured(ORDINARY)
     later = POLICY.estimate_ttl_ns + 1
@@ -148,8 +175,11 @@ def test_graph_expiry_and_recovery():
     assert not policy.select(inputs([decoder(1)], costs=costs, now_ns=later, **ORD)).stale
 
 
-@spec("duration-estimates/indeterminate-first", "duration-estimates/indeterminate-by-value",
-      "useful-service/unknown-optimistic")
+@spec(
+    "duration-estimates/indeterminate-first",
+    "duration-estimates/indeterminate-by-value",
+    "useful-service/unknown-optimistic",
+)
 def test_an_unknown_graph_wins_and_competes_by_value():
     costs = measured(ORDINARY)
     unknown = CostModel()
@@ -165,8 +195,11 @@ def test_an_unknown_graph_wins_and_competes_by_value():
     assert cold.indeterminate and cold.graph.token_capacity == 4096
 
 
-@spec("duration-estimates/cold-request-largest", "duration-estimates/prefill-explore-smaller",
-      "duration-estimates/measured-eligible")
+@spec(
+    "duration-estimates/cold-request-largest",
+    "duration-estimates/prefill-explore-smaller",
+    "duration-estimates/measured-eligible",
+)
 def test_prefill_exploration_stops_at_the_next_endpoint():
     """A cold 1000-token prompt whose first message ends at token 100: 128 reaches the endpoint,
     so the unmeasured 256..4096 graphs are not explored; a 64-token prompt explores only 64."""
@@ -177,8 +210,11 @@ def test_prefill_exploration_stops_at_the_next_endpoint():
     # Once the large graph is measured it competes on its cost again.
     big = next(g for g in SPEC.graphs if g.kind is GraphKind.PREFILL and g.token_capacity == 1024)
     cold.observe(big.key, [big.duration_ms * 1e6], 0)
-    kinds = {x.graph.token_capacity for x in policy.candidates(inputs([prompt(1, 1000, endpoint=100)], costs=cold))
-             if x.kind is GraphKind.PREFILL}
+    kinds = {
+        x.graph.token_capacity
+        for x in policy.candidates(inputs([prompt(1, 1000, endpoint=100)], costs=cold))
+        if x.kind is GraphKind.PREFILL
+    }
     assert 1024 in kinds and 256 not in kinds
 
 
@@ -196,7 +232,9 @@ def test_padding_never_wins_through_timing_noise():
 
 @spec("useful-service/dominance-mixed", "verification/mixed-prompt-tails")
 def test_mixed_prompt_tail_uses_the_fitting_capacity():
-    cands = [c for c in policy.candidates(inputs([prompt(1, 40), decoder(2)], **ORD)) if c.kind is GraphKind.MIXED]
+    cands = [
+        c for c in policy.candidates(inputs([prompt(1, 40), decoder(2)], **ORD)) if c.kind is GraphKind.MIXED
+    ]
     with_prompt = [c for c in cands if c.prefill_row is not None]
     assert {c.graph.prefill_capacity for c in with_prompt} == {64}
     assert {c.graph.batch_capacity for c in with_prompt} == {2}
@@ -213,8 +251,13 @@ def test_dominance_requires_equal_proposal_depth():
     assert host and all(c.lanes[0].query_length == 4 for c in host)  # the output limit binds
 
 
-@spec("verification/mixed-decode-rows", "mixed-execution/compare-populations", "mixed-execution/prompt-only-legal",
-      "mixed-execution/same-score", "mixed-execution/step-role")
+@spec(
+    "verification/mixed-decode-rows",
+    "mixed-execution/compare-populations",
+    "mixed-execution/prompt-only-legal",
+    "mixed-execution/same-score",
+    "mixed-execution/step-role",
+)
 def test_mixed_populations():
     views = [prompt(1, 300, x=0.3), decoder(2, survival=geometric(0.9)), decoder(3, survival=geometric(0.9))]
     cands = [c for c in policy.candidates(inputs(views)) if c.kind is GraphKind.MIXED]
@@ -231,9 +274,11 @@ def test_mixed_populations():
 def test_fixed_ragged_keeps_complete_prefixes():
     """ragged-small: fixed width 4, the host ragged program (B=4, P=6) can take one lane of four
     rows and two lanes limited to one row each (6 rows), never a shortened width."""
-    views = [decoder(1, survival=geometric(0.9, 3), output_remaining=100),
-             decoder(2, survival=geometric(0.9, 3), output_remaining=1),
-             decoder(3, survival=geometric(0.9, 3), output_remaining=1)]
+    views = [
+        decoder(1, survival=geometric(0.9, 3), output_remaining=100),
+        decoder(2, survival=geometric(0.9, 3), output_remaining=1),
+        decoder(3, survival=geometric(0.9, 3), output_remaining=1),
+    ]
     costs = measured(RAGGED)
     inp = inputs(views, catalog=RAGGED, mode=DecodeMode.FIXED, costs=costs, fixed_width=4)
     ragged = [c for c in policy.candidates(inp) if c.graph.target_capacity == 6]
@@ -241,17 +286,24 @@ def test_fixed_ragged_keeps_complete_prefixes():
     assert sorted((l.rid, l.query_length) for l in ragged[0].lanes) == [(1, 4), (2, 1), (3, 1)]
 
 
-@spec("useful-service/adaptive-orderings", "useful-service/adaptive-causal-pricing",
-      "speculative-coverage/prefix-limit-ceilings", "speculative-coverage/ceiling-bound",
-      "speculative-coverage/price-full-program", "speculative-coverage/prices-rank-cohorts")
+@spec(
+    "useful-service/adaptive-orderings",
+    "useful-service/adaptive-causal-pricing",
+    "speculative-coverage/prefix-limit-ceilings",
+    "speculative-coverage/ceiling-bound",
+    "speculative-coverage/price-full-program",
+    "speculative-coverage/prices-rank-cohorts",
+)
 def test_device_allocated_cohort_is_priced_by_its_causal_allocation():
     """ragged-small's device program (B=4, W=4, P=8) with four decoders of ceiling 4 (16 > 8).
 
     Forecasts differ from acceptance: the device will give the extra rows to the lanes with
     the best joint prefix probabilities (forecast), and the host prices exactly that allocation.
     """
-    views = [decoder(i, survival=geometric(0.9, 3), forecast=geometric(f, 3)) for i, f in
-             enumerate([0.95, 0.9, 0.2, 0.1])]
+    views = [
+        decoder(i, survival=geometric(0.9, 3), forecast=geometric(f, 3))
+        for i, f in enumerate([0.95, 0.9, 0.2, 0.1])
+    ]
     inp = inputs(views, catalog=RAGGED)
     c = next(x for x in policy.candidates(inp) if x.graph.allocation is Allocation.PREFIX_LIMIT)
     assert all(l.ceiling == 4 and l.query_length == 0 for l in c.lanes)  # immutable ceilings
@@ -272,7 +324,10 @@ def test_selection_is_bounded_to_64_slots():
 def test_sixty_four_requests_select_quickly():
     """2^64 subsets would never finish; the selector is polynomial (well under a second here)."""
     import time
-    views = [decoder(i, survival=geometric(0.7)) for i in range(40)] + [prompt(100 + i, 900) for i in range(24)]
+
+    views = [decoder(i, survival=geometric(0.7)) for i in range(40)] + [
+        prompt(100 + i, 900) for i in range(24)
+    ]
     start = time.perf_counter()
     c = choose(views)
     assert time.perf_counter() - start < 1.0 and c is not None
@@ -293,6 +348,7 @@ def test_tie_order():
     assert choose(views).rids == (2,)
     a, b = policy.candidates(inputs([prompt(1, 64)]))[0], policy.candidates(inputs([prompt(2, 64)]))[0]
     import dataclasses
+
     quick = dataclasses.replace(b, duration_ms=a.duration_ms - 1)
     assert policy.better(quick, a, {}) and not policy.better(a, quick, {})
     assert policy.better(dataclasses.replace(a, score=a.score + 1), quick, {})
@@ -300,24 +356,36 @@ def test_tie_order():
 
 def _tied(batch, rids, duration_ms=3.6, score=10.0, width=None):
     """A candidate on decode B=batch, or on speculative B=batch W=width with one row per lane."""
-    graph = next(g for g in (ORDINARY.graphs if width is None else SPEC.graphs) if g.batch_capacity == batch and (
-        g.kind is GraphKind.DECODE if width is None else g.kind is GraphKind.SPECULATIVE and g.token_capacity == width))
+    graph = next(
+        g
+        for g in (ORDINARY.graphs if width is None else SPEC.graphs)
+        if g.batch_capacity == batch
+        and (
+            g.kind is GraphKind.DECODE
+            if width is None
+            else g.kind is GraphKind.SPECULATIVE and g.token_capacity == width
+        )
+    )
     lanes = tuple(Lane(r, r, LaneRole.DECODE, query_length=1) for r in rids)
-    return Candidate(graph=graph, lanes=lanes, duration_ms=duration_ms, score=score, useful_value=score,
-                     log_scale=0.0)
+    return Candidate(
+        graph=graph, lanes=lanes, duration_ms=duration_ms, score=score, useful_value=score, log_scale=0.0
+    )
 
 
 @spec("duration-estimates/tie-order")
-@pytest.mark.parametrize("case, winner, loser", [
-    # each winner loses every later criterion, so only its own criterion can decide
-    ("shorter known time", _tied(2, [1], duration_ms=3.5), _tied(4, [2, 3])),
-    ("more served requests", _tied(4, [1, 2, 3]), _tied(2, [4, 5])),
-    ("less recently used", _tied(4, [6, 7]), _tied(2, [4, 5])),
-    ("smaller padding", _tied(2, [4, 5]), _tied(4, [4, 5])),
-    # padding 2 of 4 rows against 6 of 8: the larger physical shape with less padding wins
-    ("smaller padding, larger shape", _tied(4, [4, 5], width=1), _tied(2, [4, 5], width=4)),
-    ("equal within rounding", _tied(2, [2], score=10.0), _tied(2, [1], score=10.0 * (1 + 1e-12))),
-])
+@pytest.mark.parametrize(
+    "case, winner, loser",
+    [
+        # each winner loses every later criterion, so only its own criterion can decide
+        ("shorter known time", _tied(2, [1], duration_ms=3.5), _tied(4, [2, 3])),
+        ("more served requests", _tied(4, [1, 2, 3]), _tied(2, [4, 5])),
+        ("less recently used", _tied(4, [6, 7]), _tied(2, [4, 5])),
+        ("smaller padding", _tied(2, [4, 5]), _tied(4, [4, 5])),
+        # padding 2 of 4 rows against 6 of 8: the larger physical shape with less padding wins
+        ("smaller padding, larger shape", _tied(4, [4, 5], width=1), _tied(2, [4, 5], width=4)),
+        ("equal within rounding", _tied(2, [2], score=10.0), _tied(2, [1], score=10.0 * (1 + 1e-12))),
+    ],
+)
 def test_each_tie_break_decides_in_its_order(case, winner, loser):
     """Requests 6 and 7 were selected longest ago (recency 1, 2), request 1 most recently (9)."""
     recency = {1: 9, 2: 8, 3: 8, 4: 5, 5: 5, 6: 1, 7: 2}
@@ -328,8 +396,11 @@ def test_each_tie_break_decides_in_its_order(case, winner, loser):
 def test_equal_lane_values_take_the_least_recently_used_requests():
     """Three identical decoders and only batch-two decode: the cohort is the two served longest
     ago (recency 10 and 20), whatever their slots."""
-    views = [decoder(1, last_selected_ns=30, slot=0), decoder(2, last_selected_ns=10, slot=2),
-             decoder(3, last_selected_ns=20, slot=1)]
+    views = [
+        decoder(1, last_selected_ns=30, slot=0),
+        decoder(2, last_selected_ns=10, slot=2),
+        decoder(3, last_selected_ns=20, slot=1),
+    ]
     b2 = next(g for g in ORDINARY.graphs if g.kind is GraphKind.DECODE and g.batch_capacity == 2)
     inp = inputs(views, **ORD)
     c = policy.select(policy.SelectionInput(views, [b2], inp.costs, 0, POLICY, DecodeMode.ORDINARY))
@@ -354,8 +425,11 @@ def test_alpha_raises_every_survival_estimate_in_the_score():
     """
     squared = PolicyConfig(adaptive_verification_alpha=2.0)
     view = decoder(1, survival=geometric(0.9), policy_config=squared)
-    w8 = next(c for c in policy.candidates(inputs([view], policy_config=squared))
-              if c.graph.name == "speculative[B=1,W=8,D=7,C=0,P=8]")
+    w8 = next(
+        c
+        for c in policy.candidates(inputs([view], policy_config=squared))
+        if c.graph.name == "speculative[B=1,W=8,D=7,C=0,P=8]"
+    )
     assert w8.lanes[0].query_length == 8
     assert w8.lanes[0].expected_tokens == pytest.approx(4.2878841, rel=1e-7)
     assert w8.score * math.exp(w8.log_scale) == pytest.approx(60.414676, rel=1e-7)
@@ -372,10 +446,15 @@ def test_alpha_ranks_the_rows_of_a_host_ragged_program():
     46.08, 36.86) lane 0 would take all three proposals and lane 1 one.
     """
     squared = PolicyConfig(adaptive_verification_alpha=2.0)
-    views = [decoder(0, x=0.5, survival=geometric(0.8, 3), policy_config=squared),
-             decoder(1, x=2.0, survival=geometric(0.8, 3), policy_config=squared)]
-    c = next(c for c in policy.candidates(inputs(views, catalog=RAGGED, policy_config=squared))
-             if c.graph.name == "speculative[B=4,W=4,D=3,C=0,P=6]")
+    views = [
+        decoder(0, x=0.5, survival=geometric(0.8, 3), policy_config=squared),
+        decoder(1, x=2.0, survival=geometric(0.8, 3), policy_config=squared),
+    ]
+    c = next(
+        c
+        for c in policy.candidates(inputs(views, catalog=RAGGED, policy_config=squared))
+        if c.graph.name == "speculative[B=4,W=4,D=3,C=0,P=6]"
+    )
     assert sorted((l.rid, l.query_length) for l in c.lanes) == [(0, 3), (1, 3)]
     assert [l.expected_tokens for l in c.lanes] == pytest.approx([2.0496, 2.0496])
 
@@ -389,19 +468,22 @@ def _adaptive(base, extension, ceilings, batch, rows):
 
 
 @spec("useful-service/adaptive-orderings", "useful-service/adaptive-causal-pricing")
-@pytest.mark.parametrize("case, base, extension, ceilings, batch, rows, expect", [
-    # Total lane value: lane 1 is worth 1 + 3*3 = 10 alone; lane 0 has the higher pending value
-    # (5) and value per row (5 against 2.5), so only the total ordering reaches 10.
-    ("total", [5, 1], [[0, 0, 0], [3, 3, 3]], [1, 4], 1, 4, (10.0, [1], [0, 4])),
-    # Pending-token value: totals 20, 12, 16 and values per row 6.7, 4, 5.3 both start with
-    # lanes 0 and 2 (best 20: lane 0 with both proposals). By pending value lanes 1 and 0
-    # take the three rows: 9 + 6 + lane 0's first proposal 8 = 23.
-    ("pending", [6, 9, 3], [[8, 6], [3, 0], [8, 5]], [3, 3, 3], 2, 3, (23.0, [0, 1], [2, 1, 0])),
-    # Value per target row: lane 0 (3 per row, one row) and lane 1 (7 over 3 rows) fill P = 3
-    # best: 3 + 2 + 2.5 = 7.5. By total (7, 5.5, 3) the best prefix is 7 (lane 1 alone, or
-    # lanes 1 and 2: 4.5 + 2.5); by pending value (3, 2.5, 2) lanes 0 and 2 give 5.5 + 1.5 = 7.
-    ("per-row", [3, 2, 2.5], [[0, 0], [2.5, 2.5], [1.5, 1.5]], [1, 3, 3], 2, 3, (7.5, [0, 1], [1, 2, 0])),
-])
+@pytest.mark.parametrize(
+    "case, base, extension, ceilings, batch, rows, expect",
+    [
+        # Total lane value: lane 1 is worth 1 + 3*3 = 10 alone; lane 0 has the higher pending value
+        # (5) and value per row (5 against 2.5), so only the total ordering reaches 10.
+        ("total", [5, 1], [[0, 0, 0], [3, 3, 3]], [1, 4], 1, 4, (10.0, [1], [0, 4])),
+        # Pending-token value: totals 20, 12, 16 and values per row 6.7, 4, 5.3 both start with
+        # lanes 0 and 2 (best 20: lane 0 with both proposals). By pending value lanes 1 and 0
+        # take the three rows: 9 + 6 + lane 0's first proposal 8 = 23.
+        ("pending", [6, 9, 3], [[8, 6], [3, 0], [8, 5]], [3, 3, 3], 2, 3, (23.0, [0, 1], [2, 1, 0])),
+        # Value per target row: lane 0 (3 per row, one row) and lane 1 (7 over 3 rows) fill P = 3
+        # best: 3 + 2 + 2.5 = 7.5. By total (7, 5.5, 3) the best prefix is 7 (lane 1 alone, or
+        # lanes 1 and 2: 4.5 + 2.5); by pending value (3, 2.5, 2) lanes 0 and 2 give 5.5 + 1.5 = 7.
+        ("per-row", [3, 2, 2.5], [[0, 0], [2.5, 2.5], [1.5, 1.5]], [1, 3, 3], 2, 3, (7.5, [0, 1], [1, 2, 0])),
+    ],
+)
 def test_adaptive_ragged_searches_three_orderings(case, base, extension, ceilings, batch, rows, expect):
     """Each case is won by exactly one of the three bounded orderings."""
     total, cohort, alloc = _adaptive(base, extension, ceilings, batch, rows)
@@ -420,16 +502,21 @@ def test_mixed_populations_share_one_score_by_hand():
     - mixed B=2 C=64, both decoders, no prompt: 37.710901.
     """
     views = [prompt(1, 40, x=0.3), decoder(2), decoder(3)]
-    mixed = {(c.graph.batch_capacity, c.prefill_row): c for c in policy.candidates(inputs(views, **ORD))
-             if c.kind is GraphKind.MIXED and c.graph.prefill_capacity == 64}
+    mixed = {
+        (c.graph.batch_capacity, c.prefill_row): c
+        for c in policy.candidates(inputs(views, **ORD))
+        if c.kind is GraphKind.MIXED and c.graph.prefill_capacity == 64
+    }
     prompt_value = (1 + 16 / 0.3) * 40 + (64 + 16 / 0.3)
 
     def by_hand(t, prompts, decoders):
         return (prompts * prompt_value + decoders * (88 + 0.1 * 3.562 * (10 + t))) / t - t / 2 * 0.2
 
-    for (batch, row), t, prompts, decoders, figure in [((4, 0), 4.947, 1, 2, 500.276456),
-                                                      ((2, 0), 4.885, 1, 1, 487.529658),
-                                                      ((2, -1), 4.885, 0, 2, 37.710901)]:
+    for (batch, row), t, prompts, decoders, figure in [
+        ((4, 0), 4.947, 1, 2, 500.276456),
+        ((2, 0), 4.885, 1, 1, 487.529658),
+        ((2, -1), 4.885, 0, 2, 37.710901),
+    ]:
         c = mixed[(batch, row)]
         assert c.served == prompts + decoders
         assert c.score * math.exp(c.log_scale) == pytest.approx(by_hand(t, prompts, decoders))
@@ -450,13 +537,19 @@ def _fixed_ragged_views():
     """Four decoders at x = 2, z = 0.25 on ragged-small in fixed mode (width 4): X (survival 0.9**d,
     four rows), Y (two rows: output limit 2, s_1 = 0.5, age 118 ms), C and D (one row each:
     output limit 1)."""
-    return [decoder(0, survival=geometric(0.9, 3), age_ms=0.0),
-            decoder(1, survival=geometric(0.5, 3), age_ms=118.0, output_remaining=2),
-            decoder(2, survival=geometric(0.9, 3), age_ms=0.0, output_remaining=1),
-            decoder(3, survival=geometric(0.9, 3), age_ms=0.0, output_remaining=1)]
+    return [
+        decoder(0, survival=geometric(0.9, 3), age_ms=0.0),
+        decoder(1, survival=geometric(0.5, 3), age_ms=118.0, output_remaining=2),
+        decoder(2, survival=geometric(0.9, 3), age_ms=0.0, output_remaining=1),
+        decoder(3, survival=geometric(0.9, 3), age_ms=0.0, output_remaining=1),
+    ]
 
 
-@spec("useful-service/constrained-ragged", "useful-service/score-formula", "useful-service/fixed-complete-prefixes")
+@spec(
+    "useful-service/constrained-ragged",
+    "useful-service/score-formula",
+    "useful-service/fixed-complete-prefixes",
+)
 def test_fixed_ragged_cohorts_count_each_served_lanes_age_term():
     """The host ragged program B=4, W=4, P=6 (4.5 ms) with the four decoders of
     _fixed_ragged_views. K = 4; sigma = 4 * 4.5/4 = 4.5 ms (the fastest per stream of the fixed
@@ -471,10 +564,16 @@ def test_fixed_ragged_cohorts_count_each_served_lanes_age_term():
     assert sorted((l.rid, l.query_length) for l in c.lanes) == [(0, 4), (2, 1), (3, 1)]
     assert c.score * math.exp(c.log_scale) == pytest.approx(98.140667, rel=1e-7)
     scale = math.exp(c.log_scale)
-    assert sorted(l.value * scale for l in c.lanes) == pytest.approx([88 + 2.025, 88 + 2.025, 263.608 + 2.025])
+    assert sorted(l.value * scale for l in c.lanes) == pytest.approx(
+        [88 + 2.025, 88 + 2.025, 263.608 + 2.025]
+    )
 
 
-@spec("useful-service/dominance-prune", "useful-service/dominance-speculative", "useful-service/no-padding-preference")
+@spec(
+    "useful-service/dominance-prune",
+    "useful-service/dominance-speculative",
+    "useful-service/no-padding-preference",
+)
 def test_a_larger_host_ragged_program_with_the_same_cohort_is_pruned():
     """ragged-small in fixed mode plus a host ragged program B=4, W=4, P=7 measured faster
     (4.4 ms) than P=6 (4.5 ms). Decoders X (four rows) and C (one row, output limit 1) fit six
@@ -482,16 +581,26 @@ def test_a_larger_host_ragged_program_with_the_same_cohort_is_pruned():
     capacities at least P=6's and P larger, is discarded. With Y as well (two rows, seven in
     all) the cohorts differ and P=7 competes: it serves all three, P=6 takes X with Y (Y's age
     makes it worth about twice C)."""
-    p7 = GraphDescriptor(GraphKind.SPECULATIVE, 4, token_capacity=4, proposal_depth=3, target_capacity=7,
-                         allocation=Allocation.QUERY_LENGTH, duration_ms=4.4)
+    p7 = GraphDescriptor(
+        GraphKind.SPECULATIVE,
+        4,
+        token_capacity=4,
+        proposal_depth=3,
+        target_capacity=7,
+        allocation=Allocation.QUERY_LENGTH,
+        duration_ms=4.4,
+    )
     costs = measured(RAGGED)
     costs.observe(p7.key, [4.4e6], 0)
     graphs = RAGGED.eligible(DecodeMode.FIXED, fixed_width=4) + (p7,)
 
     def ragged(views):
         inp = policy.SelectionInput(views, graphs, costs, 0, POLICY, DecodeMode.FIXED)
-        return {c.graph.target_capacity: sorted((l.rid, l.query_length) for l in c.lanes)
-                for c in policy.candidates(inp) if c.graph.batch_capacity == 4 and c.graph.token_capacity == 4}
+        return {
+            c.graph.target_capacity: sorted((l.rid, l.query_length) for l in c.lanes)
+            for c in policy.candidates(inp)
+            if c.graph.batch_capacity == 4 and c.graph.token_capacity == 4
+        }
 
     x, y, c_ = _fixed_ragged_views()[0], _fixed_ragged_views()[1], _fixed_ragged_views()[2]
     assert ragged([x, c_]) == {6: [(0, 4), (2, 1)]}
@@ -529,8 +638,15 @@ def test_the_drafted_programs_are_every_speculative_program_with_a_proposal():
     """Acceptance probes choose among the drafted programs: every complete speculative program
     with at least one proposal, down to D = 1 (a width-two program, which offers a request one
     depth beyond width one), and no width-one program, decode, mixed or prerequisite."""
-    d1 = GraphDescriptor(GraphKind.SPECULATIVE, 1, token_capacity=2, proposal_depth=1, target_capacity=2,
-                         allocation=Allocation.QUERY_LENGTH, duration_ms=3.9)
+    d1 = GraphDescriptor(
+        GraphKind.SPECULATIVE,
+        1,
+        token_capacity=2,
+        proposal_depth=1,
+        target_capacity=2,
+        allocation=Allocation.QUERY_LENGTH,
+        duration_ms=3.9,
+    )
     graphs = SPEC.eligible(DecodeMode.ADAPTIVE) + (d1,)
     drafted = policy.PreparedGraphs(graphs).drafted()
     want = {g for g in graphs if g.kind is GraphKind.SPECULATIVE and g.token_capacity > 1}
@@ -545,8 +661,10 @@ def test_prompt_values_equal_within_rounding_go_to_the_least_recently_used():
     decision's scale, 1e-11 of it apart). The tie tolerance is relative (1e-9 of the larger
     value), so they are equal and the chunk goes to the request selected longest ago, the
     slightly cheaper one, just as two identical prompts would."""
-    views = [prompt(1, 10_000, log_x=math.log(2.0), last_selected_ns=5),
-             prompt(2, 10_000, log_x=math.log(2.0 * (1 + 1e-11)), last_selected_ns=1)]
+    views = [
+        prompt(1, 10_000, log_x=math.log(2.0), last_selected_ns=5),
+        prompt(2, 10_000, log_x=math.log(2.0 * (1 + 1e-11)), last_selected_ns=1),
+    ]
     # 4096 tokens at 1 + 16/x each, on the scale of the largest price (64 + 16/2 = 72)
     v1, v2 = ((1 + 16 / x) * 4096 / 72 for x in (2.0, 2.0 * (1 + 1e-11)))
     assert v1 > v2 > 1.0 and utility.nearly_equal(v1, v2) and (v1 - v2) > 1e-9 / v1
@@ -577,7 +695,11 @@ def test_a_subset_of_programs_is_scored_on_the_whole_decisions_scale():
 MIXED_ONLY = tuple(g for g in ORDINARY.graphs if g.kind is GraphKind.MIXED)
 
 
-@spec("mixed-execution/compare-populations", "useful-service/partial-batch-competes", "useful-service/dominance-mixed")
+@spec(
+    "mixed-execution/compare-populations",
+    "useful-service/partial-batch-competes",
+    "useful-service/dominance-mixed",
+)
 def test_every_mixed_shape_offers_its_decode_only_cohort_without_prompts():
     """Only mixed programs loaded, three decoders and no prompt waiting: each (B, W, D) shape
     still competes with its decode-only cohort on its smallest prompt capacity. B=2 serves two
@@ -592,11 +714,19 @@ def test_every_mixed_shape_offers_its_decode_only_cohort_without_prompts():
 
 
 def _mixed(batch, capacity, ms):
-    return GraphDescriptor(GraphKind.MIXED, batch, token_capacity=1, prefill_capacity=capacity,
-                           target_capacity=capacity + batch - 1, duration_ms=ms)
+    return GraphDescriptor(
+        GraphKind.MIXED,
+        batch,
+        token_capacity=1,
+        prefill_capacity=capacity,
+        target_capacity=capacity + batch - 1,
+        duration_ms=ms,
+    )
 
 
-@spec("useful-service/dominance-mixed", "useful-service/dominance-prune", "useful-service/no-padding-preference")
+@spec(
+    "useful-service/dominance-mixed", "useful-service/dominance-prune", "useful-service/no-padding-preference"
+)
 @pytest.mark.parametrize("order", ["as listed", "reversed"])
 def test_a_mixed_prompt_row_is_dominated_by_the_largest_smaller_capacity_that_serves_it(order):
     """Mixed shapes B=2 C=256, B=4 C=128 and B=4 C=512, one decoder and a 200-token prompt.
@@ -611,12 +741,19 @@ def test_a_mixed_prompt_row_is_dominated_by_the_largest_smaller_capacity_that_se
         costs.observe(g.key, [g.duration_ms * 1e6], 0)
     views = [decoder(1), prompt(2, 200)]
     inp = policy.SelectionInput(views, graphs, costs, 0, POLICY, DecodeMode.ORDINARY)
-    with_prompt = {(c.graph.batch_capacity, c.graph.prefill_capacity): c.lanes[c.prefill_row].prompt_tokens
-                   for c in policy.candidates(inp) if c.prefill_row >= 0}
+    with_prompt = {
+        (c.graph.batch_capacity, c.graph.prefill_capacity): c.lanes[c.prefill_row].prompt_tokens
+        for c in policy.candidates(inp)
+        if c.prefill_row >= 0
+    }
     assert with_prompt == {(2, 256): 200, (4, 128): 128}
 
 
-@spec("useful-service/adaptive-causal-pricing", "useful-service/score-formula", "useful-service/constrained-ragged")
+@spec(
+    "useful-service/adaptive-causal-pricing",
+    "useful-service/score-formula",
+    "useful-service/constrained-ragged",
+)
 def test_an_adaptive_ragged_cohort_counts_each_lanes_age_term_over_the_program():
     """ragged-small's host program B=4, W=4, P=6 (4.5 ms), adaptive mode. Decoders 0 and 1 at
     x = 0.1 (output price 224) with survival 0.99**d, decoder 2 at x = 2, z = 0.25 (72 + 16)
@@ -625,19 +762,28 @@ def test_an_adaptive_ragged_cohort_counts_each_lanes_age_term_over_the_program()
     worth 224*0.99**2 = 219.54. Decoder 2 is worth 88 + 0.368*(357.4 + 4.5) = 221.18: the
     age it accrues over the program's own 4.5 ms (1.66) is what tips it above that row, so
     the cohort serves all three (rows 3, 2, 1: 686.64 + 467.10 + 221.18 against 2*686.64)."""
-    views = [decoder(0, x=0.1, survival=geometric(0.99, 3)), decoder(1, x=0.1, survival=geometric(0.99, 3)),
-             decoder(2, age_ms=357.4, survival=geometric(0.5, 3))]
-    c = next(c for c in policy.candidates(inputs(views, catalog=RAGGED))
-             if c.graph.name == "speculative[B=4,W=4,D=3,C=0,P=6]")
+    views = [
+        decoder(0, x=0.1, survival=geometric(0.99, 3)),
+        decoder(1, x=0.1, survival=geometric(0.99, 3)),
+        decoder(2, age_ms=357.4, survival=geometric(0.5, 3)),
+    ]
+    c = next(
+        c
+        for c in policy.candidates(inputs(views, catalog=RAGGED))
+        if c.graph.name == "speculative[B=4,W=4,D=3,C=0,P=6]"
+    )
     assert sorted(l.query_length for l in c.lanes) == [1, 2, 3] and sorted(c.rids) == [0, 1, 2]
     scale = math.exp(c.log_scale)
     lane2 = next(l for l in c.lanes if l.rid == 2)
     assert lane2.value * scale == pytest.approx(88 + 0.368 * (357.4 + 4.5))
-    assert lane2.value * scale > 224 * 0.99 ** 2 > 88 + 0.368 * 357.4
+    assert lane2.value * scale > 224 * 0.99**2 > 88 + 0.368 * 357.4
 
 
-@spec("speculative-coverage/prefix-limit-ceilings", "speculative-coverage/frontier-ties",
-      "speculative-coverage/prices-rank-cohorts")
+@spec(
+    "speculative-coverage/prefix-limit-ceilings",
+    "speculative-coverage/frontier-ties",
+    "speculative-coverage/prices-rank-cohorts",
+)
 @pytest.mark.parametrize("order", [(0, 1, 2), (2, 1, 0), (1, 0, 2)])
 def test_price_ceilings_break_frontier_ties_by_slot_whatever_the_view_order(order):
     """ragged-small's device program B=4, W=4, D=3, P=8, all three decoders at z = 0.01.
@@ -649,11 +795,16 @@ def test_price_ceilings_break_frontier_ties_by_slot_whatever_the_view_order(orde
     slot 1 2, request 7 3. Both H lanes get fewer priced rows, so their ceilings drop to 3
     (slot 0) and 2 (slot 1); request 7 keeps 4, and the device then gives it the two rows
     left (E = 1.75). The frontier orders lanes by slot, never by where a request is listed."""
-    views = [decoder(5, slot=1, x=100.0, z=0.01, survival=geometric(0.9, 3)),
-             decoder(6, slot=0, x=100.0, z=0.01, survival=geometric(0.9, 3)),
-             decoder(7, slot=2, x=0.05, z=0.01, survival=geometric(0.5, 3))]
-    c = next(c for c in policy.candidates(inputs([views[i] for i in order], catalog=RAGGED))
-             if c.graph.name == "speculative[B=4,W=4,D=3,C=0,P=8]")
+    views = [
+        decoder(5, slot=1, x=100.0, z=0.01, survival=geometric(0.9, 3)),
+        decoder(6, slot=0, x=100.0, z=0.01, survival=geometric(0.9, 3)),
+        decoder(7, slot=2, x=0.05, z=0.01, survival=geometric(0.5, 3)),
+    ]
+    c = next(
+        c
+        for c in policy.candidates(inputs([views[i] for i in order], catalog=RAGGED))
+        if c.graph.name == "speculative[B=4,W=4,D=3,C=0,P=8]"
+    )
     assert {l.rid: l.ceiling for l in c.lanes} == {5: 2, 6: 3, 7: 4}
     assert {l.rid: l.expected_tokens for l in c.lanes} == pytest.approx({5: 1.9, 6: 2.71, 7: 1.75})
 
@@ -667,12 +818,22 @@ def test_equal_lanes_of_one_cohort_go_to_the_least_recently_used_whatever_the_vi
     1 ns against 10 ns), is served, however the views are listed."""
     from .helpers import RAGGED
 
-    device = dataclasses.replace(RAGGED, graphs=tuple(
-        g for g in RAGGED.graphs if g.kind is GraphKind.SPECULATIVE and g.batch_capacity == 4
-        and g.allocation is not None and g.allocation.value == "prefix_limit"))
-    views = [decoder(5, slot=1, x=100.0, survival=geometric(0.9, 3), last_selected_ns=10),
-             decoder(6, slot=0, x=100.0, survival=geometric(0.9, 3), last_selected_ns=1),
-             decoder(7, slot=2, x=0.05, survival=geometric(0.5, 3))]
+    device = dataclasses.replace(
+        RAGGED,
+        graphs=tuple(
+            g
+            for g in RAGGED.graphs
+            if g.kind is GraphKind.SPECULATIVE
+            and g.batch_capacity == 4
+            and g.allocation is not None
+            and g.allocation.value == "prefix_limit"
+        ),
+    )
+    views = [
+        decoder(5, slot=1, x=100.0, survival=geometric(0.9, 3), last_selected_ns=10),
+        decoder(6, slot=0, x=100.0, survival=geometric(0.9, 3), last_selected_ns=1),
+        decoder(7, slot=2, x=0.05, survival=geometric(0.5, 3)),
+    ]
     if order == "reversed":
         views = views[::-1]
     chosen = policy.select(inputs(views, catalog=device))

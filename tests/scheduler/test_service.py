@@ -2,6 +2,7 @@
 
 Expected values are derived by hand in each docstring.
 """
+
 import math
 
 import pytest
@@ -59,7 +60,9 @@ def test_zero_fairness_removes_the_rate_term():
     assert p.delivery == -math.inf
 
 
-@spec("service-accounting/first-burst-history", "useful-service/sigma-fastest", "useful-service/sigma-formula")
+@spec(
+    "service-accounting/first-burst-history", "useful-service/sigma-fastest", "useful-service/sigma-formula"
+)
 def test_missing_histories():
     """Token: never better served than its share 1/sigma(K) of the fastest batch-feasible
     generation rate or the worst-served resident, decaying from admission; it stays missing
@@ -77,7 +80,9 @@ def test_missing_histories():
     assert norm.share_log_rate(1) == pytest.approx(-math.log(3.581))
     assert norm.share_log_rate(16) == pytest.approx(-math.log(4.046))
     assert service.missing_log_token_rate(norm, 4, [], 0.0, 100.0) == pytest.approx(share)
-    assert service.missing_log_token_rate(norm, 4, [None, -3.0], 0.0, 100.0) == pytest.approx(min(share, -3.0))
+    assert service.missing_log_token_rate(norm, 4, [None, -3.0], 0.0, 100.0) == pytest.approx(
+        min(share, -3.0)
+    )
     assert service.missing_log_token_rate(norm, 4, [], 50.0, 100.0) == pytest.approx(share - 0.5)
     cold = service.Normalizers.measure(cat.graphs, CostModel())
     assert cold.share_log_rate(4) == pytest.approx(math.log(service.COLD_RATE / 4))

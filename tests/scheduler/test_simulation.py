@@ -1,4 +1,5 @@
 """The spec's startup traces and the exploration-budget bounds, on the simulator."""
+
 import dataclasses
 import functools
 
@@ -15,16 +16,24 @@ from .helpers import SPEC
 spec = pytest.mark.spec
 
 
-@spec("verification/startup-traces", "verification/first-output-100ms", "verification/gaps-150ms",
-      "verification/hundred-rounds-spread", "verification/selector-output-gaps")
+@spec(
+    "verification/startup-traces",
+    "verification/first-output-100ms",
+    "verification/gaps-150ms",
+    "verification/hundred-rounds-spread",
+    "verification/selector-output-gaps",
+)
 @pytest.mark.parametrize("history", ["untrained", "preseeded"])
 @pytest.mark.parametrize("accepted", [0, 3, 7])
 @pytest.mark.parametrize("requests", [5, 16])
 def test_startup_trace(requests, accepted, history):
     """Every 64-token prompt delivers its first output within 100 ms, later gaps stay below
     150 ms, and another hundred rounds give every stream progress within one 8-token burst."""
-    result = sim.run(sim.SimConfig(SPEC, requests=requests, accepted_drafts=accepted, acceptance_history=history,
-                                   rounds=100))
+    result = sim.run(
+        sim.SimConfig(
+            SPEC, requests=requests, accepted_drafts=accepted, acceptance_history=history, rounds=100
+        )
+    )
     firsts = [r.first_output_ms for r in result.requests]
     assert all(f is not None and f <= 100.0 for f in firsts), firsts
     assert max(r.max_gap_ms for r in result.requests) < 150.0
@@ -35,20 +44,37 @@ def test_startup_trace(requests, accepted, history):
 
 def _slow(catalog: Catalog, factor: float) -> Catalog:
     """The same catalog with every duration scaled (fewer rounds per virtual minute)."""
-    return dataclasses.replace(catalog, graphs=tuple(
-        dataclasses.replace(g, duration_ms=g.duration_ms * factor) for g in catalog.graphs))
+    return dataclasses.replace(
+        catalog,
+        graphs=tuple(dataclasses.replace(g, duration_ms=g.duration_ms * factor) for g in catalog.graphs),
+    )
 
 
-@spec("timing-refresh/aggregate-bound", "acceptance-learning/aggregate-bound", "timing-refresh/first-2495ms",
-      "timing-refresh/full-credit-displace", "acceptance-learning/execution-metrics")
+@spec(
+    "timing-refresh/aggregate-bound",
+    "acceptance-learning/aggregate-bound",
+    "timing-refresh/first-2495ms",
+    "timing-refresh/full-credit-displace",
+    "acceptance-learning/execution-metrics",
+)
 def test_exploration_budgets_over_a_virtual_minute():
     """About a minute of continuous decoding: estimates go stale after 30 s and refreshes start;
     refresh time <= 0.002/0.998 * ordinary + one episode, probes <= 0.01/0.99 * ordinary + one
     episode, and the first refresh waited for 2,495 ms of credited ordinary execution."""
     catalog = _slow(SPEC, 8.0)
-    result = sim.run(sim.SimConfig(catalog, requests=6, output_tokens=400_000, accepted_drafts=None,
-                                   acceptance_probs=(0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3), horizon_ms=70_000.0,
-                                   rounds=10**9, noise=0.05, seed=3))
+    result = sim.run(
+        sim.SimConfig(
+            catalog,
+            requests=6,
+            output_tokens=400_000,
+            accepted_drafts=None,
+            acceptance_probs=(0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3),
+            horizon_ms=70_000.0,
+            rounds=10**9,
+            noise=0.05,
+            seed=3,
+        )
+    )
     assert result.virtual_ms >= 65_000
     assert result.refresh_bound_ok and result.acceptance_bound_ok
     assert result.executions.get("timing_refresh", 0) >= 1
@@ -66,8 +92,11 @@ def test_cold_catalog_discovers_then_serves():
 
 # -- the measurement itself (issue 12, section 2: spread, gaps; section 3: exploration budgets) -------
 
+
 def _stats(n: int) -> list[sim.RequestStats]:
-    return [sim.RequestStats(0.0, 64, first_output_ms=1.0, publications=[1.0], output_tokens=1) for _ in range(n)]
+    return [
+        sim.RequestStats(0.0, 64, first_output_ms=1.0, publications=[1.0], output_tokens=1) for _ in range(n)
+    ]
 
 
 def _serve(stats, window, cohort, now, tokens=8) -> bool:
@@ -129,7 +158,9 @@ def test_the_largest_gap_includes_the_wait_still_open_at_the_end():
     assert served.open_wait_ms == 170.0 and served.max_gap_ms == 170.0
     never = sim.RequestStats(0.0, 64, end_ms=120.0)  # no output yet: its first-output wait counts
     assert never.max_gap_ms == 120.0
-    done = sim.RequestStats(0.0, 64, first_output_ms=5.0, publications=[5.0, 15.0], finished_ms=15.0, end_ms=200.0)
+    done = sim.RequestStats(
+        0.0, 64, first_output_ms=5.0, publications=[5.0, 15.0], finished_ms=15.0, end_ms=200.0
+    )
     assert done.max_gap_ms == 10.0
     future = sim.RequestStats(300.0, 64, end_ms=200.0)  # not arrived yet
     assert future.max_gap_ms == 0.0
@@ -174,12 +205,19 @@ def test_preseeded_startup_seeds_acceptance_and_forecast(history):
         def admit(self, prompt, **kwargs):
             h = super().admit(prompt, **kwargs)
             req = self.requests[h.rid]
-            seen.append((req.acceptance.get(SOURCE_LEARNED).means().copy(), req.forecast.means().copy(),
-                         self.population.forecast_prior.mean.copy()))
+            seen.append(
+                (
+                    req.acceptance.get(SOURCE_LEARNED).means().copy(),
+                    req.forecast.means().copy(),
+                    self.population.forecast_prior.mean.copy(),
+                )
+            )
             return h
 
-    sim.run(sim.SimConfig(SPEC, requests=2, accepted_drafts=3, acceptance_history=history, rounds=5),
-            scheduler_factory=Recording)
+    sim.run(
+        sim.SimConfig(SPEC, requests=2, accepted_drafts=3, acceptance_history=history, rounds=5),
+        scheduler_factory=Recording,
+    )
     truth = np.array([1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0])
     assert len(seen) == 2
     for acceptance, forecast, prior in seen:
@@ -211,9 +249,20 @@ def _free(which: str):
 def _budget_run(factory, ttl_s: float = 0.5, horizon_ms: float = 3_000.0):
     """Three virtual seconds with estimates stale after half a second (so refreshes come early)."""
     policy = PolicyConfig(estimate_ttl_ns=int(ttl_s * 1e9))
-    return sim.run(sim.SimConfig(SPEC, requests=6, output_tokens=400_000, accepted_drafts=None,
-                                 acceptance_probs=(0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3), horizon_ms=horizon_ms,
-                                 rounds=10**9, seed=3, policy=policy), scheduler_factory=factory)
+    return sim.run(
+        sim.SimConfig(
+            SPEC,
+            requests=6,
+            output_tokens=400_000,
+            accepted_drafts=None,
+            acceptance_probs=(0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3),
+            horizon_ms=horizon_ms,
+            rounds=10**9,
+            seed=3,
+            policy=policy,
+        ),
+        scheduler_factory=factory,
+    )
 
 
 @functools.lru_cache(maxsize=1)

@@ -3,6 +3,7 @@
 Each test states the rule's behaviour with figures derived by hand from the spec and fails when
 the implementing line is changed (docs/mutation.md lists the mutations).
 """
+
 import math
 
 import numpy as np
@@ -12,7 +13,7 @@ from helios_jax.catalog import DecodeMode, GraphKind
 from helios_jax.scheduler import service
 from helios_jax.scheduler.core import NS_PER_MS
 from helios_jax.scheduler.plan import CompletionRecord
-from helios_jax.scheduler.speculation import PrefixEstimate, SOURCE_LEARNED
+from helios_jax.scheduler.speculation import SOURCE_LEARNED, PrefixEstimate
 from helios_jax.scheduler.view import LaneRole
 
 from .helpers import SPEC
@@ -68,8 +69,12 @@ def test_speculative_modes_never_load_a_mixed_graph_without_draft_state():
     ones stay."""
     import dataclasses
 
-    graphs = tuple(dataclasses.replace(g, speculative=False) if g.kind is GraphKind.MIXED and g.token_capacity == 1
-                   else g for g in SPEC.graphs)
+    graphs = tuple(
+        dataclasses.replace(g, speculative=False)
+        if g.kind is GraphKind.MIXED and g.token_capacity == 1
+        else g
+        for g in SPEC.graphs
+    )
     plain = dataclasses.replace(SPEC, graphs=graphs)
     adaptive = [g for g in plain.eligible(DecodeMode.ADAPTIVE) if g.kind is GraphKind.MIXED]
     assert adaptive and all(g.speculative and g.token_capacity > 1 for g in adaptive)
@@ -83,8 +88,9 @@ def test_a_frame_without_a_device_interval_adds_no_service_interval(queued):
     one (an isolated frame reporting only wall time, or a queued frame), completion leaves token
     and delivery histories as they were, its publication neither raises nor applies a delivery
     update, and output age still resets at the publication."""
-    from .helpers import ORDINARY
     from helios_jax.scheduler.plan import ExecutionTiming
+
+    from .helpers import ORDINARY
 
     s, (h, other), t, fence = _decoding(ORDINARY, n=2)
     req = s.requests[h.rid]
@@ -118,10 +124,25 @@ def _narrow_device_catalog():
     from helios_jax.catalog import Allocation, GraphDescriptor
 
     keep = tuple(g for g in SPEC.graphs if g.kind.is_prefill)
-    narrow = (GraphDescriptor(GraphKind.SPECULATIVE, 1, token_capacity=1, target_capacity=1,
-                              allocation=Allocation.QUERY_LENGTH, duration_ms=3.6),
-              GraphDescriptor(GraphKind.SPECULATIVE, 1, token_capacity=8, proposal_depth=7, target_capacity=4,
-                              allocation=Allocation.PREFIX_LIMIT, duration_ms=4.0))
+    narrow = (
+        GraphDescriptor(
+            GraphKind.SPECULATIVE,
+            1,
+            token_capacity=1,
+            target_capacity=1,
+            allocation=Allocation.QUERY_LENGTH,
+            duration_ms=3.6,
+        ),
+        GraphDescriptor(
+            GraphKind.SPECULATIVE,
+            1,
+            token_capacity=8,
+            proposal_depth=7,
+            target_capacity=4,
+            allocation=Allocation.PREFIX_LIMIT,
+            duration_ms=4.0,
+        ),
+    )
     return dataclasses.replace(SPEC, name="narrow-device", graphs=keep + narrow)
 
 
@@ -131,7 +152,9 @@ def test_a_queued_device_lane_advances_by_at_most_p():
     the projected output and context limits drop by 4, not 8."""
     s, (h,), t, fence = _decoding(_narrow_device_catalog(), max_output=100)
     req = s.requests[h.rid]
-    req.acceptance.estimates[SOURCE_LEARNED] = PrefixEstimate(np.full(7, 0.95), np.full(7, 64.0), len(req.output))
+    req.acceptance.estimates[SOURCE_LEARNED] = PrefixEstimate(
+        np.full(7, 0.95), np.full(7, 64.0), len(req.output)
+    )
     plan = s.plan()
     lane = plan.lanes[0]
     assert plan.graph.target_capacity == 4 and lane.ceiling == 8
@@ -150,10 +173,24 @@ def _two_lane_device_catalog():
     from helios_jax.catalog import Allocation, GraphDescriptor
 
     graphs = tuple(g for g in SPEC.graphs if g.kind.is_prefill) + (
-        GraphDescriptor(GraphKind.SPECULATIVE, 2, token_capacity=1, target_capacity=2,
-                        allocation=Allocation.QUERY_LENGTH, duration_ms=3.6),
-        GraphDescriptor(GraphKind.SPECULATIVE, 2, token_capacity=4, proposal_depth=3, target_capacity=5,
-                        allocation=Allocation.PREFIX_LIMIT, duration_ms=4.0))
+        GraphDescriptor(
+            GraphKind.SPECULATIVE,
+            2,
+            token_capacity=1,
+            target_capacity=2,
+            allocation=Allocation.QUERY_LENGTH,
+            duration_ms=3.6,
+        ),
+        GraphDescriptor(
+            GraphKind.SPECULATIVE,
+            2,
+            token_capacity=4,
+            proposal_depth=3,
+            target_capacity=5,
+            allocation=Allocation.PREFIX_LIMIT,
+            duration_ms=4.0,
+        ),
+    )
     return dataclasses.replace(SPEC, name="two-lane-device", graphs=graphs)
 
 
@@ -177,7 +214,9 @@ def test_device_plans_order_lanes_by_slot_so_ties_go_where_the_host_priced_them(
         fence += 1
     survival = np.array([0.9, 0.8, 0.7])
     for r in s.requests.values():
-        r.acceptance.estimates[SOURCE_LEARNED] = PrefixEstimate(survival.copy(), np.full(3, 64.0), len(r.output))
+        r.acceptance.estimates[SOURCE_LEARNED] = PrefixEstimate(
+            survival.copy(), np.full(3, 64.0), len(r.output)
+        )
         r.forecast = PrefixEstimate(np.array([0.5, 0.25, 0.125]), np.full(3, 64.0), len(r.output))
     assert sorted((r.rid, r.slot) for r in s.requests.values()) == [(1, 1), (2, 0)]
     s.advance_to(int(t * MS))
@@ -185,8 +224,9 @@ def test_device_plans_order_lanes_by_slot_so_ties_go_where_the_host_priced_them(
     assert plan.graph.allocation is Allocation.PREFIX_LIMIT
     assert [lane.slot for lane in plan.lanes] == sorted(lane.slot for lane in plan.lanes)
     joint = np.tile([0.5, 0.25, 0.125], (len(plan.lanes), 1))
-    rows = allocate_prefix_rows(joint, [lane.ceiling for lane in plan.lanes], [True] * len(plan.lanes),
-                                plan.graph.target_capacity)
+    rows = allocate_prefix_rows(
+        joint, [lane.ceiling for lane in plan.lanes], [True] * len(plan.lanes), plan.graph.target_capacity
+    )
     for lane, r in zip(plan.lanes, rows):
         assert lane.expected_tokens == pytest.approx(1 + survival[: r - 1].sum())
 
@@ -204,7 +244,9 @@ def test_a_stream_blocked_before_decoding_keeps_its_delivery_price():
     assert req.phase.value == "blocked" and req.enables.value == "decode"
     view = next(v for v in s.views() if v.rid == h.rid)
     assert view.delivery_bearing
-    assert math.exp(view.log_delivery_price) == pytest.approx(s.policy.delivery_fairness * plan.expected_duration_ms)
+    assert math.exp(view.log_delivery_price) == pytest.approx(
+        s.policy.delivery_fairness * plan.expected_duration_ms
+    )
 
 
 @spec("prerequisites/sequence-score")
@@ -217,8 +259,11 @@ def test_a_blocked_stream_without_delivery_history_is_priced_at_the_feasible_sha
     req = s.requests[h.rid]
     assert req.phase.value == "blocked" and req.history.log_z is None
     view = next(v for v in s.views() if v.rid == h.rid)
-    sigma = min(g.duration_ms / min(g.batch_capacity, 1) for g in SPEC.eligible(DecodeMode.ADAPTIVE)
-                if g.kind.is_generation)
+    sigma = min(
+        g.duration_ms / min(g.batch_capacity, 1)
+        for g in SPEC.eligible(DecodeMode.ADAPTIVE)
+        if g.kind.is_generation
+    )
     assert math.exp(view.log_delivery_price) == pytest.approx(s.policy.delivery_fairness * sigma)
 
 
@@ -246,7 +291,9 @@ def test_grammar_and_stop_restrictions_bound_each_lane():
 
     s, (h, other), t, fence = _decoding(n=2)
     for r in s.requests.values():
-        r.acceptance.estimates[SOURCE_LEARNED] = PrefixEstimate(np.full(7, 0.95), np.full(7, 64.0), len(r.output))
+        r.acceptance.estimates[SOURCE_LEARNED] = PrefixEstimate(
+            np.full(7, 0.95), np.full(7, 64.0), len(r.output)
+        )
     s.restrict_width(h, 2)
     inp = policy.SelectionInput(s.views(), s.graphs, s.costs, s.now_ns, s.policy, s.mode)
     widest = 1
@@ -260,8 +307,11 @@ def test_grammar_and_stop_restrictions_bound_each_lane():
     assert widest == 8
     s.restrict_width(h, None)
     inp = policy.SelectionInput(s.views(), s.graphs, s.costs, s.now_ns, s.policy, s.mode)
-    assert any(lane.rid == h.rid and max(lane.query_length, lane.ceiling) == 8
-               for c in policy.candidates(inp) for lane in c.lanes)
+    assert any(
+        lane.rid == h.rid and max(lane.query_length, lane.ceiling) == 8
+        for c in policy.candidates(inp)
+        for lane in c.lanes
+    )
     with pytest.raises(ValueError):
         s.restrict_width(h, 0)
     with pytest.raises(ValueError):
@@ -287,12 +337,15 @@ def test_probes_are_scored_on_the_ordinary_decisions_scale():
     optimistic = [dataclasses.replace(v, survival=np.full(7, 0.9)) for v in views]
     probe = learning.probe(inp, ordinary, optimistic, lambda rid, a, b: 2.0)
     assert probe is not None
-    full = {(r.graph, r.build().lanes): r.score for r in policy.scored(dataclasses.replace(inp, views=optimistic))}
+    full = {
+        (r.graph, r.build().lanes): r.score for r in policy.scored(dataclasses.replace(inp, views=optimistic))
+    }
     assert probe.score == pytest.approx(full[(probe.graph, probe.lanes)], rel=1e-12)
     prepared = policy.PreparedGraphs(inp.graphs)
     k = len(views)
-    assert utility.reference_interval(k, prepared.drafted().delivery, inp.costs) > \
-        utility.reference_interval(k, prepared.delivery, inp.costs)
+    assert utility.reference_interval(k, prepared.drafted().delivery, inp.costs) > utility.reference_interval(
+        k, prepared.delivery, inp.costs
+    )
 
 
 @spec("prerequisites/all-shape-pairs", "prerequisites/pair-exact", "prerequisites/one-newly-ready")
@@ -345,12 +398,23 @@ def test_ragged_speculative_programs_follow_a_prerequisite():
 
     from .helpers import decoder, inputs
 
-    blocked = [dataclasses.replace(decoder(i, survival=np.full(7, 0.9)), phase=Phase.BLOCKED,
-                                   prerequisites=(GraphKind.RESTORE,), enables=Phase.DECODE) for i in range(2)]
+    blocked = [
+        dataclasses.replace(
+            decoder(i, survival=np.full(7, 0.9)),
+            phase=Phase.BLOCKED,
+            prerequisites=(GraphKind.RESTORE,),
+            enables=Phase.DECODE,
+        )
+        for i in range(2)
+    ]
     ready = [decoder(10 + i, survival=np.full(7, 0.9)) for i in range(14)]
     cands = policy.candidates(inputs(blocked + ready))
     followers = {c.following.graph for c in cands if c.following is not None}
-    ragged = [g for g in followers if g.kind is GraphKind.SPECULATIVE and not g.is_rectangular and g.token_capacity > 1]
+    ragged = [
+        g
+        for g in followers
+        if g.kind is GraphKind.SPECULATIVE and not g.is_rectangular and g.token_capacity > 1
+    ]
     assert any(g.allocation is Allocation.PREFIX_LIMIT for g in ragged)
     for c in cands:
         if c.following is not None and c.following.graph in ragged:
@@ -378,8 +442,12 @@ def test_a_scored_prompt_behind_initialize_gets_a_plan():
     assert kinds[:2] == [GraphKind.INITIALIZE, GraphKind.SCORED_PREFILL]
 
 
-@spec("speculative-coverage/prices-rank-cohorts", "speculative-coverage/ceiling-bound",
-      "speculative-coverage/ceilings-over-p", "speculative-coverage/price-full-program")
+@spec(
+    "speculative-coverage/prices-rank-cohorts",
+    "speculative-coverage/ceiling-bound",
+    "speculative-coverage/ceilings-over-p",
+    "speculative-coverage/price-full-program",
+)
 def test_lane_ceilings_carry_prices_to_the_device_allocation():
     """Equal survival (0.9, 0.8, 0.7) and equal forecasts (0.9, 0.81, 0.729), P = 5 rows for
     two lanes. Rid 0 is behind (x = 0.5: output price 64 + 16/0.5 = 96), rid 1 ahead (x = 4:
@@ -395,16 +463,24 @@ def test_lane_ceilings_carry_prices_to_the_device_allocation():
 
     survival, forecast = np.array([0.9, 0.8, 0.7]), np.array([0.9, 0.81, 0.729])
     cat = _two_lane_device_catalog()
-    behind = [decoder(0, x=0.5, survival=survival, forecast=forecast),
-              decoder(1, x=4.0, survival=survival, forecast=forecast)]
-    best = max((c for c in policy.candidates(inputs(behind, catalog=cat)) if c.graph.target_capacity == 5),
-               key=lambda c: c.score)
+    behind = [
+        decoder(0, x=0.5, survival=survival, forecast=forecast),
+        decoder(1, x=4.0, survival=survival, forecast=forecast),
+    ]
+    best = max(
+        (c for c in policy.candidates(inputs(behind, catalog=cat)) if c.graph.target_capacity == 5),
+        key=lambda c: c.score,
+    )
     assert {lane.rid: lane.ceiling for lane in best.lanes} == {0: 4, 1: 1}
     assert {lane.rid: lane.expected_tokens for lane in best.lanes} == pytest.approx({0: 1 + 2.4, 1: 1.0})
-    equal = [decoder(0, x=2.0, survival=survival, forecast=forecast),
-             decoder(1, x=2.0, survival=survival, forecast=forecast)]
-    best = max((c for c in policy.candidates(inputs(equal, catalog=cat)) if c.graph.target_capacity == 5),
-               key=lambda c: c.score)
+    equal = [
+        decoder(0, x=2.0, survival=survival, forecast=forecast),
+        decoder(1, x=2.0, survival=survival, forecast=forecast),
+    ]
+    best = max(
+        (c for c in policy.candidates(inputs(equal, catalog=cat)) if c.graph.target_capacity == 5),
+        key=lambda c: c.score,
+    )
     assert [lane.ceiling for lane in best.lanes] == [4, 4]
     assert [lane.expected_tokens for lane in best.lanes] == pytest.approx([2.7, 1.9])
 

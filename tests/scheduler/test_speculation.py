@@ -1,14 +1,24 @@
 """Acceptance and forecast estimators, observations and expected output."""
+
 import math
 
 import numpy as np
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from helios_jax.scheduler.rounds import forecast_observations
-from helios_jax.scheduler.speculation import (SOURCE_COPY, SOURCE_LEARNED, AcceptanceHistory,
-                                              PopulationPrior, PrefixEstimate, acceptance_observations,
-                                              expected_output, expected_output_table, initial_prior)
+from helios_jax.scheduler.speculation import (
+    SOURCE_COPY,
+    SOURCE_LEARNED,
+    AcceptanceHistory,
+    PopulationPrior,
+    PrefixEstimate,
+    acceptance_observations,
+    expected_output,
+    expected_output_table,
+    initial_prior,
+)
 
 spec = pytest.mark.spec
 nan = math.nan
@@ -50,7 +60,7 @@ def test_weights_halve_every_128_generated_tokens():
     est = PrefixEstimate.from_prior(initial_prior(1))
     assert est.aged_weight(128)[0] == pytest.approx(1.0)
     assert est.aged_weight(256)[0] == pytest.approx(0.5)
-    assert est.aged_weight(64)[0] == pytest.approx(2 * 0.5 ** 0.5)
+    assert est.aged_weight(64)[0] == pytest.approx(2 * 0.5**0.5)
     est.observe([1.0], tokens=128)  # aged weight 1: mean (1*0.5 + 1)/2
     assert est.mean[0] == pytest.approx(0.75) and est.weight[0] == pytest.approx(2.0)
     # Aging restarts from the observation: 128 tokens later the weight 2 has halved once, not twice.
@@ -79,13 +89,17 @@ def test_optimistic_bound():
     assert est.optimistic(10_000)[0] == 1.0  # fully aged weight: no information, capped at one
 
 
-@spec("confidence-acceptance/accepted-positive", "confidence-acceptance/rejection-zero",
-      "confidence-acceptance/termination-censors")
+@spec(
+    "confidence-acceptance/accepted-positive",
+    "confidence-acceptance/rejection-zero",
+    "confidence-acceptance/termination-censors",
+)
 def test_round_observations():
     np.testing.assert_array_equal(acceptance_observations(5, offered=4, accepted=2), [1, 1, 0, 0, nan])
     np.testing.assert_array_equal(acceptance_observations(5, offered=4, accepted=4), [1, 1, 1, 1, nan])
-    np.testing.assert_array_equal(acceptance_observations(5, offered=4, accepted=3, terminated_after=1),
-                                  [1, nan, nan, nan, nan])
+    np.testing.assert_array_equal(
+        acceptance_observations(5, offered=4, accepted=3, terminated_after=1), [1, nan, nan, nan, nan]
+    )
     with pytest.raises(ValueError):
         acceptance_observations(5, offered=2, accepted=3)
 
@@ -125,9 +139,10 @@ def test_expected_output():
     # alpha applies to every survival term of the table the selector prices lanes with
     squared = expected_output_table(s[None, :], 5, alpha=2.0)
     np.testing.assert_allclose(squared[0], [0, 1, 1.64, 1.89, 1.93, 1.93])
-    np.testing.assert_allclose(expected_output_table(s[None, :], 4, alpha=0.5)[0],
-                               [0, 1, 1 + 0.8 ** 0.5, 1 + 0.8 ** 0.5 + 0.5 ** 0.5,
-                                1 + 0.8 ** 0.5 + 0.5 ** 0.5 + 0.2 ** 0.5])
+    np.testing.assert_allclose(
+        expected_output_table(s[None, :], 4, alpha=0.5)[0],
+        [0, 1, 1 + 0.8**0.5, 1 + 0.8**0.5 + 0.5**0.5, 1 + 0.8**0.5 + 0.5**0.5 + 0.2**0.5],
+    )
 
 
 @spec("acceptance-learning/forecast-ceiling")
@@ -180,8 +195,11 @@ def test_copies_are_independent():
     assert hist_copy.get(SOURCE_LEARNED).mean[0] > 0.5
 
 
-@spec("confidence-acceptance/termination-censors", "confidence-acceptance/survival-replaces",
-      "confidence-acceptance/peer-valid-probs")
+@spec(
+    "confidence-acceptance/termination-censors",
+    "confidence-acceptance/survival-replaces",
+    "confidence-acceptance/peer-valid-probs",
+)
 def test_censoring_and_survival_rows_at_their_edges():
     # Ending before any of the round's accepted proposals censors every depth.
     assert np.isnan(acceptance_observations(4, offered=3, accepted=2, terminated_after=0)).all()
@@ -189,8 +207,9 @@ def test_censoring_and_survival_rows_at_their_edges():
     obs = acceptance_observations(4, offered=3, accepted=3, terminated_after=1, survival=[0.9, 0.4, 0.2])
     np.testing.assert_array_equal(obs, [0.9, nan, nan, nan])
     # Probabilities include both ends; anything else is an error.
-    np.testing.assert_array_equal(acceptance_observations(3, offered=2, accepted=1, survival=[1.0, 0.0]),
-                                  [1.0, 0.0, nan])
+    np.testing.assert_array_equal(
+        acceptance_observations(3, offered=2, accepted=1, survival=[1.0, 0.0]), [1.0, 0.0, nan]
+    )
     for bad in ([nan], [math.inf], [-0.1], [1.1]):
         with pytest.raises(ValueError):
             acceptance_observations(3, offered=2, accepted=1, survival=bad)
@@ -247,7 +266,11 @@ def test_means_and_optimistic_estimates_are_cached_read_only_until_an_observatio
     assert est.optimistic(128)[0] < later[0]
 
 
-@spec("confidence-acceptance/prior-init", "confidence-acceptance/initial-weight", "confidence-acceptance/half-life")
+@spec(
+    "confidence-acceptance/prior-init",
+    "confidence-acceptance/initial-weight",
+    "confidence-acceptance/half-life",
+)
 def test_new_estimates_start_from_the_prior_at_the_given_token_count():
     priors = {SOURCE_LEARNED: PopulationPrior(2)}
     fresh = AcceptanceHistory(priors).get(SOURCE_LEARNED)
@@ -264,6 +287,7 @@ def test_new_estimates_start_from_the_prior_at_the_given_token_count():
 @spec("confidence-acceptance/expected-output")
 def test_prefix_survival_is_made_monotone_and_clipped_to_probabilities():
     from helios_jax.scheduler.speculation import monotone
+
     np.testing.assert_array_equal(monotone(np.array([0.5, 0.7, 0.2, 0.3])), [0.5, 0.5, 0.2, 0.2])
     np.testing.assert_array_equal(monotone(np.array([1.2, 0.9, -0.1])), [1.0, 0.9, 0.0])
     np.testing.assert_array_equal(monotone(np.array([[0.3, 0.4], [2.0, 1.5]])), [[0.3, 0.3], [1.0, 1.0]])

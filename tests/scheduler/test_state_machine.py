@@ -25,12 +25,14 @@ After every step it checks:
 Teardown completes every frame and cancels every request: nothing may be left owned, and every
 remaining checkpoint row must hold a published (ready, unpinned) checkpoint.
 """
+
 import collections
 import math
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, event, settings, strategies as st
+from hypothesis import HealthCheck, event, settings
+from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from helios_jax.catalog import Allocation, GraphKind
@@ -47,21 +49,26 @@ from .helpers import ORDINARY, RAGGED, SPEC
 TOKEN, STOP = 3, 0
 CATALOGS = {"speculative": SPEC, "ordinary": ORDINARY, "ragged": RAGGED}
 EPS = 1e-9
-REQUEST = st.fixed_dictionaries({
-    "prompt": st.one_of(st.integers(1, 40), st.integers(1, 300)),
-    "out": st.one_of(st.integers(1, 40), st.integers(40, 200)),
-    "host_stops": st.booleans(),
-    "needs_scores": st.booleans(),
-    "endpoints": st.lists(st.integers(1, 300), max_size=3),
-    "images": st.lists(st.integers(8, 40), max_size=3),  # image sizes, placed in the prompt in order
-})
+REQUEST = st.fixed_dictionaries(
+    {
+        "prompt": st.one_of(st.integers(1, 40), st.integers(1, 300)),
+        "out": st.one_of(st.integers(1, 40), st.integers(40, 200)),
+        "host_stops": st.booleans(),
+        "needs_scores": st.booleans(),
+        "endpoints": st.lists(st.integers(1, 300), max_size=3),
+        "images": st.lists(st.integers(8, 40), max_size=3),  # image sizes, placed in the prompt in order
+    }
+)
 ENGINE = st.integers(0, 3)  # engine rounds that run after a client action (the loop never stops)
 DURATION_MS = st.one_of(st.floats(0.5, 20.0), st.sampled_from([80.0, 300.0, 1200.0]))
 
 
 def device_allocated(graph) -> bool:
-    return graph.kind is GraphKind.SPECULATIVE and graph.allocation is Allocation.PREFIX_LIMIT \
+    return (
+        graph.kind is GraphKind.SPECULATIVE
+        and graph.allocation is Allocation.PREFIX_LIMIT
         and graph.proposal_depth > 0
+    )
 
 
 def expected_commit(tokens, before: int, max_output: int) -> tuple:
@@ -77,13 +84,24 @@ def expected_commit(tokens, before: int, max_output: int) -> tuple:
 
 
 class SchedulerMachine(RuleBasedStateMachine):
-    @initialize(catalog=st.sampled_from(sorted(CATALOGS)), checkpoints=st.sampled_from([True, True, False]),
-                snapshot_rows=st.integers(1, 4), initialize_requests=st.booleans(),
-                vision_window_tokens=st.sampled_from([None, 40, 40]), initial=st.lists(REQUEST, min_size=1, max_size=5))
+    @initialize(
+        catalog=st.sampled_from(sorted(CATALOGS)),
+        checkpoints=st.sampled_from([True, True, False]),
+        snapshot_rows=st.integers(1, 4),
+        initialize_requests=st.booleans(),
+        vision_window_tokens=st.sampled_from([None, 40, 40]),
+        initial=st.lists(REQUEST, min_size=1, max_size=5),
+    )
     def setup(self, catalog, checkpoints, snapshot_rows, initialize_requests, vision_window_tokens, initial):
-        self.s = Scheduler(CATALOGS[catalog], kv_pages=96, page_size=16, checkpoints=checkpoints,
-                           snapshot_rows=snapshot_rows, initialize_requests=initialize_requests,
-                           vision_window_tokens=vision_window_tokens)
+        self.s = Scheduler(
+            CATALOGS[catalog],
+            kv_pages=96,
+            page_size=16,
+            checkpoints=checkpoints,
+            snapshot_rows=snapshot_rows,
+            initialize_requests=initialize_requests,
+            vision_window_tokens=vision_window_tokens,
+        )
         self.s.seed_costs(0)
         self.now = 0.0  # ms
         self.fence = 0
@@ -116,20 +134,53 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     def _state(self):
         s = self.s
-        reqs = {rid: (r.epoch, r.consumed, tuple(r.output), r.finish_reason, r.phase, r.cancelled, r.retired,
-                      r.history.log_x, r.history.log_z, tuple(r.inflight), r.capture.row,
-                      r.capture.restore_row,
-                      tuple(r.capture.endpoints), tuple(r.prerequisites), r.last_publication_ns,
-                      r.acceptance.get(r.proposal_source).means().tobytes(), r.forecast.means().tobytes())
-                for rid, r in s.requests.items()}
+        reqs = {
+            rid: (
+                r.epoch,
+                r.consumed,
+                tuple(r.output),
+                r.finish_reason,
+                r.phase,
+                r.cancelled,
+                r.retired,
+                r.history.log_x,
+                r.history.log_z,
+                tuple(r.inflight),
+                r.capture.row,
+                r.capture.restore_row,
+                tuple(r.capture.endpoints),
+                tuple(r.prerequisites),
+                r.last_publication_ns,
+                r.acceptance.get(r.proposal_source).means().tobytes(),
+                r.forecast.means().tobytes(),
+            )
+            for rid, r in s.requests.items()
+        }
         store = s.checkpoints
-        cps = {row: (cp.tokens, cp.role, cp.owner, cp.ready, cp.pins, cp.last_demand_ns)
-               for row, cp in store.entries.items()}
-        ledgers = tuple((l.balance_ms, l.episode_active, l.earned_from_ms, l.spent_ms)
-                        for l in (s.timing_ledger, s.acceptance_ledger))
-        return (reqs, s.pages.owned(), s.slots.owned(), s.in_flight, s.costs.version, ledgers, cps,
-                dict(store.guards), tuple(sorted(store._free)), dict(s.speculative), dict(s.executions),
-                None if s._last_completed is None else (s._last_completed.fence, set(s._last_completed.published)))
+        cps = {
+            row: (cp.tokens, cp.role, cp.owner, cp.ready, cp.pins, cp.last_demand_ns)
+            for row, cp in store.entries.items()
+        }
+        ledgers = tuple(
+            (l.balance_ms, l.episode_active, l.earned_from_ms, l.spent_ms)
+            for l in (s.timing_ledger, s.acceptance_ledger)
+        )
+        return (
+            reqs,
+            s.pages.owned(),
+            s.slots.owned(),
+            s.in_flight,
+            s.costs.version,
+            ledgers,
+            cps,
+            dict(store.guards),
+            tuple(sorted(store._free)),
+            dict(s.speculative),
+            dict(s.executions),
+            None
+            if s._last_completed is None
+            else (s._last_completed.fence, set(s._last_completed.published)),
+        )
 
     def _publish(self, handles):
         fence, _ = self.pending_publication
@@ -150,9 +201,15 @@ class SchedulerMachine(RuleBasedStateMachine):
             spans.append((start, start + size))
             start += size + 10
         try:
-            h = self.s.admit([TOKEN] * prompt, max_output=out, host_stops=host_stops, stop_token_ids=[STOP],
-                             needs_scores=needs_scores, message_endpoints=[e for e in endpoints if e <= prompt],
-                             image_spans=spans)
+            h = self.s.admit(
+                [TOKEN] * prompt,
+                max_output=out,
+                host_stops=host_stops,
+                stop_token_ids=[STOP],
+                needs_scores=needs_scores,
+                message_endpoints=[e for e in endpoints if e <= prompt],
+                image_spans=spans,
+            )
         except ResourceError:
             assert not self.s.can_admit(prompt, out) or len(self.s.captures.image_windows(spans, prompt)) > 1
             candidate = self.s.preemption_candidate(prompt, out)
@@ -321,15 +378,26 @@ class SchedulerMachine(RuleBasedStateMachine):
             for rank in range(ranks):
                 sc = np.zeros((2, slots, depth), np.float32)
                 for lane in plan.lanes:
-                    cond = [0.5] * depth if clean else data.draw(
-                        st.lists(st.sampled_from([0.0, 0.25, 0.5, 0.9, 1.0]), min_size=depth, max_size=depth),
-                        label="conditional")
+                    cond = (
+                        [0.5] * depth
+                        if clean
+                        else data.draw(
+                            st.lists(
+                                st.sampled_from([0.0, 0.25, 0.5, 0.9, 1.0]), min_size=depth, max_size=depth
+                            ),
+                            label="conditional",
+                        )
+                    )
                     sc[0, lane.slot] = cond
                     sc[1, lane.slot] = np.cumprod(cond)
                 sidecars.append(sc)
             order = sorted(decode, key=lambda l: l.slot)
-            alloc = allocate_prefix_rows(sidecars[0][1, [l.slot for l in order]], [l.ceiling for l in order],
-                                         [True] * len(order), graph.target_capacity)
+            alloc = allocate_prefix_rows(
+                sidecars[0][1, [l.slot for l in order]],
+                [l.ceiling for l in order],
+                [True] * len(order),
+                graph.target_capacity,
+            )
             assert int(alloc.sum()) <= graph.target_capacity
             for lane, n in zip(order, alloc):
                 assert 1 <= n <= lane.ceiling
@@ -338,8 +406,14 @@ class SchedulerMachine(RuleBasedStateMachine):
         for lane in plan.lanes:
             stop = False if clean else data.draw(st.sampled_from([False] * 7 + [True]), label="stop")
             if lane.role is LaneRole.PROMPT:
-                records.append(CompletionRecord(lane.handle, lane.epoch, prompt_tokens=lane.prompt_tokens,
-                                                tokens=((STOP if stop else TOKEN),) if lane.finishes_prompt else ()))
+                records.append(
+                    CompletionRecord(
+                        lane.handle,
+                        lane.epoch,
+                        prompt_tokens=lane.prompt_tokens,
+                        tokens=((STOP if stop else TOKEN),) if lane.finishes_prompt else (),
+                    )
+                )
             elif lane.role is LaneRole.DECODE:
                 n = rows.get(lane.handle, lane.query_length)
                 assert n >= 1
@@ -348,8 +422,11 @@ class SchedulerMachine(RuleBasedStateMachine):
                 tokens = [TOKEN] * (accepted + 1)
                 if stop:  # a stop token inside the accepted prefix (or as the bonus token)
                     tokens[data.draw(st.integers(0, accepted), label="stop at")] = STOP
-                records.append(CompletionRecord(lane.handle, lane.epoch, tokens=tuple(tokens),
-                                                offered=offered, accepted=accepted))
+                records.append(
+                    CompletionRecord(
+                        lane.handle, lane.epoch, tokens=tuple(tokens), offered=offered, accepted=accepted
+                    )
+                )
             else:
                 records.append(CompletionRecord(lane.handle, lane.epoch))
         return records, sidecars
@@ -357,8 +434,12 @@ class SchedulerMachine(RuleBasedStateMachine):
     def _timing(self, data, queued, ms):
         kind = data.draw(st.sampled_from(["device", "device", "zero", "missing", "ranks"]), label="timing")
         wall = ms * data.draw(st.sampled_from([1.0, 1.0, 1.1, 3.0, 0.5]), label="wall/device")
-        device = {"device": (ms * NS_PER_MS,), "zero": (0.0,), "missing": (),
-                  "ranks": (0.0, ms * NS_PER_MS, 0.7 * ms * NS_PER_MS)}[kind]
+        device = {
+            "device": (ms * NS_PER_MS,),
+            "zero": (0.0,),
+            "missing": (),
+            "ranks": (0.0, ms * NS_PER_MS, 0.7 * ms * NS_PER_MS),
+        }[kind]
         return ExecutionTiming(device, wall * NS_PER_MS, queued=queued)
 
     @rule(data=st.data(), rounds=st.integers(1, 8))
@@ -372,8 +453,12 @@ class SchedulerMachine(RuleBasedStateMachine):
             self._fill(2)
             if not self.s.in_flight:
                 return
-            self.complete(data, data.draw(DURATION_MS, label="ms"), publish_rest=False,
-                          survival=data.draw(st.booleans(), label="survival"))
+            self.complete(
+                data,
+                data.draw(DURATION_MS, label="ms"),
+                publish_rest=False,
+                survival=data.draw(st.booleans(), label="survival"),
+            )
             self.publish(data, data.draw(st.sampled_from([0.0, 0.0, 0.0, 2.0]), label="delay"))
         if rounds and data.draw(st.booleans(), label="refill"):
             self._fill(2)
@@ -394,28 +479,47 @@ class SchedulerMachine(RuleBasedStateMachine):
         surv = None
         if survival and plan.graph.proposal_depth > 0:
             width = max(plan.graph.proposal_depth, self.s.depth)
-            surv = np.cumprod(np.full((self.s.catalog.request_slots, width),
-                                      data.draw(st.sampled_from([0.0, 0.6, 1.0]), label="survival")), axis=1)
+            surv = np.cumprod(
+                np.full(
+                    (self.s.catalog.request_slots, width),
+                    data.draw(st.sampled_from([0.0, 0.6, 1.0]), label="survival"),
+                ),
+                axis=1,
+            )
         pre = {}
         for lane in plan.lanes:
             r = self._resident(lane.handle)
             pre[lane.handle] = None if r is None else (r.active, r.finished, len(r.output), r.max_output)
         ledgers = {"timing": self.s.timing_ledger.copy(), "acceptance": self.s.acceptance_ledger.copy()}
         key = plan.graph.key
-        cost_before = (self.s.costs.estimate_ns(key), self.s.costs.last_valid_ns(key), self.s.costs.samples(key))
-        histories = {rid: (r.history.log_x, r.history.log_z, r.cancelled) for rid, r in self.s.requests.items()}
+        cost_before = (
+            self.s.costs.estimate_ns(key),
+            self.s.costs.last_valid_ns(key),
+            self.s.costs.samples(key),
+        )
+        histories = {
+            rid: (r.history.log_x, r.history.log_z, r.cancelled) for rid, r in self.s.requests.items()
+        }
         if sidecars is not None:
             with pytest.raises(ValueError):  # a device-allocated round completes with its sidecar
                 self.s.complete(frame.fence, records, timing)
             assert self.s.frames[0] is frame
             conf = sidecars if len(sidecars) > 1 else sidecars[0]
-            gen = (self.s.complete_packed_round(frame.fence, records, timing, conf) if surv is None else
-                   self.s.complete_packed_round_with_survival(frame.fence, records, timing, conf, surv))
+            gen = (
+                self.s.complete_packed_round(frame.fence, records, timing, conf)
+                if surv is None
+                else self.s.complete_packed_round_with_survival(frame.fence, records, timing, conf, surv)
+            )
         else:
-            gen = (self.s.complete(frame.fence, records, timing) if surv is None else
-                   self.s.complete_with_survival(frame.fence, records, timing, surv))
-        event(f"complete {plan.graph.kind.value} device={device_allocated(plan.graph)} survival={surv is not None} "
-              f"queued={timing.queued} valid={timing.device_ns > 0}")
+            gen = (
+                self.s.complete(frame.fence, records, timing)
+                if surv is None
+                else self.s.complete_with_survival(frame.fence, records, timing, surv)
+            )
+        event(
+            f"complete {plan.graph.kind.value} device={device_allocated(plan.graph)} survival={surv is not None} "
+            f"queued={timing.queued} valid={timing.device_ns > 0}"
+        )
         for rec in records:
             if rec.offered and STOP in rec.tokens[:-1]:
                 event("stop inside accepted prefix")
@@ -437,14 +541,18 @@ class SchedulerMachine(RuleBasedStateMachine):
         time (its wall time without a device interval) once, into one ledger only."""
         valid = timing.device_ns > 0
         credited = timing.service_interval_ns / NS_PER_MS if valid else timing.wall_ns / NS_PER_MS
-        expected_credit = (timing.device_ns if timing.queued else max(timing.device_ns, timing.wall_ns)) / NS_PER_MS
+        expected_credit = (
+            timing.device_ns if timing.queued else max(timing.device_ns, timing.wall_ns)
+        ) / NS_PER_MS
         if valid:
             assert credited == pytest.approx(expected_credit)
         earns = plan.reason is ExecutionClass.ORDINARY and valid
         if earns:
             self.earned += credited
-        for name, ledger, reason in (("timing", self.s.timing_ledger, ExecutionClass.TIMING_REFRESH),
-                                     ("acceptance", self.s.acceptance_ledger, ExecutionClass.ACCEPTANCE_LEARNING)):
+        for name, ledger, reason in (
+            ("timing", self.s.timing_ledger, ExecutionClass.TIMING_REFRESH),
+            ("acceptance", self.s.acceptance_ledger, ExecutionClass.ACCEPTANCE_LEARNING),
+        ):
             old = before[name]
             paid = ledger.spent_ms - old.spent_ms
             if plan.reason is reason:
@@ -455,7 +563,9 @@ class SchedulerMachine(RuleBasedStateMachine):
                 continue
             assert paid == 0.0  # never both ledgers for one execution
             if earns and old.balance_ms < CREDIT_CAP_MS:
-                assert ledger.balance_ms == pytest.approx(min(CREDIT_CAP_MS, old.balance_ms + ledger.rate * credited))
+                assert ledger.balance_ms == pytest.approx(
+                    min(CREDIT_CAP_MS, old.balance_ms + ledger.rate * credited)
+                )
             else:
                 assert ledger.balance_ms == old.balance_ms
 
@@ -492,7 +602,9 @@ class SchedulerMachine(RuleBasedStateMachine):
             if toks:
                 ended = toks[-1] == STOP or before + len(toks) >= limit
                 now = self._resident(lane.handle)
-                expected.append((lane.handle, toks, ended and not (now is not None and now.phase is Phase.TERMINAL)))
+                expected.append(
+                    (lane.handle, toks, ended and not (now is not None and now.phase is Phase.TERMINAL))
+                )
         assert [(g.handle, g.tokens, g.finished) for g in gen] == expected
         for g in gen:
             rid = g.handle.rid
@@ -545,12 +657,31 @@ class SchedulerMachine(RuleBasedStateMachine):
         conf = sidecars[0] if sidecars else None
         calls = {
             0: (frame.fence, records[:-1] if len(records) > 1 else records + records, timing, conf),
-            1: (frame.fence, [CompletionRecord(r.handle, r.epoch + 7, r.prompt_tokens, r.tokens, r.offered,
-                                               r.accepted)] + records[1:], timing, conf),
-            2: (frame.fence, [CompletionRecord(r.handle, r.epoch, r.prompt_tokens + 1, r.tokens, r.offered,
-                                               r.accepted)] + records[1:], timing, conf),
-            3: (frame.fence, [CompletionRecord(r.handle, r.epoch, r.prompt_tokens, r.tokens + (3,) * 9, r.offered,
-                                               r.accepted)] + records[1:], timing, conf),
+            1: (
+                frame.fence,
+                [CompletionRecord(r.handle, r.epoch + 7, r.prompt_tokens, r.tokens, r.offered, r.accepted)]
+                + records[1:],
+                timing,
+                conf,
+            ),
+            2: (
+                frame.fence,
+                [CompletionRecord(r.handle, r.epoch, r.prompt_tokens + 1, r.tokens, r.offered, r.accepted)]
+                + records[1:],
+                timing,
+                conf,
+            ),
+            3: (
+                frame.fence,
+                [
+                    CompletionRecord(
+                        r.handle, r.epoch, r.prompt_tokens, r.tokens + (3,) * 9, r.offered, r.accepted
+                    )
+                ]
+                + records[1:],
+                timing,
+                conf,
+            ),
             4: (frame.fence + 1, records, timing, conf),  # not the oldest frame
             5: (frame.fence, records, ExecutionTiming((-1.0,), math.nan), conf),
             6: (frame.fence, records, timing, None if conf is not None else np.full((2, 1, 1), 0.5)),
@@ -723,21 +854,42 @@ class SchedulerMachine(RuleBasedStateMachine):
 
 
 TestScheduler = SchedulerMachine.TestCase
-TestScheduler.settings = settings(max_examples=150, stateful_step_count=50, deadline=None, derandomize=True,
-                                  database=None, suppress_health_check=[HealthCheck.too_slow])
+TestScheduler.settings = settings(
+    max_examples=150,
+    stateful_step_count=50,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 # Rules the machine checks after every step (a one-line change of their implementing code fails it).
 TestScheduler = pytest.mark.spec(
     # ownership: pages, slots and checkpoint rows through fences, cancellation and errors
-    "planning-queue/pages-pinned", "planning-queue/cancel-keeps-pages", "planning-queue/cancel-stops",
-    "prerequisites/fenced-ownership", "planning-queue/armed-retained", "service-accounting/cancelled-slot-reuse",
+    "planning-queue/pages-pinned",
+    "planning-queue/cancel-keeps-pages",
+    "planning-queue/cancel-stops",
+    "prerequisites/fenced-ownership",
+    "planning-queue/armed-retained",
+    "service-accounting/cancelled-slot-reuse",
     # the window and the commit contract
-    "planning-queue/two-slots", "planning-queue/double-occupancy", "planning-queue/feedback-triggers",
-    "planning-queue/plan-readonly", "planning-queue/commit-checks", "planning-queue/packed-round",
+    "planning-queue/two-slots",
+    "planning-queue/double-occupancy",
+    "planning-queue/feedback-triggers",
+    "planning-queue/plan-readonly",
+    "planning-queue/commit-checks",
+    "planning-queue/packed-round",
     # completion and publication
-    "service-accounting/validate-first", "service-accounting/one-interval", "service-accounting/publish-before-complete",
-    "duration-estimates/missing-zero-ignored", "duration-estimates/raw-max-rank",
+    "service-accounting/validate-first",
+    "service-accounting/one-interval",
+    "service-accounting/publish-before-complete",
+    "duration-estimates/missing-zero-ignored",
+    "duration-estimates/raw-max-rank",
     # exploration ledgers
-    "timing-refresh/credit-cap", "acceptance-learning/credit-cap", "timing-refresh/invalid-wall-pays",
-    "acceptance-learning/ledgers-disjoint", "timing-refresh/aggregate-bound", "acceptance-learning/aggregate-bound",
+    "timing-refresh/credit-cap",
+    "acceptance-learning/credit-cap",
+    "timing-refresh/invalid-wall-pays",
+    "acceptance-learning/ledgers-disjoint",
+    "timing-refresh/aggregate-bound",
+    "acceptance-learning/aggregate-bound",
     "verification/lifecycle-no-outrank",
 )(pytest.mark.exhaustive(TestScheduler))

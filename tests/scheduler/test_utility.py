@@ -1,4 +1,5 @@
 """The exact cohort tables behind the selector (helios_jax/scheduler/utility.py)."""
+
 import numpy as np
 import pytest
 

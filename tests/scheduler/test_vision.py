@@ -1,5 +1,6 @@
 """Image windows: whole images per window, the private snapshot row, restore into a fresh
 generation, compact feature offsets."""
+
 import pytest
 
 from helios_jax.catalog import GraphKind
@@ -29,11 +30,20 @@ def run(s, h, limit=80):
     return plans
 
 
-@spec("prerequisites/image-windows", "prerequisites/vision-active-window", "prerequisites/prefill-window-stop",
-      "prerequisites/atomic-span-chunk", "prerequisites/multiwindow-snapshot-row", "prerequisites/window-drain",
-      "prerequisites/restore-fresh-generation", "prerequisites/feature-offsets-zero",
-      "prerequisites/logical-request-kept", "prerequisites/private-no-prefix-cache",
-      "prerequisites/private-no-host-cache", "useful-service/prefill-logical-limits")
+@spec(
+    "prerequisites/image-windows",
+    "prerequisites/vision-active-window",
+    "prerequisites/prefill-window-stop",
+    "prerequisites/atomic-span-chunk",
+    "prerequisites/multiwindow-snapshot-row",
+    "prerequisites/window-drain",
+    "prerequisites/restore-fresh-generation",
+    "prerequisites/feature-offsets-zero",
+    "prerequisites/logical-request-kept",
+    "prerequisites/private-no-prefix-cache",
+    "prerequisites/private-no-host-cache",
+    "useful-service/prefill-logical-limits",
+)
 def test_three_windows():
     s = Scheduler(SPEC, vision_window_tokens=300)
     s.seed_costs(0)
@@ -49,7 +59,7 @@ def test_three_windows():
     assert all(p.lanes[0].feature_offset == 0 for p in vision)  # compact offsets from zero
     # Each later window: snapshot (drained state) -> restore (fresh generation) -> vision -> prefill.
     for first in [i for i, k in enumerate(kinds) if k is GraphKind.SNAPSHOT]:
-        assert kinds[first: first + 3] == [GraphKind.SNAPSHOT, GraphKind.RESTORE, GraphKind.VISION]
+        assert kinds[first : first + 3] == [GraphKind.SNAPSHOT, GraphKind.RESTORE, GraphKind.VISION]
         private = req.image_windows.row
         assert plans[first].lanes[0].snapshot_row == plans[first + 1].lanes[0].snapshot_row == private
     assert kinds.count(GraphKind.SNAPSHOT) == 2 and req.generation == 2
@@ -79,9 +89,14 @@ def test_single_window_needs_no_private_row():
 
 def test_image_inputs_need_vision_programs_and_rows():
     with pytest.raises(ValueError, match="no vision programs"):
-        Scheduler(ORDINARY.__class__(**{**ORDINARY.__dict__, "graphs": tuple(
-            g for g in ORDINARY.graphs if g.kind is not GraphKind.VISION)})).admit([1] * 20, max_output=1,
-                                                                                 image_spans=[(0, 5)])
+        Scheduler(
+            ORDINARY.__class__(
+                **{
+                    **ORDINARY.__dict__,
+                    "graphs": tuple(g for g in ORDINARY.graphs if g.kind is not GraphKind.VISION),
+                }
+            )
+        ).admit([1] * 20, max_output=1, image_spans=[(0, 5)])
     s = Scheduler(SPEC, vision_window_tokens=300, snapshot_rows=0)
     with pytest.raises(ResourceError, match="private snapshot row"):
         s.admit(list(range(1000)), max_output=1, image_spans=SPANS)

@@ -3,6 +3,7 @@
 Each baseline keeps the real Scheduler lifecycle and replaces selection; these checks run them
 in the simulator on both shipped catalogs and on hand-built states.
 """
+
 import dataclasses
 import importlib.util
 import pathlib
@@ -17,8 +18,9 @@ from helios_jax.scheduler.plan import CompletionRecord, ExecutionTiming
 from helios_jax.scheduler.view import LaneRole
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("scheduling_sim_baselines",
-                                               ROOT / "scripts" / "scheduling_sim" / "baselines.py")
+_spec = importlib.util.spec_from_file_location(
+    "scheduling_sim_baselines", ROOT / "scripts" / "scheduling_sim" / "baselines.py"
+)
 B = importlib.util.module_from_spec(_spec)
 sys.modules[_spec.name] = B  # dataclasses resolve their module by name
 _spec.loader.exec_module(B)
@@ -32,15 +34,28 @@ def workload(catalog, rate=40.0, n=14, seed=0):
     rng = np.random.default_rng(seed)
     prompts = rng.choice([64, 100, 700, 3000, 6000], n).tolist()
     outputs = rng.choice([1, 9, 40], n).tolist()
-    return sim.SimConfig(catalog, scenario="poisson", requests=n, prompt_tokens=prompts, output_tokens=outputs,
-                         accepted_drafts=None, acceptance_probs=ACCEPTANCE, arrival_rate_per_s=rate,
-                         horizon_ms=1e6, seed=seed, rounds=10**9)
+    return sim.SimConfig(
+        catalog,
+        scenario="poisson",
+        requests=n,
+        prompt_tokens=prompts,
+        output_tokens=outputs,
+        accepted_drafts=None,
+        acceptance_probs=ACCEPTANCE,
+        arrival_rate_per_s=rate,
+        horizon_ms=1e6,
+        seed=seed,
+        rounds=10**9,
+    )
 
 
 CASES = [
-    ("fcfs", SPECULATIVE, None), ("fcfs", ORDINARY, None),
-    ("sarathi", SPECULATIVE, None), ("sarathi", ORDINARY, None),
-    ("fcfs_fixed", SPECULATIVE, 4), ("fcfs_fixed", SPECULATIVE, 8),
+    ("fcfs", SPECULATIVE, None),
+    ("fcfs", ORDINARY, None),
+    ("sarathi", SPECULATIVE, None),
+    ("sarathi", ORDINARY, None),
+    ("fcfs_fixed", SPECULATIVE, 4),
+    ("fcfs_fixed", SPECULATIVE, 8),
 ]
 
 
@@ -79,6 +94,7 @@ def test_utility_scheduler_through_the_same_path_and_the_simulator_is_restored()
 
 # -- hand-built states ---------------------------------------------------------------------------
 
+
 def drive(sched, steps):
     """Run `steps` plans to completion (every decode lane accepts everything it verifies)."""
     fence = 1000
@@ -92,12 +108,21 @@ def drive(sched, steps):
         records = []
         for l in plan.lanes:
             if l.role is LaneRole.PROMPT:
-                records.append(CompletionRecord(l.handle, l.epoch, prompt_tokens=l.prompt_tokens,
-                                                tokens=(7,) if l.finishes_prompt else ()))
+                records.append(
+                    CompletionRecord(
+                        l.handle,
+                        l.epoch,
+                        prompt_tokens=l.prompt_tokens,
+                        tokens=(7,) if l.finishes_prompt else (),
+                    )
+                )
             else:
                 rows = l.query_length
-                records.append(CompletionRecord(l.handle, l.epoch, tokens=(7,) * rows, offered=rows - 1,
-                                                accepted=rows - 1))
+                records.append(
+                    CompletionRecord(
+                        l.handle, l.epoch, tokens=(7,) * rows, offered=rows - 1, accepted=rows - 1
+                    )
+                )
         dur = plan.expected_duration_ms
         sched.advance_to(sched.now_ns + int(dur * 1e6))
         for g in sched.complete(fence, records, ExecutionTiming((dur * 1e6,), dur * 1e6)):
@@ -121,7 +146,10 @@ def test_fcfs_runs_the_oldest_prompt_first_in_budgeted_chunks_on_the_smallest_ca
     young = sched.admit([7] * 100, max_output=4)
     plans = drive(sched, 3)
     assert [(p.graph.token_capacity, p.lanes[0].handle, p.lanes[0].prompt_tokens) for p in plans] == [
-        (1024, old, 1024), (1024, old, 1024), (1024, old, 952)]
+        (1024, old, 1024),
+        (1024, old, 1024),
+        (1024, old, 952),
+    ]
     plan = sched.plan()  # the young prompt (100 tokens) on the 128-token program, before decoding
     assert plan.graph.kind is GraphKind.PREFILL and plan.graph.token_capacity == 128
     assert plan.lanes[0].handle == young and plan.lanes[0].prompt_tokens == 100
@@ -147,7 +175,9 @@ def test_stall_free_serves_every_decoder_and_fills_the_budget_with_one_chunk():
 
 
 def test_stall_free_alternates_separate_programs_without_mixed_ones():
-    catalog = dataclasses.replace(ORDINARY, graphs=tuple(g for g in ORDINARY.graphs if g.kind is not GraphKind.MIXED))
+    catalog = dataclasses.replace(
+        ORDINARY, graphs=tuple(g for g in ORDINARY.graphs if g.kind is not GraphKind.MIXED)
+    )
     sched = make(B.StallFreeChunked, catalog=catalog, token_budget=256)
     sched.admit([7] * 64, max_output=50)
     drive(sched, 1)

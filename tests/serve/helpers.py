@@ -4,6 +4,7 @@ Every test module runs its own server on 127.0.0.1 with a free port (``port=0``)
 ``FakeEngine``, so the expected text and token counts follow from ``helios_jax.serve.fake``'s
 docstring: in "cycle" mode output token i is ``CYCLE_TEXT[i % 45]``.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -11,7 +12,7 @@ import http.client
 import json
 import socket
 import threading
-from typing import Iterator
+from collections.abc import Iterator
 
 from helios_jax.serve.app import HeliosServer, make_server
 from helios_jax.serve.fake import FakeEngine
@@ -48,11 +49,18 @@ class Response:
         assert text.endswith("\n\n"), text[-50:]
         events = text[:-2].split("\n\n")
         assert all(e.startswith("data: ") and "\n" not in e for e in events), events
-        return [e[len("data: "):] for e in events]
+        return [e[len("data: ") :] for e in events]
 
 
-def request(server: HeliosServer, method: str, path: str, body=None, headers: dict | None = None,
-            raw: bytes | None = None, timeout: float = 10.0) -> Response:
+def request(
+    server: HeliosServer,
+    method: str,
+    path: str,
+    body=None,
+    headers: dict | None = None,
+    raw: bytes | None = None,
+    timeout: float = 10.0,
+) -> Response:
     """One HTTP request on a fresh connection; `body` is JSON-encoded, `raw` sent as is."""
     conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=timeout)
     try:
@@ -73,14 +81,18 @@ def get(server: HeliosServer, path: str, **kwargs) -> Response:
     return request(server, "GET", path, **kwargs)
 
 
-def open_stream(server: HeliosServer, path: str, body: dict,
-                read_until: bytes = b"data: ") -> tuple[socket.socket, bytes]:
+def open_stream(
+    server: HeliosServer, path: str, body: dict, read_until: bytes = b"data: "
+) -> tuple[socket.socket, bytes]:
     """Send a request on a raw socket and read until `read_until` has arrived twice (or the
     response ends); the caller closes the socket to play a client that goes away."""
     sock = socket.create_connection(("127.0.0.1", server.port), timeout=10)
     data = json.dumps(body).encode()
-    sock.sendall(f"POST {path} HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
-                 f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
+    sock.sendall(
+        f"POST {path} HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(data)}\r\n\r\n".encode()
+        + data
+    )
     received = b""
     while received.count(read_until) < 2:
         chunk = sock.recv(4096)
@@ -94,8 +106,11 @@ def send_and_hang_up(server: HeliosServer, path: str, body: dict) -> None:
     """Send a complete request and close the connection without reading the answer."""
     sock = socket.create_connection(("127.0.0.1", server.port), timeout=10)
     data = json.dumps(body).encode()
-    sock.sendall(f"POST {path} HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
-                 f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
+    sock.sendall(
+        f"POST {path} HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(data)}\r\n\r\n".encode()
+        + data
+    )
     sock.close()
 
 

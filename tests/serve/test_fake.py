@@ -1,4 +1,5 @@
 """The fake engine's outputs match the derivations in its docstring."""
+
 import pytest
 
 from helios_jax.runtime.api import GenerationRequest, SamplingParams
@@ -8,15 +9,18 @@ TOKENIZER = CharTokenizer()
 
 
 def run(engine: FakeEngine, prompt: str, request_id: str = "r", **sampling):
-    stream = engine.submit(GenerationRequest(request_id, tuple(TOKENIZER.encode(prompt)), SamplingParams(**sampling)))
+    stream = engine.submit(
+        GenerationRequest(request_id, tuple(TOKENIZER.encode(prompt)), SamplingParams(**sampling))
+    )
     return list(stream)
 
 
 def test_tokenizer_round_trip_and_chat_template_endpoints():
     assert TOKENIZER.encode("hi") == [104, 105]
     assert TOKENIZER.decode([104, 105]) == "hi"
-    ids, endpoints = TOKENIZER.apply_chat_template([{"role": "system", "content": "Be brief."},
-                                                    {"role": "user", "content": "hi"}])
+    ids, endpoints = TOKENIZER.apply_chat_template(
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
+    )
     assert TOKENIZER.decode(ids) == "system: Be brief.\nuser: hi\nassistant: "
     assert (len(ids), endpoints) == (38, (18, 27))
 

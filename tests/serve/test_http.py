@@ -1,5 +1,6 @@
 """The wire format seen through raw HTTP: SSE framing, error objects, auth, cancellation, health
 and metrics. Expected text follows the fake engine's docstring (output cycles CYCLE_TEXT)."""
+
 import json
 import socket
 import threading
@@ -32,9 +33,13 @@ def assert_still_serving(server):
 
 # -- SSE framing ----------------------------------------------------------------------------------
 
+
 def test_chat_stream_framing_and_include_usage(server):
-    r = post(server, "/v1/chat/completions", {"messages": CHAT, "max_tokens": 3, "stream": True,
-                                              "stream_options": {"include_usage": True}})
+    r = post(
+        server,
+        "/v1/chat/completions",
+        {"messages": CHAT, "max_tokens": 3, "stream": True, "stream_options": {"include_usage": True}},
+    )
     assert r.status == 200
     assert r.headers["content-type"].startswith("text/event-stream")
     assert r.headers["transfer-encoding"] == "chunked"
@@ -42,9 +47,21 @@ def test_chat_stream_framing_and_include_usage(server):
     assert data[-1] == "[DONE]"
     chunks = [json.loads(d) for d in data[:-1]]
     assert [c["choices"][0]["delta"] if c["choices"] else None for c in chunks] == [
-        {"role": "assistant", "content": ""}, {"content": "T"}, {"content": "h"}, {"content": "e"}, {}, None]
+        {"role": "assistant", "content": ""},
+        {"content": "T"},
+        {"content": "h"},
+        {"content": "e"},
+        {},
+        None,
+    ]
     assert [c["choices"][0]["finish_reason"] if c["choices"] else None for c in chunks] == [
-        None, None, None, None, "length", None]
+        None,
+        None,
+        None,
+        None,
+        "length",
+        None,
+    ]
     assert all(c["object"] == "chat.completion.chunk" for c in chunks)
     assert [c["usage"] for c in chunks[:-1]] == [None] * 5
     assert chunks[-1]["usage"] == {"prompt_tokens": 20, "completion_tokens": 3, "total_tokens": 23}
@@ -56,16 +73,22 @@ def test_completion_stream_without_usage(server):
     assert data[-1] == "[DONE]"
     chunks = [json.loads(d) for d in data[:-1]]
     assert [(c["choices"][0]["text"], c["choices"][0]["finish_reason"]) for c in chunks] == [
-        ("T", None), ("h", None), ("", "length")]
+        ("T", None),
+        ("h", None),
+        ("", "length"),
+    ]
     assert all("usage" not in c and c["object"] == "text_completion" for c in chunks)
 
 
 def test_keep_alive_connection_serves_several_requests(server):
     import http.client
+
     conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
     try:
         for stream in (True, False, True):
-            conn.request("POST", "/v1/completions", json.dumps({"prompt": "a", "max_tokens": 2, "stream": stream}))
+            conn.request(
+                "POST", "/v1/completions", json.dumps({"prompt": "a", "max_tokens": 2, "stream": stream})
+            )
             resp = conn.getresponse()
             assert resp.status == 200 and resp.read()
     finally:
@@ -76,16 +99,30 @@ def test_non_streaming_responses_carry_usage(server):
     r = post(server, "/v1/chat/completions", {"messages": CHAT, "max_tokens": 4})
     body = r.json()
     assert body["object"] == "chat.completion"
-    assert body["choices"] == [{"index": 0, "message": {"role": "assistant", "content": "The "},
-                                "logprobs": None, "finish_reason": "length"}]
+    assert body["choices"] == [
+        {
+            "index": 0,
+            "message": {"role": "assistant", "content": "The "},
+            "logprobs": None,
+            "finish_reason": "length",
+        }
+    ]
     assert body["usage"] == {"prompt_tokens": 20, "completion_tokens": 4, "total_tokens": 24}
 
 
 def test_token_id_prompts_and_text_parts(server):
     r = post(server, "/v1/completions", {"prompt": [72, 105], "max_tokens": 1, "echo": True})
     assert r.json()["choices"][0]["text"] == "HiT"
-    r = post(server, "/v1/chat/completions", {"messages": [{"role": "user", "content": [
-        {"type": "text", "text": "h"}, {"type": "text", "text": "i"}]}], "max_tokens": 1})
+    r = post(
+        server,
+        "/v1/chat/completions",
+        {
+            "messages": [
+                {"role": "user", "content": [{"type": "text", "text": "h"}, {"type": "text", "text": "i"}]}
+            ],
+            "max_tokens": 1,
+        },
+    )
     assert r.json()["usage"]["prompt_tokens"] == 20
 
 
@@ -130,7 +167,13 @@ BAD_REQUESTS = [
     (COMPLETIONS, {"prompt": "a", "suffix": "z"}, 400, "suffix", "unsupported_parameter"),
     (COMPLETIONS, {"prompt": "a", "logit_bias": {"50": 10}}, 400, "logit_bias", "unsupported_parameter"),
     (COMPLETIONS, {"prompt": "a", "presence_penalty": 0.5}, 400, "presence_penalty", "unsupported_parameter"),
-    (COMPLETIONS, {"prompt": "a", "frequency_penalty": -1}, 400, "frequency_penalty", "unsupported_parameter"),
+    (
+        COMPLETIONS,
+        {"prompt": "a", "frequency_penalty": -1},
+        400,
+        "frequency_penalty",
+        "unsupported_parameter",
+    ),
     (COMPLETIONS, {"prompt": "a", "guided_json": {}}, 400, "guided_json", "unsupported_parameter"),
     (COMPLETIONS, {"prompt": "a", "grammar": "root ::= x"}, 400, "grammar", "unsupported_parameter"),
     (COMPLETIONS, {"prompt": "a", "stream_options": {"include_usage": True}}, 400, "stream_options", None),
@@ -141,25 +184,66 @@ BAD_REQUESTS = [
     (CHAT_PATH, {"messages": "hi"}, 400, "messages", "invalid_type"),
     (CHAT_PATH, {"messages": [{"role": "tool", "content": "x"}]}, 400, "messages[0].role", None),
     (CHAT_PATH, {"messages": [{"role": "user"}]}, 400, "messages[0].content", "missing_field"),
-    (CHAT_PATH, {"messages": [{"role": "user", "content": None}]}, 400, "messages[0].content", "invalid_type"),
-    (CHAT_PATH, {"messages": [{"role": "user", "content": [
-        {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]}, 400, "messages[0].content",
-     "unsupported_parameter"),
-    (CHAT_PATH, {"messages": [{"role": "assistant", "content": "", "tool_calls": [{"id": "1"}]}]}, 400,
-     "messages[0].tool_calls", "unsupported_parameter"),
+    (
+        CHAT_PATH,
+        {"messages": [{"role": "user", "content": None}]},
+        400,
+        "messages[0].content",
+        "invalid_type",
+    ),
+    (
+        CHAT_PATH,
+        {
+            "messages": [
+                {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}
+            ]
+        },
+        400,
+        "messages[0].content",
+        "unsupported_parameter",
+    ),
+    (
+        CHAT_PATH,
+        {"messages": [{"role": "assistant", "content": "", "tool_calls": [{"id": "1"}]}]},
+        400,
+        "messages[0].tool_calls",
+        "unsupported_parameter",
+    ),
     (CHAT_PATH, {"messages": CHAT, "tools": [{"type": "function"}]}, 400, "tools", "unsupported_parameter"),
     (CHAT_PATH, {"messages": CHAT, "functions": [{"name": "f"}]}, 400, "functions", "unsupported_parameter"),
     (CHAT_PATH, {"messages": CHAT, "tool_choice": "auto"}, 400, "tool_choice", "unsupported_parameter"),
-    (CHAT_PATH, {"messages": CHAT, "response_format": {"type": "json_schema"}}, 400, "response_format",
-     "unsupported_parameter"),
+    (
+        CHAT_PATH,
+        {"messages": CHAT, "response_format": {"type": "json_schema"}},
+        400,
+        "response_format",
+        "unsupported_parameter",
+    ),
     (CHAT_PATH, {"messages": CHAT, "n": 3}, 400, "n", "unsupported_parameter"),
     (CHAT_PATH, {"messages": CHAT, "logprobs": 1}, 400, "logprobs", "invalid_type"),
-    (CHAT_PATH, {"messages": CHAT, "logprobs": True, "top_logprobs": 2}, 400, "top_logprobs",
-     "unsupported_parameter"),
+    (
+        CHAT_PATH,
+        {"messages": CHAT, "logprobs": True, "top_logprobs": 2},
+        400,
+        "top_logprobs",
+        "unsupported_parameter",
+    ),
     (CHAT_PATH, {"messages": CHAT, "top_logprobs": 0}, 400, "top_logprobs", None),
-    (CHAT_PATH, {"messages": CHAT, "max_completion_tokens": 0}, 400, "max_completion_tokens", "invalid_value"),
+    (
+        CHAT_PATH,
+        {"messages": CHAT, "max_completion_tokens": 0},
+        400,
+        "max_completion_tokens",
+        "invalid_value",
+    ),
     (CHAT_PATH, {"messages": CHAT, "max_tokens": 45}, 400, "messages", "context_length_exceeded"),
-    (CHAT_PATH, {"messages": [{"role": "user", "content": "x" * 60}]}, 400, "messages", "context_length_exceeded"),
+    (
+        CHAT_PATH,
+        {"messages": [{"role": "user", "content": "x" * 60}]},
+        400,
+        "messages",
+        "context_length_exceeded",
+    ),
     (CHAT_PATH, {"messages": CHAT, "model": "other"}, 404, "model", "model_not_found"),
     (CHAT_PATH, {"messages": CHAT, "prompt": "a"}, 400, "prompt", "unrecognized_argument"),
 ]
@@ -192,11 +276,14 @@ def test_unknown_paths_and_methods(server):
     assert_still_serving(server)
 
 
-@pytest.mark.parametrize("raw, status", [
-    (b"BOGUS / HTTP/1.1\r\nHost: x\r\n\r\n", 501),
-    (b"this is not http\r\n\r\n", 400),
-    (b"GET / HTTP/9.9\r\n\r\n", 505),
-])
+@pytest.mark.parametrize(
+    "raw, status",
+    [
+        (b"BOGUS / HTTP/1.1\r\nHost: x\r\n\r\n", 501),
+        (b"this is not http\r\n\r\n", 400),
+        (b"GET / HTTP/9.9\r\n\r\n", 505),
+    ],
+)
 def test_malformed_http_gets_an_error_object_too(server, raw, status):
     sock = socket.create_connection(("127.0.0.1", server.port), timeout=10)
     sock.sendall(raw)
@@ -212,9 +299,12 @@ def test_malformed_http_gets_an_error_object_too(server, raw, status):
 
 def test_oversized_and_chunked_bodies_are_refused(server):
     from helios_jax.serve.handler import MAX_BODY_BYTES
+
     r = post(server, "/v1/completions", raw=b"{}", headers={"Content-Length": str(MAX_BODY_BYTES + 1)})
     assert (r.status, r.json()["error"]["code"]) == (413, "request_too_large")
-    r = post(server, "/v1/completions", raw=b"{}", headers={"Content-Length": "", "Transfer-Encoding": "chunked"})
+    r = post(
+        server, "/v1/completions", raw=b"{}", headers={"Content-Length": "", "Transfer-Encoding": "chunked"}
+    )
     assert r.status == 411
     assert_still_serving(server)
 
@@ -224,7 +314,9 @@ def test_engine_errors_are_500s(server, engine):
     r = post(server, "/v1/completions", {"prompt": "a", "max_tokens": 2})
     assert r.status == 500
     error = r.json()["error"]
-    assert (error["type"], error["code"]) == ("server_error", "engine_error") and "out of pages" in error["message"]
+    assert (error["type"], error["code"]) == ("server_error", "engine_error") and "out of pages" in error[
+        "message"
+    ]
     engine.inject_failure("stream", "device lost")
     r = post(server, "/v1/chat/completions", {"messages": CHAT, "max_tokens": 2})
     assert r.status == 500 and "device lost" in r.json()["error"]["message"]
@@ -254,10 +346,11 @@ def test_concurrent_streams_each_get_their_own_text(server):
         t.start()
     for t in threads:
         t.join(timeout=10)
-    assert results == {k: "The quick brown fox"[:5 + k] for k in range(8)}
+    assert results == {k: "The quick brown fox"[: 5 + k] for k in range(8)}
 
 
 # -- cancellation ---------------------------------------------------------------------------------
+
 
 @pytest.fixture()
 def slow_server():
@@ -266,10 +359,13 @@ def slow_server():
         yield server, engine
 
 
-@pytest.mark.parametrize("path, body", [
-    (COMPLETIONS, {"prompt": "a", "max_tokens": 4000, "stream": True}),
-    (CHAT_PATH, {"messages": CHAT, "max_tokens": 4000, "stream": True}),
-])
+@pytest.mark.parametrize(
+    "path, body",
+    [
+        (COMPLETIONS, {"prompt": "a", "max_tokens": 4000, "stream": True}),
+        (CHAT_PATH, {"messages": CHAT, "max_tokens": 4000, "stream": True}),
+    ],
+)
 def test_a_client_leaving_mid_stream_cancels_the_request(slow_server, path, body):
     server, engine = slow_server
     sock, received = open_stream(server, path, body)
@@ -296,11 +392,17 @@ def test_a_client_leaving_a_non_streaming_request_cancels_it(slow_server):
 
 # -- auth, health, metrics ------------------------------------------------------------------------
 
+
 def test_api_key_guards_v1_only():
     with live_server(FakeEngine(), api_key="s3cret") as server:
         body = {"prompt": "a", "max_tokens": 1}
-        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"},
-                        {"Authorization": "Basic s3cret"}, {"Authorization": "Bearer s3cret0"}):
+        for headers in (
+            {},
+            {"Authorization": "Bearer wrong"},
+            {"Authorization": "s3cret"},
+            {"Authorization": "Basic s3cret"},
+            {"Authorization": "Bearer s3cret0"},
+        ):
             r = post(server, COMPLETIONS, body, headers=headers)
             assert r.status == 401 and r.headers["www-authenticate"] == "Bearer"
             assert r.json()["error"]["code"] == "invalid_api_key"
@@ -321,7 +423,10 @@ def test_health_follows_readiness():
         assert (r.status, r.json()["error"]["code"]) == (503, "engine_not_ready")
         assert get(server, "/metrics").status == 200
         server.attach_engine(engine)
-        assert (get(server, "/health").status, get(server, "/health").json()) == (503, {"status": "not ready"})
+        assert (get(server, "/health").status, get(server, "/health").json()) == (
+            503,
+            {"status": "not ready"},
+        )
         assert post(server, COMPLETIONS, {"prompt": "a"}).status == 503
         engine.set_ready(True)
         assert (get(server, "/health").status, get(server, "/health").json()) == (200, {"status": "ok"})
@@ -332,8 +437,12 @@ def test_metrics_after_traffic():
     engine = FakeEngine(tokens_per_event=2)
     with live_server(engine, served_model_name="tiny") as server:
         assert post(server, COMPLETIONS, {"model": "tiny", "prompt": "Hello", "max_tokens": 4}).status == 200
-        assert post(server, CHAT_PATH, {"model": "tiny", "messages": CHAT, "max_tokens": 3,
-                                        "stream": True}).status == 200
+        assert (
+            post(
+                server, CHAT_PATH, {"model": "tiny", "messages": CHAT, "max_tokens": 3, "stream": True}
+            ).status
+            == 200
+        )
         assert post(server, COMPLETIONS, {"model": "helios-fake", "prompt": "a"}).status == 404
         r = get(server, "/metrics")
         assert r.status == 200 and r.headers["content-type"].startswith("text/plain; version=0.0.4")
@@ -353,6 +462,9 @@ def test_metrics_after_traffic():
     assert value("helios_e2e_request_latency_seconds_count") == 2
     assert value("helios_requests_running") == 0
     assert value("helios_fake_engine_requests_total") == 2  # the engine's own text is appended
-    for family in ("helios_time_to_first_token_seconds", "helios_inter_token_latency_seconds",
-                   "helios_e2e_request_latency_seconds"):
+    for family in (
+        "helios_time_to_first_token_seconds",
+        "helios_inter_token_latency_seconds",
+        "helios_e2e_request_latency_seconds",
+    ):
         assert f"# TYPE {family} histogram" in text

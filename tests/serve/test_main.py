@@ -1,4 +1,5 @@
 """``python -m helios_jax.serve``: startup progress, serving, clean shutdown, flag errors."""
+
 import json
 import os
 import re
@@ -10,8 +11,13 @@ import urllib.request
 
 
 def start(*args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "helios_jax.serve", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    return subprocess.Popen(
+        [sys.executable, "-m", "helios_jax.serve", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
 
 
 def read_until(proc: subprocess.Popen, pattern: str, timeout: float = 30.0) -> tuple[re.Match, str]:
@@ -50,8 +56,19 @@ def test_serves_the_fake_engine_and_shuts_down_on_sigterm():
 
 
 def test_bad_flags_fail_before_serving_and_name_the_flag():
-    proc = subprocess.run([sys.executable, "-m", "helios_jax.serve", "--engine=fake", "--port=0",
-                           "--mtp_adaptive_verification_alpha=0"], capture_output=True, text=True, timeout=30)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "helios_jax.serve",
+            "--engine=fake",
+            "--port=0",
+            "--mtp_adaptive_verification_alpha=0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert proc.returncode != 0
     assert "--mtp_adaptive_verification_alpha must be finite and greater than zero, got 0.0" in proc.stderr
     assert "listening" not in proc.stderr

@@ -1,4 +1,5 @@
 """The Prometheus text registry renders the exposition format exactly."""
+
 import pytest
 
 from helios_jax.serve.metrics import Registry
@@ -17,22 +18,28 @@ def test_counter_gauge_and_histogram_render_exactly():
     h.observe(0.1)  # `le` is inclusive: counted in the 0.1 bucket
     h.observe(0.5, count=2)
     h.observe(7.0)
-    assert r.render() == "\n".join([
-        "# HELP x_requests_total Requests.",
-        "# TYPE x_requests_total counter",
-        'x_requests_total{status="200"} 1',
-        'x_requests_total{status="400"} 2',
-        "# HELP x_running Running.",
-        "# TYPE x_running gauge",
-        "x_running 1",
-        "# HELP x_seconds Latency.",
-        "# TYPE x_seconds histogram",
-        'x_seconds_bucket{le="0.1"} 1',
-        'x_seconds_bucket{le="1"} 3',
-        'x_seconds_bucket{le="+Inf"} 4',
-        "x_seconds_sum 8.1",
-        "x_seconds_count 4",
-    ]) + "\n"
+    assert (
+        r.render()
+        == "\n".join(
+            [
+                "# HELP x_requests_total Requests.",
+                "# TYPE x_requests_total counter",
+                'x_requests_total{status="200"} 1',
+                'x_requests_total{status="400"} 2',
+                "# HELP x_running Running.",
+                "# TYPE x_running gauge",
+                "x_running 1",
+                "# HELP x_seconds Latency.",
+                "# TYPE x_seconds histogram",
+                'x_seconds_bucket{le="0.1"} 1',
+                'x_seconds_bucket{le="1"} 3',
+                'x_seconds_bucket{le="+Inf"} 4',
+                "x_seconds_sum 8.1",
+                "x_seconds_count 4",
+            ]
+        )
+        + "\n"
+    )
 
 
 def test_unlabelled_series_render_zero_before_any_observation():
@@ -40,7 +47,9 @@ def test_unlabelled_series_render_zero_before_any_observation():
     r.counter("a_total", "A.")
     r.histogram("b_seconds", "B.", buckets=(1.0,))
     text = r.render()
-    assert "a_total 0\n" in text and 'b_seconds_bucket{le="+Inf"} 0\n' in text and "b_seconds_count 0\n" in text
+    assert (
+        "a_total 0\n" in text and 'b_seconds_bucket{le="+Inf"} 0\n' in text and "b_seconds_count 0\n" in text
+    )
 
 
 def test_label_values_are_escaped():
@@ -72,11 +81,21 @@ def test_scheduler_stats_render_as_the_scheduler_series():
 
     classes = ("ordinary", "discovery", "timing_refresh", "acceptance_learning")
     stats = SchedulerStats(
-        executions=tuple(zip(classes, (3, 1, 0, 0))), execution_ns=tuple(zip(classes, (14239000, 5, 0, 0))),
-        selections=(("mixed", 1), ("speculative", 2)), speculative_programs=2, drafts_offered=6,
-        learned_draws=6, drafts_accepted=4, accepted_by_position=((1, 2), (2, 2), (3, 0)),
-        offered_by_position=((1, 2), (2, 2), (3, 2)), refresh_credit_ms=0.0285, learning_credit_ms=5.0)
-    assert render_scheduler_stats(stats) == """\
+        executions=tuple(zip(classes, (3, 1, 0, 0))),
+        execution_ns=tuple(zip(classes, (14239000, 5, 0, 0))),
+        selections=(("mixed", 1), ("speculative", 2)),
+        speculative_programs=2,
+        drafts_offered=6,
+        learned_draws=6,
+        drafts_accepted=4,
+        accepted_by_position=((1, 2), (2, 2), (3, 0)),
+        offered_by_position=((1, 2), (2, 2), (3, 2)),
+        refresh_credit_ms=0.0285,
+        learning_credit_ms=5.0,
+    )
+    assert (
+        render_scheduler_stats(stats)
+        == """\
 # HELP helios_scheduler_executions_total Executions by accounting class.
 # TYPE helios_scheduler_executions_total counter
 helios_scheduler_executions_total{class="ordinary"} 3
@@ -115,3 +134,4 @@ helios_scheduler_refresh_credit_ms 0.0285
 # TYPE helios_scheduler_learning_credit_ms gauge
 helios_scheduler_learning_credit_ms 5.0
 """
+    )

@@ -4,6 +4,7 @@ Expected outputs follow from the fake's docstring: the output cycles CYCLE_TEXT
 ("The quick brown fox jumps over the lazy dog. "), one token per character, and the chat template
 renders ``"{role}: {content}\\n"`` per message then ``"assistant: "``.
 """
+
 import openai
 import pytest
 
@@ -83,8 +84,16 @@ def test_stop_strings(client):
 
 
 def test_sampling_parameters_reach_the_engine(client, engine):
-    r = client.completions.create(model=MODEL, prompt="ab", max_tokens=3, temperature=0.25, top_p=0.5, seed=7,
-                                  stop="q", extra_body={"top_k": 5})
+    r = client.completions.create(
+        model=MODEL,
+        prompt="ab",
+        max_tokens=3,
+        temperature=0.25,
+        top_p=0.5,
+        seed=7,
+        stop="q",
+        extra_body={"top_k": 5},
+    )
     sampling = submitted(engine, r.id).sampling
     assert (sampling.temperature, sampling.top_p, sampling.top_k, sampling.seed) == (0.25, 0.5, 5, 7)
     assert (sampling.max_tokens, sampling.stop) == (3, ("q",))
@@ -115,12 +124,17 @@ def test_chat_logprobs(client):
     r = client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=2, logprobs=True)
     content = r.choices[0].logprobs.content
     assert [(c.token, c.logprob, c.bytes, c.top_logprobs) for c in content] == [
-        ("T", -0.5, [84], []), ("h", -0.5, [104], [])]
+        ("T", -0.5, [84], []),
+        ("h", -0.5, [104], []),
+    ]
 
 
 def test_streaming_chat_with_usage(client):
-    chunks = list(client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=5, stream=True,
-                                                 stream_options={"include_usage": True}))
+    chunks = list(
+        client.chat.completions.create(
+            model=MODEL, messages=CHAT, max_tokens=5, stream=True, stream_options={"include_usage": True}
+        )
+    )
     assert chunks[0].choices[0].delta.role == "assistant"
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "The q"
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
@@ -137,25 +151,56 @@ def test_streaming_completion(client):
 
 
 def test_streaming_stop_and_logprobs(client):
-    chunks = list(client.completions.create(model=MODEL, prompt="Hi", max_tokens=30, stream=True, stop="ick",
-                                            logprobs=0, echo=True))
+    chunks = list(
+        client.completions.create(
+            model=MODEL, prompt="Hi", max_tokens=30, stream=True, stop="ick", logprobs=0, echo=True
+        )
+    )
     assert "".join(c.choices[0].text for c in chunks) == "HiThe qu"
     tokens = [t for c in chunks if c.choices[0].logprobs for t in c.choices[0].logprobs.tokens]
-    assert tokens[:2] == ["H", "i"] and "".join(tokens[2:]) == "The quick"  # the stop's tokens keep their scores
+    assert (
+        tokens[:2] == ["H", "i"] and "".join(tokens[2:]) == "The quick"
+    )  # the stop's tokens keep their scores
     assert chunks[-1].choices[0].finish_reason == "stop"
 
 
-@pytest.mark.parametrize("call, error, code", [
-    (lambda c: c.completions.create(model="gpt-4", prompt="a"), openai.NotFoundError, "model_not_found"),
-    (lambda c: c.completions.create(model=MODEL, prompt="a", n=2), openai.BadRequestError, "unsupported_parameter"),
-    (lambda c: c.completions.create(model=MODEL, prompt="a", max_tokens=0), openai.BadRequestError, "invalid_value"),
-    (lambda c: c.completions.create(model=MODEL, prompt="a" * 120, max_tokens=10), openai.BadRequestError,
-     "context_length_exceeded"),
-    (lambda c: c.chat.completions.create(model=MODEL, messages=CHAT, tools=[{"type": "function", "function": {
-        "name": "f", "parameters": {}}}]), openai.BadRequestError, "unsupported_parameter"),
-    (lambda c: c.chat.completions.create(model=MODEL, messages=CHAT, response_format={"type": "json_object"}),
-     openai.BadRequestError, "unsupported_parameter"),
-])
+@pytest.mark.parametrize(
+    "call, error, code",
+    [
+        (lambda c: c.completions.create(model="gpt-4", prompt="a"), openai.NotFoundError, "model_not_found"),
+        (
+            lambda c: c.completions.create(model=MODEL, prompt="a", n=2),
+            openai.BadRequestError,
+            "unsupported_parameter",
+        ),
+        (
+            lambda c: c.completions.create(model=MODEL, prompt="a", max_tokens=0),
+            openai.BadRequestError,
+            "invalid_value",
+        ),
+        (
+            lambda c: c.completions.create(model=MODEL, prompt="a" * 120, max_tokens=10),
+            openai.BadRequestError,
+            "context_length_exceeded",
+        ),
+        (
+            lambda c: c.chat.completions.create(
+                model=MODEL,
+                messages=CHAT,
+                tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}],
+            ),
+            openai.BadRequestError,
+            "unsupported_parameter",
+        ),
+        (
+            lambda c: c.chat.completions.create(
+                model=MODEL, messages=CHAT, response_format={"type": "json_object"}
+            ),
+            openai.BadRequestError,
+            "unsupported_parameter",
+        ),
+    ],
+)
 def test_errors_map_to_the_client_exceptions(client, call, error, code):
     with pytest.raises(error) as info:
         call(client)

@@ -5,6 +5,7 @@ Qwen3 model (with an MTP head) under ordinary, fixed-width and adaptive speculat
 Each scenario asserts complete responses and prints the prompt/output token counts, the client's
 SSE arrival gaps and the server's per-program execution deltas (these are not GPU timings).
 """
+
 import http.client
 import json
 import re
@@ -27,10 +28,20 @@ MODES = ["off", "fixed", "adaptive"]
 def server(request):
     config, params = model()
     mode = request.param
-    engine = HeliosEngine(model_config=config, params=params, tokenizer=tokenizer(), model_name="tiny",
-                          engine_config=EngineConfig(request_slots=4, prefill_chunks=(4096,), speculation=mode,
-                                                     draft_tokens=0 if mode == "off" else 3, max_model_len=4608),
-                          check_invariants=True)
+    engine = HeliosEngine(
+        model_config=config,
+        params=params,
+        tokenizer=tokenizer(),
+        model_name="tiny",
+        engine_config=EngineConfig(
+            request_slots=4,
+            prefill_chunks=(4096,),
+            speculation=mode,
+            draft_tokens=0 if mode == "off" else 3,
+            max_model_len=4608,
+        ),
+        check_invariants=True,
+    )
     with live_server(engine) as srv:
         srv.mode = mode
         yield srv
@@ -38,13 +49,24 @@ def server(request):
 
 def graph_counts(server) -> dict:
     text = get(server, "/metrics").body.decode()
-    return {m.group(1): float(m.group(2)) for m in re.finditer(r'helios_graph_executions_total\{graph="([^"]+)"\} (\S+)', text)}
+    return {
+        m.group(1): float(m.group(2))
+        for m in re.finditer(r'helios_graph_executions_total\{graph="([^"]+)"\} (\S+)', text)
+    }
 
 
 def stream_completion(server, prompt: str, max_tokens: int, out: dict, key) -> None:
     """POST a streaming completion, reading events as they arrive (for the client's gaps)."""
-    body = json.dumps({"model": "tiny", "prompt": prompt, "max_tokens": max_tokens, "stream": True,
-                       "temperature": 0, "stream_options": {"include_usage": True}}).encode()
+    body = json.dumps(
+        {
+            "model": "tiny",
+            "prompt": prompt,
+            "max_tokens": max_tokens,
+            "stream": True,
+            "temperature": 0,
+            "stream_options": {"include_usage": True},
+        }
+    ).encode()
     conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=600)
     start = time.perf_counter()
     conn.request("POST", "/v1/completions", body=body, headers={"Content-Type": "application/json"})
@@ -53,16 +75,22 @@ def stream_completion(server, prompt: str, max_tokens: int, out: dict, key) -> N
     for line in resp:
         line = line.decode().strip()
         if line.startswith("data: "):
-            events.append(line[len("data: "):])
+            events.append(line[len("data: ") :])
             arrivals.append(time.perf_counter() - start)
     conn.close()
     usage = json.loads(events[-2])["usage"] if events and events[-1] == "[DONE]" else None
     choices = [json.loads(e)["choices"] for e in events[:-1]]
     finish = [c[0]["finish_reason"] for c in choices if c and c[0]["finish_reason"]]
     gaps = [b - a for a, b in zip(arrivals, arrivals[1:])]
-    out[key] = dict(status=resp.status, done=bool(events) and events[-1] == "[DONE]", usage=usage,
-                    finish=finish[-1] if finish else None, events=len(events),
-                    first=arrivals[0] if arrivals else None, max_gap=max(gaps, default=0.0))
+    out[key] = dict(
+        status=resp.status,
+        done=bool(events) and events[-1] == "[DONE]",
+        usage=usage,
+        finish=finish[-1] if finish else None,
+        events=len(events),
+        first=arrivals[0] if arrivals else None,
+        max_gap=max(gaps, default=0.0),
+    )
 
 
 def run_concurrently(server, prompts: list[tuple[str, int]], delays=None) -> dict:
@@ -84,17 +112,21 @@ def check_complete(results: dict, prompts) -> None:
         r = results[i]
         assert r["status"] == 200 and r["done"] and r["finish"] in ("stop", "length"), r
         assert 1 <= r["usage"]["completion_tokens"] <= n and r["usage"]["prompt_tokens"] > 0
-        print(f"  [{i}] prompt={r['usage']['prompt_tokens']} output={r['usage']['completion_tokens']} "
-              f"events={r['events']} first event {r['first']:.3f}s, largest SSE gap {r['max_gap']:.3f}s, "
-              f"finish={r['finish']}")
+        print(
+            f"  [{i}] prompt={r['usage']['prompt_tokens']} output={r['usage']['completion_tokens']} "
+            f"events={r['events']} first event {r['first']:.3f}s, largest SSE gap {r['max_gap']:.3f}s, "
+            f"finish={r['finish']}"
+        )
 
 
 def scenario(server, prompts, delays=None):
     before = graph_counts(server)
     results = run_concurrently(server, prompts, delays)
     after = graph_counts(server)
-    print(f"\n[{server.mode}] graph executions:",
-          {k: int(v - before.get(k, 0)) for k, v in after.items() if v - before.get(k, 0)})
+    print(
+        f"\n[{server.mode}] graph executions:",
+        {k: int(v - before.get(k, 0)) for k, v in after.items() if v - before.get(k, 0)},
+    )
     check_complete(results, prompts)
 
 
@@ -123,8 +155,9 @@ def test_long_prompt_during_decode_and_short_long_contention(server):
 def test_cancellation_then_slot_reuse(server):
     socks = []
     for _ in range(4):
-        sock, _ = open_stream(server, "/v1/completions", {"model": "tiny", "prompt": LONG, "max_tokens": 2000,
-                                                          "stream": True})
+        sock, _ = open_stream(
+            server, "/v1/completions", {"model": "tiny", "prompt": LONG, "max_tokens": 2000, "stream": True}
+        )
         socks.append(sock)
     for sock in socks:  # every slot busy; the clients go away
         sock.close()
@@ -142,8 +175,12 @@ def test_greedy_output_over_http_equals_offline_greedy_decoding(server):
 
     tok = tokenizer()
     prompt = tok.encode("def f(x):\n    return x + 1\n" * 3)
-    resp = post(server, "/v1/completions", {"model": "tiny", "prompt": prompt, "max_tokens": 24, "temperature": 0,
-                                            "logprobs": 0}, timeout=600)
+    resp = post(
+        server,
+        "/v1/completions",
+        {"model": "tiny", "prompt": prompt, "max_tokens": 24, "temperature": 0, "logprobs": 0},
+        timeout=600,
+    )
     assert resp.status == 200
     choice = resp.json()["choices"][0]
     expect = offline_greedy(prompt, resp.json()["usage"]["completion_tokens"])

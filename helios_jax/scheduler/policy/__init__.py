@@ -30,6 +30,7 @@ Cost: the work is vectorised per family and a candidate's lanes are built only w
 materialised (the winner, tied rivals, or an explicit :func:`candidates` listing), so a decision
 stays near a millisecond with 64 resident requests (``scripts/bench/scheduler_select.py``).
 """
+
 from helios_jax.scheduler.policy.prepared import (
     PREREQUISITE_KINDS,
     PreparedGraphs,

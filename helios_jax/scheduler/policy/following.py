@@ -12,6 +12,7 @@ rows finish terminal requests. For fixed shapes lane values are additive, so:
   allocation in fixed mode (``utility.best_ragged_pair``), the adaptive orderings priced by the
   resulting causal allocation otherwise (:func:`ragged_cohort`).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -74,11 +75,24 @@ class Population:
         return float(sum(l.value for l in self.fixed))
 
     @classmethod
-    def of(cls, new: Sequence[tuple[float, Lane]], ready: Sequence[tuple[float, Lane]], room: int, *,
-           fixed: Sequence[Lane] = (), fixed_new: bool = False) -> Population:
-        return cls(np.array([x[0] for x in new], dtype=np.float64), [x[1] for x in new],
-                   np.array([x[0] for x in ready], dtype=np.float64), [x[1] for x in ready],
-                   room, list(fixed), fixed_new)
+    def of(
+        cls,
+        new: Sequence[tuple[float, Lane]],
+        ready: Sequence[tuple[float, Lane]],
+        room: int,
+        *,
+        fixed: Sequence[Lane] = (),
+        fixed_new: bool = False,
+    ) -> Population:
+        return cls(
+            np.array([x[0] for x in new], dtype=np.float64),
+            [x[1] for x in new],
+            np.array([x[0] for x in ready], dtype=np.float64),
+            [x[1] for x in ready],
+            room,
+            list(fixed),
+            fixed_new,
+        )
 
 
 def following_graphs(sel: Selection, enables: Phase) -> list[GraphDescriptor]:
@@ -124,12 +138,19 @@ def prompt_value(sel: Selection, v: RequestView, capacity: int, scored: bool = F
 
 def prompt_lane(sel: Selection, v: RequestView, capacity: int, scored: bool = False) -> Lane:
     n = v.prompt_work(capacity)
-    return Lane(v.rid, v.slot, LaneRole.PROMPT, prompt_tokens=n, value=prompt_value(sel, v, capacity, scored),
-                expected_tokens=1.0 if n == v.prompt_remaining else 0.0)
+    return Lane(
+        v.rid,
+        v.slot,
+        LaneRole.PROMPT,
+        prompt_tokens=n,
+        value=prompt_value(sel, v, capacity, scored),
+        expected_tokens=1.0 if n == v.prompt_remaining else 0.0,
+    )
 
 
-def populations(sel: Selection, g2: GraphDescriptor, new_views: list[RequestView],
-                u: float) -> list[Population]:
+def populations(
+    sel: Selection, g2: GraphDescriptor, new_views: list[RequestView], u: float
+) -> list[Population]:
     """Every legal population shape of the following graph for one fixed pair of shapes.
 
     Decode-like followers take newly ready and already ready decoders; prefill followers
@@ -146,8 +167,12 @@ def populations(sel: Selection, g2: GraphDescriptor, new_views: list[RequestView
     ready_dec: list[tuple[float, Lane]] = []
     if decoders.count:
         table = decoders.table(g2.token_capacity, g2.proposal_depth)
-        ready_dec = list(zip((table.values + decoders.age_value_per_ms * u).tolist(),
-                             decoders.lanes(range(decoders.count), table.widths, u)))
+        ready_dec = list(
+            zip(
+                (table.values + decoders.age_value_per_ms * u).tolist(),
+                decoders.lanes(range(decoders.count), table.widths, u),
+            )
+        )
     shapes = [Population.of(new_dec, ready_dec, b2)]
     if g2.kind is GraphKind.MIXED:
         cap = g2.prefill_capacity
@@ -156,33 +181,51 @@ def populations(sel: Selection, g2: GraphDescriptor, new_views: list[RequestView
                 shapes.append(Population.of(new_dec, ready_dec, b2 - 1, fixed=[prompts.lane(i, cap)]))
         for v in new_views:
             if v.enables is Phase.PREFILL and prompt_value(sel, v, cap) > 0:
-                shapes.append(Population.of(new_dec, ready_dec, b2 - 1,
-                                            fixed=[prompt_lane(sel, v, cap)], fixed_new=True))
+                shapes.append(
+                    Population.of(
+                        new_dec, ready_dec, b2 - 1, fixed=[prompt_lane(sel, v, cap)], fixed_new=True
+                    )
+                )
     return shapes
 
 
 def _prefill_population(sel: Selection, g2: GraphDescriptor, new_views: list[RequestView]) -> Population:
     prompts = sel.prompts
     cap, scored = g2.token_capacity, g2.kind is GraphKind.SCORED_PREFILL
-    new = [(prompt_value(sel, v, cap, scored), prompt_lane(sel, v, cap, scored)) for v in new_views
-           if v.enables is Phase.PREFILL]
-    ready = [(float(prompts.values(cap)[i]), prompts.lane(i, cap)) for i in range(prompts.count)
-             if prompts.needs_scores[i] == scored and prompts.work(cap)[i] > 0]
+    new = [
+        (prompt_value(sel, v, cap, scored), prompt_lane(sel, v, cap, scored))
+        for v in new_views
+        if v.enables is Phase.PREFILL
+    ]
+    ready = [
+        (float(prompts.values(cap)[i]), prompts.lane(i, cap))
+        for i in range(prompts.count)
+        if prompts.needs_scores[i] == scored and prompts.work(cap)[i] > 0
+    ]
     return Population.of([x for x in new if x[0] > 0], ready, g2.batch_capacity)
 
 
 def population_cohort(pair: Pair, pop: Population) -> FollowerCohort | None:
     """The exact joint cohort for one population shape (``utility.best_pair``)."""
     room1 = pair.prerequisite.batch_capacity - (1 if pop.fixed_new else 0)
-    res = utility.best_pair(pop.new_values, pop.ready_values, pair.terminal_values, room1, pop.room,
-                            min_new=0 if pop.fixed_new else 1)
+    res = utility.best_pair(
+        pop.new_values,
+        pop.ready_values,
+        pair.terminal_values,
+        room1,
+        pop.room,
+        min_new=0 if pop.fixed_new else 1,
+    )
     if res is None:
         return None
-    new_lanes = [pop.new_lanes[i] for i in np.argsort(-pop.new_values, kind="stable")[:res.new_count]]
-    ready_lanes = [pop.ready_lanes[i] for i in np.argsort(-pop.ready_values, kind="stable")[:res.ready_count]]
+    new_lanes = [pop.new_lanes[i] for i in np.argsort(-pop.new_values, kind="stable")[: res.new_count]]
+    ready_lanes = [
+        pop.ready_lanes[i] for i in np.argsort(-pop.ready_values, kind="stable")[: res.ready_count]
+    ]
     enabled = {l.rid for l in new_lanes} | ({l.rid for l in pop.fixed} if pop.fixed_new else set())
-    return FollowerCohort(enabled, res.terminal_count, pop.fixed + new_lanes + ready_lanes,
-                          res.total + pop.fixed_value)
+    return FollowerCohort(
+        enabled, res.terminal_count, pop.fixed + new_lanes + ready_lanes, res.total + pop.fixed_value
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -222,12 +265,21 @@ def ragged_cohort(sel: Selection, pair: Pair, new_views: list[RequestView]) -> F
         choice = _adaptive_ragged_choice(pair, groups, device)
     if choice is None:
         return None
-    new_lanes = [_ragged_lane(groups.new, groups.new_delivery_value, i, choice.new_rows[i],
-                              groups.new_widths[i], device) for i in choice.new]
-    ready_lanes = [_ragged_lane(groups.ready, groups.ready_delivery_value, i, choice.ready_rows[i],
-                                groups.ready_widths[i], device) for i in choice.ready]
-    total = (sum(l.value for l in new_lanes + ready_lanes)
-             + float(np.sort(pair.terminal_values)[::-1][:choice.terminal_count].sum()))
+    new_lanes = [
+        _ragged_lane(
+            groups.new, groups.new_delivery_value, i, choice.new_rows[i], groups.new_widths[i], device
+        )
+        for i in choice.new
+    ]
+    ready_lanes = [
+        _ragged_lane(
+            groups.ready, groups.ready_delivery_value, i, choice.ready_rows[i], groups.ready_widths[i], device
+        )
+        for i in choice.ready
+    ]
+    total = sum(l.value for l in new_lanes + ready_lanes) + float(
+        np.sort(pair.terminal_values)[::-1][: choice.terminal_count].sum()
+    )
     return FollowerCohort({l.rid for l in new_lanes}, choice.terminal_count, new_lanes + ready_lanes, total)
 
 
@@ -248,14 +300,27 @@ def _ragged_decoders(sel: Selection, pair: Pair, views: list[RequestView]) -> _R
 
 def _fixed_ragged_choice(pair: Pair, groups: _RaggedDecoders) -> _RaggedChoice | None:
     new, ready = groups.new, groups.ready
-    new_values = (new.output_price * new.expected_output[np.arange(new.count), groups.new_widths]
-                  + groups.new_delivery_value)
-    ready_values = (ready.output_price * ready.expected_output[np.arange(ready.count), groups.ready_widths]
-                    + groups.ready_delivery_value if ready.count else np.zeros(0))
+    new_values = (
+        new.output_price * new.expected_output[np.arange(new.count), groups.new_widths]
+        + groups.new_delivery_value
+    )
+    ready_values = (
+        ready.output_price * ready.expected_output[np.arange(ready.count), groups.ready_widths]
+        + groups.ready_delivery_value
+        if ready.count
+        else np.zeros(0)
+    )
     g2 = pair.following
-    res = utility.best_ragged_pair(new_values, groups.new_widths, ready_values, groups.ready_widths,
-                                   pair.terminal_values, pair.prerequisite.batch_capacity, g2.batch_capacity,
-                                   g2.target_capacity)
+    res = utility.best_ragged_pair(
+        new_values,
+        groups.new_widths,
+        ready_values,
+        groups.ready_widths,
+        pair.terminal_values,
+        pair.prerequisite.batch_capacity,
+        g2.batch_capacity,
+        g2.target_capacity,
+    )
     if res is None:
         return None
     return _RaggedChoice(res.new, res.ready, res.terminal_count, groups.new_widths, groups.ready_widths)
@@ -265,17 +330,23 @@ def _adaptive_ragged_choice(pair: Pair, groups: _RaggedDecoders, device: bool) -
     new, ready = groups.new, groups.ready
     n_new, room1 = new.count, pair.prerequisite.batch_capacity
     new_pending = new.output_price + groups.new_delivery_value
-    pending = (np.concatenate([new_pending, ready.output_price + groups.ready_delivery_value]) if ready.count
-               else new_pending)
-    extension = (np.vstack([new.extension_value, ready.extension_value]) if ready.count
-                 else new.extension_value)
+    pending = (
+        np.concatenate([new_pending, ready.output_price + groups.ready_delivery_value])
+        if ready.count
+        else new_pending
+    )
+    extension = (
+        np.vstack([new.extension_value, ready.extension_value]) if ready.count else new.extension_value
+    )
     ceilings = np.concatenate([groups.new_widths, groups.ready_widths])
-    rank_key = ((np.vstack([new.forecast, ready.forecast]) if ready.count else new.forecast) if device
-                else extension)
+    rank_key = (
+        (np.vstack([new.forecast, ready.forecast]) if ready.count else new.forecast) if device else extension
+    )
     slots = np.concatenate([new.slots, ready.slots]) if ready.count else new.slots
     by_slot = np.argsort(slots, kind="stable")
     alloc_lanes, alloc_depths = prefix_allocation_order(
-        rank_key[by_slot], np.minimum(ceilings[by_slot], extension.shape[1] + 1))
+        rank_key[by_slot], np.minimum(ceilings[by_slot], extension.shape[1] + 1)
+    )
     terminal_sorted = np.sort(pair.terminal_values)[::-1]
     terminal_prefix = np.concatenate([[0.0], np.cumsum(terminal_sorted)])
     ks = np.arange(min(room1, n_new) + 1)
@@ -283,9 +354,17 @@ def _adaptive_ragged_choice(pair: Pair, groups: _RaggedDecoders, device: bool) -
     bonus[0] = -np.inf  # at least one newly ready row
     is_new = np.arange(ceilings.size) < n_new
     g2 = pair.following
-    _, cohort, alloc = utility.adaptive_ragged(pending, extension, ceilings, by_slot[alloc_lanes],
-                                               alloc_depths, g2.batch_capacity, g2.target_capacity,
-                                               new=is_new, new_bonus=bonus)
+    _, cohort, alloc = utility.adaptive_ragged(
+        pending,
+        extension,
+        ceilings,
+        by_slot[alloc_lanes],
+        alloc_depths,
+        g2.batch_capacity,
+        g2.target_capacity,
+        new=is_new,
+        new_bonus=bonus,
+    )
     if not cohort:
         return None
     new_idx = [i for i in cohort if i < n_new]
@@ -294,10 +373,17 @@ def _adaptive_ragged_choice(pair: Pair, groups: _RaggedDecoders, device: bool) -
     return _RaggedChoice(new_idx, ready_idx, terminal_count, alloc[:n_new], alloc[n_new:])
 
 
-def _ragged_lane(group: DecoderTable, delivery_value: np.ndarray, i: int, rows: int, ceiling: int,
-                 device: bool) -> Lane:
+def _ragged_lane(
+    group: DecoderTable, delivery_value: np.ndarray, i: int, rows: int, ceiling: int, device: bool
+) -> Lane:
     """A decode lane of a ragged follower: predicted `rows` under device `ceiling`, or host rows."""
     expected = float(group.expected_output[i, int(rows)])
-    return Lane(int(group.rids[i]), int(group.slots[i]), LaneRole.DECODE,
-                query_length=0 if device else int(rows), ceiling=int(ceiling) if device else 0,
-                expected_tokens=expected, value=float(group.output_price[i] * expected + delivery_value[i]))
+    return Lane(
+        int(group.rids[i]),
+        int(group.slots[i]),
+        LaneRole.DECODE,
+        query_length=0 if device else int(rows),
+        ceiling=int(ceiling) if device else 0,
+        expected_tokens=expected,
+        value=float(group.output_price[i] * expected + delivery_value[i]),
+    )

@@ -8,6 +8,7 @@
   causal allocation it gets (``utility.adaptive_ragged``); device-allocated ones receive
   host prices only through their lane ceilings (:func:`price_ceilings`).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -45,30 +46,43 @@ def generation_candidates(sel: Selection) -> list[ScoredCandidate]:
     return found
 
 
-def _unconstrained_candidate(sel: Selection, g: GraphDescriptor, table: LaneTable,
-                             device: bool) -> ScoredCandidate:
+def _unconstrained_candidate(
+    sel: Selection, g: GraphDescriptor, table: LaneTable, device: bool
+) -> ScoredCandidate:
     decoders = sel.decoders
     m = min(g.batch_capacity, decoders.count)
     signature = (g.kind, device, g.proposal_depth, table.work_key, m)
-    return sel.score(g, float(table.prefix_values[m]), m * decoders.age_value_per_ms, signature,
-                     sel.decoder_lanes(table.order[:m], table.widths, g, device))
+    return sel.score(
+        g,
+        float(table.prefix_values[m]),
+        m * decoders.age_value_per_ms,
+        signature,
+        sel.decoder_lanes(table.order[:m], table.widths, g, device),
+    )
 
 
 def _fixed_ragged_candidate(sel: Selection, g: GraphDescriptor, table: LaneTable) -> ScoredCandidate | None:
     decoders = sel.decoders
     widths, values = table.widths, table.values
     t = sel.duration(g) or 0.0
-    _, idx = utility.fixed_ragged(values + decoders.age_value_per_ms * t, widths, g.batch_capacity,
-                                  g.target_capacity)
+    _, idx = utility.fixed_ragged(
+        values + decoders.age_value_per_ms * t, widths, g.batch_capacity, g.target_capacity
+    )
     if not idx:
         return None
     signature = (g.kind, False, g.proposal_depth, tuple((int(decoders.rids[i]), int(widths[i])) for i in idx))
-    return sel.score(g, float(values[idx].sum()), len(idx) * decoders.age_value_per_ms, signature,
-                     lambda: decoders.lanes(idx, widths, t))
+    return sel.score(
+        g,
+        float(values[idx].sum()),
+        len(idx) * decoders.age_value_per_ms,
+        signature,
+        lambda: decoders.lanes(idx, widths, t),
+    )
 
 
-def _adaptive_ragged_candidate(sel: Selection, g: GraphDescriptor, widths: np.ndarray,
-                               device: bool) -> ScoredCandidate | None:
+def _adaptive_ragged_candidate(
+    sel: Selection, g: GraphDescriptor, widths: np.ndarray, device: bool
+) -> ScoredCandidate | None:
     """Adaptive ragged selection: cohort prefixes under the three orderings, each priced by
     the allocation it gets.
 
@@ -83,25 +97,42 @@ def _adaptive_ragged_candidate(sel: Selection, g: GraphDescriptor, widths: np.nd
     depth = decoders.extension_value.shape[1]
     by_slot = np.argsort(decoders.slots, kind="stable")
     rank_key = decoders.forecast if device else decoders.extension_value
-    alloc_lanes, alloc_depths = prefix_allocation_order(rank_key[by_slot],
-                                                        np.minimum(widths[by_slot], depth + 1))
-    _, cohort, alloc = utility.adaptive_ragged(pending_value, decoders.extension_value, widths,
-                                               by_slot[alloc_lanes], alloc_depths, g.batch_capacity,
-                                               g.target_capacity)
+    alloc_lanes, alloc_depths = prefix_allocation_order(
+        rank_key[by_slot], np.minimum(widths[by_slot], depth + 1)
+    )
+    _, cohort, alloc = utility.adaptive_ragged(
+        pending_value,
+        decoders.extension_value,
+        widths,
+        by_slot[alloc_lanes],
+        alloc_depths,
+        g.batch_capacity,
+        g.target_capacity,
+    )
     if not cohort:
         return None
     ceilings = price_ceilings(sel, cohort, widths, alloc, g.target_capacity) if device else None
-    value = float(sum(decoders.output_price[i] * decoders.expected_output[i, alloc[i]]
-                      + decoders.delivery_value[i] for i in cohort))
+    value = float(
+        sum(
+            decoders.output_price[i] * decoders.expected_output[i, alloc[i]] + decoders.delivery_value[i]
+            for i in cohort
+        )
+    )
     served_rows = alloc if ceilings is None else ceilings  # device lanes: their work is the ceiling
     work = tuple((int(decoders.rids[i]), int(served_rows[i])) for i in cohort)
     signature = (g.kind, device, g.proposal_depth, work)
-    return sel.score(g, value, len(cohort) * decoders.age_value_per_ms, signature,
-                     lambda: decoders.lanes(cohort, alloc, t, ceilings=ceilings))
+    return sel.score(
+        g,
+        value,
+        len(cohort) * decoders.age_value_per_ms,
+        signature,
+        lambda: decoders.lanes(cohort, alloc, t, ceilings=ceilings),
+    )
 
 
-def price_ceilings(sel: Selection, cohort: list[int], widths: np.ndarray, alloc: np.ndarray,
-                   rows: int) -> np.ndarray:
+def price_ceilings(
+    sel: Selection, cohort: list[int], widths: np.ndarray, alloc: np.ndarray, rows: int
+) -> np.ndarray:
     """Lane ceilings for a device-allocated cohort; updates `alloc` to the rows they give.
 
     Maximal ceilings are min(D + 1, W, request limit). A price-aware frontier would rank each

@@ -7,6 +7,7 @@ value does not depend on the decoders, so this is exact over every legal cohort;
 legal. A prompt row is left out where a smaller shape serves the same decoders at the same
 widths and consumes the same prompt tokens (dominance, decided before scoring).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -49,8 +50,13 @@ class MixedFamily:
         sel = self.sel
         m = min(g.batch_capacity, sel.decoders.count)
         signature = (g.kind, -1, 0, g.proposal_depth, table.work_key, m)
-        return sel.score(g, float(table.prefix_values[m]), m * sel.decoders.age_value_per_ms, signature,
-                         sel.decoder_lanes(table.order[:m], table.widths, g, False))
+        return sel.score(
+            g,
+            float(table.prefix_values[m]),
+            m * sel.decoders.age_value_per_ms,
+            signature,
+            sel.decoder_lanes(table.order[:m], table.widths, g, False),
+        )
 
     def _prompt_row_candidate(self, g: GraphDescriptor, table: LaneTable) -> ScoredCandidate | None:
         """The best prompt row with the m = min(B - 1, decoders) highest-value decoders."""

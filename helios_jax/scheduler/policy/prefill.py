@@ -6,6 +6,7 @@ chunk whose work a smaller prepared chunk does as well is left to the dominance 
 *unmeasured* capacity is excluded from exploration when a smaller prepared one consumes the same
 tokens up to the next message or prompt endpoint.
 """
+
 from __future__ import annotations
 
 import functools
@@ -27,8 +28,15 @@ def prefill_candidates(sel: Selection) -> list[ScoredCandidate]:
         i = _best_prompt(sel, g)
         if i is not None:
             cap = g.token_capacity
-            found.append(sel.score(g, float(prompts.values(cap)[i]), 0.0, None,
-                                   functools.partial(_prompt_lanes, prompts, i, cap)))
+            found.append(
+                sel.score(
+                    g,
+                    float(prompts.values(cap)[i]),
+                    0.0,
+                    None,
+                    functools.partial(_prompt_lanes, prompts, i, cap),
+                )
+            )
     return found
 
 

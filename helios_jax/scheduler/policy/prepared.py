@@ -5,6 +5,7 @@ by family, the programs that dominate each one, the smaller prompt capacities th
 unmeasured one redundant) depend only on the catalog, so :class:`PreparedGraphs` computes them
 once when the scheduler loads a mode.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -44,20 +45,29 @@ class PreparedGraphs:
         self.prerequisites = [g for g in self.graphs if g.kind in PREREQUISITE_KINDS]
         self.delivery = [g for g in self.graphs if g.kind.is_generation]
         self.dominators = {
-            g: [h for h in self.graphs if h.kind is g.kind and dominates(h, g)] for g in self.graphs}
+            g: [h for h in self.graphs if h.kind is g.kind and dominates(h, g)] for g in self.graphs
+        }
         self.dominator_ids = {id(g): {id(h) for h in hs} for g, hs in self.dominators.items()}
         self.smaller_prefill = {
             g: [h for h in self.prefill if h.kind is g.kind and h.token_capacity < g.token_capacity]
-            for g in self.prefill}
+            for g in self.prefill
+        }
         self.mixed_decode_only = self._mixed_decode_only()
         self._drafted: PreparedGraphs | None = None
-        largest = {id(g): max((h.token_capacity for h in self.dominators[g]), default=None)
-                   for g in self.prefill}
+        largest = {
+            id(g): max((h.token_capacity for h in self.dominators[g]), default=None) for g in self.prefill
+        }
         self.largest_smaller_chunk: dict[int, int] = {k: v for k, v in largest.items() if v is not None}
         self.smaller_mixed = {
-            g: [h for h in self.mixed if h.batch_capacity == g.batch_capacity
-                and h.token_capacity == g.token_capacity and h.prefill_capacity < g.prefill_capacity]
-            for g in self.mixed}
+            g: [
+                h
+                for h in self.mixed
+                if h.batch_capacity == g.batch_capacity
+                and h.token_capacity == g.token_capacity
+                and h.prefill_capacity < g.prefill_capacity
+            ]
+            for g in self.mixed
+        }
         self.mixed_dominator_classes = {g: self._mixed_dominator_classes(g) for g in self.mixed}
         self.max_width = max([g.token_capacity for g in self.delivery] + [1])
         self.max_depth = max([g.proposal_depth for g in self.delivery] + [0])
@@ -67,7 +77,8 @@ class PreparedGraphs:
         once and kept."""
         if self._drafted is None:
             self._drafted = PreparedGraphs(
-                g for g in self.graphs if g.kind is GraphKind.SPECULATIVE and g.proposal_depth > 0)
+                g for g in self.graphs if g.kind is GraphKind.SPECULATIVE and g.proposal_depth > 0
+            )
         return self._drafted
 
     def _mixed_decode_only(self) -> set[int]:

@@ -11,6 +11,7 @@ A prerequisite earns nothing itself; it is scored by the inference it enables:
 
 Unused prerequisite capacity advances further blocked rows at no extra physical cost.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -48,8 +49,9 @@ def prerequisite_candidates(sel: Selection) -> list[ScoredCandidate]:
     return found
 
 
-def _sequence_candidates(sel: Selection, g1: GraphDescriptor, group: list[RequestView],
-                         singles: list[RequestView]) -> list[ScoredCandidate]:
+def _sequence_candidates(
+    sel: Selection, g1: GraphDescriptor, group: list[RequestView], singles: list[RequestView]
+) -> list[ScoredCandidate]:
     """Every (g1, following shape) pair's best joint cohort, as two-stage sequence candidates."""
     found: list[ScoredCandidate] = []
     terminals = sel.terminals if g1.kind is GraphKind.SNAPSHOT else []
@@ -63,14 +65,21 @@ def _sequence_candidates(sel: Selection, g1: GraphDescriptor, group: list[Reques
             if is_ragged(g2):
                 cohorts = [ragged_cohort(sel, pair, new_views)]
             else:
-                cohorts = [population_cohort(pair, pop)
-                           for pop in populations(sel, g2, new_views, pair.total_ms)]
+                cohorts = [
+                    population_cohort(pair, pop) for pop in populations(sel, g2, new_views, pair.total_ms)
+                ]
             found.extend(_sequence_candidate(sel, pair, c) for c in cohorts if c is not None)
     return found
 
 
-def _pair(sel: Selection, g1: GraphDescriptor, g2: GraphDescriptor, group: list[RequestView],
-          terminals: list[RequestView], terminal_ages: np.ndarray) -> Pair:
+def _pair(
+    sel: Selection,
+    g1: GraphDescriptor,
+    g2: GraphDescriptor,
+    group: list[RequestView],
+    terminals: list[RequestView],
+    terminal_ages: np.ndarray,
+) -> Pair:
     decision = sel.decision
     t1, f = sel.duration(g1), sel.duration(g2)
     if t1 is None or f is None:
@@ -89,28 +98,48 @@ def _sequence_candidate(sel: Selection, pair: Pair, cohort: FollowerCohort) -> S
     g1, g2, decision = pair.prerequisite, pair.following, sel.decision
     terminals, values = pair.terminals, pair.terminal_values
     first = [Lane(v.rid, v.slot, LaneRole.PREREQUISITE) for v in pair.group if v.rid in cohort.enabled]
-    first += [Lane(terminals[i].rid, terminals[i].slot, LaneRole.TERMINAL, value=float(values[i]))
-              for i in np.argsort(-values, kind="stable")[:cohort.terminal_count]]
+    first += [
+        Lane(terminals[i].rid, terminals[i].slot, LaneRole.TERMINAL, value=float(values[i]))
+        for i in np.argsort(-values, kind="stable")[: cohort.terminal_count]
+    ]
     first += free_prerequisite_rows(pair.group, g1.batch_capacity - len(first), cohort.enabled)
     follow_lanes = tuple(cohort.lanes)
     value = cohort.value
     score = value if pair.unknown else decision.sequence_rate(value, pair.total_ms)
-    signature = (g1.kind, tuple(sorted(l.work for l in first)), g2.key,
-                 tuple(sorted(l.work for l in follow_lanes)))
+    signature = (
+        g1.kind,
+        tuple(sorted(l.work for l in first)),
+        g2.key,
+        tuple(sorted(l.work for l in follow_lanes)),
+    )
 
     def build() -> Candidate:
-        following = Candidate(graph=g2, lanes=follow_lanes, duration_ms=pair.following_ms, score=0.0,
-                              useful_value=float(sum(l.value for l in follow_lanes)),
-                              log_scale=decision.log_scale)
-        return Candidate(graph=g1, lanes=tuple(first), duration_ms=pair.prerequisite_ms, score=float(score),
-                         useful_value=float(value), log_scale=decision.log_scale, stale=sel.is_stale(g1),
-                         following=following, sequence_ms=None if pair.unknown else pair.total_ms)
+        following = Candidate(
+            graph=g2,
+            lanes=follow_lanes,
+            duration_ms=pair.following_ms,
+            score=0.0,
+            useful_value=float(sum(l.value for l in follow_lanes)),
+            log_scale=decision.log_scale,
+        )
+        return Candidate(
+            graph=g1,
+            lanes=tuple(first),
+            duration_ms=pair.prerequisite_ms,
+            score=float(score),
+            useful_value=float(value),
+            log_scale=decision.log_scale,
+            stale=sel.is_stale(g1),
+            following=following,
+            sequence_ms=None if pair.unknown else pair.total_ms,
+        )
 
     return ScoredCandidate(g1, float(score), pair.prerequisite_ms, signature, build)
 
 
-def _continuation_candidate(sel: Selection, g1: GraphDescriptor,
-                            group: list[RequestView]) -> ScoredCandidate | None:
+def _continuation_candidate(
+    sel: Selection, g1: GraphDescriptor, group: list[RequestView]
+) -> ScoredCandidate | None:
     """Chains with more prerequisite stages: each row contributes V*T/(T+F)."""
     multis = [v for v in group if len(v.prerequisites) > 1]
     if not multis:
@@ -127,8 +156,10 @@ def _continuation_candidate(sel: Selection, g1: GraphDescriptor,
     order = np.argsort(-contributions, kind="stable")[: g1.batch_capacity]
 
     def lanes() -> list[Lane]:
-        out = [Lane(multis[i].rid, multis[i].slot, LaneRole.PREREQUISITE, value=float(contributions[i]))
-               for i in order]
+        out = [
+            Lane(multis[i].rid, multis[i].slot, LaneRole.PREREQUISITE, value=float(contributions[i]))
+            for i in order
+        ]
         return out + free_prerequisite_rows(group, g1.batch_capacity - len(out), {l.rid for l in out})
 
     signature = (g1.kind, "continuation", tuple(sorted(multis[i].rid for i in order)))
@@ -172,8 +203,10 @@ def _further_prerequisites_ms(sel: Selection, v: RequestView) -> float | None:
 def _first_prefill(sel: Selection, v: RequestView) -> tuple[float, float | None]:
     """(value, duration) of the first prefill chunk: the best measured one by value rate; with
     none measured, the most valuable one."""
-    options = [(prompt_value(sel, v, g.token_capacity, g.kind is GraphKind.SCORED_PREFILL), sel.duration(g))
-               for g in sel.prepared.prefill]
+    options = [
+        (prompt_value(sel, v, g.token_capacity, g.kind is GraphKind.SCORED_PREFILL), sel.duration(g))
+        for g in sel.prepared.prefill
+    ]
     known = [(value / t, value, t) for value, t in options if value > 0 and t is not None]
     if known:
         _, value, t = max(known)

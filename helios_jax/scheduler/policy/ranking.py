@@ -9,6 +9,7 @@ the same prompt row and prompt work; speculative: the same proposal depth), a sh
 capacities are all at least another's, one strictly larger, is discarded, so timing noise can
 never make redundant padding preferable.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
@@ -27,8 +28,14 @@ class ScoredCandidate:
 
     __slots__ = ("_build", "duration_ms", "graph", "score", "signature")
 
-    def __init__(self, graph: GraphDescriptor, score: float, duration_ms: float | None, signature: Signature,
-                 build: Callable[[], Candidate]):
+    def __init__(
+        self,
+        graph: GraphDescriptor,
+        score: float,
+        duration_ms: float | None,
+        signature: Signature,
+        build: Callable[[], Candidate],
+    ):
         self.graph = graph
         self.score = score
         self.duration_ms = duration_ms
@@ -43,8 +50,7 @@ class ScoredCandidate:
         return self.duration_ms is None
 
 
-def prune_dominated(candidates: list[ScoredCandidate],
-                    prepared: PreparedGraphs) -> list[ScoredCandidate]:
+def prune_dominated(candidates: list[ScoredCandidate], prepared: PreparedGraphs) -> list[ScoredCandidate]:
     """The dominance filter within groups of equal kind, cohort and logical work."""
     groups: dict[Hashable, list[ScoredCandidate]] = {}
     for r in candidates:

@@ -6,6 +6,7 @@ tables of runnable decoders and prompts, the terminal and blocked rows, and the 
 estimate of every prepared program. The families (``generation``, ``prefill``, ``mixed``,
 ``snapshots``, ``prerequisites``) read it and return :class:`~.ranking.ScoredCandidate` lists.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -45,7 +46,8 @@ class Selection:
     def __init__(self, inp: SelectionInput):
         if len(inp.views) > MAX_REQUEST_SLOTS:
             raise ValueError(
-                f"selection is bounded to {MAX_REQUEST_SLOTS} request slots, got {len(inp.views)}")
+                f"selection is bounded to {MAX_REQUEST_SLOTS} request slots, got {len(inp.views)}"
+            )
         self.inp = inp
         self.prepared = as_prepared(inp.graphs)
         reference = self.prepared if inp.reference is None else as_prepared(inp.reference)
@@ -53,18 +55,25 @@ class Selection:
         # Least recently used first (never selected first of all), then earlier admitted: every
         # cohort solver sorts lanes stably, so lanes of equal value go in this order
         # (duration-estimates/tie-order), whatever order the caller listed the views in.
-        views = sorted(inp.views,
-                       key=lambda v: (-1 if v.last_selected_ns is None else v.last_selected_ns, v.rid))
+        views = sorted(
+            inp.views, key=lambda v: (-1 if v.last_selected_ns is None else v.last_selected_ns, v.rid)
+        )
         self.views = views
         delivery_bearing = sum(1 for v in views if v.delivery_bearing)
         terminal = sum(1 for v in views if v.phase is Phase.TERMINAL)
         self.decision = utility.Decision.build(
-            views, inp.policy,
+            views,
+            inp.policy,
             sigma_decode=utility.reference_interval(delivery_bearing, reference.delivery, costs),
-            sigma_terminal=utility.reference_interval(terminal, reference.snapshots, costs))
+            sigma_terminal=utility.reference_interval(terminal, reference.snapshots, costs),
+        )
         runnable = [v for v in views if v.runnable]
-        self.decoders = DecoderTable([v for v in runnable if v.phase is Phase.DECODE], self.decision,
-                                     self.prepared.max_width, self.prepared.max_depth)
+        self.decoders = DecoderTable(
+            [v for v in runnable if v.phase is Phase.DECODE],
+            self.decision,
+            self.prepared.max_width,
+            self.prepared.max_depth,
+        )
         self.prompts = PromptTable([v for v in runnable if v.phase is Phase.PREFILL], self.decision)
         self.terminals = [v for v in runnable if v.phase is Phase.TERMINAL]
         self.blocked = [v for v in runnable if v.phase is Phase.BLOCKED and v.prerequisites]
@@ -85,8 +94,14 @@ class Selection:
     def is_stale(self, g: GraphDescriptor) -> bool:
         return self.costs.is_stale(g.key, self.inp.now_ns)
 
-    def score(self, g: GraphDescriptor, value_at_zero: float, value_per_ms: float, signature: Signature,
-              lanes: LaneBuilder) -> ScoredCandidate:
+    def score(
+        self,
+        g: GraphDescriptor,
+        value_at_zero: float,
+        value_per_ms: float,
+        signature: Signature,
+        lanes: LaneBuilder,
+    ) -> ScoredCandidate:
         """Score one candidate whose useful value grows by value_per_ms * T (the age terms); an
         unknown duration gets the optimistic work score, its useful value."""
         t = self._durations[id(g)]
@@ -95,16 +110,30 @@ class Selection:
         else:
             value = value_at_zero + value_per_ms * t
             score = self.decision.rate(value, t)
-        return ScoredCandidate(g, float(score), t, signature,
-                               functools.partial(self._materialise, g, t, float(score), float(value), lanes))
+        return ScoredCandidate(
+            g,
+            float(score),
+            t,
+            signature,
+            functools.partial(self._materialise, g, t, float(score), float(value), lanes),
+        )
 
-    def _materialise(self, g: GraphDescriptor, t: float | None, score: float, value: float,
-                     lanes: LaneBuilder) -> Candidate:
-        return Candidate(graph=g, lanes=tuple(lanes()), duration_ms=t, score=score, useful_value=value,
-                         log_scale=self.decision.log_scale, stale=self.is_stale(g))
+    def _materialise(
+        self, g: GraphDescriptor, t: float | None, score: float, value: float, lanes: LaneBuilder
+    ) -> Candidate:
+        return Candidate(
+            graph=g,
+            lanes=tuple(lanes()),
+            duration_ms=t,
+            score=score,
+            useful_value=value,
+            log_scale=self.decision.log_scale,
+            stale=self.is_stale(g),
+        )
 
-    def decoder_lanes(self, idx: np.ndarray, widths: np.ndarray, g: GraphDescriptor,
-                      device: bool) -> LaneBuilder:
+    def decoder_lanes(
+        self, idx: np.ndarray, widths: np.ndarray, g: GraphDescriptor, device: bool
+    ) -> LaneBuilder:
         """The builder of decode lanes `idx` at `widths` on `g` (device: widths are ceilings)."""
         decoders = self.decoders
         t = self.duration(g) or 0.0

@@ -1,4 +1,5 @@
 """The selection entry points: every family's candidates, pruned, and the preferred one."""
+
 from __future__ import annotations
 
 from helios_jax.scheduler import utility
@@ -15,8 +16,13 @@ from helios_jax.scheduler.view import Candidate
 def scored(inp: SelectionInput) -> list[ScoredCandidate]:
     """Every program's best non-dominated candidate(s), scored but not yet materialised."""
     sel = Selection(inp)
-    found = (generation_candidates(sel) + prefill_candidates(sel) + mixed_candidates(sel)
-             + terminal_candidates(sel) + prerequisite_candidates(sel))
+    found = (
+        generation_candidates(sel)
+        + prefill_candidates(sel)
+        + mixed_candidates(sel)
+        + terminal_candidates(sel)
+        + prerequisite_candidates(sel)
+    )
     return prune_dominated(found, sel.prepared)
 
 

@@ -4,6 +4,7 @@ Terminal rows are valued at the policy's terminal value plus their age cost, und
 score and padding rules as inference; rows a snapshot program does not need for terminal rows
 advance blocked requests whose next prerequisite is a window snapshot.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -24,8 +25,9 @@ def terminal_candidates(sel: Selection) -> list[ScoredCandidate]:
     return [_snapshot_candidate(sel, g, ages, order, free) for g in sel.prepared.snapshots]
 
 
-def _snapshot_candidate(sel: Selection, g: GraphDescriptor, ages: np.ndarray, order: np.ndarray,
-                        free: list[RequestView]) -> ScoredCandidate:
+def _snapshot_candidate(
+    sel: Selection, g: GraphDescriptor, ages: np.ndarray, order: np.ndarray, free: list[RequestView]
+) -> ScoredCandidate:
     decision = sel.decision
     per_row = decision.terminal_age * decision.sigma_terminal
     m = min(g.batch_capacity, len(order))
@@ -33,8 +35,15 @@ def _snapshot_candidate(sel: Selection, g: GraphDescriptor, ages: np.ndarray, or
     t = sel.duration(g) or 0.0
 
     def lanes() -> list[Lane]:
-        out = [Lane(sel.terminals[i].rid, sel.terminals[i].slot, LaneRole.TERMINAL,
-                    value=float(decision.terminal_lane(ages[i], t))) for i in idx]
+        out = [
+            Lane(
+                sel.terminals[i].rid,
+                sel.terminals[i].slot,
+                LaneRole.TERMINAL,
+                value=float(decision.terminal_lane(ages[i], t)),
+            )
+            for i in idx
+        ]
         return out + free_prerequisite_rows(free, g.batch_capacity - m, ())
 
     n_free = min(len(free), g.batch_capacity - m)

@@ -6,6 +6,7 @@ parts of each decoder's lane value that do not depend on the program's duration 
 :class:`PromptTable` holds each prompt's work and value per prompt capacity. Prices are scaled
 by the decision's shared factor (``utility.Decision.scaled``).
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
@@ -51,16 +52,20 @@ class DecoderTable:
         self.last_selected_ns = np.array([v.last_selected_ns for v in views], dtype=np.int64)
         self.output_price = decision.scaled(np.array([v.log_output_price for v in views], dtype=np.float64))
         self.delivery_price = decision.scaled(
-            np.array([v.log_delivery_price for v in views], dtype=np.float64))
+            np.array([v.log_delivery_price for v in views], dtype=np.float64)
+        )
         age = np.array([v.age_ms for v in views], dtype=np.float64)
         self.row_limit = np.array([v.row_limit for v in views], dtype=np.float64)
         self.survival = padded_prefixes([v.survival for v in views], depth)  # f64[n, D]
         self.forecast = padded_prefixes([v.forecast for v in views], depth)  # f64[n, D] joint prefix probs
         # f64[n, max_width + 1]: expected committed tokens at each width
-        self.expected_output = (expected_output_table(self.survival, max_width, decision.alpha) if count
-                                else np.zeros((0, max_width + 1)))
+        self.expected_output = (
+            expected_output_table(self.survival, max_width, decision.alpha)
+            if count
+            else np.zeros((0, max_width + 1))
+        )
         # f64[n, D]: value of target row d + 1 (prefix d + 1 surviving)
-        self.extension_value = self.output_price[:, None] * self.survival ** decision.alpha
+        self.extension_value = self.output_price[:, None] * self.survival**decision.alpha
         # f64[n]: delivery and c*sigma*A, the value a served lane earns besides its tokens at T = 0
         self.delivery_value = self.delivery_price + decision.decode_age_term(age, 0.0)
         # c*sigma: value per ms of T per served lane
@@ -88,19 +93,28 @@ class DecoderTable:
             hit = self._tables[(width, depth)] = LaneTable(widths, values, order, prefix, widths.tobytes())
         return hit
 
-    def lanes(self, idx: Iterable[int], rows: np.ndarray, until_ms: float, *,
-              ceilings: np.ndarray | None = None) -> list[Lane]:
+    def lanes(
+        self, idx: Iterable[int], rows: np.ndarray, until_ms: float, *, ceilings: np.ndarray | None = None
+    ) -> list[Lane]:
         """DECODE lanes: host query lengths `rows`, or device `ceilings` with predicted `rows`."""
         out = []
         for i in idx:
             i = int(i)
             expected = float(self.expected_output[i, int(rows[i])])
-            value = float(self.output_price[i] * expected + self.delivery_value[i]
-                          + self.age_value_per_ms * until_ms)
-            out.append(Lane(int(self.rids[i]), int(self.slots[i]), LaneRole.DECODE,
-                            query_length=0 if ceilings is not None else int(rows[i]),
-                            ceiling=int(ceilings[i]) if ceilings is not None else 0,
-                            expected_tokens=expected, value=value))
+            value = float(
+                self.output_price[i] * expected + self.delivery_value[i] + self.age_value_per_ms * until_ms
+            )
+            out.append(
+                Lane(
+                    int(self.rids[i]),
+                    int(self.slots[i]),
+                    LaneRole.DECODE,
+                    query_length=0 if ceilings is not None else int(rows[i]),
+                    ceiling=int(ceilings[i]) if ceilings is not None else 0,
+                    expected_tokens=expected,
+                    value=value,
+                )
+            )
         return out
 
 
@@ -115,12 +129,14 @@ class PromptTable:
         self.prefill_price = decision.scaled(np.array([v.log_prefill_price for v in views], dtype=np.float64))
         self.output_price = decision.scaled(np.array([v.log_output_price for v in views], dtype=np.float64))
         self.prompt_remaining = np.array([v.prompt_remaining for v in views], dtype=np.int64)
-        self.prompt_limit = np.array([v.prompt_remaining if v.prompt_limit is None else v.prompt_limit
-                                      for v in views], dtype=np.int64)
+        self.prompt_limit = np.array(
+            [v.prompt_remaining if v.prompt_limit is None else v.prompt_limit for v in views], dtype=np.int64
+        )
         self.needs_scores = np.array([v.needs_scores for v in views], dtype=bool)
         self.span_rows = [i for i, v in enumerate(views) if v.atomic_spans]  # rows with atomic image spans
-        endpoint = np.array([v.prompt_remaining if v.endpoint is None else v.endpoint for v in views],
-                            dtype=np.int64)
+        endpoint = np.array(
+            [v.prompt_remaining if v.endpoint is None else v.endpoint for v in views], dtype=np.int64
+        )
         # i64[n]: tokens to the next message or prompt endpoint, within what a chunk may consume
         self.endpoint = np.minimum(np.minimum(endpoint, self.prompt_remaining), self.prompt_limit)
         self._work: dict[int, np.ndarray] = {}
@@ -168,6 +184,11 @@ class PromptTable:
 
     def lane(self, i: int, capacity: int) -> Lane:
         n = int(self.work(capacity)[i])
-        return Lane(int(self.rids[i]), self.views[i].slot, LaneRole.PROMPT, prompt_tokens=n,
-                    value=float(self.values(capacity)[i]),
-                    expected_tokens=1.0 if n == self.prompt_remaining[i] else 0.0)
+        return Lane(
+            int(self.rids[i]),
+            self.views[i].slot,
+            LaneRole.PROMPT,
+            prompt_tokens=n,
+            value=float(self.values(capacity)[i]),
+            expected_tokens=1.0 if n == self.prompt_remaining[i] else 0.0,
+        )
