@@ -515,7 +515,7 @@ def test_mixed_populations_share_one_score_by_hand():
     for (batch, row), t, prompts, decoders, figure in [
         ((4, 0), 4.947, 1, 2, 500.276456),
         ((2, 0), 4.885, 1, 1, 487.529658),
-        ((2, -1), 4.885, 0, 2, 37.710901),
+        ((2, None), 4.885, 0, 2, 37.710901),
     ]:
         c = mixed[(batch, row)]
         assert c.served == prompts + decoders
@@ -710,7 +710,7 @@ def test_every_mixed_shape_offers_its_decode_only_cohort_without_prompts():
     offered = {(c.graph.batch_capacity, c.graph.prefill_capacity, c.served) for c in policy.candidates(inp)}
     assert offered == {(2, 64, 2), (4, 64, 3)}
     c = policy.select(inp)
-    assert (c.graph.batch_capacity, c.served, c.prefill_row) == (4, 3, -1)
+    assert (c.graph.batch_capacity, c.served, c.prefill_row) == (4, 3, None)
 
 
 def _mixed(batch, capacity, ms):
@@ -744,7 +744,7 @@ def test_a_mixed_prompt_row_is_dominated_by_the_largest_smaller_capacity_that_se
     with_prompt = {
         (c.graph.batch_capacity, c.graph.prefill_capacity): c.lanes[c.prefill_row].prompt_tokens
         for c in policy.candidates(inp)
-        if c.prefill_row >= 0
+        if c.prefill_row is not None
     }
     assert with_prompt == {(2, 256): 200, (4, 128): 128}
 
