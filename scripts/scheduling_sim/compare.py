@@ -512,12 +512,12 @@ def sweep_table(results: dict) -> str:
         loads = list(res["per_load"])
         labels = [r["label"] for r in res["per_load"][loads[0]]["schedulers"]]
         lines.append(f"### {name}: every setting (TTFT p99 ms / gap p99 ms / throughput tok/s)\n")
-        lines.append("| setting | " + " | ".join(f"{float(l):g} req/s" for l in loads) + " |")
+        lines.append("| setting | " + " | ".join(f"{float(load):g} req/s" for load in loads) + " |")
         lines.append("| --- |" + " ---: |" * len(loads))
         for label in labels:
             cells = []
-            for l in loads:
-                r = next(x for x in res["per_load"][l]["schedulers"] if x["label"] == label)
+            for load in loads:
+                r = next(x for x in res["per_load"][load]["schedulers"] if x["label"] == label)
                 cells.append(f"{r['ttft_p99_ms']:.0f} / {r['gap_p99_ms']:.0f} / {r['throughput_tok_s']:.0f}")
             lines.append(f"| {label} | " + " | ".join(cells) + " |")
         lines.append("")
