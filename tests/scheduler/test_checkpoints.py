@@ -146,7 +146,7 @@ def test_a_second_turn_restores_the_anchor_and_pays_only_uncached_tokens():
     assert plan.kind is GraphKind.RESTORE and plan.lanes[0].snapshot_row is not None
     fence += 1
     plan, _, t = step(s, fence, t)
-    prompt_lane = next(l for l in plan.lanes if l.role is LaneRole.PROMPT)
+    prompt_lane = next(lane for lane in plan.lanes if lane.role is LaneRole.PROMPT)
     assert prompt_lane.prompt_start == 200 and prompt_lane.prompt_tokens == 40  # only the uncached part
 
 

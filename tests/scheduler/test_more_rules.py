@@ -117,7 +117,7 @@ def test_mixed_followers_take_the_prompt_absent_ready_or_enabled():
         ]
 
     def prompt_row(c):
-        return next((l.rid for l in c.following.lanes if l.role is LaneRole.PROMPT), None)
+        return next((lane.rid for lane in c.following.lanes if lane.role is LaneRole.PROMPT), None)
 
     # the prompt row is the request the prerequisite enables
     enabled = mixed_followers(
