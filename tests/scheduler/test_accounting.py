@@ -462,7 +462,10 @@ def test_mixed_shapes_set_the_reference_and_follow_prerequisites():
     )
     ordinary = dict(catalog=only_mixed, mode=DecodeMode.ORDINARY)
     m2 = "mixed[B=2,W=1,D=0,C=64,P=65]"
-    unscaled = lambda c: c.score * math.exp(c.log_scale)
+
+    def unscaled(c):
+        return c.score * math.exp(c.log_scale)
+
     c = policy.select(inputs([decoder(1)], **ordinary))
     assert c.graph.name == m2 and c.prefill_row == -1
     assert unscaled(c) == pytest.approx((88 + 0.1 * 4.885 * (10 + 4.885)) / 4.885 - 4.885 / 2 * 0.1)

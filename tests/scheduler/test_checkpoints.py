@@ -247,7 +247,7 @@ def test_a_terminal_capture_row_is_owned_by_the_request_it_captures():
     owned_slots) while armed and after the snapshot completes, so row ownership can be
     accounted per request like its pages and slot."""
     s = sched()
-    other = s.admit([4] * 64, max_output=40)
+    s.admit([4] * 64, max_output=40)  # another request
     h = s.admit([3] * 64, max_output=40)
     t, fence = 0.0, 0
     while any(r.phase is not Phase.DECODE or len(r.output) < 3 for r in s.requests.values()):

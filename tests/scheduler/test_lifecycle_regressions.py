@@ -129,13 +129,16 @@ def test_a_saved_probe_plan_whose_credit_is_spent_is_rejected_without_side_effec
     fence += 1
     now = _complete_plainly(s, plan, fence, now, 5.0)  # the probe runs and pays
     assert not s.acceptance_ledger.can_start()
-    state = lambda: (
-        tuple(s.requests[0].inflight),
-        s.in_flight,
-        s.acceptance_ledger.copy(),
-        s.timing_ledger.copy(),
-        dict(s.selections),
-    )
+
+    def state():
+        return (
+            tuple(s.requests[0].inflight),
+            s.in_flight,
+            s.acceptance_ledger.copy(),
+            s.timing_ledger.copy(),
+            dict(s.selections),
+        )
+
     before = state()
     with pytest.raises(PlanRejected):
         s.commit(plan, fence + 1)

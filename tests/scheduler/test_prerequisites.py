@@ -461,10 +461,10 @@ def _sequence_oracle(obj, views, graphs, costs, mode):
                     reverse=True,
                 )
 
-                def terminal_fill(rows):
+                def terminal_fill(rows, tv=tv):
                     return sum(tv[: max(rows, 0)])
 
-                def decode_value(v, rows, newly):
+                def decode_value(v, rows, newly, u=u):
                     ref = u if newly else obj.sigma
                     return (
                         obj.price(v.log_output_price) * expected(v, rows)
@@ -476,7 +476,7 @@ def _sequence_oracle(obj, views, graphs, costs, mode):
                 device = ragged and g2.allocation is Allocation.PREFIX_LIMIT
                 exact = not (ragged and mode is not DecodeMode.FIXED)
 
-                def cohort_value(members):
+                def cohort_value(members, g2=g2, ragged=ragged, device=device, exact=exact):
                     """Best value of decoders [(view, newly)] on g2 (None: they do not fit)."""
                     limits = [cohorts._lane_limit(v, g2) for v, _ in members]
                     if device:
@@ -534,7 +534,7 @@ def _sequence_oracle(obj, views, graphs, costs, mode):
                     cap = g2.prefill_capacity if mixed else g2.token_capacity
                     scored_ = g2.kind is GraphKind.SCORED_PREFILL
 
-                    def pvalue(v):
+                    def pvalue(v, cap=cap, scored_=scored_):
                         n = cohorts.prompt_work_naive(v, cap)
                         return obj.prompt_value(v, n) if n > 0 and v.needs_scores == scored_ else 0.0
 

@@ -154,7 +154,10 @@ def test_output_age_raises_a_decoders_value():
     old = choose([decoder(1, age_ms=500.0)], **ORD)
     assert old.score > young.score
     # Against a pending prompt, growing age eventually gives the decoder its turn.
-    views = lambda age: [decoder(1, age_ms=age, x=20.0, z=2.0), prompt(2, 64, x=0.5)]
+
+    def views(age):
+        return [decoder(1, age_ms=age, x=20.0, z=2.0), prompt(2, 64, x=0.5)]
+
     assert choose(views(0.0), **ORD).kind is not GraphKind.DECODE
     assert choose(views(5000.0), **ORD).kind is not GraphKind.PREFILL
 

@@ -378,7 +378,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             depth = graph.proposal_depth
             ranks = 1 if clean else data.draw(st.integers(1, 2), label="ranks")
             sidecars = []
-            for rank in range(ranks):
+            for _rank in range(ranks):
                 sc = np.zeros((2, slots, depth), np.float32)
                 for lane in plan.lanes:
                     cond = (
