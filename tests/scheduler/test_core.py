@@ -1122,8 +1122,8 @@ def test_a_speculative_refresh_pays_its_whole_interval_once():
 @spec("acceptance-learning/timing-precedence")
 def test_timing_refresh_takes_precedence_over_an_acceptance_probe():
     """Both ledgers full, stale alternatives (every program but the single-row speculative ones)
-    and a probe available (a pessimistic, uninformed acceptance history): the refresh is chosen. With the timing credit gone, the same state
-    (plan() is pure) offers the probe."""
+    and a probe available (a pessimistic, uninformed acceptance history): the refresh is chosen.
+    With the timing credit gone, the same state (plan() is pure) offers the probe."""
     from helios_jax.scheduler.speculation import SOURCE_LEARNED, PrefixEstimate
 
     low = {SOURCE_LEARNED: PrefixEstimate(np.full(7, 0.05), np.full(7, 2.0), 0)}

@@ -1,14 +1,14 @@
 """Random scheduler lifecycles keep the scheduler's invariants.
 
 The machine drives the real Scheduler the way an engine may: admissions (shared prompt prefixes,
-message endpoints, host stops, scored prompts, images in one or several windows), plans committed into the two-slot window
-(a second frame queued behind the first whenever the plan allows it), completions in fence order
-with queued or isolated timing (positive, zero or missing device intervals, several ranks, wall
-time), speculative rounds whose offered and accepted proposals follow the plan (host query
-lengths, or device ceilings with the allocation computed from a confidence sidecar), optional
-survival rows, stop tokens inside accepted prefixes, publication of the visible bursts before the
-next completion, cancellation (also of requests with frames in flight), preemption, host
-finishes, saved plans committed late, and malformed completions.
+message endpoints, host stops, scored prompts, images in one or several windows), plans committed
+into the two-slot window (a second frame queued behind the first whenever the plan allows it),
+completions in fence order with queued or isolated timing (positive, zero or missing device
+intervals, several ranks, wall time), speculative rounds whose offered and accepted proposals
+follow the plan (host query lengths, or device ceilings with the allocation computed from a
+confidence sidecar), optional survival rows, stop tokens inside accepted prefixes, publication of
+the visible bursts before the next completion, cancellation (also of requests with frames in
+flight), preemption, host finishes, saved plans committed late, and malformed completions.
 
 After every step it checks:
 
@@ -520,8 +520,8 @@ class SchedulerMachine(RuleBasedStateMachine):
                 else self.s.complete_with_survival(frame.fence, records, timing, surv)
             )
         event(
-            f"complete {plan.graph.kind.value} device={device_allocated(plan.graph)} survival={surv is not None} "
-            f"queued={timing.queued} valid={timing.device_ns > 0}"
+            f"complete {plan.graph.kind.value} device={device_allocated(plan.graph)} "
+            f"survival={surv is not None} queued={timing.queued} valid={timing.device_ns > 0}"
         )
         for rec in records:
             if rec.offered and STOP in rec.tokens[:-1]:
