@@ -101,14 +101,14 @@ class FakeExecutor:
         sidecar = None
         rows = {}
         device = graph.kind is GraphKind.SPECULATIVE and graph.allocation is Allocation.PREFIX_LIMIT
-        decode_lanes = [l for l in plan.lanes if l.role is LaneRole.DECODE]
+        decode_lanes = [each for each in plan.lanes if each.role is LaneRole.DECODE]
         if device and graph.proposal_depth > 0:
             joint = self.survival(graph.proposal_depth)
             sidecar = np.zeros((2, slots, graph.proposal_depth), dtype=np.float32)
-            order = sorted(decode_lanes, key=lambda l: l.slot)
+            order = sorted(decode_lanes, key=lambda each: each.slot)
             alloc = allocate_prefix_rows(
                 np.tile(joint, (len(order), 1)),
-                [l.ceiling for l in order],
+                [each.ceiling for each in order],
                 [True] * len(order),
                 graph.target_capacity,
             )

@@ -402,7 +402,8 @@ def _check_shapes(q, k_pages, v_pages, page_tables, context_lens, query_starts, 
         raise ValueError(f"num_q_heads {num_q_heads} is not a multiple of num_kv_heads {num_kv_heads}")
     if page_tables.ndim != 2 or not jnp.issubdtype(page_tables.dtype, jnp.integer):
         raise ValueError(
-            f"page_tables must be an integer [R, pages_per_row] array, got {page_tables.dtype}{page_tables.shape}"
+            "page_tables must be an integer [R, pages_per_row] array, got "
+            f"{page_tables.dtype}{page_tables.shape}"
         )
     num_rows = page_tables.shape[0]
     if num_rows < 1:

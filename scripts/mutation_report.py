@@ -5,7 +5,8 @@
     python scripts/mutation_report.py --markdown                        # the table for docs/mutation.md
     python scripts/mutation_report.py --diffs                           # each survivor's diff too
     python scripts/mutation_report.py --sample=7                        # only mutants numbered ...7
-    python scripts/mutation_report.py --sample=helios_jax/scheduler/core.py=7,helios_jax/scheduler/utility.py=37
+    python scripts/mutation_report.py \\
+        --sample=helios_jax/scheduler/core.py=7,helios_jax/scheduler/utility.py=37
 
 mutmut keeps one `<module>.py.meta` JSON file per mutated module under mutants/, mapping every
 mutant's name (`module.function__mutmut_N`, methods as `module.xǁClassǁmethod__mutmut_N`) to
@@ -205,7 +206,8 @@ def main(argv):
         + (
             "\nsampled modules count only the mutants numbered ...["
             + "], ...[".join(sorted(set(digits.values())))
-            + "]; the interval is the kill rate's 95% Wilson interval for all of the module's\nnon-equivalent mutants (approximate: the sample is systematic, not random)"
+            + "]; the interval is the kill rate's 95% Wilson interval for all of the "
+            "module's\nnon-equivalent mutants (approximate: the sample is systematic, not random)"
             if sampled
             else ""
         )

@@ -519,28 +519,38 @@ def write_model_card(folder: pathlib.Path, info: dict) -> None:
     reached = ", ".join(f"{x:.3f}" for x in sp["acceptance_reached"])
     tr = sp["text_rounds"]
     tacc = ", ".join("n/a" if x is None else f"{x:.3f}" for x in tr["acceptance_conditional"])
-    card = f"""# helios_jax default model
-
-A tiny Qwen3-architecture causal LM with a multi-token-prediction (MTP) draft head, trained by
-`scripts/train_tiny.py` on the Python {info["data"]["python"]} standard library's sources. It
-exists so that `python -m helios_jax.serve` runs with no download; it writes Python-like text
-and nothing more. docs/default-model.md describes it in full.
-
-| | |
-| --- | --- |
-| architecture | Qwen3ForCausalLM, {c["num_hidden_layers"]} layers, hidden {c["hidden_size"]}, MLP {c["intermediate_size"]}, {c["num_attention_heads"]} query / {c["num_key_value_heads"]} kv heads of {c["head_dim"]}, tied embeddings |
-| MTP head | {c["mtp_num_hidden_layers"]} block (`mtp.*` tensors, docs/model.md) |
-| context | {c["max_position_embeddings"]} (trained on {t["seq_len"]}-token windows) |
-| vocabulary | {c["vocab_size"]} byte-level BPE, `<|endoftext|>` `<|im_start|>` `<|im_end|>` |
-| weights | {info["parameters"]:,} parameters, {c["dtype"]} |
-| training | {t["steps"]} steps x {t["batch"]} x {t["seq_len"]} tokens, {t["wall_seconds"] / 60:.1f} min on one CPU core |
-| loss (next token, nats) | train {e["losses"]["train"]["next_token"]:.3f}, held-out {e["losses"]["held_out"]["next_token"]:.3f} |
-| greedy speculation, {sp["depth"]} drafts, held-out prompts | {sp["tokens_per_forward"]:.3f} tokens per target forward; acceptance per position (conditional) {acc}; reached {reached} |
-| the same, single rounds from held-out text | {tr["tokens_per_forward"]:.3f} tokens per target forward; acceptance per position (conditional) {tacc} |
-
-Files: config.json, model.safetensors, tokenizer.json, tokenizer_config.json (chat template),
-generation_config.json, training_info.json (every setting and measurement of the run).
-"""
+    card = (
+        "# helios_jax default model\n"
+        "\n"
+        "A tiny Qwen3-architecture causal LM with a multi-token-prediction (MTP) draft head, trained by\n"
+        f"`scripts/train_tiny.py` on the Python {info['data']['python']} standard library's sources. It\n"
+        "exists so that `python -m helios_jax.serve` runs with no download; it writes Python-like text\n"
+        "and nothing more. docs/default-model.md describes it in full.\n"
+        "\n"
+        "| | |\n"
+        "| --- | --- |\n"
+        f"| architecture | Qwen3ForCausalLM, {c['num_hidden_layers']} layers, hidden {c['hidden_size']}, "
+        f"MLP {c['intermediate_size']}, {c['num_attention_heads']} query / {c['num_key_value_heads']} kv "
+        "heads "
+        f"of {c['head_dim']}, tied embeddings |\n"
+        f"| MTP head | {c['mtp_num_hidden_layers']} block (`mtp.*` tensors, docs/model.md) |\n"
+        f"| context | {c['max_position_embeddings']} (trained on {t['seq_len']}-token windows) |\n"
+        f"| vocabulary | {c['vocab_size']} byte-level BPE, `<|endoftext|>` `<|im_start|>` `<|im_end|>` |\n"
+        f"| weights | {info['parameters']:,} parameters, {c['dtype']} |\n"
+        f"| training | {t['steps']} steps x {t['batch']} x {t['seq_len']} tokens, "
+        f"{t['wall_seconds'] / 60:.1f} min on one CPU core |\n"
+        f"| loss (next token, nats) | train {e['losses']['train']['next_token']:.3f}, "
+        f"held-out {e['losses']['held_out']['next_token']:.3f} |\n"
+        f"| greedy speculation, {sp['depth']} drafts, held-out prompts | "
+        f"{sp['tokens_per_forward']:.3f} tokens per target forward; "
+        f"acceptance per position (conditional) {acc}; reached {reached} |\n"
+        f"| the same, single rounds from held-out text | {tr['tokens_per_forward']:.3f} tokens per target "
+        "forward; "
+        f"acceptance per position (conditional) {tacc} |\n"
+        "\n"
+        "Files: config.json, model.safetensors, tokenizer.json, tokenizer_config.json (chat template),\n"
+        "generation_config.json, training_info.json (every setting and measurement of the run).\n"
+    )
     (folder / "README.md").write_text(card)
 
 

@@ -128,8 +128,8 @@ def startup_achievability(catalog: Catalog, requests: int, prompt_tokens: int = 
     """
     if requests > catalog.request_slots:
         return (
-            f"{requests} requests > {catalog.request_slots} request slots: the requests beyond the slot count "
-            "cannot be admitted at t=0 and no slot frees during the trace"
+            f"{requests} requests > {catalog.request_slots} request slots: the requests beyond the slot "
+            "count cannot be admitted at t=0 and no slot frees during the trace"
         )
     prompt_ms = _prompt_ms(catalog, prompt_tokens)
     round_ms = _fastest_round_ms(catalog)

@@ -20,7 +20,8 @@ OPEN: dict[str, str] = {
     "intro/direct-path-decode-only": f"{NOT_APPLICABLE}: there is no diagnostic debug-serve --direct path",
     "intro/direct-path-cost-ema": f"{NOT_APPLICABLE}: there is no diagnostic debug-serve --direct path",
     "intro/direct-path-revert-30s": f"{NOT_APPLICABLE}: there is no diagnostic debug-serve --direct path",
-    "intro/mixed-capture-recipe": f"{NOT_APPLICABLE}: one model family; mixed capture follows --mixed_prefill",
+    "intro/mixed-capture-recipe": f"{NOT_APPLICABLE}: one model family; mixed capture follows "
+    "--mixed_prefill",
     "intro/qwen38-mixed-recipe": f"{NOT_APPLICABLE}: no Qwen3.8 Flash recipe",
     "mixed-execution/qwen-shared-projections": f"{NOT_APPLICABLE}: Qwen3.8 hyperconnections and experts; "
     "the Qwen3 forward shares its projections by construction",
@@ -119,7 +120,7 @@ SCHEDULER_ONLY: dict[str, str] = {
 }
 
 DEVIATIONS: dict[str, str] = {
-    "mixed-execution/qwen-counts": "deviation: the 22 speculative / 20 ordinary example is not derivable from the "
-    "stated rules (RESOLUTIONS.md, 12); mixed_shapes reproduces it only with prompt "
+    "mixed-execution/qwen-counts": "deviation: the 22 speculative / 20 ordinary example is not derivable "
+    "from the stated rules (RESOLUTIONS.md, 12); mixed_shapes reproduces it only with prompt "
     "buckets the planner never produces",
 }

@@ -73,7 +73,8 @@ def render(markers: dict[str, set[str]]) -> str:
         "*descriptive* (`doc` rules); *open* (no test, with the reason).",
         "",
         f"{len(all_rules)} rules: {counts['checked']} checked, {counts['scheduler-only']} scheduler-only, "
-        f"{counts['deviation']} deviation, {counts['descriptive']} descriptive (`doc`), {counts['open']} open.",
+        f"{counts['deviation']} deviation, {counts['descriptive']} descriptive (`doc`), {counts['open']} "
+        "open.",
         "",
     ]
     section = None

@@ -45,7 +45,7 @@ from helios_jax.model.config import ModelConfig
 
 # The `params` collection of `Qwen3`: nested dicts whose leaves are arrays.
 Params = dict[str, Union["Params", jax.Array]]
-KVState = Union[PagedKVCache, None]  # None for the full-sequence forward
+KVState = PagedKVCache | None  # None for the full-sequence forward
 # attend(layer, q, k, v, kv_state) -> (out, kv_state); the decoder binds `layer` itself, so
 # modules below the top level see attend(q, k, v, kv_state).
 AttendFn = Callable[..., tuple[jax.Array, KVState]]

@@ -73,7 +73,7 @@ def pack_inputs(program, plan: ScheduledPlan, info: Mapping[int, RequestInputs])
     """Host data of a plan's lanes -> the program's inputs (``programs.packing`` validates)."""
     kind = plan.graph.kind
     lanes = plan.lanes
-    req = [info[l.handle.rid] for l in lanes]
+    req = [info[each.handle.rid] for each in lanes]
     if kind.is_prefill:
         lane = lanes[0]
         tokens = req[0].prompt[lane.prompt_start : lane.prompt_start + lane.prompt_tokens]
@@ -82,23 +82,25 @@ def pack_inputs(program, plan: ScheduledPlan, info: Mapping[int, RequestInputs])
         )
     if kind is GraphKind.INITIALIZE:
         return program.pack(
-            slots=[l.slot for l in lanes],
+            slots=[each.slot for each in lanes],
             temperature=[r.temperature for r in req],
             top_p=[r.top_p for r in req],
             top_k=[r.top_k for r in req],
             seeds=[r.seed for r in req],
         )
-    slots = [l.slot for l in lanes]
+    slots = [each.slot for each in lanes]
     tables = [r.page_table for r in req]
     if kind is GraphKind.DECODE:
         return program.pack(slots=slots, page_tables=tables)
     if kind is GraphKind.SPECULATIVE:
         if plan.graph.allocation is Allocation.PREFIX_LIMIT:
-            return program.pack(slots=slots, page_tables=tables, ceilings=[l.ceiling for l in lanes])
-        return program.pack(slots=slots, page_tables=tables, query_lengths=[l.query_length for l in lanes])
+            return program.pack(slots=slots, page_tables=tables, ceilings=[each.ceiling for each in lanes])
+        return program.pack(
+            slots=slots, page_tables=tables, query_lengths=[each.query_length for each in lanes]
+        )
     if kind is GraphKind.MIXED:
         row = plan.prefill_row
-        lengths = [l.prompt_tokens if i == row else l.query_length for i, l in enumerate(lanes)]
+        lengths = [each.prompt_tokens if i == row else each.query_length for i, each in enumerate(lanes)]
         prompt = ()
         ends = False
         if row is not None:

@@ -346,7 +346,7 @@ class Scheduler:
             or c.indeterminate
             or c.stale
             or reason is not ExecutionClass.ORDINARY
-            or any(self.requests[l.rid].needs_feedback for l in c.lanes)
+            or any(self.requests[lane.rid].needs_feedback for lane in c.lanes)
         )
         if c.graph.allocation is Allocation.PREFIX_LIMIT:
             # The device breaks frontier ties by lane position: lanes in slot order make that

@@ -169,7 +169,7 @@ def probe(
     speculative = prepared.drafted()
     if not speculative.graphs:
         return None
-    ordinary_width = {l.rid: lane_width(l) for l in ordinary.lanes if l.role is LaneRole.DECODE}
+    ordinary_width = {lane.rid: lane_width(lane) for lane in ordinary.lanes if lane.role is LaneRole.DECODE}
     remaining = {v.rid: v.output_remaining for v in inp.views}
     # Scored on the ordinary decision's scale: the same sigma (from every loaded program) and
     # waiting cost, so that "beats the ordinary choice" compares like with like.
@@ -184,11 +184,11 @@ def probe(
         if duration is None:
             continue  # not indeterminate: built with a known duration
         added = [
-            (l.rid, ordinary_width.get(l.rid, 1), lane_width(l))
-            for l in c.lanes
-            if l.role is LaneRole.DECODE
-            and lane_width(l) > ordinary_width.get(l.rid, 1)
-            and remaining.get(l.rid, 0) > lane_width(l)
+            (lane.rid, ordinary_width.get(lane.rid, 1), lane_width(lane))
+            for lane in c.lanes
+            if lane.role is LaneRole.DECODE
+            and lane_width(lane) > ordinary_width.get(lane.rid, 1)
+            and remaining.get(lane.rid, 0) > lane_width(lane)
         ]
         if not added:
             continue

@@ -104,7 +104,7 @@ class ScheduledPlan:
 
     @property
     def handles(self) -> tuple[Handle, ...]:
-        return tuple(l.handle for l in self.lanes)
+        return tuple(lane.handle for lane in self.lanes)
 
     def max_advance(self, lane: PlanLane) -> int:
         """Upper bound on the tokens `lane` commits: a queued speculative lane advances by at
@@ -249,7 +249,7 @@ def check_commit(
             raise PlanRejected("this plan needs an empty window; wait for queued work to complete")
         if window_blocked:
             raise PlanRejected("the execution window is full, draining or overrun")
-        if any(requests[l.handle.rid].needs_feedback for l in plan.lanes):
+        if any(requests[each.handle.rid].needs_feedback for each in plan.lanes):
             raise PlanRejected("a lane needs completion feedback before another frame")
     if not funded:
         raise PlanRejected(f"the {plan.reason.value} credit that funded this plan is no longer full")
@@ -389,7 +389,7 @@ def _validate_sidecars(frame: Frame, confidence: ArrayLike, request_slots: int) 
                 f"fence {frame.fence}: rank {rank} sidecar shape {arr.shape}, expected "
                 f"[2, {request_slots}, >= {depth}]"
             )
-        used = arr[:, [l.slot for l in plan.lanes], :depth]
+        used = arr[:, [lane.slot for lane in plan.lanes], :depth]
         if np.any(~np.isfinite(used)) or np.any((used < 0) | (used > 1)):
             raise ValueError(f"fence {frame.fence}: rank {rank} confidence must be valid probabilities")
     return np.asarray(sidecars[0], dtype=np.float64)

@@ -72,7 +72,7 @@ def runnable(req: Request) -> bool:
 def queued_advance(req: Request, frames: Sequence[Frame]) -> int:
     """Committed tokens the request's queued lanes can still add: each at most
     min(lane ceiling, P) (``ScheduledPlan.max_advance``)."""
-    return sum(f.plan.max_advance(l) for f in frames for l in f.plan.lanes if l.handle == req.handle)
+    return sum(f.plan.max_advance(lane) for f in frames for lane in f.plan.lanes if lane.handle == req.handle)
 
 
 def projected_histories(inp: PricingInputs) -> tuple[Histories, dict[int, int | None]]:

@@ -164,13 +164,13 @@ class Candidate:
         """Unused physical rows (tokens for prefill chunks) of the program."""
         g = self.graph
         if g.kind.is_prefill:
-            return g.batch_capacity * g.token_capacity - sum(l.prompt_tokens for l in self.lanes)
+            return g.batch_capacity * g.token_capacity - sum(lane.prompt_tokens for lane in self.lanes)
         if g.kind is GraphKind.MIXED:
-            used = sum(l.prompt_tokens + l.query_length for l in self.lanes)
+            used = sum(lane.prompt_tokens + lane.query_length for lane in self.lanes)
             return g.max_packed_extent - used
         if g.kind in (GraphKind.SPECULATIVE, GraphKind.DECODE):
             rows = max(g.target_capacity, g.batch_capacity)
-            host = sum(l.query_length for l in self.lanes)
-            device = min(rows, sum(l.ceiling for l in self.lanes))
+            host = sum(lane.query_length for lane in self.lanes)
+            device = min(rows, sum(lane.ceiling for lane in self.lanes))
             return rows - (host or device)
         return g.batch_capacity - len(self.lanes)

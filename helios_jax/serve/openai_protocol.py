@@ -358,8 +358,8 @@ def _fit_context(prompt_len: int, max_tokens: int | None, max_model_len: int, pa
     elif prompt_len + max_tokens > max_model_len:
         raise bad_request(
             f"This model's maximum context length is {max_model_len} tokens. However, you requested "
-            f"{prompt_len + max_tokens} tokens ({prompt_len} in the prompt, {max_tokens} for the completion). "
-            "Please reduce the prompt or max_tokens.",
+            f"{prompt_len + max_tokens} tokens ({prompt_len} in the prompt, {max_tokens} for the "
+            "completion). Please reduce the prompt or max_tokens.",
             param=param,
             code="context_length_exceeded",
         )

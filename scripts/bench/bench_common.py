@@ -47,7 +47,12 @@ def machine() -> dict:
     cpu = ""
     with contextlib.suppress(OSError):
         cpu = next(
-            (l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), ""
+            (
+                line.split(":", 1)[1].strip()
+                for line in open("/proc/cpuinfo")
+                if line.startswith("model name")
+            ),
+            "",
         )
     load = os.getloadavg() if hasattr(os, "getloadavg") else None
     return dict(

@@ -412,9 +412,9 @@ def serving(results: dict) -> None:
             worker = TorchWorker(str(default_model_path()), dtype, FLAGS.seed)
             workers.append(worker)
             setup[f"transformers/{dtype}"] = worker.info
-            for threads in (int(t) for t in FLAGS.torch_threads):
+            for threads in map(int, FLAGS.torch_threads):
                 systems[(f"transformers-{threads}t", dtype)] = (
-                    lambda w, t: lambda ps: w.run(ps, new, pad_id, t)
+                    lambda w, n_threads: lambda ps: w.run(ps, new, pad_id, n_threads)
                 )(worker, threads)
         if "naive" in FLAGS.systems:
             decoders = {c: NaiveDecoder(model.config, model.params, c, n, new) for c in concurrencies}
@@ -426,7 +426,7 @@ def serving(results: dict) -> None:
     results["setup"] = setup
     # Warm-up: every system at every concurrency once, untimed (allocators, oneDNN kernels, the
     # scheduler's first duration estimates).
-    for (system, dtype), runner in systems.items():
+    for runner in systems.values():
         for c in concurrencies:
             runner(token_lists[:c])
     print("warm", flush=True)
@@ -709,7 +709,9 @@ def decode_section(results: dict) -> None:
         label = f"random h{h} L{FLAGS.large_layers}"
         for dtype in FLAGS.dtypes:
             config = base.replace(dtype=dtype)
-            params = jax.tree_util.tree_map(lambda x: x.astype(config.jnp_dtype), params32)
+            params = jax.tree_util.tree_map(
+                lambda x, jnp_dtype=config.jnp_dtype: x.astype(jnp_dtype), params32
+            )
             rows.append(
                 decode_vs_matmul(
                     label, config, params, max_model_len=FLAGS.max_model_len, batch=batch, context=context

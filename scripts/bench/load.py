@@ -361,7 +361,8 @@ def main(argv) -> int:
             print(
                 f"c={c:2d} requests {row['requests']:3d} failed {row['failed']} "
                 f"{row['requests_per_s']:6.2f} req/s {row['output_tokens_per_s']:7.1f} tok/s "
-                f"ttft p50 {row['ttft_ms'].get('p50') or 0:8.1f} ms p90 {row['ttft_ms'].get('p90') or 0:8.1f} "
+                f"ttft p50 {row['ttft_ms'].get('p50') or 0:8.1f} ms p90 "
+                f"{row['ttft_ms'].get('p90') or 0:8.1f} "
                 f"gap p50 {row['gap_ms'].get('p50') or 0:7.1f} ms p99 {row['gap_ms'].get('p99') or 0:7.1f} "
                 f"rss peak {row.get('rss_peak_mib')} MiB",
                 flush=True,

@@ -199,8 +199,8 @@ def main(argv):
     sizes = [int(x) for x in FLAGS.requests]
     results = []
     print(
-        f"{'subset':14s} {'progs':>5s} {'reqs':>4s} {'median':>8s} {'p99':>8s} {'cpu med':>8s} {'cpu p99':>8s} "
-        f"{'views':>7s} {'select':>7s} {'other':>7s}   (ms)"
+        f"{'subset':14s} {'progs':>5s} {'reqs':>4s} {'median':>8s} {'p99':>8s} {'cpu med':>8s} "
+        f"{'cpu p99':>8s} {'views':>7s} {'select':>7s} {'other':>7s}   (ms)"
     )
     for subset in FLAGS.subsets:
         catalog = subset_catalog(obj, FLAGS.slots, subset)

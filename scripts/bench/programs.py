@@ -128,7 +128,8 @@ def main(argv) -> int:
         print(f"{r['name']:44s} {r['compile_s']:10.2f} {r['execute_ms']:11.3f}")
     print()
     print(
-        f"{'kind':16s} {'n':>3s} {'compile s (sum)':>16s} {'compile s (median)':>19s} {'execute ms (median)':>20s}"
+        f"{'kind':16s} {'n':>3s} {'compile s (sum)':>16s} {'compile s (median)':>19s} "
+        f"{'execute ms (median)':>20s}"
     )
     for kind, k in result["by_kind"].items():
         print(

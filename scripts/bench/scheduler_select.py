@@ -4,11 +4,12 @@
         [--mode=adaptive] [--repeats=300] [--json_out=FILE] [--profile]
 
 Wall time is what a caller sees; process CPU time is reported beside it because this machine is
-shared (other processes inflate wall time, not CPU time). Each population is seeded: 60% decoding requests with random prices, ages and acceptance,
-40% prompts of random length. The selector is given a prepared graph set (as the Scheduler
-holds one), so the time is the decision itself: pricing, every program's best cohort, dominance
-and the tie order. Prints median and p99 in milliseconds per population size, and with
---profile the functions that dominate at the largest size.
+shared (other processes inflate wall time, not CPU time). Each population is seeded: 60% decoding
+requests with random prices, ages and acceptance, 40% prompts of random length. The selector is
+given a prepared graph set (as the Scheduler holds one), so the time is the decision itself:
+pricing, every program's best cohort, dominance and the tie order. Prints median and p99 in
+milliseconds per population size, and with --profile the functions that dominate at the largest
+size.
 """
 
 from __future__ import annotations

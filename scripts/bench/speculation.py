@@ -288,7 +288,7 @@ def main(argv) -> int:
         print(f"{name}: built in {seconds:.1f} s ({len(ec.catalog().graphs)} programs)", flush=True)
     results["setup"] = setup
     # Warm-up (untimed): allocators and the scheduler's first duration estimates / exploration.
-    for name, engine in engines.items():
+    for engine in engines.values():
         for c in concurrencies:
             n = c if c > 1 else FLAGS.requests_at_one
             serve_requests(engine, token_lists[:n], FLAGS.new_tokens, concurrent=c > 1)

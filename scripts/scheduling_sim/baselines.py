@@ -70,9 +70,9 @@ class Recording:
         super().commit(plan, fence)  # type: ignore[misc]
         self.violations += found
         kind = plan.graph.kind.value
-        prompt = sum(l.prompt_tokens for l in plan.lanes if l.role is LaneRole.PROMPT)
-        lanes = [l for l in plan.lanes if l.role is LaneRole.DECODE]
-        rows = sum(max(l.query_length, l.ceiling) for l in lanes)
+        prompt = sum(lane.prompt_tokens for lane in plan.lanes if lane.role is LaneRole.PROMPT)
+        lanes = [lane for lane in plan.lanes if lane.role is LaneRole.DECODE]
+        rows = sum(max(lane.query_length, lane.ceiling) for lane in lanes)
         self.choices[plan.graph.name] += 1
         self.kind_counts[kind] += 1
         self.prompt_tokens_by_kind[kind] += prompt
@@ -369,52 +369,52 @@ def plan_violations(sched: Scheduler, plan: ScheduledPlan, token_budget: int | N
     out = []
     if not any(g is h or g == h for h in sched.graphs.graphs):
         out.append(f"{g.name} is not an eligible program of the loaded mode")
-    rids = [l.handle.rid for l in lanes]
+    rids = [lane.handle.rid for lane in lanes]
     if len(set(rids)) != len(rids):
         out.append(f"{g.name}: a request appears twice")
     if not lanes:
         out.append(f"{g.name}: no lanes")
     if len(lanes) > g.batch_capacity:
         out.append(f"{g.name}: {len(lanes)} lanes exceed B={g.batch_capacity}")
-    prompt = [l for l in lanes if l.role is LaneRole.PROMPT]
-    decode = [l for l in lanes if l.role is LaneRole.DECODE]
+    prompt = [lane for lane in lanes if lane.role is LaneRole.PROMPT]
+    decode = [lane for lane in lanes if lane.role is LaneRole.DECODE]
     if len(prompt) + len(decode) != len(lanes):
         out.append(f"{g.name}: lanes other than prompt and decode")
-    for l in prompt:
-        req = sched.requests.get(l.handle.rid)
+    for prompt_lane in prompt:
+        req = sched.requests.get(prompt_lane.handle.rid)
         if (
             req is None
-            or l.prompt_start != req.consumed
-            or l.prompt_tokens < 1
-            or l.prompt_start + l.prompt_tokens > req.prompt_len
+            or prompt_lane.prompt_start != req.consumed
+            or prompt_lane.prompt_tokens < 1
+            or prompt_lane.prompt_start + prompt_lane.prompt_tokens > req.prompt_len
         ):
-            out.append(f"{g.name}: prompt lane {l.handle} outside its prompt")
-    rows = sum(max(l.query_length, l.ceiling) for l in decode)
+            out.append(f"{g.name}: prompt lane {prompt_lane.handle} outside its prompt")
+    rows = sum(max(lane.query_length, lane.ceiling) for lane in decode)
     if g.kind.is_prefill:
         if decode or len(prompt) != 1 or prompt[0].prompt_tokens > g.token_capacity:
             out.append(f"{g.name}: a prefill runs one chunk within its capacity")
     elif g.kind is GraphKind.MIXED:
         if len(prompt) > 1 or (prompt and prompt[0].prompt_tokens > g.prefill_capacity):
             out.append(f"{g.name}: at most one prompt row within the prompt capacity")
-        if any(not 1 <= l.query_length <= g.token_capacity for l in decode):
+        if any(not 1 <= lane.query_length <= g.token_capacity for lane in decode):
             out.append(f"{g.name}: decode rows outside width {g.token_capacity}")
-        if sum(l.prompt_tokens for l in prompt) + rows > g.target_capacity:
+        if sum(lane.prompt_tokens for lane in prompt) + rows > g.target_capacity:
             out.append(f"{g.name}: packed extent exceeds {g.target_capacity}")
     elif g.kind in (GraphKind.DECODE, GraphKind.SPECULATIVE):
         if prompt:
             out.append(f"{g.name}: a generation program takes no prompt rows")
         if any(
-            not 1 <= max(l.query_length, l.ceiling) <= min(g.token_capacity, g.proposal_depth + 1)
-            for l in decode
+            not 1 <= max(lane.query_length, lane.ceiling) <= min(g.token_capacity, g.proposal_depth + 1)
+            for lane in decode
         ):
             out.append(f"{g.name}: a lane exceeds width {g.token_capacity}")
         if g.allocation is not Allocation.PREFIX_LIMIT and rows > max(g.target_capacity, g.batch_capacity):
             out.append(f"{g.name}: {rows} target rows exceed P={g.target_capacity}")
     else:
         out.append(f"{g.name}: not a prompt or generation program")
-    if token_budget is not None and sum(l.prompt_tokens for l in prompt) + rows > token_budget:
+    if token_budget is not None and sum(lane.prompt_tokens for lane in prompt) + rows > token_budget:
         out.append(
-            f"{g.name}: {sum(l.prompt_tokens for l in prompt)} prompt tokens + {rows} rows exceed the "
+            f"{g.name}: {sum(lane.prompt_tokens for lane in prompt)} prompt tokens + {rows} rows exceed the "
             f"budget {token_budget}"
         )
     return out

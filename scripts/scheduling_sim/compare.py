@@ -459,8 +459,8 @@ def report(results: dict) -> None:
             for r in shown:
                 print(
                     f"   {r['label']:16s} thr={r['throughput_tok_s']:7.0f}  ttft p50={r['ttft_p50_ms']:7.1f} "
-                    f"p99={r['ttft_p99_ms']:7.1f}  gap p50={r['gap_p50_ms']:5.1f} p99={r['gap_p99_ms']:6.1f}  "
-                    f"jain={r['jain']:.3f}  done={r['completed']}/{r['requests']}"
+                    f"p99={r['ttft_p99_ms']:7.1f}  gap p50={r['gap_p50_ms']:5.1f} p99={r['gap_p99_ms']:6.1f}"
+                    f"  jain={r['jain']:.3f}  done={r['completed']}/{r['requests']}"
                     + (f"  ILLEGAL PLANS={r['violations']}" if r.get("violations") else "")
                 )
 
@@ -478,15 +478,16 @@ def markdown(results: dict) -> str:
                 + ")\n"
             )
             lines.append(
-                "| scheduler | throughput (tok/s) | TTFT p50 (ms) | TTFT p99 (ms) | gap p50 (ms) | gap p99 (ms) "
-                "| Jain |"
+                "| scheduler | throughput (tok/s) | TTFT p50 (ms) | TTFT p99 (ms) | gap p50 (ms) | gap p99 "
+                "(ms) | Jain |"
             )
             lines.append("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
             shown = [r for r in entry["schedulers"] if r["budget"] is None or r["label"] in best.values()]
             for r in shown:
                 lines.append(
                     f"| {r['label']} | {r['throughput_tok_s']:.0f} | {r['ttft_p50_ms']:.1f} | "
-                    f"{r['ttft_p99_ms']:.1f} | {r['gap_p50_ms']:.1f} | {r['gap_p99_ms']:.1f} | {r['jain']:.3f} |"
+                    f"{r['ttft_p99_ms']:.1f} | {r['gap_p50_ms']:.1f} | {r['gap_p99_ms']:.1f} | "
+                    f"{r['jain']:.3f} |"
                 )
             goal = entry["goal"]
             if goal:
@@ -512,12 +513,12 @@ def sweep_table(results: dict) -> str:
         loads = list(res["per_load"])
         labels = [r["label"] for r in res["per_load"][loads[0]]["schedulers"]]
         lines.append(f"### {name}: every setting (TTFT p99 ms / gap p99 ms / throughput tok/s)\n")
-        lines.append("| setting | " + " | ".join(f"{float(l):g} req/s" for l in loads) + " |")
+        lines.append("| setting | " + " | ".join(f"{float(load):g} req/s" for load in loads) + " |")
         lines.append("| --- |" + " ---: |" * len(loads))
         for label in labels:
             cells = []
-            for l in loads:
-                r = next(x for x in res["per_load"][l]["schedulers"] if x["label"] == label)
+            for load in loads:
+                r = next(x for x in res["per_load"][load]["schedulers"] if x["label"] == label)
                 cells.append(f"{r['ttft_p99_ms']:.0f} / {r['gap_p99_ms']:.0f} / {r['throughput_tok_s']:.0f}")
             lines.append(f"| {label} | " + " | ".join(cells) + " |")
         lines.append("")

@@ -273,7 +273,10 @@ class TestPrefixAllocationKernel:
             k = int(active.sum())
             capacities = np.arange(k, k + b * depth + 2, dtype=np.int32)
             n = len(capacities)
-            tile = lambda a: np.repeat(a, n, axis=0)
+
+            def tile(a, n=n):
+                return np.repeat(a, n, axis=0)
+
             got = self.allocate_batch(tile(probs), tile(ceilings), tile(active), capacities)
             assert (np.diff(got, axis=0) >= 0).all()
             assert (np.diff(got.sum(1)) <= 1).all()

@@ -196,7 +196,8 @@ if __name__ == "__main__":
         "description": (
             "Speculative prefix allocation (SpeculativePrefixLimit) golden cases; semantics in "
             "kernels/prefix_allocation.py and docs/kernels.md. joint_prob[b][d]: probability that "
-            "proposals 0..d of lane b survive; ceilings include the pending token; expected: i32 query lengths."
+            "proposals 0..d of lane b survive; ceilings include the pending token; expected: i32 query "
+            "lengths."
         ),
         "cases": build_cases(),
     }

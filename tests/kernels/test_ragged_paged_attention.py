@@ -98,7 +98,10 @@ def make_case(scenario: Scenario, gqa: int, dtype, seed: int, num_kv_heads: int 
             v_pages[:, page, :n] = rng.standard_normal((num_kv_heads, n, dim))
         q[offset : offset + q_len] = rng.standard_normal((q_len, num_q_heads, dim))
         offset += q_len
-    to = lambda x: jnp.asarray(x, dtype)
+
+    def to(x):
+        return jnp.asarray(x, dtype)
+
     return (
         to(q),
         to(k_pages),
@@ -172,7 +175,10 @@ def _poison_variants(args, seed):
     """The same case with every garbage value swapped for other garbage: large finite numbers
     instead of NaN, and in-range (but foreign) page ids in the unused page-table slots."""
     q, k_pages, v_pages, tables, context_lens, query_starts, query_lens = args
-    refill = lambda x, value: jnp.where(jnp.isnan(x), jnp.asarray(value, x.dtype), x)
+
+    def refill(x, value):
+        return jnp.where(jnp.isnan(x), jnp.asarray(value, x.dtype), x)
+
     page_size, total_pages = k_pages.shape[2], k_pages.shape[1]
     used = np.arange(tables.shape[1])[None, :] < (-(-np.asarray(context_lens) // page_size))[:, None]
     used &= (np.asarray(query_lens) > 0)[:, None]

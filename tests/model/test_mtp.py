@@ -176,7 +176,7 @@ def test_sampled_proposals_follow_their_draft_distributions():
             continue
         seen = []
 
-        def choose(k, p, r=r):
+        def choose(k, p, r=r, seen=seen):
             seen.append(p)
             return tokens[r, k]
 

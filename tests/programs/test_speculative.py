@@ -57,7 +57,7 @@ HOST_LENGTHS = {"rect": [4, 4], "ragged_host": [4, 2], "narrow": [2, 2], "width_
 @pytest.fixture(scope="module")
 def reference(params):
     out = [greedy_reference(params, p, STEPS + 8) for p in PROMPTS]
-    for tokens, margins in out:
+    for _tokens, margins in out:
         assert reliable_prefix(margins) >= 16, "pick another seed: the reference is too close to ties"
     return out
 
@@ -232,7 +232,7 @@ def test_top_k_one_sampling_equals_greedy_and_the_seed_fixes_sampling(spec_progr
     """Sampled rounds with top_k = 1 go through the rejection-sampling path with point-mass p
     and q: the output equals greedy. With top_k = 0 the seed fixes every token."""
     d, streams = _start(spec_programs, params, temperature=0.9, top_k=1, seed=7)
-    for r in range(6):
+    for _ in range(6):
         out = d.run(RECT, slots=list(SLOTS), page_tables=d.tables(SLOTS), query_lengths=[4, 4])
         for lane in range(2):
             streams[lane].extend(emitted(out, lane))

@@ -158,7 +158,10 @@ def test_a_queued_frames_interval_starts_at_its_predecessors_completion():
 @spec("service-accounting/postponed-output", "verification/runtime-phase-coverage")
 def test_stop_buffering():
     pieces = {1: "Hel", 2: "lo, ", 3: "wor", 4: "ld", 5: "END", 6: "!"}
-    decode = lambda ids: "".join(pieces[i] for i in ids)
+
+    def decode(ids):
+        return "".join(pieces[i] for i in ids)
+
     stream = TextStream(decode, stop=("lo, w", "END"))
     assert stream.feed([1]) == "He"  # the "l" could begin the stop string "lo, w": held back
     assert stream.feed([2]) == "l"  # "Hello, ": now "lo, " is what could begin it

@@ -177,7 +177,9 @@ def test_a_speculative_round_is_costed_under_its_actual_b_d_w_p():
     plan = s.plan()
     assert plan.graph.allocation is Allocation.PREFIX_LIMIT and len(plan.lanes) == 3
     s.commit(plan, 4)
-    recs = [CompletionRecord(l.handle, l.epoch, tokens=(5, 5), offered=1, accepted=1) for l in plan.lanes]
+    recs = [
+        CompletionRecord(lane.handle, lane.epoch, tokens=(5, 5), offered=1, accepted=1) for lane in plan.lanes
+    ]
     sidecar = np.full((2, RAGGED.request_slots, 3), 0.5, np.float32)
     s.complete_packed_round(4, recs, timing(4.2), sidecar)
     device = CostKey(GraphKind.SPECULATIVE, 4, 4, 3, 0, 8)
@@ -460,7 +462,10 @@ def test_mixed_shapes_set_the_reference_and_follow_prerequisites():
     )
     ordinary = dict(catalog=only_mixed, mode=DecodeMode.ORDINARY)
     m2 = "mixed[B=2,W=1,D=0,C=64,P=65]"
-    unscaled = lambda c: c.score * math.exp(c.log_scale)
+
+    def unscaled(c):
+        return c.score * math.exp(c.log_scale)
+
     c = policy.select(inputs([decoder(1)], **ordinary))
     assert c.graph.name == m2 and c.prefill_row is None
     assert unscaled(c) == pytest.approx((88 + 0.1 * 4.885 * (10 + 4.885)) / 4.885 - 4.885 / 2 * 0.1)

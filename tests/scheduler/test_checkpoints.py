@@ -146,7 +146,7 @@ def test_a_second_turn_restores_the_anchor_and_pays_only_uncached_tokens():
     assert plan.kind is GraphKind.RESTORE and plan.lanes[0].snapshot_row is not None
     fence += 1
     plan, _, t = step(s, fence, t)
-    prompt_lane = next(l for l in plan.lanes if l.role is LaneRole.PROMPT)
+    prompt_lane = next(lane for lane in plan.lanes if lane.role is LaneRole.PROMPT)
     assert prompt_lane.prompt_start == 200 and prompt_lane.prompt_tokens == 40  # only the uncached part
 
 
@@ -247,7 +247,7 @@ def test_a_terminal_capture_row_is_owned_by_the_request_it_captures():
     owned_slots) while armed and after the snapshot completes, so row ownership can be
     accounted per request like its pages and slot."""
     s = sched()
-    other = s.admit([4] * 64, max_output=40)
+    s.admit([4] * 64, max_output=40)  # another request
     h = s.admit([3] * 64, max_output=40)
     t, fence = 0.0, 0
     while any(r.phase is not Phase.DECODE or len(r.output) < 3 for r in s.requests.values()):

@@ -151,7 +151,7 @@ def test_plan_is_pure_and_frozen():
     before = snapshot(s)
     a, b = s.plan(), s.plan()
     assert a == b and snapshot(s) == before
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         a.lanes = ()  # frozen
     assert a.expected_duration_ms > 0 and a.lanes[0].epoch == 0 and a.selection_value_rate() == a.value_rate
     assert math.isfinite(a.selection_log_scale())
@@ -167,7 +167,8 @@ def test_plan_is_pure_and_frozen():
 )
 def test_two_decode_frames_queue_and_drain_kinds_do_not():
     s = scheduler()
-    h = [s.admit([1] * 8, max_output=100) for _ in range(2)]
+    for _ in range(2):
+        s.admit([1] * 8, max_output=100)
     t = 0.0
     for fence in (1, 2):  # two prefills, one at a time (each drains)
         plan, _, t = run_once(s, fence, t)
@@ -267,8 +268,8 @@ def test_malformed_mixed_completion_changes_nothing(mutate, message):
 def test_service_intervals():
     """An isolated frame charges max(device, wall); a queued one its device interval only."""
     s = scheduler()
-    a = s.admit([1] * 8, max_output=100)
-    b = s.admit([1] * 8, max_output=100)
+    s.admit([1] * 8, max_output=100)
+    s.admit([1] * 8, max_output=100)
     t = 0.0
     _, _, t = run_once(s, 1, t)
     _, _, t = run_once(s, 2, t)
@@ -361,7 +362,7 @@ def test_a_fixed_width_scheduler_runs_only_programs_of_its_width():
         plan, _, t = run_once(s, fence, t, accepted=3)
         if plan.kind in (GraphKind.SPECULATIVE, GraphKind.MIXED):
             assert plan.graph.token_capacity == 4
-            assert all(l.query_length == 4 for l in plan.lanes if l.role is LaneRole.DECODE)
+            assert all(lane.query_length == 4 for lane in plan.lanes if lane.role is LaneRole.DECODE)
     assert s.selections[GraphKind.SPECULATIVE.value] >= 2
 
 
@@ -380,7 +381,9 @@ def test_a_prefill_chunk_stops_before_an_image_span_it_cannot_hold_whole():
         consumed = s.requests[h.rid].consumed
         assert view.atomic_spans == ((4000 - consumed, 4200 - consumed),)
         plan, _, t = run_once(s, fence, t)
-        ends += [l.prompt_start + l.prompt_tokens for l in plan.lanes if l.role is LaneRole.PROMPT]
+        ends += [
+            lane.prompt_start + lane.prompt_tokens for lane in plan.lanes if lane.role is LaneRole.PROMPT
+        ]
     assert ends == [4000, 5000]
 
 
@@ -394,7 +397,9 @@ def test_a_width_limit_of_one_is_valid_and_restricts_rounds_to_the_pending_token
     t = 0.0
     for fence in range(1, 4):
         plan, _, t = run_once(s, fence, t, accepted=3)
-        assert all(max(l.query_length, l.ceiling) <= 1 for l in plan.lanes if l.role is LaneRole.DECODE)
+        assert all(
+            max(lane.query_length, lane.ceiling) <= 1 for lane in plan.lanes if lane.role is LaneRole.DECODE
+        )
     s.restrict_width(h, None)
     s.restrict_width(h, 1)
     s.advance_to(int(t * MS))
@@ -445,7 +450,7 @@ def test_output_limits_account_for_queued_rounds():
     assert view.output_remaining == 9 - bound
     p2 = s.plan()
     if p2 is not None and p2.kind is not GraphKind.MIXED:
-        assert all(p2.max_advance(l) <= 9 - bound for l in p2.lanes)
+        assert all(p2.max_advance(lane) <= 9 - bound for lane in p2.lanes)
 
 
 @spec(
@@ -456,7 +461,9 @@ def test_output_limits_account_for_queued_rounds():
 )
 def test_device_allocation_completes_through_the_packed_round():
     s, handles, plan, _ = _packed_round_in_flight()
-    recs = [CompletionRecord(l.handle, l.epoch, tokens=(5, 5), offered=1, accepted=1) for l in plan.lanes]
+    recs = [
+        CompletionRecord(lane.handle, lane.epoch, tokens=(5, 5), offered=1, accepted=1) for lane in plan.lanes
+    ]
     with pytest.raises(ValueError, match="complete_packed_round"):
         s.complete(5, recs, timing(4.7))
     sidecar = np.zeros((2, RAGGED.request_slots, 3), np.float32)
@@ -502,7 +509,7 @@ def _packed_round_in_flight():
         _, _, t = run_once(s, fence, t)
     s.advance_to(int(t * MS))
     plan = s.plan()
-    assert plan.graph.allocation.value == "prefix_limit" and all(l.ceiling == 4 for l in plan.lanes)
+    assert plan.graph.allocation.value == "prefix_limit" and all(lane.ceiling == 4 for lane in plan.lanes)
     s.commit(plan, 5)
     return s, handles, plan, t
 
@@ -521,7 +528,9 @@ def test_the_packed_round_with_survival_takes_both_the_sidecar_and_the_survival_
     counts) are the acceptance observations. Pins that this variant forwards the records, the
     sidecar and the survival rows to the same completion as the other three."""
     s, handles, plan, t = _packed_round_in_flight()
-    recs = [CompletionRecord(l.handle, l.epoch, tokens=(5, 5), offered=1, accepted=1) for l in plan.lanes]
+    recs = [
+        CompletionRecord(lane.handle, lane.epoch, tokens=(5, 5), offered=1, accepted=1) for lane in plan.lanes
+    ]
     sidecar = _sidecar()
     survival = np.zeros((RAGGED.request_slots, 3))
     survival[:, 0] = 0.8  # the one accepted proposal survived with probability 0.8, not 1
@@ -566,7 +575,9 @@ def test_a_malformed_sidecar_or_survival_row_is_refused_before_anything_changes(
     at an offered depth) is refused with a ValueError before any state changes, and the valid
     report still lands afterwards."""
     s, handles, plan, t = _packed_round_in_flight()
-    recs = [CompletionRecord(l.handle, l.epoch, tokens=(5, 5), offered=1, accepted=1) for l in plan.lanes]
+    recs = [
+        CompletionRecord(lane.handle, lane.epoch, tokens=(5, 5), offered=1, accepted=1) for lane in plan.lanes
+    ]
     s.advance_to(int((t + 4.7) * MS))
     before = snapshot(s)
     with pytest.raises(ValueError, match=message):
@@ -584,7 +595,9 @@ def test_a_survival_value_of_zero_is_a_valid_observation():
     survive (its survival value 0.0) is a valid observation, and the acceptance estimate at that
     depth moves towards zero by the aged prior's share."""
     s, handles, plan, t = _packed_round_in_flight()
-    recs = [CompletionRecord(l.handle, l.epoch, tokens=(5,), offered=1, accepted=0) for l in plan.lanes]
+    recs = [
+        CompletionRecord(lane.handle, lane.epoch, tokens=(5,), offered=1, accepted=0) for lane in plan.lanes
+    ]
     s.advance_to(int((t + 4.7) * MS))
     gen = s.complete_packed_round_with_survival(5, recs, timing(4.7), _sidecar(), _survival(0.0))
     assert sorted(g.handle.rid for g in gen) == [h.rid for h in handles]
@@ -809,7 +822,7 @@ def test_acceptance_probe_offers_a_deeper_prefix(mode):
     from helios_jax.scheduler.speculation import SOURCE_LEARNED, PrefixEstimate
 
     low = {SOURCE_LEARNED: PrefixEstimate(np.full(7, 0.05), np.full(7, 2.0), 0)}  # pessimistic, uninformed
-    h = s.admit([1] * 8, max_output=500, acceptance_history=low)
+    s.admit([1] * 8, max_output=500, acceptance_history=low)
     _, _, t = run_once(s, 1, 0.0)
     s.advance_to(int(t * MS))
     ordinary = s.plan()
@@ -990,7 +1003,9 @@ def test_completed_rounds_move_the_population_priors_a_sixty_fourth():
     plan = s.plan()
     assert plan.graph.allocation.value == "prefix_limit" and len(plan.lanes) == 4
     s.commit(plan, 5)
-    recs = [CompletionRecord(l.handle, l.epoch, tokens=(5, 5), offered=2, accepted=1) for l in plan.lanes]
+    recs = [
+        CompletionRecord(lane.handle, lane.epoch, tokens=(5, 5), offered=2, accepted=1) for lane in plan.lanes
+    ]
     sidecar = np.zeros((2, RAGGED.request_slots, 3), np.float32)
     sidecar[1, :, :] = [0.9, 0.5, 0.2]
     s.complete_packed_round(5, recs, timing(4.7), sidecar)
@@ -1107,8 +1122,8 @@ def test_a_speculative_refresh_pays_its_whole_interval_once():
 @spec("acceptance-learning/timing-precedence")
 def test_timing_refresh_takes_precedence_over_an_acceptance_probe():
     """Both ledgers full, stale alternatives (every program but the single-row speculative ones)
-    and a probe available (a pessimistic, uninformed acceptance history): the refresh is chosen. With the timing credit gone, the same state
-    (plan() is pure) offers the probe."""
+    and a probe available (a pessimistic, uninformed acceptance history): the refresh is chosen.
+    With the timing credit gone, the same state (plan() is pure) offers the probe."""
     from helios_jax.scheduler.speculation import SOURCE_LEARNED, PrefixEstimate
 
     low = {SOURCE_LEARNED: PrefixEstimate(np.full(7, 0.05), np.full(7, 2.0), 0)}
@@ -1124,7 +1139,9 @@ def test_timing_refresh_takes_precedence_over_an_acceptance_probe():
     assert plan.reason is ExecutionClass.TIMING_REFRESH and plan.exploration_credit_ms == pytest.approx(5.0)
     s.timing_ledger.idle()  # no refresh credit: the probe is next in line
     probe = s.plan()
-    assert probe.reason is ExecutionClass.ACCEPTANCE_LEARNING and any(l.query_length > 1 for l in probe.lanes)
+    assert probe.reason is ExecutionClass.ACCEPTANCE_LEARNING and any(
+        lane.query_length > 1 for lane in probe.lanes
+    )
     s.commit(probe, 3)
     assert s.acceptance_ledger.episode_active and not s.timing_ledger.episode_active
 
@@ -1207,7 +1224,10 @@ def test_mixed_rows_follow_the_contracts_of_separate_graphs():
     s.advance_to(int(t * MS))
     plan = s.plan()
     assert plan.graph.name == "mixed[B=2,W=4,D=3,C=512,P=516]" and plan.prefill_row == 0
-    assert [(l.handle, l.prompt_tokens, l.query_length) for l in plan.lanes] == [(b, 300, 0), (a, 0, 4)]
+    assert [(lane.handle, lane.prompt_tokens, lane.query_length) for lane in plan.lanes] == [
+        (b, 300, 0),
+        (a, 0, 4),
+    ]
     fence += 1
     s.commit(plan, fence)
     ra, rb = s.requests[a.rid], s.requests[b.rid]

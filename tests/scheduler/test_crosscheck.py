@@ -138,8 +138,8 @@ def _device_rows(obj, g, lanes, by_rid):
     min(D + 1, W, request limit); a lane that the price-aware frontier (forecast times output
     price) gives fewer rows than the device's own frontier has its ceiling lowered to that many;
     the device then allocates P by forecast alone within the ceilings, lanes in slot order."""
-    order = sorted(lanes, key=lambda l: by_rid[l.rid].slot)
-    views = [by_rid[l.rid] for l in order]
+    order = sorted(lanes, key=lambda lane: by_rid[lane.rid].slot)
+    views = [by_rid[lane.rid] for lane in order]
     forecast = [cohorts._forecast(v, g.proposal_depth) for v in views]
     limits = [cohorts._lane_limit(v, g) for v in views]
     active = [True] * len(views)
@@ -152,7 +152,7 @@ def _device_rows(obj, g, lanes, by_rid):
     )
     ceilings = [int(p) if p < d else m for p, d, m in zip(priced, device, limits)]
     rows = prefix_allocation_naive(forecast, ceilings, active, g.target_capacity)
-    return {l.rid: (c, int(r)) for l, c, r in zip(order, ceilings, rows)}
+    return {lane.rid: (c, int(r)) for lane, c, r in zip(order, ceilings, rows)}
 
 
 @spec(
@@ -192,11 +192,11 @@ def test_every_candidates_lanes_carry_the_reference_values(catalog, max_requests
             t = inp.costs.estimate_ms(g.key)
             tz = 0.0 if t is None else t
             assert c.duration_ms == t and c.following is None
-            assert 1 <= len(lanes) <= g.batch_capacity and len({l.rid for l in lanes}) == len(lanes)
-            assert all(by_rid[l.rid].runnable and by_rid[l.rid].slot == l.slot for l in lanes)
+            assert 1 <= len(lanes) <= g.batch_capacity and len({each.rid for each in lanes}) == len(lanes)
+            assert all(by_rid[each.rid].runnable and by_rid[each.rid].slot == each.slot for each in lanes)
             device = g.kind is GraphKind.SPECULATIVE and g.allocation is Allocation.PREFIX_LIMIT
             rows = (
-                _device_rows(obj, g, [l for l in lanes if l.role is LaneRole.DECODE], by_rid)
+                _device_rows(obj, g, [each for each in lanes if each.role is LaneRole.DECODE], by_rid)
                 if device
                 else {}
             )
@@ -225,10 +225,10 @@ def test_every_candidates_lanes_carry_the_reference_values(catalog, max_requests
                     assert lane.expected_tokens == 0.0
                     assert lane.value == pytest.approx(obj.terminal_value(v, tz), rel=1e-9)
             if g.kind is GraphKind.MIXED:
-                assert sum(l.role is LaneRole.PROMPT for l in lanes) <= 1
+                assert sum(each.role is LaneRole.PROMPT for each in lanes) <= 1
             if g.kind is GraphKind.SPECULATIVE and not device:
-                assert sum(l.query_length for l in lanes) <= g.target_capacity
-            useful = sum(l.value for l in lanes)
+                assert sum(each.query_length for each in lanes) <= g.target_capacity
+            useful = sum(each.value for each in lanes)
             assert c.useful_value == pytest.approx(useful, rel=1e-9, abs=1e-12)
             assert c.score == pytest.approx(obj.rate(useful, t), rel=1e-9, abs=1e-12)
             checked += 1

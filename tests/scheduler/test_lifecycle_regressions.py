@@ -29,11 +29,14 @@ def _run_one(s, fence, now_ms):
     s.advance_to(int(now_ms * NS_PER_MS))
     recs = [
         CompletionRecord(
-            l.handle, l.epoch, prompt_tokens=l.prompt_tokens, tokens=(TOKEN,) if l.finishes_prompt else ()
+            lane.handle,
+            lane.epoch,
+            prompt_tokens=lane.prompt_tokens,
+            tokens=(TOKEN,) if lane.finishes_prompt else (),
         )
-        if l.role is LaneRole.PROMPT
-        else CompletionRecord(l.handle, l.epoch)
-        for l in plan.lanes
+        if lane.role is LaneRole.PROMPT
+        else CompletionRecord(lane.handle, lane.epoch)
+        for lane in plan.lanes
     ]
     return plan, s.complete(fence, recs, ExecutionTiming((NS_PER_MS,), NS_PER_MS)), now_ms
 
@@ -126,13 +129,16 @@ def test_a_saved_probe_plan_whose_credit_is_spent_is_rejected_without_side_effec
     fence += 1
     now = _complete_plainly(s, plan, fence, now, 5.0)  # the probe runs and pays
     assert not s.acceptance_ledger.can_start()
-    state = lambda: (
-        tuple(s.requests[0].inflight),
-        s.in_flight,
-        s.acceptance_ledger.copy(),
-        s.timing_ledger.copy(),
-        dict(s.selections),
-    )
+
+    def state():
+        return (
+            tuple(s.requests[0].inflight),
+            s.in_flight,
+            s.acceptance_ledger.copy(),
+            s.timing_ledger.copy(),
+            dict(s.selections),
+        )
+
     before = state()
     with pytest.raises(PlanRejected):
         s.commit(plan, fence + 1)
@@ -145,22 +151,24 @@ def _complete_plainly(s, plan, fence, now_ms, ms):
     now_ms += ms
     s.advance_to(int(now_ms * NS_PER_MS))
     recs = []
-    for l in plan.lanes:
-        if l.role is LaneRole.PROMPT:
+    for lane in plan.lanes:
+        if lane.role is LaneRole.PROMPT:
             recs.append(
                 CompletionRecord(
-                    l.handle,
-                    l.epoch,
-                    prompt_tokens=l.prompt_tokens,
-                    tokens=(TOKEN,) if l.finishes_prompt else (),
+                    lane.handle,
+                    lane.epoch,
+                    prompt_tokens=lane.prompt_tokens,
+                    tokens=(TOKEN,) if lane.finishes_prompt else (),
                 )
             )
-        elif l.role is LaneRole.DECODE:
+        elif lane.role is LaneRole.DECODE:
             recs.append(
-                CompletionRecord(l.handle, l.epoch, tokens=(TOKEN,), offered=max(0, l.query_length - 1))
+                CompletionRecord(
+                    lane.handle, lane.epoch, tokens=(TOKEN,), offered=max(0, lane.query_length - 1)
+                )
             )
         else:
-            recs.append(CompletionRecord(l.handle, l.epoch))
+            recs.append(CompletionRecord(lane.handle, lane.epoch))
     timing = ExecutionTiming((ms * NS_PER_MS,), ms * NS_PER_MS)
     if plan.graph.allocation is Allocation.PREFIX_LIMIT and plan.graph.proposal_depth:
         sidecar = np.zeros((2, s.catalog.request_slots, plan.graph.proposal_depth), np.float32)

@@ -36,7 +36,7 @@ def test_short_busy_periods_separated_by_idle_never_fund_a_refresh():
     s = scheduler()
     t = 0.0
     fence = 0
-    for burst in range(8):  # each burst earns far less than 5 ms of refresh credit, then idles
+    for _burst in range(8):  # each burst earns far less than 5 ms of refresh credit, then idles
         h = s.admit([1] * 8, max_output=3)
         while h.rid in s.requests:
             fence += 1
@@ -77,9 +77,15 @@ def test_equal_probe_gains_prefer_the_least_informed_prefix():
     ordinary = policy.select(inp)
     assert ordinary.graph == w1
     opt = [dataclasses.replace(view, survival=view.optimistic)]
-    deeper_unknown = lambda rid, a, b: 2.0 if b > 4 else 40.0
+
+    def deeper_unknown(rid, a, b):
+        return 2.0 if b > 4 else 40.0
+
     assert learning.probe(inp, ordinary, opt, deeper_unknown).graph == w8
-    deeper_known = lambda rid, a, b: 40.0 if b > 4 else 2.0
+
+    def deeper_known(rid, a, b):
+        return 40.0 if b > 4 else 2.0
+
     assert learning.probe(inp, ordinary, opt, deeper_known).graph == w4
 
 
@@ -117,7 +123,7 @@ def test_mixed_followers_take_the_prompt_absent_ready_or_enabled():
         ]
 
     def prompt_row(c):
-        return next((l.rid for l in c.following.lanes if l.role is LaneRole.PROMPT), None)
+        return next((lane.rid for lane in c.following.lanes if lane.role is LaneRole.PROMPT), None)
 
     # the prompt row is the request the prerequisite enables
     enabled = mixed_followers(

@@ -62,7 +62,7 @@ def test_restore_then_shared_decode_by_hand():
     assert c.kind is GraphKind.RESTORE and c.duration_ms == pytest.approx(0.35)  # the plan keeps T
     assert c.sequence_ms == pytest.approx(3.912)
     assert c.score * math.exp(c.log_scale) == pytest.approx(47.25651, rel=1e-5)
-    assert [l.role for l in c.lanes] == [LaneRole.PREREQUISITE]
+    assert [lane.role for lane in c.lanes] == [LaneRole.PREREQUISITE]
     assert c.following.graph.batch_capacity == 2 and sorted(c.following.rids) == [1, 2]
 
 
@@ -86,8 +86,8 @@ def test_unused_prerequisite_capacity_advances_more_rows():
     }
     one, four = pairs[1], pairs[4]
     assert four.score == one.score and len(one.lanes) == 1
-    assert [l.rid for l in four.lanes] == [0, 1, 2, 3] and four.following.rids == (0,)
-    assert all(l.role is LaneRole.PREREQUISITE for l in four.lanes)
+    assert [lane.rid for lane in four.lanes] == [0, 1, 2, 3] and four.following.rids == (0,)
+    assert all(lane.role is LaneRole.PREREQUISITE for lane in four.lanes)
     c = policy.select(inp)
     assert c.graph.batch_capacity == 4 and len(c.lanes) == 4  # one feeds the prefill, three ride free
     assert c.following.kind is GraphKind.PREFILL
@@ -105,7 +105,7 @@ def test_a_terminal_snapshot_advances_blocked_rows_in_its_unused_rows():
         for c in policy.candidates(inputs(views, **ORD))
         if c.graph.batch_capacity == 4 and c.following is None and c.lanes[0].role is LaneRole.TERMINAL
     )
-    assert [(l.rid, l.role) for l in snap.lanes] == [(0, LaneRole.TERMINAL)] + [
+    assert [(lane.rid, lane.role) for lane in snap.lanes] == [(0, LaneRole.TERMINAL)] + [
         (i, LaneRole.PREREQUISITE) for i in (1, 2, 3)
     ]
     # (256 + 1*0.3*(5 + 0.5)) / 0.5 - 0.5/2*1: the free rows add neither value nor cost
@@ -117,7 +117,7 @@ def test_window_snapshot_also_retires_terminal_rows():
     views = [blocked(1, [GraphKind.SNAPSHOT], Phase.DECODE), terminal(2, age_ms=5.0), decoder(3)]
     cands = [c for c in policy.candidates(inputs(views, **ORD)) if c.following is not None]
     shared = [c for c in cands if c.graph.batch_capacity == 4]
-    assert shared and {l.role for l in shared[0].lanes} == {LaneRole.PREREQUISITE, LaneRole.TERMINAL}
+    assert shared and {lane.role for lane in shared[0].lanes} == {LaneRole.PREREQUISITE, LaneRole.TERMINAL}
 
 
 @spec(
@@ -153,9 +153,9 @@ def test_terminal_row_of_a_two_stage_sequence_by_hand():
     retired = 256 + 0.3 * (5 + t) + (5 * f + (u * u - t * t) / 2)
     scale = math.exp(c.log_scale)
     assert c.sequence_ms == pytest.approx(u) and c.duration_ms == pytest.approx(t)
-    assert [(l.rid, l.role) for l in c.lanes] == [(1, LaneRole.PREREQUISITE), (2, LaneRole.TERMINAL)]
+    assert [(lane.rid, lane.role) for lane in c.lanes] == [(1, LaneRole.PREREQUISITE), (2, LaneRole.TERMINAL)]
     assert c.lanes[1].value * scale == pytest.approx(retired)
-    assert {l.rid: l.value * scale for l in c.following.lanes} == pytest.approx({1: new, 3: ready})
+    assert {lane.rid: lane.value * scale for lane in c.following.lanes} == pytest.approx({1: new, 3: ready})
     assert c.score * scale == pytest.approx((new + ready + retired) / u - u / 2 * 1.2)
     assert c.score * scale == pytest.approx(113.344627, rel=1e-7)
 
@@ -237,8 +237,8 @@ def test_continuations_are_summed_over_the_cohort_and_pay_the_waiting_cost():
     v2 = 88 + 0.1 * 3.831 * (10 + 3.831)
     contributions = [648 * 0.4 / (0.4 + 10.854), v2 * 0.4 / (0.4 + 3.831)]
     scale = math.exp(c.log_scale)
-    assert c.following is None and [l.rid for l in c.lanes] == [1, 2]
-    assert [l.value * scale for l in c.lanes] == pytest.approx(contributions)
+    assert c.following is None and [lane.rid for lane in c.lanes] == [1, 2]
+    assert [lane.value * scale for lane in c.lanes] == pytest.approx(contributions)
     assert c.score * scale == pytest.approx(sum(contributions) / 0.4 - 0.4 / 2 * 0.2)
     assert c.score * scale == pytest.approx(79.590734, rel=1e-7)
 
@@ -265,7 +265,7 @@ def test_terminal_snapshot_value_by_hand():
     snap = next(c for c in policy.candidates(inputs(views, **ORD)) if c.kind is GraphKind.SNAPSHOT)
     assert snap.graph.batch_capacity == 1 and snap.rids == (1,)
     assert snap.score * math.exp(snap.log_scale) == pytest.approx((256 + 0.3 * 20.3) / 0.3 - 0.15 * 1.1)
-    assert all(l.expected_tokens == 0 for l in snap.lanes)  # no token or burst credit
+    assert all(lane.expected_tokens == 0 for lane in snap.lanes)  # no token or burst credit
     # The terminal row's age coefficient also weighs on every other candidate's waiting cost.
     dec = next(c for c in policy.candidates(inputs(views, **ORD)) if c.kind is GraphKind.DECODE)
     alone = next(c for c in policy.candidates(inputs([decoder(2)], **ORD)) if c.kind is GraphKind.DECODE)
@@ -461,10 +461,10 @@ def _sequence_oracle(obj, views, graphs, costs, mode):
                     reverse=True,
                 )
 
-                def terminal_fill(rows):
+                def terminal_fill(rows, tv=tv):
                     return sum(tv[: max(rows, 0)])
 
-                def decode_value(v, rows, newly):
+                def decode_value(v, rows, newly, u=u):
                     ref = u if newly else obj.sigma
                     return (
                         obj.price(v.log_output_price) * expected(v, rows)
@@ -476,7 +476,7 @@ def _sequence_oracle(obj, views, graphs, costs, mode):
                 device = ragged and g2.allocation is Allocation.PREFIX_LIMIT
                 exact = not (ragged and mode is not DecodeMode.FIXED)
 
-                def cohort_value(members):
+                def cohort_value(members, g2=g2, ragged=ragged, device=device, exact=exact):
                     """Best value of decoders [(view, newly)] on g2 (None: they do not fit)."""
                     limits = [cohorts._lane_limit(v, g2) for v, _ in members]
                     if device:
@@ -534,7 +534,7 @@ def _sequence_oracle(obj, views, graphs, costs, mode):
                     cap = g2.prefill_capacity if mixed else g2.token_capacity
                     scored_ = g2.kind is GraphKind.SCORED_PREFILL
 
-                    def pvalue(v):
+                    def pvalue(v, cap=cap, scored_=scored_):
                         n = cohorts.prompt_work_naive(v, cap)
                         return obj.prompt_value(v, n) if n > 0 and v.needs_scores == scored_ else 0.0
 
@@ -634,42 +634,44 @@ def test_two_stage_sequences_match_enumeration(catalog, mode, extra):
                 and v.prerequisites
                 and v.prerequisites[0] is g1.kind
             }
-            assert all(l.slot == by_rid[l.rid].slot for l in c.lanes + c.following.lanes)
-            first = {l.rid: l for l in c.lanes}
+            assert all(lane.slot == by_rid[lane.rid].slot for lane in c.lanes + c.following.lanes)
+            first = {lane.rid: lane for lane in c.lanes}
             assert len(first) == len(c.lanes) <= g1.batch_capacity
-            newly = [l for l in c.following.lanes if by_rid[l.rid].phase is Phase.BLOCKED]
-            assert newly and all(first[l.rid].role is LaneRole.PREREQUISITE for l in newly)
+            newly = [lane for lane in c.following.lanes if by_rid[lane.rid].phase is Phase.BLOCKED]
+            assert newly and all(first[lane.rid].role is LaneRole.PREREQUISITE for lane in newly)
             assert len(c.following.lanes) <= g2.batch_capacity
-            prereq = [l for l in c.lanes if l.role is LaneRole.PREREQUISITE]
-            assert {l.rid for l in prereq} <= group and all(l.value == 0.0 for l in prereq)
-            retired = [l for l in c.lanes if l.role is LaneRole.TERMINAL]
-            assert all(by_rid[l.rid].phase is Phase.TERMINAL for l in retired)
+            prereq = [lane for lane in c.lanes if lane.role is LaneRole.PREREQUISITE]
+            assert {lane.rid for lane in prereq} <= group and all(lane.value == 0.0 for lane in prereq)
+            retired = [lane for lane in c.lanes if lane.role is LaneRole.TERMINAL]
+            assert all(by_rid[lane.rid].phase is Phase.TERMINAL for lane in retired)
             assert not retired or g1.kind is GraphKind.SNAPSHOT
             # free rows fill the prerequisite's capacity from the rest of its group
             assert len(c.lanes) == min(g1.batch_capacity, len(retired) + len(group))
-            for l in retired:
-                v = by_rid[l.rid]
+            for retired_lane in retired:
+                v = by_rid[retired_lane.rid]
                 extra = 0.0 if unknown else obj.ct * (v.terminal_age_ms * f + 0.5 * (u * u - t1 * t1))
-                assert l.value == pytest.approx(
+                assert retired_lane.value == pytest.approx(
                     obj.terminal_value(v, 0.0 if unknown else t1) + extra, rel=1e-9
                 )
-            for l in c.following.lanes:
-                v = by_rid[l.rid]
-                if l.role is LaneRole.PROMPT:
+            for follower in c.following.lanes:
+                v = by_rid[follower.rid]
+                if follower.role is LaneRole.PROMPT:
                     cap = g2.prefill_capacity if g2.kind is GraphKind.MIXED else g2.token_capacity
-                    assert l.prompt_tokens == cohorts.prompt_work_naive(v, cap)
-                    assert l.value == pytest.approx(obj.prompt_value(v, l.prompt_tokens), rel=1e-9)
+                    assert follower.prompt_tokens == cohorts.prompt_work_naive(v, cap)
+                    assert follower.value == pytest.approx(
+                        obj.prompt_value(v, follower.prompt_tokens), rel=1e-9
+                    )
                 else:
-                    rows = l.query_length or l.ceiling
+                    rows = follower.query_length or follower.ceiling
                     assert 1 <= rows <= cohorts._lane_limit(v, g2)
                     ref = u if v.phase is Phase.BLOCKED else obj.sigma
-                    assert l.value == pytest.approx(
-                        obj.price(v.log_output_price) * l.expected_tokens
+                    assert follower.value == pytest.approx(
+                        obj.price(v.log_output_price) * follower.expected_tokens
                         + obj.price(v.log_delivery_price)
                         + obj.c * ref * (v.age_ms + u),
                         rel=1e-9,
                     )
-            useful = sum(l.value for l in c.lanes) + sum(l.value for l in c.following.lanes)
+            useful = sum(lane.value for lane in c.lanes) + sum(lane.value for lane in c.following.lanes)
             assert c.useful_value == pytest.approx(useful, rel=1e-9)
             assert c.score == pytest.approx(
                 useful if unknown else useful / u - 0.5 * u * obj.waiting, rel=1e-9
@@ -853,8 +855,8 @@ def test_a_host_ragged_follower_allocates_rows_by_value_not_forecast():
         decoder(2, survival=geometric(0.3, 3), forecast=geometric(0.95, 3)),
     ]
     c = _ragged_sequence(views)
-    assert {l.rid: l.query_length for l in c.following.lanes} == {1: 4, 2: 2}
-    assert {l.rid: l.expected_tokens for l in c.following.lanes} == pytest.approx({1: 3.439, 2: 1.3})
+    assert {lane.rid: lane.query_length for lane in c.following.lanes} == {1: 4, 2: 2}
+    assert {lane.rid: lane.expected_tokens for lane in c.following.lanes} == pytest.approx({1: 3.439, 2: 1.3})
 
 
 @spec(
@@ -869,7 +871,7 @@ def test_a_ready_decoder_with_a_high_delivery_price_joins_a_ragged_follower():
     c = _ragged_sequence(views)
     assert sorted(c.following.rids) == [1, 2]
     scale = math.exp(c.log_scale)
-    assert [l.value * scale > 400 for l in c.following.lanes if l.rid == 2] == [True]
+    assert [lane.value * scale > 400 for lane in c.following.lanes if lane.rid == 2] == [True]
 
 
 @spec(
@@ -886,11 +888,11 @@ def test_a_snapshot_before_a_ragged_follower_retires_every_terminal_row_it_holds
     views = [blocked(1, [GraphKind.SNAPSHOT], Phase.DECODE), terminal(2, age_ms=5.0), terminal(3, age_ms=8.0)]
     c = _ragged_sequence(views, extra=[GraphDescriptor(GraphKind.SNAPSHOT, 4, duration_ms=0.5)])
     assert c.graph.batch_capacity == 4 and c.sequence_ms == pytest.approx(5.0)
-    assert [(l.rid, l.role) for l in c.lanes] == [
+    assert [(lane.rid, lane.role) for lane in c.lanes] == [
         (1, LaneRole.PREREQUISITE),
         (3, LaneRole.TERMINAL),
         (2, LaneRole.TERMINAL),
     ]
     scale = math.exp(c.log_scale)
     retired = {a: 256 + 0.4 * (a + 0.5) + a * 4.5 + (25 - 0.25) / 2 for a in (8.0, 5.0)}
-    assert [l.value * scale for l in c.lanes[1:]] == pytest.approx([retired[8.0], retired[5.0]])
+    assert [lane.value * scale for lane in c.lanes[1:]] == pytest.approx([retired[8.0], retired[5.0]])

@@ -128,7 +128,7 @@ def test_padded_batch_capacity_serves_everyone():
 def test_long_decode_pairs_share_a_round():
     c = choose([decoder(i, survival=geometric(0.8), output_remaining=4000) for i in range(2)])
     assert c.graph.batch_capacity == 2 and c.served == 2
-    assert all(l.query_length == c.graph.token_capacity for l in c.lanes)
+    assert all(lane.query_length == c.graph.token_capacity for lane in c.lanes)
 
 
 @spec("verification/selector-contention", "useful-service/knee-small-prefill")
@@ -154,7 +154,10 @@ def test_output_age_raises_a_decoders_value():
     old = choose([decoder(1, age_ms=500.0)], **ORD)
     assert old.score > young.score
     # Against a pending prompt, growing age eventually gives the decoder its turn.
-    views = lambda age: [decoder(1, age_ms=age, x=20.0, z=2.0), prompt(2, 64, x=0.5)]
+
+    def views(age):
+        return [decoder(1, age_ms=age, x=20.0, z=2.0), prompt(2, 64, x=0.5)]
+
     assert choose(views(0.0), **ORD).kind is not GraphKind.DECODE
     assert choose(views(5000.0), **ORD).kind is not GraphKind.PREFILL
 
@@ -261,11 +264,11 @@ def test_dominance_requires_equal_proposal_depth():
 def test_mixed_populations():
     views = [prompt(1, 300, x=0.3), decoder(2, survival=geometric(0.9)), decoder(3, survival=geometric(0.9))]
     cands = [c for c in policy.candidates(inputs(views)) if c.kind is GraphKind.MIXED]
-    roles = {tuple(l.role for l in c.lanes) for c in cands}
+    roles = {tuple(lane.role for lane in c.lanes) for c in cands}
     assert (LaneRole.DECODE, LaneRole.DECODE) in roles  # decode-only population
     assert (LaneRole.PROMPT, LaneRole.DECODE, LaneRole.DECODE) in roles  # prompt row plus decoders
     wide = [c for c in cands if c.graph.token_capacity == 8 and c.prefill_row == 0]
-    assert wide and all(l.query_length == 8 for l in wide[0].lanes[1:])  # speculative rows
+    assert wide and all(lane.query_length == 8 for lane in wide[0].lanes[1:])  # speculative rows
     alone = [c for c in policy.candidates(inputs([prompt(1, 300)])) if c.kind is GraphKind.MIXED]
     assert alone and all(c.served == 1 and c.prefill_row == 0 for c in alone)  # prompt-only is legal
 
@@ -283,7 +286,7 @@ def test_fixed_ragged_keeps_complete_prefixes():
     inp = inputs(views, catalog=RAGGED, mode=DecodeMode.FIXED, costs=costs, fixed_width=4)
     ragged = [c for c in policy.candidates(inp) if c.graph.target_capacity == 6]
     assert len(ragged) == 1
-    assert sorted((l.rid, l.query_length) for l in ragged[0].lanes) == [(1, 4), (2, 1), (3, 1)]
+    assert sorted((lane.rid, lane.query_length) for lane in ragged[0].lanes) == [(1, 4), (2, 1), (3, 1)]
 
 
 @spec(
@@ -306,8 +309,8 @@ def test_device_allocated_cohort_is_priced_by_its_causal_allocation():
     ]
     inp = inputs(views, catalog=RAGGED)
     c = next(x for x in policy.candidates(inp) if x.graph.allocation is Allocation.PREFIX_LIMIT)
-    assert all(l.ceiling == 4 and l.query_length == 0 for l in c.lanes)  # immutable ceilings
-    expected = {l.rid: l.expected_tokens for l in c.lanes}
+    assert all(lane.ceiling == 4 and lane.query_length == 0 for lane in c.lanes)  # immutable ceilings
+    expected = {lane.rid: lane.expected_tokens for lane in c.lanes}
     # Four pending rows, then the frontier by forecast: lane 0 d1 (0.95), lane 0 d2 (0.9025),
     # lane 1 d1 (0.9), lane 0 d3 (0.857): lane 0 reaches its ceiling 4, lane 1 gets 2 rows.
     assert expected[0] == pytest.approx(1 + 0.9 + 0.81 + 0.729) and expected[1] == pytest.approx(1.9)
@@ -455,8 +458,8 @@ def test_alpha_ranks_the_rows_of_a_host_ragged_program():
         for c in policy.candidates(inputs(views, catalog=RAGGED, policy_config=squared))
         if c.graph.name == "speculative[B=4,W=4,D=3,C=0,P=6]"
     )
-    assert sorted((l.rid, l.query_length) for l in c.lanes) == [(0, 3), (1, 3)]
-    assert [l.expected_tokens for l in c.lanes] == pytest.approx([2.0496, 2.0496])
+    assert sorted((lane.rid, lane.query_length) for lane in c.lanes) == [(0, 3), (1, 3)]
+    assert [lane.expected_tokens for lane in c.lanes] == pytest.approx([2.0496, 2.0496])
 
 
 def _adaptive(base, extension, ceilings, batch, rows):
@@ -561,10 +564,10 @@ def test_fixed_ragged_cohorts_count_each_served_lanes_age_term():
     (263.608 + 176 + 3*2.025)/4.5 - 4.5/2*0.4 = 98.140667."""
     inp = inputs(_fixed_ragged_views(), catalog=RAGGED, mode=DecodeMode.FIXED, fixed_width=4)
     c = next(c for c in policy.candidates(inp) if c.graph.name == "speculative[B=4,W=4,D=3,C=0,P=6]")
-    assert sorted((l.rid, l.query_length) for l in c.lanes) == [(0, 4), (2, 1), (3, 1)]
+    assert sorted((lane.rid, lane.query_length) for lane in c.lanes) == [(0, 4), (2, 1), (3, 1)]
     assert c.score * math.exp(c.log_scale) == pytest.approx(98.140667, rel=1e-7)
     scale = math.exp(c.log_scale)
-    assert sorted(l.value * scale for l in c.lanes) == pytest.approx(
+    assert sorted(lane.value * scale for lane in c.lanes) == pytest.approx(
         [88 + 2.025, 88 + 2.025, 263.608 + 2.025]
     )
 
@@ -597,7 +600,7 @@ def test_a_larger_host_ragged_program_with_the_same_cohort_is_pruned():
     def ragged(views):
         inp = policy.SelectionInput(views, graphs, costs, 0, POLICY, DecodeMode.FIXED)
         return {
-            c.graph.target_capacity: sorted((l.rid, l.query_length) for l in c.lanes)
+            c.graph.target_capacity: sorted((lane.rid, lane.query_length) for lane in c.lanes)
             for c in policy.candidates(inp)
             if c.graph.batch_capacity == 4 and c.graph.token_capacity == 4
         }
@@ -772,9 +775,9 @@ def test_an_adaptive_ragged_cohort_counts_each_lanes_age_term_over_the_program()
         for c in policy.candidates(inputs(views, catalog=RAGGED))
         if c.graph.name == "speculative[B=4,W=4,D=3,C=0,P=6]"
     )
-    assert sorted(l.query_length for l in c.lanes) == [1, 2, 3] and sorted(c.rids) == [0, 1, 2]
+    assert sorted(lane.query_length for lane in c.lanes) == [1, 2, 3] and sorted(c.rids) == [0, 1, 2]
     scale = math.exp(c.log_scale)
-    lane2 = next(l for l in c.lanes if l.rid == 2)
+    lane2 = next(lane for lane in c.lanes if lane.rid == 2)
     assert lane2.value * scale == pytest.approx(88 + 0.368 * (357.4 + 4.5))
     assert lane2.value * scale > 224 * 0.99**2 > 88 + 0.368 * 357.4
 
@@ -805,8 +808,8 @@ def test_price_ceilings_break_frontier_ties_by_slot_whatever_the_view_order(orde
         for c in policy.candidates(inputs([views[i] for i in order], catalog=RAGGED))
         if c.graph.name == "speculative[B=4,W=4,D=3,C=0,P=8]"
     )
-    assert {l.rid: l.ceiling for l in c.lanes} == {5: 2, 6: 3, 7: 4}
-    assert {l.rid: l.expected_tokens for l in c.lanes} == pytest.approx({5: 1.9, 6: 2.71, 7: 1.75})
+    assert {lane.rid: lane.ceiling for lane in c.lanes} == {5: 2, 6: 3, 7: 4}
+    assert {lane.rid: lane.expected_tokens for lane in c.lanes} == pytest.approx({5: 1.9, 6: 2.71, 7: 1.75})
 
 
 @spec("duration-estimates/tie-order")
@@ -837,5 +840,5 @@ def test_equal_lanes_of_one_cohort_go_to_the_least_recently_used_whatever_the_vi
     if order == "reversed":
         views = views[::-1]
     chosen = policy.select(inputs(views, catalog=device))
-    served = {l.rid for l in chosen.lanes}
+    served = {lane.rid for lane in chosen.lanes}
     assert 6 in served and 5 not in served

@@ -1,14 +1,14 @@
 """Random scheduler lifecycles keep the scheduler's invariants.
 
 The machine drives the real Scheduler the way an engine may: admissions (shared prompt prefixes,
-message endpoints, host stops, scored prompts, images in one or several windows), plans committed into the two-slot window
-(a second frame queued behind the first whenever the plan allows it), completions in fence order
-with queued or isolated timing (positive, zero or missing device intervals, several ranks, wall
-time), speculative rounds whose offered and accepted proposals follow the plan (host query
-lengths, or device ceilings with the allocation computed from a confidence sidecar), optional
-survival rows, stop tokens inside accepted prefixes, publication of the visible bursts before the
-next completion, cancellation (also of requests with frames in flight), preemption, host
-finishes, saved plans committed late, and malformed completions.
+message endpoints, host stops, scored prompts, images in one or several windows), plans committed
+into the two-slot window (a second frame queued behind the first whenever the plan allows it),
+completions in fence order with queued or isolated timing (positive, zero or missing device
+intervals, several ranks, wall time), speculative rounds whose offered and accepted proposals
+follow the plan (host query lengths, or device ceilings with the allocation computed from a
+confidence sidecar), optional survival rows, stop tokens inside accepted prefixes, publication of
+the visible bursts before the next completion, cancellation (also of requests with frames in
+flight), preemption, host finishes, saved plans committed late, and malformed completions.
 
 After every step it checks:
 
@@ -162,8 +162,8 @@ class SchedulerMachine(RuleBasedStateMachine):
             for row, cp in store.entries.items()
         }
         ledgers = tuple(
-            (l.balance_ms, l.episode_active, l.earned_from_ms, l.spent_ms)
-            for l in (s.timing_ledger, s.acceptance_ledger)
+            (ledger.balance_ms, ledger.episode_active, ledger.earned_from_ms, ledger.spent_ms)
+            for ledger in (s.timing_ledger, s.acceptance_ledger)
         )
         return (
             reqs,
@@ -312,8 +312,8 @@ class SchedulerMachine(RuleBasedStateMachine):
             self._commit(plan)
 
     def _check_plan(self, plan):
-        rids = [l.handle.rid for l in plan.lanes]
-        slots = [l.slot for l in plan.lanes]
+        rids = [each.handle.rid for each in plan.lanes]
+        slots = [each.slot for each in plan.lanes]
         assert len(set(rids)) == len(rids) and len(set(slots)) == len(slots)
         assert len(plan.lanes) <= plan.graph.batch_capacity
         for lane in plan.lanes:
@@ -321,9 +321,12 @@ class SchedulerMachine(RuleBasedStateMachine):
             assert r is not None and r.slot == lane.slot and r.active
             assert lane.handle not in self.cancelled
         if device_allocated(plan.graph):
-            decode = [l for l in plan.lanes if l.role is LaneRole.DECODE]
+            decode = [each for each in plan.lanes if each.role is LaneRole.DECODE]
             assert len(decode) <= plan.graph.target_capacity
-            assert all(1 <= l.ceiling <= plan.graph.proposal_depth + 1 and not l.query_length for l in decode)
+            assert all(
+                1 <= each.ceiling <= plan.graph.proposal_depth + 1 and not each.query_length
+                for each in decode
+            )
 
     def _commit(self, plan):
         queued = bool(self.s.in_flight)
@@ -370,12 +373,12 @@ class SchedulerMachine(RuleBasedStateMachine):
         slots = self.s.catalog.request_slots
         rows = {}
         sidecars = None
-        decode = [l for l in plan.lanes if l.role is LaneRole.DECODE]
+        decode = [each for each in plan.lanes if each.role is LaneRole.DECODE]
         if device_allocated(graph):
             depth = graph.proposal_depth
             ranks = 1 if clean else data.draw(st.integers(1, 2), label="ranks")
             sidecars = []
-            for rank in range(ranks):
+            for _rank in range(ranks):
                 sc = np.zeros((2, slots, depth), np.float32)
                 for lane in plan.lanes:
                     cond = (
@@ -391,10 +394,10 @@ class SchedulerMachine(RuleBasedStateMachine):
                     sc[0, lane.slot] = cond
                     sc[1, lane.slot] = np.cumprod(cond)
                 sidecars.append(sc)
-            order = sorted(decode, key=lambda l: l.slot)
+            order = sorted(decode, key=lambda each: each.slot)
             alloc = allocate_prefix_rows(
-                sidecars[0][1, [l.slot for l in order]],
-                [l.ceiling for l in order],
+                sidecars[0][1, [each.slot for each in order]],
+                [each.ceiling for each in order],
                 [True] * len(order),
                 graph.target_capacity,
             )
@@ -517,8 +520,8 @@ class SchedulerMachine(RuleBasedStateMachine):
                 else self.s.complete_with_survival(frame.fence, records, timing, surv)
             )
         event(
-            f"complete {plan.graph.kind.value} device={device_allocated(plan.graph)} survival={surv is not None} "
-            f"queued={timing.queued} valid={timing.device_ns > 0}"
+            f"complete {plan.graph.kind.value} device={device_allocated(plan.graph)} "
+            f"survival={surv is not None} queued={timing.queued} valid={timing.device_ns > 0}"
         )
         for rec in records:
             if rec.offered and STOP in rec.tokens[:-1]:
@@ -748,7 +751,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         for rid, r in s.requests.items():
             assert r.inflight == inflight.get(rid, [])
         if len(s.frames) == 2:  # only decode rounds of requests without host stops queue twice
-            second = {l.handle.rid: l for l in s.frames[1].plan.lanes}
+            second = {each.handle.rid: each for each in s.frames[1].plan.lanes}
             for lane in s.frames[0].plan.lanes:
                 if lane.handle.rid in second:
                     assert lane.role is LaneRole.DECODE and second[lane.handle.rid].role is LaneRole.DECODE

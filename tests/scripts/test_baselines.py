@@ -106,21 +106,21 @@ def drive(sched, steps):
         fence += 1
         sched.commit(plan, fence)
         records = []
-        for l in plan.lanes:
-            if l.role is LaneRole.PROMPT:
+        for lane in plan.lanes:
+            if lane.role is LaneRole.PROMPT:
                 records.append(
                     CompletionRecord(
-                        l.handle,
-                        l.epoch,
-                        prompt_tokens=l.prompt_tokens,
-                        tokens=(7,) if l.finishes_prompt else (),
+                        lane.handle,
+                        lane.epoch,
+                        prompt_tokens=lane.prompt_tokens,
+                        tokens=(7,) if lane.finishes_prompt else (),
                     )
                 )
             else:
-                rows = l.query_length
+                rows = lane.query_length
                 records.append(
                     CompletionRecord(
-                        l.handle, l.epoch, tokens=(7,) * rows, offered=rows - 1, accepted=rows - 1
+                        lane.handle, lane.epoch, tokens=(7,) * rows, offered=rows - 1, accepted=rows - 1
                     )
                 )
         dur = plan.expected_duration_ms
@@ -157,7 +157,7 @@ def test_fcfs_runs_the_oldest_prompt_first_in_budgeted_chunks_on_the_smallest_ca
     drive(sched, 1)
     plan = sched.plan()  # nothing waiting: one width-one step for both decoders
     assert plan.graph.kind is GraphKind.SPECULATIVE and plan.graph.token_capacity == 1
-    assert plan.graph.batch_capacity == 2 and {l.query_length for l in plan.lanes} == {1}
+    assert plan.graph.batch_capacity == 2 and {lane.query_length for lane in plan.lanes} == {1}
 
 
 def test_stall_free_serves_every_decoder_and_fills_the_budget_with_one_chunk():
@@ -168,9 +168,9 @@ def test_stall_free_serves_every_decoder_and_fills_the_budget_with_one_chunk():
     plan = sched.plan()
     assert plan.graph.kind is GraphKind.MIXED and plan.graph.batch_capacity == 4
     assert plan.graph.prefill_capacity == 512  # 512 - 3 decode rows = 509 tokens
-    prompt = [l for l in plan.lanes if l.role is LaneRole.PROMPT]
-    assert [(l.handle, l.prompt_tokens) for l in prompt] == [(late, 509)]
-    assert {l.handle for l in plan.lanes if l.role is LaneRole.DECODE} == set(decoders)
+    prompt = [lane for lane in plan.lanes if lane.role is LaneRole.PROMPT]
+    assert [(lane.handle, lane.prompt_tokens) for lane in prompt] == [(late, 509)]
+    assert {lane.handle for lane in plan.lanes if lane.role is LaneRole.DECODE} == set(decoders)
     assert B.plan_violations(sched, plan, 512) == []
 
 
@@ -193,7 +193,7 @@ def test_fixed_width_decodes_at_its_width_bounded_by_the_output_left():
     drive(sched, 2)
     plan = sched.plan()
     assert plan.graph.kind is GraphKind.SPECULATIVE and plan.graph.token_capacity == 4
-    assert {l.handle: l.query_length for l in plan.lanes} == {a: 4, b: 2}  # b has two tokens left
+    assert {lane.handle: lane.query_length for lane in plan.lanes} == {a: 4, b: 2}  # b has two tokens left
 
 
 def test_baselines_refuse_prerequisites():

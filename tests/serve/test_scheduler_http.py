@@ -108,7 +108,7 @@ def run_concurrently(server, prompts: list[tuple[str, int]], delays=None) -> dic
 
 
 def check_complete(results: dict, prompts) -> None:
-    for i, (prompt, n) in enumerate(prompts):
+    for i, (_prompt, n) in enumerate(prompts):
         r = results[i]
         assert r["status"] == 200 and r["done"] and r["finish"] in ("stop", "length"), r
         assert 1 <= r["usage"]["completion_tokens"] <= n and r["usage"]["prompt_tokens"] > 0

@@ -72,7 +72,7 @@ class Population:
 
     @property
     def fixed_value(self) -> float:
-        return float(sum(l.value for l in self.fixed))
+        return float(sum(lane.value for lane in self.fixed))
 
     @classmethod
     def of(
@@ -222,7 +222,9 @@ def population_cohort(pair: Pair, pop: Population) -> FollowerCohort | None:
     ready_lanes = [
         pop.ready_lanes[i] for i in np.argsort(-pop.ready_values, kind="stable")[: res.ready_count]
     ]
-    enabled = {l.rid for l in new_lanes} | ({l.rid for l in pop.fixed} if pop.fixed_new else set())
+    enabled = {lane.rid for lane in new_lanes} | (
+        {lane.rid for lane in pop.fixed} if pop.fixed_new else set()
+    )
     return FollowerCohort(
         enabled, res.terminal_count, pop.fixed + new_lanes + ready_lanes, res.total + pop.fixed_value
     )
@@ -277,10 +279,12 @@ def ragged_cohort(sel: Selection, pair: Pair, new_views: list[RequestView]) -> F
         )
         for i in choice.ready
     ]
-    total = sum(l.value for l in new_lanes + ready_lanes) + float(
+    total = sum(lane.value for lane in new_lanes + ready_lanes) + float(
         np.sort(pair.terminal_values)[::-1][: choice.terminal_count].sum()
     )
-    return FollowerCohort({l.rid for l in new_lanes}, choice.terminal_count, new_lanes + ready_lanes, total)
+    return FollowerCohort(
+        {lane.rid for lane in new_lanes}, choice.terminal_count, new_lanes + ready_lanes, total
+    )
 
 
 def _ragged_decoders(sel: Selection, pair: Pair, views: list[RequestView]) -> _RaggedDecoders:

@@ -108,9 +108,9 @@ def _sequence_candidate(sel: Selection, pair: Pair, cohort: FollowerCohort) -> S
     score = value if pair.unknown else decision.sequence_rate(value, pair.total_ms)
     signature = (
         g1.kind,
-        tuple(sorted(l.work for l in first)),
+        tuple(sorted(lane.work for lane in first)),
         g2.key,
-        tuple(sorted(l.work for l in follow_lanes)),
+        tuple(sorted(lane.work for lane in follow_lanes)),
     )
 
     def build() -> Candidate:
@@ -119,7 +119,7 @@ def _sequence_candidate(sel: Selection, pair: Pair, cohort: FollowerCohort) -> S
             lanes=follow_lanes,
             duration_ms=pair.following_ms,
             score=0.0,
-            useful_value=float(sum(l.value for l in follow_lanes)),
+            useful_value=float(sum(lane.value for lane in follow_lanes)),
             log_scale=decision.log_scale,
         )
         return Candidate(
@@ -160,7 +160,7 @@ def _continuation_candidate(
             Lane(multis[i].rid, multis[i].slot, LaneRole.PREREQUISITE, value=float(contributions[i]))
             for i in order
         ]
-        return out + free_prerequisite_rows(group, g1.batch_capacity - len(out), {l.rid for l in out})
+        return out + free_prerequisite_rows(group, g1.batch_capacity - len(out), {lane.rid for lane in out})
 
     signature = (g1.kind, "continuation", tuple(sorted(multis[i].rid for i in order)))
     return sel.score(g1, float(contributions[order].sum()), 0.0, signature, lanes)
