@@ -26,6 +26,8 @@ from urllib.parse import urlsplit
 from helios_jax.runtime.api import Engine, GenerationRequest, RequestStream, StreamEvent
 from helios_jax.serve import openai_protocol as proto
 from helios_jax.serve.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from helios_jax.serve.openai_errors import ApiError, bad_request
+from helios_jax.serve.openai_responses import models_response
 from helios_jax.serve.streaming import ClientGone, GenerationResponse
 
 if TYPE_CHECKING:
@@ -87,33 +89,33 @@ class RequestHandler(BaseHTTPRequestHandler):
                 self._authorize()
             route = self._ROUTES.get(self._path)
             if route is None:
-                raise proto.ApiError(404, f"no such endpoint: {method} {self._path}", code="not_found")
+                raise ApiError(404, f"no such endpoint: {method} {self._path}", code="not_found")
             if method != route[0]:
                 self._allow = route[0]
-                raise proto.ApiError(405, f"{self._path} accepts {route[0]} only", code="method_not_allowed")
+                raise ApiError(405, f"{self._path} accepts {route[0]} only", code="method_not_allowed")
             getattr(self, route[1])()
-        except proto.ApiError as e:
+        except ApiError as e:
             self._send_error_object(e)
         except ClientGone:
             self.close_connection = True
         except Exception as e:  # an engine or server bug: report it and keep serving
             log.exception("unhandled error on %s %s", method, self._path)
-            self._send_error_object(proto.ApiError(500, f"internal server error: {e}", code="internal_error"))
+            self._send_error_object(ApiError(500, f"internal server error: {e}", code="internal_error"))
 
     def _read_body(self) -> bytes:
         if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
             self.close_connection = True
-            raise proto.ApiError(
+            raise ApiError(
                 411, "chunked request bodies are not supported; send Content-Length", code="length_required"
             )
         try:
             length = int(self.headers.get("Content-Length") or 0)
         except ValueError:
             self.close_connection = True
-            raise proto.bad_request("invalid Content-Length header") from None
+            raise bad_request("invalid Content-Length header") from None
         if length < 0 or length > MAX_BODY_BYTES:
             self.close_connection = True  # the body stays unread
-            raise proto.ApiError(
+            raise ApiError(
                 413, f"request bodies are limited to {MAX_BODY_BYTES} bytes", code="request_too_large"
             )
         return self.rfile.read(length) if length else b""
@@ -125,14 +127,12 @@ class RequestHandler(BaseHTTPRequestHandler):
         header = self.headers.get("Authorization", "")
         scheme, _, supplied = header.partition(" ")
         if not header:
-            raise proto.ApiError(
-                401, "missing API key: send 'Authorization: Bearer <key>'", code="invalid_api_key"
-            )
+            raise ApiError(401, "missing API key: send 'Authorization: Bearer <key>'", code="invalid_api_key")
         # Digests first, so that compare_digest's constant time covers the key's length as well.
         supplied_digest = hashlib.sha256(supplied.strip().encode()).digest()
         key_digest = hashlib.sha256(key.encode()).digest()
         if scheme.lower() != "bearer" or not hmac.compare_digest(supplied_digest, key_digest):
-            raise proto.ApiError(401, "incorrect API key provided", code="invalid_api_key")
+            raise ApiError(401, "incorrect API key provided", code="invalid_api_key")
 
     # -- plain endpoints --------------------------------------------------------------------
     def _health(self) -> None:
@@ -158,14 +158,14 @@ class RequestHandler(BaseHTTPRequestHandler):
 
     def _models(self) -> None:
         self._require_engine(ready=False)
-        self.send_json(200, proto.models_response(self.server.served_model(), self.server.created))
+        self.send_json(200, models_response(self.server.served_model(), self.server.created))
 
     def _require_engine(self, ready: bool = True) -> Engine:
         engine = self.server.engine
         if engine is None:
-            raise proto.ApiError(503, "the engine is starting", code="engine_not_ready")
+            raise ApiError(503, "the engine is starting", code="engine_not_ready")
         if ready and not engine.ready():
-            raise proto.ApiError(503, "the engine is not ready", code="engine_not_ready")
+            raise ApiError(503, "the engine is not ready", code="engine_not_ready")
         return engine
 
     # -- generation -------------------------------------------------------------------------
@@ -187,7 +187,7 @@ class RequestHandler(BaseHTTPRequestHandler):
                 max_model_len=engine.max_model_len,
             )
         except ValueError as e:  # SamplingParams' own checks, should the protocol layer miss one
-            raise proto.bad_request(str(e)) from None
+            raise bad_request(str(e)) from None
         request_id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         generation = GenerationRequest(
             request_id=request_id,
@@ -200,9 +200,7 @@ class RequestHandler(BaseHTTPRequestHandler):
         except Exception as e:
             log.exception("engine.submit failed for %s", request_id)
             self.server.metrics.finished.inc(reason="error")
-            raise proto.ApiError(
-                500, f"the engine failed to accept the request: {e}", code="engine_error"
-            ) from e
+            raise ApiError(500, f"the engine failed to accept the request: {e}", code="engine_error") from e
         run = GenerationResponse(self, engine, request, request_id)
         metrics = self.server.metrics
         metrics.running.inc()
@@ -250,7 +248,7 @@ class RequestHandler(BaseHTTPRequestHandler):
             return True
 
     # -- writing ----------------------------------------------------------------------------
-    def _send_error_object(self, error: proto.ApiError) -> None:
+    def _send_error_object(self, error: ApiError) -> None:
         if self._headers_sent:  # mid-stream: nothing sensible can be written any more
             self.close_connection = True
             return
@@ -309,9 +307,7 @@ class RequestHandler(BaseHTTPRequestHandler):
         text = message or self.responses.get(code, ("error",))[0]
         if explain:
             text = f"{text}: {explain}"
-        self._send_error_object(
-            proto.ApiError(code, text, code="bad_http_request" if code < 500 else "http_error")
-        )
+        self._send_error_object(ApiError(code, text, code="bad_http_request" if code < 500 else "http_error"))
 
     def log_message(self, format, *args):  # noqa: A002 (BaseHTTPRequestHandler's signature)
         log.debug("%s - %s", self.address_string(), format % args)

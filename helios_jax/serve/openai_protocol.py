@@ -1,9 +1,10 @@
-"""The OpenAI wire format: request parsing and validation, response and chunk builders.
+"""The OpenAI wire format's requests: parsing and validation.
 
 Parsing turns a JSON body into a :class:`ParsedRequest` (token ids, message endpoints and
-:class:`SamplingParams`) or raises :class:`ApiError`, which carries the HTTP status and renders as
-the OpenAI error object ``{"error": {"message", "type", "param", "code"}}``. Validation runs in
-one order for both endpoints, so the first problem a client sees is the most basic one:
+:class:`SamplingParams`) or raises :class:`~helios_jax.serve.openai_errors.ApiError`, which carries
+the HTTP status and renders as the OpenAI error object ``{"error": {"message", "type", "param",
+"code"}}``. Validation runs in one order for both endpoints, so the first problem a client sees is
+the most basic one:
 
 1. JSON types of every known field (``param`` names the field);
 2. unknown fields and unsupported options (n > 1, best_of, tools, response_format, grammar,
@@ -12,8 +13,7 @@ one order for both endpoints, so the first problem a client sees is the most bas
 4. the prompt or messages, tokenized through the engine's tokenizer;
 5. the context: prompt tokens plus ``max_tokens`` must fit ``max_model_len``.
 
-The builders are pure functions of plain data (text, token strings, log-probabilities, counts),
-so the server (``streaming.py``) only collects :class:`StreamEvent` fields and calls them.
+The answers are built by ``openai_responses``, pure functions the server (``streaming.py``) calls.
 
 Log-probabilities: the engine computes the sampled token's log-probability only, never the
 alternatives. Completions therefore accept ``logprobs=0`` (each token's own log-probability,
@@ -26,48 +26,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Sequence
 
 from helios_jax.runtime.api import SamplingParams, Tokenizer
+from helios_jax.serve.openai_errors import ApiError, bad_request, unsupported
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's legacy completions default
 MAX_STOP_STRINGS = 16
 CHAT_ROLES = ("system", "user", "assistant")
-
-
-class ApiError(Exception):
-    """An error response: HTTP status plus the OpenAI error object's fields."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        *,
-        type: str | None = None,
-        param: str | None = None,
-        code: str | None = None,
-    ):
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.type = type or ("invalid_request_error" if status < 500 else "server_error")
-        self.param = param
-        self.code = code
-
-    def body(self) -> dict:
-        return error_body(self.message, type=self.type, param=self.param, code=self.code)
-
-
-def error_body(message: str, *, type: str, param: str | None = None, code: str | None = None) -> dict:
-    return {"error": {"message": message, "type": type, "param": param, "code": code}}
-
-
-def bad_request(message: str, param: str | None = None, code: str | None = None) -> ApiError:
-    return ApiError(400, message, param=param, code=code)
-
-
-def unsupported(message: str, param: str) -> ApiError:
-    return ApiError(400, message, param=param, code="unsupported_parameter")
 
 
 # -- JSON and field types ------------------------------------------------------------------------
@@ -521,159 +486,3 @@ def parse_chat_request(
         include_usage=include_usage,
         logprobs=logprobs,
     )
-
-
-# -- response builders ---------------------------------------------------------------------------
-
-
-def usage(prompt_tokens: int, completion_tokens: int) -> dict:
-    return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-    }
-
-
-def completion_logprobs(
-    tokens: Sequence[str], logprobs: Sequence[float | None], text_offset: int = 0
-) -> dict:
-    """The completions ``logprobs`` object; `text_offset` is where the first token starts in the
-    returned text. Example: tokens ("a", "b"), logprobs (None, -1.0), offset 0 ->
-    ``{"tokens": ["a", "b"], "token_logprobs": [None, -1.0], "top_logprobs": [None, {"b": -1.0}],
-    "text_offset": [0, 1]}``."""
-    offsets = []
-    for token in tokens:
-        offsets.append(text_offset)
-        text_offset += len(token)
-    return {
-        "tokens": list(tokens),
-        "token_logprobs": list(logprobs),
-        "top_logprobs": [None if lp is None else {t: lp} for t, lp in zip(tokens, logprobs, strict=True)],
-        "text_offset": offsets,
-    }
-
-
-def chat_logprobs(tokens: Sequence[str], logprobs: Sequence[float | None]) -> dict:
-    """The chat ``logprobs`` object: one entry per token with its UTF-8 bytes, no alternatives."""
-    return {
-        "content": [
-            {"token": t, "logprob": lp, "bytes": list(t.encode("utf-8", "surrogatepass")), "top_logprobs": []}
-            for t, lp in zip(tokens, logprobs, strict=True)
-        ]
-    }
-
-
-def completion_response(
-    *,
-    id: str,
-    created: int,
-    model: str,
-    text: str,
-    finish_reason: str | None,
-    usage_: dict,
-    logprobs: dict | None = None,
-) -> dict:
-    return {
-        "id": id,
-        "object": "text_completion",
-        "created": created,
-        "model": model,
-        "choices": [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}],
-        "usage": usage_,
-    }
-
-
-def chat_response(
-    *,
-    id: str,
-    created: int,
-    model: str,
-    text: str,
-    finish_reason: str | None,
-    usage_: dict,
-    logprobs: dict | None = None,
-) -> dict:
-    return {
-        "id": id,
-        "object": "chat.completion",
-        "created": created,
-        "model": model,
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "logprobs": logprobs,
-                "finish_reason": finish_reason,
-            }
-        ],
-        "usage": usage_,
-    }
-
-
-def completion_chunk(
-    *,
-    id: str,
-    created: int,
-    model: str,
-    text: str,
-    finish_reason: str | None = None,
-    logprobs: dict | None = None,
-    include_usage: bool = False,
-) -> dict:
-    chunk = {
-        "id": id,
-        "object": "text_completion",
-        "created": created,
-        "model": model,
-        "choices": [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}],
-    }
-    if include_usage:
-        chunk["usage"] = None  # OpenAI: null on every chunk but the last when include_usage is set
-    return chunk
-
-
-def chat_chunk(
-    *,
-    id: str,
-    created: int,
-    model: str,
-    delta: dict,
-    finish_reason: str | None = None,
-    logprobs: dict | None = None,
-    include_usage: bool = False,
-) -> dict:
-    chunk = {
-        "id": id,
-        "object": "chat.completion.chunk",
-        "created": created,
-        "model": model,
-        "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}],
-    }
-    if include_usage:
-        chunk["usage"] = None
-    return chunk
-
-
-def usage_chunk(*, id: str, created: int, model: str, chat: bool, usage_: dict) -> dict:
-    """The final chunk of ``stream_options.include_usage``: no choices, the request's usage."""
-    return {
-        "id": id,
-        "object": "chat.completion.chunk" if chat else "text_completion",
-        "created": created,
-        "model": model,
-        "choices": [],
-        "usage": usage_,
-    }
-
-
-def models_response(model: str, created: int) -> dict:
-    return {
-        "object": "list",
-        "data": [{"id": model, "object": "model", "created": created, "owned_by": "helios_jax"}],
-    }
-
-
-def sse(payload: dict | str) -> bytes:
-    """One server-sent event: ``data: <json>`` and a blank line (``[DONE]`` as is)."""
-    data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
-    return f"data: {data}\n\n".encode()

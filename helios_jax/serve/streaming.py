@@ -14,7 +14,9 @@ import time
 from typing import TYPE_CHECKING
 
 from helios_jax.runtime.api import Engine, RequestStream, StreamEvent
-from helios_jax.serve import openai_protocol as proto
+from helios_jax.serve import openai_responses as responses
+from helios_jax.serve.openai_errors import ApiError
+from helios_jax.serve.openai_protocol import ParsedRequest
 
 if TYPE_CHECKING:
     from helios_jax.serve.handler import RequestHandler
@@ -27,9 +29,7 @@ class ClientGone(Exception):
 class GenerationResponse:
     """One generation request's response: event collection, rendering and metrics."""
 
-    def __init__(
-        self, handler: RequestHandler, engine: Engine, request: proto.ParsedRequest, request_id: str
-    ):
+    def __init__(self, handler: RequestHandler, engine: Engine, request: ParsedRequest, request_id: str):
         self.handler = handler
         self.tokenizer = engine.tokenizer
         self.request = request
@@ -93,18 +93,16 @@ class GenerationResponse:
         values = list(values) if values is not None else [None] * len(ids)
         values = (values + [None] * len(ids))[: len(ids)]
         if self.request.chat:
-            return proto.chat_logprobs(texts, values)
-        return proto.completion_logprobs(texts, values, offset)
+            return responses.chat_logprobs(texts, values)
+        return responses.completion_logprobs(texts, values, offset)
 
-    def _failure(self, event: StreamEvent) -> proto.ApiError:
+    def _failure(self, event: StreamEvent) -> ApiError:
         if event.finish_reason == "cancelled":
-            return proto.ApiError(503, "the engine cancelled the request", code="cancelled")
-        return proto.ApiError(
-            500, f"the engine failed: {event.error or 'unknown error'}", code="engine_error"
-        )
+            return ApiError(503, "the engine cancelled the request", code="cancelled")
+        return ApiError(500, f"the engine failed: {event.error or 'unknown error'}", code="engine_error")
 
     def _usage(self) -> dict:
-        return proto.usage(self.prompt_tokens, self.completion_tokens)
+        return responses.usage(self.prompt_tokens, self.completion_tokens)
 
     # -- non-streaming ----------------------------------------------------------------------
     def full_response(self, stream: RequestStream) -> None:
@@ -128,7 +126,7 @@ class GenerationResponse:
                 logprobs = self._logprobs(list(request.prompt_tokens) + ids, prompt_values + values, 0, True)
             else:
                 logprobs = self._logprobs(ids, values, 0, True)
-        build = proto.chat_response if request.chat else proto.completion_response
+        build = responses.chat_response if request.chat else responses.completion_response
         self.handler.send_json(
             200,
             build(
@@ -144,7 +142,7 @@ class GenerationResponse:
 
     # -- streaming --------------------------------------------------------------------------
     def _write(self, stream: RequestStream, payload) -> None:
-        if not self.handler.write_chunk(proto.sse(payload)):
+        if not self.handler.write_chunk(responses.sse(payload)):
             stream.cancel()
             self._finish("cancelled")
             raise ClientGone()
@@ -164,8 +162,8 @@ class GenerationResponse:
             delta = (
                 {"role": "assistant", "content": ""} if role else ({} if text is None else {"content": text})
             )
-            return proto.chat_chunk(delta=delta, **common)
-        return proto.completion_chunk(text=text or "", **common)
+            return responses.chat_chunk(delta=delta, **common)
+        return responses.completion_chunk(text=text or "", **common)
 
     def stream_response(self, stream: RequestStream) -> None:
         request, handler = self.request, self.handler
@@ -192,7 +190,7 @@ class GenerationResponse:
             if request.include_usage:
                 self._write(
                     stream,
-                    proto.usage_chunk(
+                    responses.usage_chunk(
                         id=self.id,
                         created=self.created,
                         model=request.model,

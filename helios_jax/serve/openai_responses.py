@@ -1,0 +1,170 @@
+"""The OpenAI wire format's responses: pure builders of response, chunk and event payloads.
+
+Each builder is a function of plain data (text, token strings, log-probabilities, counts), so the
+server (``streaming.py``) only collects :class:`StreamEvent` fields and calls them. Non-streaming
+requests answer with :func:`completion_response` or :func:`chat_response`; streaming ones write
+:func:`completion_chunk` or :func:`chat_chunk` payloads, then :func:`usage_chunk` when
+``stream_options.include_usage`` asks for it, each framed by :func:`sse`.
+
+Log-probabilities: the engine computes the sampled token's log-probability only, so the
+``top_logprobs`` the builders write hold that token alone (completions) or nothing (chat); see
+``openai_protocol`` for the requests this allows.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+def completion_logprobs(
+    tokens: Sequence[str], logprobs: Sequence[float | None], text_offset: int = 0
+) -> dict:
+    """The completions ``logprobs`` object; `text_offset` is where the first token starts in the
+    returned text. Example: tokens ("a", "b"), logprobs (None, -1.0), offset 0 ->
+    ``{"tokens": ["a", "b"], "token_logprobs": [None, -1.0], "top_logprobs": [None, {"b": -1.0}],
+    "text_offset": [0, 1]}``."""
+    offsets = []
+    for token in tokens:
+        offsets.append(text_offset)
+        text_offset += len(token)
+    return {
+        "tokens": list(tokens),
+        "token_logprobs": list(logprobs),
+        "top_logprobs": [None if lp is None else {t: lp} for t, lp in zip(tokens, logprobs, strict=True)],
+        "text_offset": offsets,
+    }
+
+
+def chat_logprobs(tokens: Sequence[str], logprobs: Sequence[float | None]) -> dict:
+    """The chat ``logprobs`` object: one entry per token with its UTF-8 bytes, no alternatives."""
+    return {
+        "content": [
+            {"token": t, "logprob": lp, "bytes": list(t.encode("utf-8", "surrogatepass")), "top_logprobs": []}
+            for t, lp in zip(tokens, logprobs, strict=True)
+        ]
+    }
+
+
+def completion_response(
+    *,
+    id: str,
+    created: int,
+    model: str,
+    text: str,
+    finish_reason: str | None,
+    usage_: dict,
+    logprobs: dict | None = None,
+) -> dict:
+    return {
+        "id": id,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}],
+        "usage": usage_,
+    }
+
+
+def chat_response(
+    *,
+    id: str,
+    created: int,
+    model: str,
+    text: str,
+    finish_reason: str | None,
+    usage_: dict,
+    logprobs: dict | None = None,
+) -> dict:
+    return {
+        "id": id,
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": logprobs,
+                "finish_reason": finish_reason,
+            }
+        ],
+        "usage": usage_,
+    }
+
+
+def completion_chunk(
+    *,
+    id: str,
+    created: int,
+    model: str,
+    text: str,
+    finish_reason: str | None = None,
+    logprobs: dict | None = None,
+    include_usage: bool = False,
+) -> dict:
+    chunk = {
+        "id": id,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}],
+    }
+    if include_usage:
+        chunk["usage"] = None  # OpenAI: null on every chunk but the last when include_usage is set
+    return chunk
+
+
+def chat_chunk(
+    *,
+    id: str,
+    created: int,
+    model: str,
+    delta: dict,
+    finish_reason: str | None = None,
+    logprobs: dict | None = None,
+    include_usage: bool = False,
+) -> dict:
+    chunk = {
+        "id": id,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": model,
+        "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}],
+    }
+    if include_usage:
+        chunk["usage"] = None
+    return chunk
+
+
+def usage_chunk(*, id: str, created: int, model: str, chat: bool, usage_: dict) -> dict:
+    """The final chunk of ``stream_options.include_usage``: no choices, the request's usage."""
+    return {
+        "id": id,
+        "object": "chat.completion.chunk" if chat else "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [],
+        "usage": usage_,
+    }
+
+
+def models_response(model: str, created: int) -> dict:
+    return {
+        "object": "list",
+        "data": [{"id": model, "object": "model", "created": created, "owned_by": "helios_jax"}],
+    }
+
+
+def sse(payload: dict | str) -> bytes:
+    """One server-sent event: ``data: <json>`` and a blank line (``[DONE]`` as is)."""
+    data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
+    return f"data: {data}\n\n".encode()
