@@ -31,11 +31,45 @@ def validate(
     speculative_token_capacity: int,
     completion_token_capacity: int = DEFAULT_COMPLETION_TOKEN_CAPACITY,
 ) -> None:
-    """Enforce the spec's shape contracts for one descriptor.
+    """Enforce the spec's shape contracts for one descriptor: the fields every family shares, then
+    its own family's.
 
     Raises:
       ValueError: naming the graph and the field that breaks a contract.
     """
+    _validate_shared_fields(g)
+    name = g.name
+    if g.kind.is_prefill:
+        if g.batch_capacity != 1:
+            raise field_error(name, "batch_capacity", "a prefill graph consumes one request's chunk (B = 1)")
+        if g.token_capacity < 1:
+            raise field_error(name, "token_capacity", "a prefill graph needs a positive chunk size")
+        if g.proposal_depth or g.target_capacity:
+            raise field_error(name, "proposal_depth", "prefill graphs draw no proposals")
+    elif g.kind is GraphKind.DECODE:
+        if g.token_capacity != 1:
+            raise field_error(name, "token_capacity", "ordinary decode has width one")
+        if g.proposal_depth or g.target_capacity not in (0, g.batch_capacity):
+            raise field_error(name, "proposal_depth", "ordinary decode draws no proposals")
+        if not _is_pow2(g.batch_capacity):
+            raise field_error(name, "batch_capacity", "request buckets are powers of two")
+    elif g.kind is GraphKind.SPECULATIVE:
+        _validate_speculative(g, speculative_token_capacity)
+    elif g.kind is GraphKind.MIXED:
+        _validate_mixed(g, speculative_token_capacity, completion_token_capacity)
+    elif g.kind is GraphKind.VISION:
+        if g.image_capacity < 1:
+            raise field_error(name, "image_capacity", "a vision graph needs a positive image capacity")
+    else:  # initialize, snapshot, restore
+        if g.token_capacity or g.proposal_depth or g.target_capacity:
+            raise field_error(name, "token_capacity", "state operations carry only a batch capacity")
+
+
+def _validate_shared_fields(g: GraphDescriptor) -> None:
+    """The contracts on fields every graph family carries: nonnegative integer capacities, a batch
+    capacity within the request-slot bound, a positive measured duration, and the fields that only
+    one family may set (prefill capacity and the draft-state flag: mixed; allocation: speculative;
+    image capacity: vision) left unset elsewhere."""
     name = g.name
     for field in (
         "batch_capacity",
@@ -62,31 +96,6 @@ def validate(
         raise field_error(name, "allocation", "only speculative programs bind an allocation")
     if g.kind is not GraphKind.VISION and g.image_capacity != 0:
         raise field_error(name, "image_capacity", "only vision graphs carry an image capacity")
-
-    if g.kind.is_prefill:
-        if g.batch_capacity != 1:
-            raise field_error(name, "batch_capacity", "a prefill graph consumes one request's chunk (B = 1)")
-        if g.token_capacity < 1:
-            raise field_error(name, "token_capacity", "a prefill graph needs a positive chunk size")
-        if g.proposal_depth or g.target_capacity:
-            raise field_error(name, "proposal_depth", "prefill graphs draw no proposals")
-    elif g.kind is GraphKind.DECODE:
-        if g.token_capacity != 1:
-            raise field_error(name, "token_capacity", "ordinary decode has width one")
-        if g.proposal_depth or g.target_capacity not in (0, g.batch_capacity):
-            raise field_error(name, "proposal_depth", "ordinary decode draws no proposals")
-        if not _is_pow2(g.batch_capacity):
-            raise field_error(name, "batch_capacity", "request buckets are powers of two")
-    elif g.kind is GraphKind.SPECULATIVE:
-        _validate_speculative(g, speculative_token_capacity)
-    elif g.kind is GraphKind.MIXED:
-        _validate_mixed(g, speculative_token_capacity, completion_token_capacity)
-    elif g.kind is GraphKind.VISION:
-        if g.image_capacity < 1:
-            raise field_error(name, "image_capacity", "a vision graph needs a positive image capacity")
-    else:  # initialize, snapshot, restore
-        if g.token_capacity or g.proposal_depth or g.target_capacity:
-            raise field_error(name, "token_capacity", "state operations carry only a batch capacity")
 
 
 def _validate_speculative(g: GraphDescriptor, r: int) -> None:

@@ -11,7 +11,8 @@ from __future__ import annotations
 from absl import flags
 
 from helios_jax.compilation_cache import enable_compilation_cache
-from helios_jax.engine_config import EngineConfig, EngineOptions
+from helios_jax.engine_config import EngineConfig
+from helios_jax.engine_options import EngineOptions
 from helios_jax.model import ModelConfig
 from helios_jax.prepare import prepare
 from helios_jax.prepare.models import load_engine_model

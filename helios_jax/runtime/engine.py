@@ -35,7 +35,8 @@ import numpy as np
 
 from helios_jax.catalog import GraphKind
 from helios_jax.compilation_cache import enable_compilation_cache
-from helios_jax.engine_config import EngineConfig, EngineOptions
+from helios_jax.engine_config import EngineConfig
+from helios_jax.engine_options import EngineOptions
 from helios_jax.prepare import load_engine_model, prepare, warm_up
 from helios_jax.runtime.api import GenerationRequest, RequestStream, StreamEvent
 from helios_jax.runtime.detokenize import TextStream

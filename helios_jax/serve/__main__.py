@@ -11,13 +11,13 @@ import sys
 from absl import app as absl_app
 from absl import flags
 
-from helios_jax import engine_config
+from helios_jax import engine_options
 from helios_jax.serve import flags as serve_flags
 
 serve_flags.define_flags(flags.FLAGS)
 # --help lists the flags of the main module: the server's and the engine's are defined elsewhere.
 flags.adopt_module_key_flags(serve_flags)
-flags.adopt_module_key_flags(engine_config)
+flags.adopt_module_key_flags(engine_options)
 
 
 def main(argv) -> int:

@@ -9,7 +9,7 @@ Two groups:
   ``--mixed_prefill``, ``--max_model_len``, ``--page_size``, ``--kv_pages``, ``--snapshot_rows``,
   ``--dtype``, ``--scheduler_policy``, ``--scheduler_terminal_value``,
   ``--scheduler_terminal_age_price``, ``--mtp_adaptive_verification_alpha``), defined and read
-  by :class:`helios_jax.engine_config.EngineOptions`, the same definition
+  by :class:`helios_jax.engine_options.EngineOptions`, the same definition
   ``python -m helios_jax.prepare`` uses. Their ranges are checked here, so that a typo fails in
   a second, not after minutes of preparation; what depends on the model (the context length,
   the dtype) is resolved when the engine is built (``helios_jax.serve.engines``).
@@ -26,7 +26,7 @@ import math
 
 from absl import flags
 
-from helios_jax.engine_config import EngineOptions
+from helios_jax.engine_options import EngineOptions
 
 ENGINES = ("real", "fake")
 

@@ -9,10 +9,10 @@ from helios_jax.engine_config import (
     DEFAULT_MAX_MODEL_LEN,
     SPECULATION_MODES,
     EngineConfig,
-    EngineOptions,
     default_prefill_chunks,
     parse_int_list,
 )
+from helios_jax.engine_options import EngineOptions
 from helios_jax.model import tiny_config
 
 spec = pytest.mark.spec

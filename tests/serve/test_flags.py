@@ -6,7 +6,7 @@ import importlib.util
 import pytest
 from absl import flags
 
-from helios_jax.engine_config import EngineOptions
+from helios_jax.engine_options import EngineOptions
 from helios_jax.scheduler.config import PolicyConfig
 from helios_jax.serve.engines import engine_factory
 from helios_jax.serve.fake import FakeEngine
