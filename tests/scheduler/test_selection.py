@@ -842,3 +842,17 @@ def test_equal_lanes_of_one_cohort_go_to_the_least_recently_used_whatever_the_vi
     chosen = policy.select(inputs(views, catalog=device))
     served = {lane.rid for lane in chosen.lanes}
     assert 6 in served and 5 not in served
+
+
+@spec("useful-service/prefill-logical-limits", "prerequisites/atomic-span-chunk")
+def test_a_prompt_chunk_that_can_consume_nothing_is_never_a_candidate():
+    """An image span from the cursor that the smaller chunks cannot hold whole, or a prompt stopped
+    at its limit: those chunks offer that prompt no prefill, not a chunk that consumes nothing."""
+    spanned = prompt(1, 500, atomic_spans=((0, 300),))
+    stopped = prompt(2, 500, prompt_limit=0)
+    for catalog in (SPEC, ORDINARY):
+        mode = DecodeMode.ORDINARY if catalog is ORDINARY else DecodeMode.ADAPTIVE
+        cands = policy.candidates(inputs([spanned, stopped], catalog=catalog, mode=mode))
+        prefill = [c for c in cands if c.kind.is_prefill]
+        assert prefill and all(c.graph.token_capacity >= 300 for c in prefill)
+        assert all(lane.rid == 1 and lane.prompt_tokens > 0 for c in prefill for lane in c.lanes)

@@ -19,12 +19,9 @@ def test_prompt_work_stops_at_limits_and_never_cuts_an_image_span():
     assert view(prompt_remaining=100, prompt_limit=0).prompt_work(64) == 0
     spans = ((10, 50), (60, 70))
     assert view(prompt_remaining=100, atomic_spans=spans).prompt_work(80) == 80  # after both spans
-    assert (
-        view(prompt_remaining=100, atomic_spans=spans).prompt_work(32) == 10
-    )  # moved back to the span start
-    assert (
-        view(prompt_remaining=100, atomic_spans=spans).prompt_work(50) == 50
-    )  # a cut at a span's end is fine
+    # A cut inside a span moves back to the span's start; a cut at a span's end is fine.
+    assert view(prompt_remaining=100, atomic_spans=spans).prompt_work(32) == 10
+    assert view(prompt_remaining=100, atomic_spans=spans).prompt_work(50) == 50
     assert view(prompt_remaining=100, atomic_spans=spans).prompt_work(10) == 10  # ... and at its start
     assert view(prompt_remaining=100, atomic_spans=spans).prompt_work(65) == 60
     # A span from the cursor that the chunk cannot hold whole: no work at all this time.
