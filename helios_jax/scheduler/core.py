@@ -58,7 +58,7 @@ from helios_jax.scheduler.plan import (
 )
 from helios_jax.scheduler.reads import SchedulerReads
 from helios_jax.scheduler.refresh import acceptance_ledger, timing_ledger
-from helios_jax.scheduler.requests import Request, admission_fields, check_width_limit, pages_for
+from helios_jax.scheduler.requests import admission_fields, check_width_limit, pages_for
 from helios_jax.scheduler.residents import Residents
 from helios_jax.scheduler.service import NS_PER_MS
 from helios_jax.scheduler.speculation import SOURCE_LEARNED, PrefixEstimate
@@ -181,41 +181,29 @@ class Scheduler(SchedulerReads):
         A prompt that extends a stored checkpoint starts with a RESTORE of it and is charged only
         its uncached tokens.
         """
-        tokens, endpoints, spans = admission_fields(
+        admission = admission_fields(
             prompt,
             max_output,
-            message_endpoints,
-            image_spans,
-            proposal_source,
-            width_limit,
-            self.max_model_len,
-        )
-        windows = self.captures.admission_windows(spans, len(tokens))
-        handle, slot, pages = self.residents.reserve(self.pages_needed(len(tokens), max_output))
-        req = Request(
-            handle=handle,
-            slot=slot,
-            prompt=tokens,
-            max_output=int(max_output),
-            stop_token_ids=frozenset(int(t) for t in stop_token_ids),
-            message_endpoints=endpoints,
-            image_spans=spans,
-            needs_scores=bool(needs_scores),
-            host_stops=bool(host_stops),
+            max_model_len=self.max_model_len,
+            message_endpoints=message_endpoints,
+            image_spans=image_spans,
+            stop_token_ids=stop_token_ids,
+            needs_scores=needs_scores,
+            host_stops=host_stops,
             sampling=sampling,
             proposal_source=proposal_source,
-            pages=pages,
-            admitted_ns=self.now_ns,
-            history=service.ServiceHistory(),
-            acceptance=self.population.new_acceptance(acceptance_history),
-            forecast=self.population.new_forecast(forecast_history),
             width_limit=width_limit,
+        )
+        windows = self.captures.admission_windows(admission["image_spans"], len(admission["prompt"]))
+        pages_needed = self.pages_needed(len(admission["prompt"]), max_output)
+        req = self.residents.new_request(
+            admission, pages_needed, self.now_ns, acceptance_history, forecast_history
         )
         fraction = self.policy.checkpoint_extra_work_fraction
         self.captures.admit(req, windows, self.initialize_requests, fraction, self.now_ns)
-        self.requests[handle.rid] = req
+        self.requests[req.rid] = req
         self._admitted_any = True
-        return handle
+        return req.handle
 
     def restrict_width(self, handle: Handle, width_limit: int | None) -> None:
         """Set a request's grammar or stop restriction: later rounds give it at most
