@@ -57,7 +57,7 @@ from helios_jax.scheduler.plan import (
     validate_completion,
 )
 from helios_jax.scheduler.reads import SchedulerReads
-from helios_jax.scheduler.refresh import acceptance_ledger, timing_ledger
+from helios_jax.scheduler.refresh import acceptance_ledger, funding_ledger, settle, timing_ledger
 from helios_jax.scheduler.requests import admission_fields, check_width_limit, pages_for
 from helios_jax.scheduler.residents import Residents
 from helios_jax.scheduler.service import NS_PER_MS
@@ -339,10 +339,7 @@ class Scheduler(SchedulerReads):
         """
         if self.frames and fence <= self.frames[-1].fence:
             raise ValueError(f"fences must increase: {fence} after {self.frames[-1].fence}")
-        ledger = {
-            ExecutionClass.TIMING_REFRESH: self.timing_ledger,
-            ExecutionClass.ACCEPTANCE_LEARNING: self.acceptance_ledger,
-        }.get(plan.reason)
+        ledger = funding_ledger(plan.reason, self.timing_ledger, self.acceptance_ledger)
         check_commit(
             plan,
             self.requests,
@@ -462,13 +459,14 @@ class Scheduler(SchedulerReads):
         )
         # Exploration ledgers (raw physical time; never both for one execution).
         credited = raw_ms if valid_timing else timing.wall_ns / NS_PER_MS
-        if plan.reason is ExecutionClass.ORDINARY and valid_timing:
-            self.timing_ledger.earn(raw_ms)
-            self.acceptance_ledger.earn(raw_ms)
-        elif plan.reason is ExecutionClass.TIMING_REFRESH:
-            self.timing_ledger.close(credited)
-        elif plan.reason is ExecutionClass.ACCEPTANCE_LEARNING:
-            self.acceptance_ledger.close(credited)
+        settle(
+            plan.reason,
+            self.timing_ledger,
+            self.acceptance_ledger,
+            raw_ms=raw_ms,
+            credited_ms=credited,
+            valid_timing=valid_timing,
+        )
         self.counters.executed(plan, int(credited * NS_PER_MS))
 
     # == publication ========================================================================
