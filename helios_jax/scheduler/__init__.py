@@ -7,5 +7,7 @@ candidates and confidence forecasts); ``view`` holds the plain data exchanged wi
 and ``config`` the policy preferences. The lifecycle object ``core.Scheduler`` delegates pricing
 views to ``pricing`` (pure functions), resident requests and lane effects to ``residents``,
 captures and image windows to ``captures`` (over the ``checkpoints`` rows), commit and completion
-checks to ``plan``, pooled estimates to ``learning`` and its counters to ``stats``.
+checks to ``plan``, freezing a plan, recording a frame and the window's rules to ``frames``,
+pooled estimates to ``learning`` and its counters to ``stats``; ``reads`` names what callers
+read of its state.
 """

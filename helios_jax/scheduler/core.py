@@ -19,11 +19,13 @@ A request's life through this object (the engine drives it; time is passed in):
 The scheduler decides when; its collaborators hold the state: ``residents.Residents`` (request
 slots, KV pages, lane effects, ending and release), ``captures.Captures`` (checkpoint captures and
 image windows), ``learning.Population`` (pooled estimates) and ``stats.Counters``, read through
-``stats()`` (a ``SchedulerStats`` snapshot the server renders as Prometheus text).
+``stats()`` (a ``SchedulerStats`` snapshot the server renders as Prometheus text). What callers
+read of that state (requests, pools, counters, frames in flight) is named in ``reads.py``.
 
 The window has two frame slots. Only ordinary decode and complete speculative generation may
 occupy both; every other kind, unknown or stale costs, host stops and phase transitions need an
-empty window (completion feedback).
+empty window (completion feedback). ``frames.py`` freezes the chosen candidate into a plan,
+records a committed plan as a frame and holds the window's rules.
 """
 
 from __future__ import annotations
@@ -35,12 +37,12 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike
 
-from helios_jax.catalog import Allocation, Catalog, DecodeMode, GraphKind
+from helios_jax.catalog import Catalog, DecodeMode
 from helios_jax.scheduler import learning, policy, pricing, service
 from helios_jax.scheduler.captures import Captures
-from helios_jax.scheduler.checkpoints import CheckpointStore
 from helios_jax.scheduler.config import PolicyConfig
 from helios_jax.scheduler.cost import CostModel
+from helios_jax.scheduler.frames import frame_record, freeze, planning_start_ns, window_blocked
 from helios_jax.scheduler.plan import (
     Completed,
     CompletionRecord,
@@ -49,26 +51,25 @@ from helios_jax.scheduler.plan import (
     Frame,
     GeneratedToken,
     Handle,
-    PlanLane,
     PlanRejected,
     ScheduledPlan,
-    TraceRecord,
     check_commit,
     validate_completion,
 )
-from helios_jax.scheduler.refresh import acceptance_ledger, timing_ledger
-from helios_jax.scheduler.requests import Pool, Request, admission_fields, check_width_limit, pages_for
+from helios_jax.scheduler.reads import SchedulerReads
+from helios_jax.scheduler.refresh import acceptance_ledger, funding_ledger, settle, timing_ledger
+from helios_jax.scheduler.requests import admission_fields, check_width_limit, pages_for
 from helios_jax.scheduler.residents import Residents
 from helios_jax.scheduler.service import NS_PER_MS
 from helios_jax.scheduler.speculation import SOURCE_LEARNED, PrefixEstimate
-from helios_jax.scheduler.stats import Counters, SchedulerStats
-from helios_jax.scheduler.view import Candidate, Lane, LaneRole, Phase, RequestView
+from helios_jax.scheduler.stats import Counters
+from helios_jax.scheduler.view import Candidate, RequestView
 
 __all__ = ["NS_PER_MS", "PlanRejected", "Scheduler"]  # PlanRejected and NS_PER_MS: plan.py, service.py
 
 
-class Scheduler:
-    """Host scheduler over one loaded catalog and decode mode."""
+class Scheduler(SchedulerReads):
+    """Host scheduler over one loaded catalog and decode mode (its reads: ``reads.SchedulerReads``)."""
 
     def __init__(
         self,
@@ -180,41 +181,29 @@ class Scheduler:
         A prompt that extends a stored checkpoint starts with a RESTORE of it and is charged only
         its uncached tokens.
         """
-        tokens, endpoints, spans = admission_fields(
+        admission = admission_fields(
             prompt,
             max_output,
-            message_endpoints,
-            image_spans,
-            proposal_source,
-            width_limit,
-            self.max_model_len,
-        )
-        windows = self.captures.admission_windows(spans, len(tokens))
-        handle, slot, pages = self.residents.reserve(self.pages_needed(len(tokens), max_output))
-        req = Request(
-            handle=handle,
-            slot=slot,
-            prompt=tokens,
-            max_output=int(max_output),
-            stop_token_ids=frozenset(int(t) for t in stop_token_ids),
-            message_endpoints=endpoints,
-            image_spans=spans,
-            needs_scores=bool(needs_scores),
-            host_stops=bool(host_stops),
+            max_model_len=self.max_model_len,
+            message_endpoints=message_endpoints,
+            image_spans=image_spans,
+            stop_token_ids=stop_token_ids,
+            needs_scores=needs_scores,
+            host_stops=host_stops,
             sampling=sampling,
             proposal_source=proposal_source,
-            pages=pages,
-            admitted_ns=self.now_ns,
-            history=service.ServiceHistory(),
-            acceptance=self.population.new_acceptance(acceptance_history),
-            forecast=self.population.new_forecast(forecast_history),
             width_limit=width_limit,
+        )
+        windows = self.captures.admission_windows(admission["image_spans"], len(admission["prompt"]))
+        pages_needed = self.pages_needed(len(admission["prompt"]), max_output)
+        req = self.residents.new_request(
+            admission, pages_needed, self.now_ns, acceptance_history, forecast_history
         )
         fraction = self.policy.checkpoint_extra_work_fraction
         self.captures.admit(req, windows, self.initialize_requests, fraction, self.now_ns)
-        self.requests[handle.rid] = req
+        self.requests[req.rid] = req
         self._admitted_any = True
-        return handle
+        return req.handle
 
     def restrict_width(self, handle: Handle, width_limit: int | None) -> None:
         """Set a request's grammar or stop restriction: later rounds give it at most
@@ -264,13 +253,6 @@ class Scheduler:
             req.epoch += 1
             self.residents.end(req, self.now_ns)
 
-    def page_table(self, handle: Handle) -> list[int]:
-        """The request's reserved KV page ids, in position order."""
-        return list(self.residents.lookup(handle).pages)
-
-    def output(self, handle: Handle) -> list[int]:
-        return list(self.residents.lookup(handle).output)
-
     # == time ===============================================================================
     def advance_to(self, now_ns: int) -> None:
         """Move the clock forward; idle (nothing in flight, nothing runnable) clears credit."""
@@ -283,18 +265,12 @@ class Scheduler:
 
     # == planning ===========================================================================
     def _planning_start_ns(self) -> int:
-        if not self.frames:
-            return self.now_ns
-        return max(self.now_ns, self.frames[-1].expected_end_ns or self.now_ns)
+        """Where the next frame would start (``frames.planning_start_ns``)."""
+        return planning_start_ns(self.frames, self.now_ns)
 
     def _window_blocked(self) -> bool:
-        """No frame can be appended: a draining frame, a full window or an overrun is in flight."""
-        if not self.frames:
-            return False
-        if len(self.frames) >= 2 or any(not f.plan.graph.kind.may_share_window for f in self.frames):
-            return True
-        last = self.frames[-1]
-        return last.expected_end_ns is None or self.now_ns > last.expected_end_ns  # overrun
+        """No frame can be appended now (``frames.window_blocked``)."""
+        return window_blocked(self.frames, self.now_ns)
 
     def _normalizers(self) -> service.Normalizers:
         """The loaded catalog's measured generation programs, recomputed when an estimate changes."""
@@ -340,52 +316,16 @@ class Scheduler:
         return self._freeze(chosen, reason, credit, start)
 
     def _freeze(self, c: Candidate, reason: ExecutionClass, credit: float, start: int) -> ScheduledPlan:
-        lanes = [self._plan_lane(c.graph.kind, lane) for lane in c.lanes]
-        needs_empty = (
-            not c.graph.kind.may_share_window
-            or c.indeterminate
-            or c.stale
-            or reason is not ExecutionClass.ORDINARY
-            or any(self.requests[lane.rid].needs_feedback for lane in c.lanes)
-        )
-        if c.graph.allocation is Allocation.PREFIX_LIMIT:
-            # The device breaks frontier ties by lane position: lanes in slot order make that
-            # the original request slot, the order the host priced the allocation with.
-            lanes.sort(key=lambda lane: lane.slot)
-        return ScheduledPlan(
-            graph=c.graph,
-            lanes=tuple(lanes),
-            decode_mode=self.mode,
-            expected_duration_ms=c.duration_ms,
-            value_rate=c.score,
-            log_scale=c.log_scale,
-            reason=reason,
-            exploration_credit_ms=credit,
-            needs_empty_window=needs_empty,
-            planned_at_ns=self.now_ns,
-            planning_start_ns=start,
-            following=c.following,
-        )
-
-    def _plan_lane(self, kind: GraphKind, lane: Lane) -> PlanLane:
-        """A candidate lane frozen against its request's current epoch, cursor and rows."""
-        req = self.requests[lane.rid]
-        prompt = lane.role is LaneRole.PROMPT
-        row, images, offset = self.captures.lane_state(req, lane.role, kind)
-        return PlanLane(
-            handle=req.handle,
-            slot=req.slot,
-            epoch=req.epoch,
-            role=lane.role,
-            prompt_tokens=lane.prompt_tokens,
-            prompt_start=req.consumed if prompt else 0,
-            query_length=lane.query_length,
-            ceiling=lane.ceiling,
-            expected_tokens=lane.expected_tokens,
-            finishes_prompt=prompt and req.consumed + lane.prompt_tokens == req.prompt_len,
-            snapshot_row=row,
-            images=images,
-            feature_offset=offset,
+        """The chosen candidate frozen against its requests' current state (``frames.freeze``)."""
+        return freeze(
+            c,
+            reason,
+            credit,
+            start,
+            requests=self.requests,
+            captures=self.captures,
+            mode=self.mode,
+            now_ns=self.now_ns,
         )
 
     # == commit =============================================================================
@@ -399,10 +339,7 @@ class Scheduler:
         """
         if self.frames and fence <= self.frames[-1].fence:
             raise ValueError(f"fences must increase: {fence} after {self.frames[-1].fence}")
-        ledger = {
-            ExecutionClass.TIMING_REFRESH: self.timing_ledger,
-            ExecutionClass.ACCEPTANCE_LEARNING: self.acceptance_ledger,
-        }.get(plan.reason)
+        ledger = funding_ledger(plan.reason, self.timing_ledger, self.acceptance_ledger)
         check_commit(
             plan,
             self.requests,
@@ -419,33 +356,20 @@ class Scheduler:
             or self.costs.is_stale(plan.graph.key, self.now_ns)
         ):
             self.costs.note_attempt(plan.graph.key, self.now_ns)
-        self.frames.append(self._frame(plan, fence))
+        frame = frame_record(
+            plan,
+            fence,
+            frames=self.frames,
+            requests=self.requests,
+            normalizers=self._normalizers(),
+            now_ns=self.now_ns,
+        )
+        self.frames.append(frame)
         for lane in plan.lanes:
             req = self.requests[lane.handle.rid]
             req.inflight.append(fence)
             req.last_selected_ns = self.now_ns
         self.counters.committed(fence, plan, self.costs.observation_age_ns(plan.graph.key, self.now_ns))
-
-    def _frame(self, plan: ScheduledPlan, fence: int) -> Frame:
-        """The frame record: its participants, expected end and frozen expected service."""
-        # Participants: resident, selectable requests at dispatch (later admissions are not).
-        participants = tuple(
-            r.handle for r in self.requests.values() if r.active and r.phase is not Phase.BLOCKED
-        )
-        previous_end = self.frames[-1].expected_end_ns if self.frames else self.now_ns
-        expected_end = None
-        if plan.expected_duration_ms is not None:
-            start = max(self.now_ns, previous_end or self.now_ns)
-            expected_end = start + int(plan.expected_duration_ms * NS_PER_MS)
-        # Expected output tokens (a finishing prompt lane's first token included): the token
-        # rate x counts output, not prompt tokens (docs/scheduling-utility.md).
-        expected_service = {
-            lane.handle.rid: (lane.expected_tokens, float(lane.role is LaneRole.DECODE))
-            for lane in plan.lanes
-        }
-        return Frame(
-            fence, plan, self.now_ns, expected_end, participants, self._normalizers(), expected_service
-        )
 
     # == completion =========================================================================
     def complete(
@@ -535,13 +459,14 @@ class Scheduler:
         )
         # Exploration ledgers (raw physical time; never both for one execution).
         credited = raw_ms if valid_timing else timing.wall_ns / NS_PER_MS
-        if plan.reason is ExecutionClass.ORDINARY and valid_timing:
-            self.timing_ledger.earn(raw_ms)
-            self.acceptance_ledger.earn(raw_ms)
-        elif plan.reason is ExecutionClass.TIMING_REFRESH:
-            self.timing_ledger.close(credited)
-        elif plan.reason is ExecutionClass.ACCEPTANCE_LEARNING:
-            self.acceptance_ledger.close(credited)
+        settle(
+            plan.reason,
+            self.timing_ledger,
+            self.acceptance_ledger,
+            raw_ms=raw_ms,
+            credited_ms=credited,
+            valid_timing=valid_timing,
+        )
         self.counters.executed(plan, int(credited * NS_PER_MS))
 
     # == publication ========================================================================
@@ -567,63 +492,3 @@ class Scheduler:
             return  # retired since (its final burst): nothing left to price
         last.publish(handle.rid, req.history, self.policy)
         req.last_publication_ns = self.now_ns
-
-    # == introspection ======================================================================
-    def stats(self) -> SchedulerStats:
-        """The counters and ledger balances now (``helios_jax.serve.metrics`` renders them)."""
-        return self.counters.snapshot(self.timing_ledger.balance_ms, self.acceptance_ledger.balance_ms)
-
-    @property
-    def in_flight(self) -> tuple[int, ...]:
-        return tuple(f.fence for f in self.frames)
-
-    def owned_pages(self) -> dict[int, int]:
-        return self.pages.owned()
-
-    def owned_slots(self) -> dict[int, int]:
-        return self.slots.owned()
-
-    # Collaborators' state under the names callers (engine, simulator, benchmarks, tests) read.
-    @property
-    def requests(self) -> dict[int, Request]:
-        return self.residents.requests
-
-    @property
-    def slots(self) -> Pool:
-        return self.residents.slots
-
-    @property
-    def pages(self) -> Pool:
-        return self.residents.pages
-
-    @property
-    def checkpoints(self) -> CheckpointStore:
-        return self.captures.checkpoints
-
-    @property
-    def executions(self) -> collections.Counter[str]:
-        return self.counters.executions
-
-    @property
-    def execution_ns(self) -> collections.Counter[str]:
-        return self.counters.execution_ns
-
-    @property
-    def speculative(self) -> collections.Counter[str]:
-        return self.counters.speculative
-
-    @property
-    def accepted_by_position(self) -> collections.Counter[int]:
-        return self.counters.accepted_by_position
-
-    @property
-    def offered_by_position(self) -> collections.Counter[int]:
-        return self.counters.offered_by_position
-
-    @property
-    def selections(self) -> collections.Counter[str]:
-        return self.counters.selections
-
-    @property
-    def trace(self) -> collections.deque[TraceRecord]:
-        return self.counters.trace

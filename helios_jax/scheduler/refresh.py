@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from helios_jax.scheduler.plan import ExecutionClass
+
 CREDIT_CAP_MS = 5.0
 TIMING_RATE = 0.002 / 0.998
 ACCEPTANCE_RATE = 0.01 / 0.99
@@ -79,3 +81,33 @@ def timing_ledger() -> Ledger:
 
 def acceptance_ledger() -> Ledger:
     return Ledger(ACCEPTANCE_RATE)
+
+
+def funding_ledger(reason: ExecutionClass, timing: Ledger, acceptance: Ledger) -> Ledger | None:
+    """The ledger that funds an execution of class `reason`: the timing ledger a refresh, the
+    acceptance ledger a probe; None for ordinary work and discovery."""
+    return {
+        ExecutionClass.TIMING_REFRESH: timing,
+        ExecutionClass.ACCEPTANCE_LEARNING: acceptance,
+    }.get(reason)
+
+
+def settle(
+    reason: ExecutionClass,
+    timing: Ledger,
+    acceptance: Ledger,
+    *,
+    raw_ms: float,
+    credited_ms: float,
+    valid_timing: bool,
+) -> None:
+    """One completed execution on the ledgers (raw physical time; never both for one execution):
+    a valid ordinary execution earns `raw_ms` into both, a refresh or probe pays `credited_ms`
+    once into the ledger that funded it."""
+    if reason is ExecutionClass.ORDINARY and valid_timing:
+        timing.earn(raw_ms)
+        acceptance.earn(raw_ms)
+        return
+    ledger = funding_ledger(reason, timing, acceptance)
+    if ledger is not None:
+        ledger.close(credited_ms)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, TypedDict
 
 from helios_jax.catalog import GraphKind
 from helios_jax.scheduler.checkpoints import Role
@@ -204,16 +204,36 @@ def check_width_limit(width_limit: int | None) -> None:
 Spans = tuple[tuple[int, int], ...]
 
 
+class Admission(TypedDict):
+    """A checked admission: the :class:`Request` fields set by what the client asked."""
+
+    prompt: tuple[int, ...]
+    max_output: int
+    stop_token_ids: frozenset[int]
+    message_endpoints: tuple[int, ...]  # sorted
+    image_spans: Spans  # sorted
+    needs_scores: bool
+    host_stops: bool
+    sampling: Any
+    proposal_source: str
+    width_limit: int | None
+
+
 def admission_fields(
     prompt: Sequence[int],
     max_output: int,
+    *,
+    max_model_len: int,
     message_endpoints: Iterable[int],
     image_spans: Iterable[tuple[int, int]],
+    stop_token_ids: Iterable[int],
+    needs_scores: bool,
+    host_stops: bool,
+    sampling: Any,
     proposal_source: str,
     width_limit: int | None,
-    max_model_len: int,
-) -> tuple[tuple[int, ...], tuple[int, ...], Spans]:
-    """A checked admission: (prompt tokens, sorted message endpoints, sorted image spans)."""
+) -> Admission:
+    """``Scheduler.admit``'s arguments checked and normalized; raises ValueError."""
     tokens = tuple(int(t) for t in prompt)
     if not tokens:
         raise ValueError("a prompt needs at least one token")
@@ -235,7 +255,18 @@ def admission_fields(
     spans = tuple(sorted((int(s), int(e)) for s, e in image_spans))
     if any(not 0 <= s < e <= len(tokens) for s, e in spans):
         raise ValueError("image spans must be nonempty and lie within the prompt")
-    return tokens, endpoints, spans
+    return Admission(
+        prompt=tokens,
+        max_output=int(max_output),
+        stop_token_ids=frozenset(int(t) for t in stop_token_ids),
+        message_endpoints=endpoints,
+        image_spans=spans,
+        needs_scores=bool(needs_scores),
+        host_stops=bool(host_stops),
+        sampling=sampling,
+        proposal_source=proposal_source,
+        width_limit=width_limit,
+    )
 
 
 def pages_for(tokens: int, page_size: int) -> int:

@@ -29,8 +29,9 @@ import numpy as np
 from helios_jax.scheduler.captures import Captures
 from helios_jax.scheduler.learning import Population
 from helios_jax.scheduler.plan import CompletionRecord, Frame, GeneratedToken, Handle, PlanLane, ScheduledPlan
-from helios_jax.scheduler.requests import Pool, Request, ResourceError
-from helios_jax.scheduler.speculation import SOURCE_LEARNED
+from helios_jax.scheduler.requests import Admission, Pool, Request, ResourceError
+from helios_jax.scheduler.service import ServiceHistory
+from helios_jax.scheduler.speculation import SOURCE_LEARNED, PrefixEstimate
 from helios_jax.scheduler.stats import Counters
 from helios_jax.scheduler.view import LaneRole, Phase
 
@@ -68,6 +69,29 @@ class Residents:
         self._slot_generation[slot] += 1
         pages = self.pages.allocate(pages_needed, rid)
         return Handle(rid, self._slot_generation[slot]), slot, pages
+
+    def new_request(
+        self,
+        admission: Admission,
+        pages_needed: int,
+        now_ns: int,
+        acceptance_history: dict[str, PrefixEstimate] | None,
+        forecast_history: PrefixEstimate | None,
+    ) -> Request:
+        """The record of a checked admission, holding its reserved slot and pages and fresh
+        (or preseeded) estimates; the caller enters it in the table once its prerequisites are
+        decided."""
+        handle, slot, pages = self.reserve(pages_needed)
+        return Request(
+            handle=handle,
+            slot=slot,
+            pages=pages,
+            admitted_ns=now_ns,
+            history=ServiceHistory(),
+            acceptance=self.population.new_acceptance(acceptance_history),
+            forecast=self.population.new_forecast(forecast_history),
+            **admission,
+        )
 
     def lookup(self, handle: Handle) -> Request:
         req = self.requests.get(handle.rid)

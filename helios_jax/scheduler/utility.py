@@ -304,21 +304,10 @@ def adaptive_ragged(
         np.argsort(-(full / ceilings), kind="stable"),
     )
     ext_vals = extension[alloc_lanes, alloc_depths - 1] if alloc_lanes.size else np.zeros(0)
-    m_max = min(batch, n, rows)
+    ms = np.arange(1, min(batch, n, rows) + 1)
     best: AdaptiveCohort | None = None  # ties keep the earlier ordering
     for order in orderings:
-        rank = np.empty(n, dtype=np.int64)
-        rank[order] = np.arange(n)
-        base_prefix = np.concatenate([[0.0], np.cumsum(base[order])])
-        ms = np.arange(1, m_max + 1)
-        member = rank[alloc_lanes][None, :] < ms[:, None]  # [m, items]
-        taken = member & (np.cumsum(member, axis=1) <= (rows - ms)[:, None])
-        totals = base_prefix[ms] + taken @ ext_vals
-        if new is not None and new_bonus is not None:
-            k = np.cumsum(new[order])[ms - 1]
-            totals = totals + np.where(
-                k < len(new_bonus), new_bonus[np.minimum(k, len(new_bonus) - 1)], -np.inf
-            )
+        taken, totals = _ordering_prefixes(order, base, alloc_lanes, ext_vals, ms, rows, new, new_bonus)
         i = int(np.argmax(totals))
         if not np.isfinite(totals[i]):
             continue
@@ -330,6 +319,36 @@ def adaptive_ragged(
     if best is None:
         return AdaptiveCohort(0.0, [], np.zeros(n, dtype=np.int64))
     return best
+
+
+def _ordering_prefixes(
+    order: np.ndarray,
+    base: np.ndarray,
+    alloc_lanes: np.ndarray,
+    ext_vals: np.ndarray,
+    ms: np.ndarray,
+    rows: int,
+    new: np.ndarray | None,
+    new_bonus: np.ndarray | None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The cohorts made of the first m lanes of one ordering, for every m in `ms`.
+
+    A cohort of m lanes holds their pending rows and, of the remaining rows - m, the first
+    extension rows in allocation order that belong to its lanes; after a prerequisite it also
+    earns ``new_bonus[k]`` for the k newly ready lanes it holds (-inf where k is not allowed).
+    Returns (taken, totals): bool[m, items] which allocation items each cohort takes, and f[m]
+    its total value.
+    """
+    rank = np.empty(order.shape[0], dtype=np.int64)
+    rank[order] = np.arange(order.shape[0])
+    base_prefix = np.concatenate([[0.0], np.cumsum(base[order])])
+    member = rank[alloc_lanes][None, :] < ms[:, None]  # [m, items]
+    taken = member & (np.cumsum(member, axis=1) <= (rows - ms)[:, None])
+    totals = base_prefix[ms] + taken @ ext_vals
+    if new is not None and new_bonus is not None:
+        k = np.cumsum(new[order])[ms - 1]
+        totals = totals + np.where(k < len(new_bonus), new_bonus[np.minimum(k, len(new_bonus) - 1)], -np.inf)
+    return taken, totals
 
 
 class PairCohort(NamedTuple):
