@@ -45,70 +45,46 @@ path steps every work item together through as many blocks as the longest item n
 (gathers and einsums in a `fori_loop` with a traced trip count), the Pallas path runs one
 program per (item, kv head) with its own trip count.
 Softmax is float32 throughout; products take their inputs in q's dtype with float32 results.
+
+Modules: this one is the entry (checks, the choice of implementation, one jitted dispatch) and
+the naive reference; the XLA path is `ragged_attention_xla.py`, the Pallas kernel and its call
+`ragged_attention_pallas.py`, the tile sizes and softmax constants both share
+`ragged_attention_tiles.py`. Every public name stays importable from here.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
-from jax.experimental import pallas as pl
-from jax.experimental.pallas import triton as pltriton
 
-from helios_jax.kernels.ragged_work_items import (
-    WorkItems,
-    gather_query_tiles,
-    next_power_of_two,
-    query_tile_length,
-    scatter_tiles,
-    token_index,
-    work_items,
+from helios_jax.kernels.ragged_attention_pallas import (
+    pallas_attention,
+    pallas_shape_problem,
+    ragged_paged_attention_kernel,
 )
+from helios_jax.kernels.ragged_attention_tiles import DEFAULT_TILES, RaggedAttentionTiles
+from helios_jax.kernels.ragged_attention_xla import xla_attention
 
-# Finite, so that a fully masked row never produces inf - inf = NaN.
-_MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
+__all__ = [
+    "DEFAULT_TILES",
+    "IMPLS",
+    "RaggedAttentionTiles",
+    "pallas_shape_problem",
+    "ragged_paged_attention",
+    "ragged_paged_attention_kernel",
+    "ragged_paged_attention_reference",
+    "select_impl",
+]
+
 IMPLS = ("auto", "xla", "pallas")
-# float32 products stay float32 on GPUs too (their default would be TF32); no effect on
-# bfloat16 inputs or on CPU.
-_EXACT = lax.Precision.HIGHEST
 
 
-@dataclasses.dataclass(frozen=True)
-class RaggedAttentionTiles:
-    """Tile sizes. Untuned defaults: no GPU measured them (see docs/kernels.md)."""
-
-    xla_block_q: int = 32  # most query tokens per XLA work item
-    xla_block_k: int = 128  # keys per XLA online-softmax step (rounded down to whole pages)
-    pallas_block_rows: int = 64  # most (query token x q head) rows per Pallas program
-    pallas_min_rows: int = 16  # tl.dot needs >= 16 rows
-    pallas_block_k: int = 64  # keys per inner step, a whole number of pages
-    num_warps: int = 4
-    num_stages: int = 2
-
-
-DEFAULT_TILES = RaggedAttentionTiles()
-
-
-def pallas_shape_problem(head_dim: int, page_size: int, pages_per_row: int) -> str | None:
-    """Why the compiled (Triton) kernel cannot take these shapes, or None when it can.
-
-    Triton blocks need power-of-two extents and tl.dot needs every extent >= 16; the kernel's
-    key block is a whole number of pages, at most the row's (padded) page window.
-    """
-    if head_dim < 16 or head_dim & (head_dim - 1):
-        return f"head_dim {head_dim} must be a power of two >= 16 for the Triton kernel"
-    if page_size & (page_size - 1):
-        return f"page_size {page_size} must be a power of two for the Triton kernel"
-    if next_power_of_two(pages_per_row) * page_size < 16:
-        return (
-            f"a row's page window ({pages_per_row} x {page_size}) must hold >= 16 keys for the Triton kernel"
-        )
-    return None
+# ---------------------------------------------------------------------------------------------
+# Dispatch: the one choice of implementation and the jitted call of the chosen path.
 
 
 def select_impl(impl: str, *, head_dim: int, page_size: int, pages_per_row: int) -> str:
@@ -118,237 +94,6 @@ def select_impl(impl: str, *, head_dim: int, page_size: int, pages_per_row: int)
     if jax.default_backend() == "gpu" and pallas_shape_problem(head_dim, page_size, pages_per_row) is None:
         return "pallas"
     return "xla"
-
-
-# ---------------------------------------------------------------------------------------------
-# XLA implementation (the CPU path).
-
-
-def _xla_attention(
-    q, k_pages, v_pages, page_tables, context_lens, query_starts, query_lens, *, sm_scale, tiles, layer
-):
-    """All work items at once, an online softmax over key blocks of whole pages.
-
-    The loop runs only as many key blocks as the longest item needs (its last token's
-    position, not the row's page window), so a decode step over short contexts reads a few
-    pages however long the prepared window is. `k_pages` and `v_pages` hold every layer
-    ([L, K, pages, page_size, D]); the gathers index layer `layer` of the whole stack, because
-    a slice of it would be copied (a whole layer of cache per call) before the gather.
-    """
-    num_tokens, num_q_heads, head_dim = q.shape
-    num_layers, num_kv_heads, total_pages, page_size, _ = k_pages.shape
-    k_flat = k_pages.reshape(num_layers * num_kv_heads * total_pages, page_size, head_dim)
-    v_flat = v_pages.reshape(k_flat.shape)
-    head_base = (layer * num_kv_heads + jnp.arange(num_kv_heads, dtype=jnp.int32)) * total_pages  # [K]
-    num_rows, pages_per_row = page_tables.shape
-    group = num_q_heads // num_kv_heads
-    block_q = query_tile_length(num_tokens, num_rows, 1, tiles.xla_block_q)
-    items = work_items(
-        page_tables,
-        context_lens,
-        query_starts,
-        query_lens,
-        num_tokens=num_tokens,
-        block_q=block_q,
-        total_pages=total_pages,
-        page_size=page_size,
-    )
-    index = token_index(items, block_q, num_tokens)
-    num_items = index.shape[0]
-    qg = gather_query_tiles(q, index).reshape(num_items, block_q, num_kv_heads, group, head_dim)
-    pages_per_block = max(1, min(tiles.xla_block_k // page_size, pages_per_row))
-    acc, row_sum = _xla_online_softmax(
-        qg, k_flat, v_flat, head_base, items, sm_scale=sm_scale, pages_per_block=pages_per_block
-    )
-    out = acc / jnp.where(row_sum > 0, row_sum, 1.0)[..., None]  # padding tokens: 0, dropped below
-    out = jnp.transpose(out, (0, 3, 1, 2, 4)).reshape(num_items, block_q, num_q_heads, head_dim)
-    return scatter_tiles(out, index, num_tokens, q.dtype)
-
-
-def _xla_online_softmax(qg, k_flat, v_flat, head_base, items: WorkItems, *, sm_scale, pages_per_block):
-    """The online softmax of every work item's query tile over its keys, one key block of
-    `pages_per_block` whole pages per step, as many steps as the longest item needs.
-
-    Args:
-      qg: [N, block_q, K, G, D] query tiles, the q heads grouped by their kv head.
-      k_flat, v_flat: [layers * K * pages, page_size, D], every layer's pages flattened.
-      head_base: i32[K] the flat index of page 0 of each kv head of the layer read.
-    Returns:
-      (acc f32[N, K, G, block_q, D] unnormalised outputs, row_sum f32[N, K, G, block_q]).
-    """
-    num_items, block_q, num_kv_heads, group, head_dim = qg.shape
-    page_size = k_flat.shape[1]
-    pages_per_row = items.page_ids.shape[1]
-    block_k = pages_per_block * page_size
-    num_blocks = -(-pages_per_row // pages_per_block)
-    page_ids = jnp.pad(items.page_ids, ((0, 0), (0, num_blocks * pages_per_block - pages_per_row)))
-    q_pos = items.first_pos[:, None] + jnp.arange(block_q, dtype=jnp.int32)[None, :]  # [N, bq]
-    # Keys an item needs: up to its last real token (a padding item needs none).
-    n_keys = jnp.where(items.n_valid > 0, jnp.minimum(items.context_len, items.first_pos + items.n_valid), 0)
-    blocks_needed = (jnp.max(n_keys) + block_k - 1) // block_k
-
-    def key_block(j, carry):
-        acc, row_max, row_sum = carry  # f32[N, K, G, bq, D], f32[N, K, G, bq] twice
-        ids = lax.dynamic_slice_in_dim(page_ids, j * pages_per_block, pages_per_block, axis=1)  # [N, ppb]
-        flat_ids = head_base[:, None, None] + ids[None]  # [K, N, ppb]
-        key_pos = j * block_k + jnp.arange(block_k, dtype=jnp.int32)  # [bk]
-        key_ok = key_pos[None, :] < items.context_len[:, None]  # [N, bk]; past it pages may hold NaN
-        k = k_flat[flat_ids].reshape(num_kv_heads, num_items, block_k, head_dim)
-        v = v_flat[flat_ids].reshape(num_kv_heads, num_items, block_k, head_dim)
-        k = jnp.where(key_ok[None, :, :, None], k, 0)
-        v = jnp.where(key_ok[None, :, :, None], v, 0)
-        logits = jnp.einsum("nqkgd,knsd->nkgqs", qg, k, precision=_EXACT, preferred_element_type=jnp.float32)
-        causal = (key_pos[None, None, :] <= q_pos[:, :, None]) & key_ok[:, None, :]  # [N, bq, bk]
-        logits = jnp.where(causal[:, None, None], logits * sm_scale, _MASK_VALUE)
-        new_max = jnp.maximum(row_max, jnp.max(logits, axis=-1))
-        rescale = jnp.exp(row_max - new_max)
-        weights = jnp.where(causal[:, None, None], jnp.exp(logits - new_max[..., None]), 0.0)
-        row_sum = rescale * row_sum + jnp.sum(weights, axis=-1)
-        acc = rescale[..., None] * acc + jnp.einsum(
-            "nkgqs,knsd->nkgqd", weights, v.astype(jnp.float32), precision=_EXACT
-        )
-        return acc, new_max, row_sum
-
-    shape = (num_items, num_kv_heads, group, block_q)
-    init = (
-        jnp.zeros(shape + (head_dim,), jnp.float32),
-        jnp.full(shape, _MASK_VALUE, jnp.float32),
-        jnp.zeros(shape, jnp.float32),
-    )
-    acc, _, row_sum = lax.fori_loop(0, blocks_needed, key_block, init)
-    return acc, row_sum
-
-
-# ---------------------------------------------------------------------------------------------
-# Pallas implementation (the GPU path; interpret mode on CPU for tests).
-
-
-def ragged_paged_attention_kernel(
-    meta_ref,  # i32[4]: context_len, first_pos, n_valid, unused (this work item)
-    page_ids_ref,  # i32[pages_per_row_p] the item's row page table, unused slots -> page 0
-    q_ref,  # [rows, head_dim] rows = block_q x group_p: token-major, q head within the group minor
-    k_pages_ref,  # [total_pages, page_size, head_dim] this program's kv head
-    v_pages_ref,  # [total_pages, page_size, head_dim]
-    o_ref,  # [rows, head_dim]
-    *,
-    sm_scale: float,
-    group_p: int,  # q heads per kv head, padded to a power of two
-    pages_per_block: int,
-):
-    """One (work item, kv head): online softmax over key blocks up to the tile's last position."""
-    context_len, first_pos, n_valid = meta_ref[0], meta_ref[1], meta_ref[2]
-    rows, head_dim = q_ref.shape
-    page_size = k_pages_ref.shape[1]
-    block_k = pages_per_block * page_size
-    q = q_ref[...]
-    q_pos = first_pos + lax.broadcasted_iota(jnp.int32, (rows,), 0) // group_p  # i32[rows]
-    # Keys past the tile's last token or the context are never needed.
-    n_keys = jnp.where(n_valid > 0, jnp.minimum(context_len, first_pos + n_valid), 0)
-
-    def key_block(j, carry):
-        acc, row_max, row_sum = carry  # f32[rows, D], f32[rows], f32[rows]
-        page_ids = page_ids_ref[pl.ds(j * pages_per_block, pages_per_block)]
-        key_pos = j * block_k + lax.broadcasted_iota(jnp.int32, (block_k,), 0)
-        key_ok = key_pos < context_len
-        k = k_pages_ref[page_ids].reshape(block_k, head_dim)
-        v = v_pages_ref[page_ids].reshape(block_k, head_dim)
-        k = jnp.where(key_ok[:, None], k, jnp.zeros_like(k))  # zero NaN poison past the context
-        v = jnp.where(key_ok[:, None], v, jnp.zeros_like(v))
-        logits = pltriton.dot(q, k, trans_b=True, precision=_EXACT) * sm_scale  # f32[rows, block_k]
-        causal = (key_pos[None, :] <= q_pos[:, None]) & key_ok[None, :]
-        logits = jnp.where(causal, logits, _MASK_VALUE)
-        new_max = jnp.maximum(row_max, jnp.max(logits, axis=1))
-        rescale = jnp.exp(row_max - new_max)
-        weights = jnp.exp(logits - new_max[:, None])
-        row_sum = rescale * row_sum + jnp.sum(weights, axis=1)
-        acc = rescale[:, None] * acc + pltriton.dot(weights.astype(v.dtype), v, precision=_EXACT)
-        return acc, new_max, row_sum
-
-    init = (
-        jnp.zeros((rows, head_dim), jnp.float32),
-        jnp.full((rows,), _MASK_VALUE, jnp.float32),
-        jnp.zeros((rows,), jnp.float32),
-    )
-    acc, _, row_sum = lax.fori_loop(0, pl.cdiv(n_keys, block_k), key_block, init)
-    row_sum = jnp.where(row_sum == 0, 1.0, row_sum)  # padding items: 0 / 1, dropped later
-    o_ref[...] = (acc / row_sum[:, None]).astype(o_ref.dtype)
-
-
-def _pallas_attention(
-    q,
-    k_pages,
-    v_pages,
-    page_tables,
-    context_lens,
-    query_starts,
-    query_lens,
-    *,
-    sm_scale,
-    tiles,
-    interpret,
-    layer,
-):
-    num_tokens, num_q_heads, head_dim = q.shape
-    _, num_kv_heads, total_pages, page_size, _ = k_pages.shape
-    num_rows, pages_per_row = page_tables.shape
-    group = num_q_heads // num_kv_heads
-    group_p = next_power_of_two(group)
-    block_q = query_tile_length(
-        num_tokens,
-        num_rows,
-        max(1, tiles.pallas_min_rows // group_p),
-        max(1, tiles.pallas_block_rows // group_p),
-    )
-    rows = block_q * group_p
-    pages_per_row_p = next_power_of_two(pages_per_row)
-    pages_per_block = min(max(1, tiles.pallas_block_k // page_size), pages_per_row_p)
-    items = work_items(
-        page_tables,
-        context_lens,
-        query_starts,
-        query_lens,
-        num_tokens=num_tokens,
-        block_q=block_q,
-        total_pages=total_pages,
-        page_size=page_size,
-    )
-    num_items = items.row.shape[0]
-    index = token_index(items, block_q, num_tokens)
-    # [N, bq, H, D] -> [N, Hkv, bq * Gp, D]: one contiguous row block per (item, kv head).
-    q_tiles = gather_query_tiles(q, index).reshape(num_items, block_q, num_kv_heads, group, head_dim)
-    q_tiles = jnp.pad(q_tiles, ((0, 0), (0, 0), (0, 0), (0, group_p - group), (0, 0)))
-    q_tiles = q_tiles.transpose(0, 2, 1, 3, 4).reshape(num_items, num_kv_heads, rows, head_dim)
-    page_ids = jnp.pad(items.page_ids, ((0, 0), (0, pages_per_row_p - pages_per_row)))
-    meta = jnp.stack(
-        [items.context_len, items.first_pos, items.n_valid, jnp.zeros_like(items.n_valid)], axis=1
-    ).astype(jnp.int32)
-    kernel = functools.partial(
-        ragged_paged_attention_kernel, sm_scale=sm_scale, group_p=group_p, pages_per_block=pages_per_block
-    )
-    # Layer `layer` of the stacked pages, selected by the block index (no slice outside).
-    pages_spec = pl.BlockSpec(
-        (None, None, total_pages, page_size, head_dim), lambda i, h: (layer, h, 0, 0, 0)
-    )
-    tile_spec = pl.BlockSpec((None, None, rows, head_dim), lambda i, h: (i, h, 0, 0))
-    out = pl.pallas_call(
-        kernel,
-        grid=(num_items, num_kv_heads),
-        in_specs=[
-            pl.BlockSpec((None, 4), lambda i, h: (i, 0)),
-            pl.BlockSpec((None, pages_per_row_p), lambda i, h: (i, 0)),
-            tile_spec,
-            pages_spec,
-            pages_spec,
-        ],
-        out_specs=tile_spec,
-        out_shape=jax.ShapeDtypeStruct((num_items, num_kv_heads, rows, head_dim), q.dtype),
-        interpret=interpret,
-        compiler_params=pltriton.CompilerParams(num_warps=tiles.num_warps, num_stages=tiles.num_stages),
-        name="ragged_paged_attention",
-    )(meta, page_ids, q_tiles, k_pages, v_pages)
-    out = out.reshape(num_items, num_kv_heads, block_q, group_p, head_dim)[:, :, :, :group]
-    out = out.transpose(0, 2, 1, 3, 4).reshape(num_items, block_q, num_q_heads, head_dim)
-    return scatter_tiles(out, index, num_tokens, q.dtype)
 
 
 @functools.partial(jax.jit, static_argnames=("sm_scale", "impl", "interpret", "tiles", "layer"))
@@ -371,14 +116,14 @@ def _ragged_paged_attention_jit(
     if layer is None:  # one layer's pages: a stack of one (a free reshape)
         k_pages, v_pages, layer = k_pages[None], v_pages[None], 0
     if impl == "pallas":
-        return _pallas_attention(
+        return pallas_attention(
             q, k_pages, v_pages, *ints, sm_scale=sm_scale, tiles=tiles, interpret=interpret, layer=layer
         )
-    return _xla_attention(q, k_pages, v_pages, *ints, sm_scale=sm_scale, tiles=tiles, layer=layer)
+    return xla_attention(q, k_pages, v_pages, *ints, sm_scale=sm_scale, tiles=tiles, layer=layer)
 
 
 # ---------------------------------------------------------------------------------------------
-# Entry.
+# Entry: checks, then the jitted dispatch.
 
 
 def _check_shapes(q, k_pages, v_pages, page_tables, context_lens, query_starts, query_lens, impl):
@@ -441,6 +186,25 @@ def _check_values(q, k_pages, page_tables, context_lens, query_starts, query_len
         raise ValueError(f"a used page-table entry is outside 0..{total_pages - 1}")
 
 
+def _check_layer(k_pages, v_pages, layer):
+    """Checks `layer` against the stacked pages. Returns (layer as an int or None, what the shape
+    checks see: one layer's k and v pages, shapes only for a stack)."""
+    if layer is None:
+        return None, (k_pages, v_pages)
+    if k_pages.ndim != 5 or k_pages.shape != v_pages.shape:
+        raise ValueError(
+            f"with layer, k_pages and v_pages must share one 5-d [num_layers, num_kv_heads, "
+            f"total_pages, page_size, head_dim] shape, got {k_pages.shape} and {v_pages.shape}"
+        )
+    if (
+        isinstance(layer, bool)
+        or not isinstance(layer, (int, np.integer))
+        or not 0 <= layer < k_pages.shape[0]
+    ):
+        raise ValueError(f"layer must be an int in [0, {k_pages.shape[0]}), got {layer!r}")
+    return int(layer), tuple(jax.ShapeDtypeStruct(x.shape[1:], x.dtype) for x in (k_pages, v_pages))
+
+
 def ragged_paged_attention(
     q,
     k_pages,
@@ -481,21 +245,7 @@ def ragged_paged_attention(
     """
     args = tuple(map(jnp.asarray, (q, k_pages, v_pages, page_tables, context_lens, query_starts, query_lens)))
     q, k_pages, v_pages, page_tables, context_lens, query_starts, query_lens = args
-    one_layer = k_pages, v_pages  # what the checks see: one layer's pages (shapes only)
-    if layer is not None:
-        if k_pages.ndim != 5 or k_pages.shape != v_pages.shape:
-            raise ValueError(
-                f"with layer, k_pages and v_pages must share one 5-d [num_layers, num_kv_heads, "
-                f"total_pages, page_size, head_dim] shape, got {k_pages.shape} and {v_pages.shape}"
-            )
-        if (
-            isinstance(layer, bool)
-            or not isinstance(layer, (int, np.integer))
-            or not 0 <= layer < k_pages.shape[0]
-        ):
-            raise ValueError(f"layer must be an int in [0, {k_pages.shape[0]}), got {layer!r}")
-        layer = int(layer)
-        one_layer = tuple(jax.ShapeDtypeStruct(x.shape[1:], x.dtype) for x in (k_pages, v_pages))
+    layer, one_layer = _check_layer(k_pages, v_pages, layer)
     _check_shapes(q, *one_layer, page_tables, context_lens, query_starts, query_lens, impl)
     if not any(isinstance(x, jax.core.Tracer) for x in (page_tables, context_lens, query_starts, query_lens)):
         _check_values(q, one_layer[0], page_tables, context_lens, query_starts, query_lens)

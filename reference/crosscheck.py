@@ -122,6 +122,33 @@ class Report:
     details: list = dataclasses.field(default_factory=list)
     worst: dict | None = None  # the bounded comparison with the largest shortfall
 
+    def record(self, case: int, mode: DecodeMode, graph, prod: float, ref: float) -> None:
+        """Counts one program's comparison (module docstring): exact or bounded, and a mismatch
+        or, for a bounded one, a shortfall that may be the worst so far."""
+        scale = max(1.0, abs(ref))
+        exact = _exact(graph, mode)
+        if exact:
+            self.exact_cases += 1
+        else:
+            self.bounded_cases += 1
+        over = prod > ref + TOLERANCE * scale
+        short = prod < ref - TOLERANCE * scale
+        comparison = {
+            "case": case,
+            "graph": str(graph.key),
+            "mode": mode.value,
+            "production": prod,
+            "reference": ref,
+        }
+        if over or (exact and short):
+            self.mismatches += 1
+            self.details.append(comparison)
+        elif short and math.isfinite(ref):
+            gap = (ref - prod) / scale if math.isfinite(prod) else 1.0
+            if gap > self.worst_relative_gap:
+                self.worst_relative_gap = gap
+                self.worst = comparison
+
     def to_json(self) -> dict:
         return {
             "cases": self.cases,
@@ -178,38 +205,8 @@ def run(
         report.cases += 1
         by_key = {g.key: g for g in graphs}
         for key in set(reference) | set(production):
-            ref = reference.get(key, -math.inf)
-            prod = production.get(key, -math.inf)
-            scale = max(1.0, abs(ref))
-            exact = _exact(by_key[key], mode)
-            if exact:
-                report.exact_cases += 1
-            else:
-                report.bounded_cases += 1
-            over = prod > ref + TOLERANCE * scale
-            short = prod < ref - TOLERANCE * scale
-            if over or (exact and short):
-                report.mismatches += 1
-                report.details.append(
-                    {
-                        "case": case,
-                        "graph": str(key),
-                        "mode": mode.value,
-                        "production": prod,
-                        "reference": ref,
-                    }
-                )
-            elif short and math.isfinite(ref):
-                gap = (ref - prod) / scale if math.isfinite(prod) else 1.0
-                if gap > report.worst_relative_gap:
-                    report.worst_relative_gap = gap
-                    report.worst = {
-                        "case": case,
-                        "graph": str(key),
-                        "mode": mode.value,
-                        "production": prod,
-                        "reference": ref,
-                    }
+            prod, ref = production.get(key, -math.inf), reference.get(key, -math.inf)
+            report.record(case, mode, by_key[key], prod, ref)
     return report
 
 

@@ -23,6 +23,8 @@ learned `draft_proposals` to `paged_proposals` on the programs' own device state
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -178,26 +180,12 @@ def paged_proposals(
     """
     rows = hidden.shape[0]
     active = active.astype(bool)
-    query_lens = active.astype(jnp.int32)
-    query_starts = (jnp.cumsum(query_lens) - query_lens).astype(jnp.int32)
-    # Active row r -> packed index query_starts[r]; inactive rows aim past the end (dropped).
-    packed_index = jnp.where(active, query_starts, rows)
+    packing = _dense_packing(active)
     temperature = jnp.broadcast_to(jnp.asarray(temperature, jnp.float32), (rows,))
 
     def step(carry, k):
         cache, h, x, pos = carry
-        batch = PackedBatch(
-            tokens=_pack_rows(x, packed_index),
-            positions=_pack_rows(pos, packed_index),
-            page_tables=page_tables,
-            context_lens=jnp.where(active, pos + 1, 0).astype(jnp.int32),
-            query_starts=query_starts,
-            query_lens=query_lens,
-        )
-        packed_hidden, cache = draft_forward_packed(
-            config, params, cache, _pack_rows(h, packed_index), batch, attention=attention
-        )
-        g = packed_hidden[jnp.clip(query_starts, 0, rows - 1)]  # back to row order
+        g, cache = _draft_step(config, params, cache, h, x, pos, page_tables, active, packing, attention)
         logits = compute_logits(config, params, g) / temperature[:, None]
         token, q, probs = _choose(logits, key, k, active)
         out = (token, q, probs if return_probs else None)
@@ -212,6 +200,41 @@ def paged_proposals(
         probs=None if probs is None else jnp.swapaxes(probs, 0, 1),
         cache=cache,
     )
+
+
+class _Packing(NamedTuple):
+    """One token per active row, packed densely (module comment above `Proposals`)."""
+
+    query_lens: jax.Array  # i32[R] 1 for an active row, 0 otherwise
+    query_starts: jax.Array  # i32[R] exclusive prefix sums of query_lens
+    packed_index: jax.Array  # i32[R] query_starts[r] for an active row, R (dropped) otherwise
+
+
+def _dense_packing(active: jax.Array) -> _Packing:
+    rows = active.shape[0]
+    query_lens = active.astype(jnp.int32)
+    query_starts = (jnp.cumsum(query_lens) - query_lens).astype(jnp.int32)
+    # Active row r -> packed index query_starts[r]; inactive rows aim past the end (dropped).
+    packed_index = jnp.where(active, query_starts, rows)
+    return _Packing(query_lens, query_starts, packed_index)
+
+
+def _draft_step(config, params, cache, h, x, pos, page_tables, active, packing: _Packing, attention):
+    """One packed call of the draft head on the rows' pairs (h [R, H], x i32[R]) at positions
+    pos i32[R]. Returns (draft hidden states [R, H] in row order, the cache with entry pos written)."""
+    rows = h.shape[0]
+    batch = PackedBatch(
+        tokens=_pack_rows(x, packing.packed_index),
+        positions=_pack_rows(pos, packing.packed_index),
+        page_tables=page_tables,
+        context_lens=jnp.where(active, pos + 1, 0).astype(jnp.int32),
+        query_starts=packing.query_starts,
+        query_lens=packing.query_lens,
+    )
+    packed_hidden, cache = draft_forward_packed(
+        config, params, cache, _pack_rows(h, packing.packed_index), batch, attention=attention
+    )
+    return packed_hidden[jnp.clip(packing.query_starts, 0, rows - 1)], cache  # back to row order
 
 
 def _pack_rows(values: jax.Array, packed_index: jax.Array) -> jax.Array:

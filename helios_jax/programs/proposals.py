@@ -59,27 +59,13 @@ def draft_proposals(
     """Runs the D sequential proposal steps of every active lane (module docstring), one scan."""
     lanes = hidden.shape[0]
     vocab = config.vocab_size
-    query_lens = active.astype(jnp.int32)
-    query_starts = (jnp.cumsum(query_lens) - query_lens).astype(jnp.int32)
-    packed_index = jnp.where(active, query_starts, lanes)  # dense packing, inactive dropped
+    packing = _lane_packing(active, page_tables)
     is_copy = active & (copy_lengths >= 0)
     available = jnp.where(active, jnp.where(is_copy, jnp.minimum(copy_lengths, depth), depth), 0)
 
     def step(carry, k):
         cache, h, x = carry
-        pos = cursor - 1 + k
-        batch = PackedBatch(
-            tokens=_pack(x, packed_index),
-            positions=_pack(pos, packed_index),
-            page_tables=page_tables,
-            context_lens=jnp.where(active, pos + 1, 0).astype(jnp.int32),
-            query_starts=query_starts,
-            query_lens=query_lens,
-        )
-        packed_hidden, cache = draft_forward_packed(
-            config, params, cache, _pack(h, packed_index), batch, attention=attention
-        )
-        g = packed_hidden[jnp.clip(query_starts, 0, lanes - 1)]  # back to lane order
+        g, cache = _draft_step(config, params, cache, h, x, cursor - 1 + k, packing, attention)
         logits = compute_logits(config, params, g)
         token, q, conf = _proposal(
             logits,
@@ -103,6 +89,47 @@ def draft_proposals(
         available=available.astype(jnp.int32),
         cache=cache,
     )
+
+
+@struct.dataclass
+class _LanePacking:
+    """The proposing lanes packed densely, one token each: lane b at packed index query_starts[b]
+    (the kernel contract wants query_starts to be the exclusive prefix sums of query_lens)."""
+
+    active: jax.Array  # bool[B] lanes that propose
+    query_lens: jax.Array  # i32[B] 1 for an active lane, 0 otherwise
+    query_starts: jax.Array  # i32[B] exclusive prefix sums of query_lens
+    packed_index: jax.Array  # i32[B] query_starts for an active lane, B (dropped) otherwise
+    page_tables: jax.Array  # i32[B, pages_per_row]
+
+
+def _lane_packing(active: jax.Array, page_tables: jax.Array) -> _LanePacking:
+    lanes = active.shape[0]
+    query_lens = active.astype(jnp.int32)
+    query_starts = (jnp.cumsum(query_lens) - query_lens).astype(jnp.int32)
+    packed_index = jnp.where(active, query_starts, lanes)  # dense packing, inactive dropped
+    return _LanePacking(active, query_lens, query_starts, packed_index, page_tables)
+
+
+def _draft_step(config, params, cache, h, x, pos, packing: _LanePacking, attention):
+    """One packed draft-head call over the pairs (h [B, H], x i32[B]) at positions pos i32[B].
+
+    Returns:
+      (g [B, H] the draft hidden states back in lane order, the MTP cache with entry pos written).
+    """
+    lanes = h.shape[0]
+    batch = PackedBatch(
+        tokens=_pack(x, packing.packed_index),
+        positions=_pack(pos, packing.packed_index),
+        page_tables=packing.page_tables,
+        context_lens=jnp.where(packing.active, pos + 1, 0).astype(jnp.int32),
+        query_starts=packing.query_starts,
+        query_lens=packing.query_lens,
+    )
+    packed_hidden, cache = draft_forward_packed(
+        config, params, cache, _pack(h, packing.packed_index), batch, attention=attention
+    )
+    return packed_hidden[jnp.clip(packing.query_starts, 0, lanes - 1)], cache  # back to lane order
 
 
 def _pack(values: jax.Array, packed_index: jax.Array) -> jax.Array:

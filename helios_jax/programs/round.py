@@ -238,18 +238,8 @@ def packed_round(
     batch = _pack_target(lanes, x, plan, drafts.proposals, lens)  # 4. one packed target forward
     hidden, target_cache = forward_packed(config, params, state.target, batch, attention=attention)
     column = jnp.arange(plan.width, dtype=jnp.int32)[None, :]  # i32[1, W] a lane's row index
-    acc, counts = _accept(
-        config,
-        params,
-        lanes,
-        x,
-        plan,
-        hidden,
-        batch,
-        drafts,
-        column,  # 5
-        accept_key,
-        sample_key,
+    acc, counts = _accept(  # 5
+        config, params, lanes, x, plan, hidden, batch, drafts, column, accept_key, sample_key
     )
     committed, new_hidden, new_pending = _commit(lanes, hidden, batch, acc, counts, plan)  # 6
 
@@ -276,17 +266,7 @@ def packed_round(
     )
     logprobs = None
     if plan.scored:
-        logprobs = _prompt_logprobs(
-            config,
-            params,
-            hidden,
-            batch.tokens,
-            lanes.last_hidden,
-            lanes.cursor,
-            lanes.is_prompt,
-            batch.query_starts,
-            lens,
-        )
+        logprobs = _prompt_logprobs(config, params, hidden, batch, lanes, lens)
     return new_state, outputs, logprobs
 
 
@@ -395,9 +375,11 @@ def _commit(lanes: _Lanes, hidden, batch: PackedBatch, acc, counts, plan: RoundP
     return committed, new_hidden, new_pending
 
 
-def _prompt_logprobs(config, params, hidden, tokens, last_hidden, cursor, is_prompt, starts, lens):
+def _prompt_logprobs(config, params, hidden, batch: PackedBatch, lanes: _Lanes, lens):
     """f32[T]: log p(tokens[t] | prefix) for the prompt lane's packed tokens, NaN elsewhere and for
     a request's very first token (nothing predicts it). Raw logits (temperature 1)."""
+    tokens, starts = batch.tokens, batch.query_starts
+    last_hidden, cursor, is_prompt = lanes.last_hidden, lanes.cursor, lanes.is_prompt
     t_cap = hidden.shape[0]
     lane = jnp.argmax(is_prompt)
     start, length, has_prompt = starts[lane], lens[lane], jnp.any(is_prompt)

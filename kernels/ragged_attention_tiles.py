@@ -1,0 +1,35 @@
+"""What both implementations of ragged paged attention share: tile sizes and softmax constants.
+
+`kernels/ragged_paged_attention.py` is the entry and the reference; its XLA path is
+`ragged_attention_xla.py`, its Pallas path `ragged_attention_pallas.py`, both over the work items
+of `ragged_work_items.py`. Both run the same online softmax, in float32, with the constants below.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+from jax import lax
+
+# Finite, so that a fully masked row never produces inf - inf = NaN.
+MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
+# float32 products stay float32 on GPUs too (their default would be TF32); no effect on
+# bfloat16 inputs or on CPU.
+EXACT = lax.Precision.HIGHEST
+
+
+@dataclasses.dataclass(frozen=True)
+class RaggedAttentionTiles:
+    """Tile sizes. Untuned defaults: no GPU measured them (see docs/kernels.md)."""
+
+    xla_block_q: int = 32  # most query tokens per XLA work item
+    xla_block_k: int = 128  # keys per XLA online-softmax step (rounded down to whole pages)
+    pallas_block_rows: int = 64  # most (query token x q head) rows per Pallas program
+    pallas_min_rows: int = 16  # tl.dot needs >= 16 rows
+    pallas_block_k: int = 64  # keys per inner step, a whole number of pages
+    num_warps: int = 4
+    num_stages: int = 2
+
+
+DEFAULT_TILES = RaggedAttentionTiles()
