@@ -408,6 +408,10 @@ def test_equal_lane_values_take_the_least_recently_used_requests():
     inp = inputs(views, **ORD)
     c = policy.select(policy.SelectionInput(views, [b2], inp.costs, 0, POLICY, DecodeMode.ORDINARY))
     assert sorted(c.rids) == [2, 3]
+    # A request never selected (no last selection) is the least recently used of all.
+    views[0] = decoder(1, slot=0)
+    c = policy.select(policy.SelectionInput(views, [b2], inp.costs, 0, POLICY, DecodeMode.ORDINARY))
+    assert sorted(c.rids) == [1, 2]
 
 
 @spec("policy/zero-removes", "useful-service/no-decoder-no-age")

@@ -52,12 +52,10 @@ class Selection:
         self.prepared = as_prepared(inp.graphs)
         reference = self.prepared if inp.reference is None else as_prepared(inp.reference)
         costs = self.costs = inp.costs
-        # Least recently used first (never selected first of all), then earlier admitted: every
-        # cohort solver sorts lanes stably, so lanes of equal value go in this order
+        # Least recently used first (never selected, -1, first of all), then earlier admitted:
+        # every cohort solver sorts lanes stably, so lanes of equal value go in this order
         # (duration-estimates/tie-order), whatever order the caller listed the views in.
-        views = sorted(
-            inp.views, key=lambda v: (-1 if v.last_selected_ns is None else v.last_selected_ns, v.rid)
-        )
+        views = sorted(inp.views, key=lambda v: (v.last_selected_ns, v.rid))
         self.views = views
         delivery_bearing = sum(1 for v in views if v.delivery_bearing)
         terminal = sum(1 for v in views if v.phase is Phase.TERMINAL)
