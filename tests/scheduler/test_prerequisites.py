@@ -896,3 +896,17 @@ def test_a_snapshot_before_a_ragged_follower_retires_every_terminal_row_it_holds
     scale = math.exp(c.log_scale)
     retired = {a: 256 + 0.4 * (a + 0.5) + a * 4.5 + (25 - 0.25) / 2 for a in (8.0, 5.0)}
     assert [lane.value * scale for lane in c.lanes[1:]] == pytest.approx([retired[8.0], retired[5.0]])
+
+
+@spec("prerequisites/continuation-value", "useful-service/dominance-prune")
+def test_a_dominated_shape_never_carries_a_continuation_even_when_it_measures_faster():
+    """A RESTORE B=2 measured at 0.3 ms beside the catalog's RESTORE B=1 (0.35 ms), and one stream
+    that restores, then encodes an image, then prefills: B=1 serves the same cohort, so the larger
+    shape is dominated and the continuation runs on B=1, although B=2's shorter time would score
+    higher (V*T/(T+F)/T = V/(T+F))."""
+    r2 = GraphDescriptor(GraphKind.RESTORE, 2, duration_ms=0.3)
+    view = blocked(1, [GraphKind.RESTORE, GraphKind.VISION], Phase.PREFILL, tokens=64)
+    inp = with_graphs([r2], catalog=SPEC, mode=DecodeMode.ADAPTIVE, views=[view])
+    restores = [c for c in policy.candidates(inp) if c.kind is GraphKind.RESTORE]
+    assert [c.graph.batch_capacity for c in restores] == [1]
+    assert policy.select(inp).graph.batch_capacity == 1
