@@ -58,6 +58,12 @@ def _checkout(ref: str | None, folder: pathlib.Path) -> pathlib.Path:
         return ROOT
     target = folder / ref.replace("/", "_")
     subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(target), ref], check=True)
+    # Checkouts from before helios_jax/kernels and helios_jax/reference were links mapped those
+    # folders in setup.py; link them so that the package imports from PYTHONPATH as installed.
+    for name in ("kernels", "reference"):
+        link = target / "helios_jax" / name
+        if (target / name).is_dir() and not link.exists():
+            link.symlink_to(pathlib.Path("..") / name)
     return target
 
 
