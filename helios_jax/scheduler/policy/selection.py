@@ -56,7 +56,6 @@ class Selection:
         # every cohort solver sorts lanes stably, so lanes of equal value go in this order
         # (duration-estimates/tie-order), whatever order the caller listed the views in.
         views = sorted(inp.views, key=lambda v: (v.last_selected_ns, v.rid))
-        self.views = views
         delivery_bearing = sum(1 for v in views if v.delivery_bearing)
         terminal = sum(1 for v in views if v.phase is Phase.TERMINAL)
         self.decision = utility.Decision.build(
