@@ -10,10 +10,13 @@ A request's life here (numbers match ARCHITECTURE.md, "A request's life"):
    inputs and dispatches the prepared program. Up to two frames are in flight: ordinary decode
    and complete speculative generation may be queued behind another; everything else, and every
    plan that needs completion feedback, waits for an empty window.
-4. A waiter thread observes completion; the loop turns the outputs into completion records, calls
-   the scheduler's completion (the packed-round and survival variants where the program produced
-   a sidecar or survival rows), detokenizes, applies stop strings, and reports each visible burst
-   with ``published_output`` before the next completion is processed.
+4. The loop observes completion itself, oldest frame first (no thread per frame): it waits on the
+   oldest frame when it has no host work left and polls between host tasks (the executor's
+   module docstring says how device intervals stay free of host time). It turns the outputs into
+   completion records, calls the scheduler's completion (the packed-round and survival variants
+   where the program produced a sidecar or survival rows), detokenizes incrementally, applies
+   stop strings, and reports each visible burst with ``published_output`` before the next
+   completion is processed.
 5. Finished, stopped and cancelled requests end their streams; the scheduler returns their slot
    and pages after their last submitted fence.
 
@@ -101,9 +104,7 @@ class HeliosEngine:
             prepared = prepare(model_config, params, engine_config, name=model_name, progress=progress)
             programs, params = prepared.programs, prepared.params
             warm_up(programs, params, progress)
-        self.executor = Executor(
-            programs, params, programs.init_state(), on_ready=lambda frame: self._events.put(("ready", frame))
-        )
+        self.executor = Executor(programs, params, programs.init_state())
         self._events: queue.Queue = queue.Queue()
         self._waiting: list[_Active] = []
         self._by_id: dict[str, _Active] = {}
@@ -178,20 +179,33 @@ class HeliosEngine:
 
     def _loop(self) -> None:
         while not self._stop.is_set():
-            busy = bool(self.executor.inflight) or bool(self._waiting)
             try:
-                try:
-                    event = self._events.get(timeout=0.05 if busy else 1.0)
-                    self._handle(event)
-                    while True:
-                        self._handle(self._events.get_nowait())
-                except queue.Empty:
-                    pass
-                if not self._stop.is_set():
-                    self._step()
+                self._drain_events(block=False)
+                if self._stop.is_set():
+                    break
+                self._step()
+                if self.executor.inflight:
+                    # Nothing more to dispatch now: wait on the oldest frame, then complete every
+                    # frame already done (a later frame never completes first).
+                    self.executor.wait_oldest()
+                    self._complete_ready()
+                else:
+                    self._drain_events(block=True)  # idle: sleep until a submission arrives
             except Exception as e:  # a broken frame or program: fail everything, stop serving
                 log.exception("engine loop failed")
                 self._fail(f"engine failure: {e}")
+
+    def _drain_events(self, *, block: bool) -> None:
+        """Handle every queued submission and cancellation; with `block`, first wait for one
+        (nothing is in flight and nothing could be dispatched)."""
+        try:
+            if block:
+                timeout = 0.05 if (self._waiting or self.scheduler.requests) else 1.0
+                self._handle(self._events.get(timeout=timeout))
+            while True:
+                self._handle(self._events.get_nowait())
+        except queue.Empty:
+            pass
 
     def _handle(self, event) -> None:
         kind, payload = event
@@ -200,10 +214,9 @@ class HeliosEngine:
             self._waiting.append(payload)
         elif kind == "cancel":
             self._cancel(payload)
-        elif kind == "ready":
-            self._complete_ready()
 
     def _step(self) -> None:
+        self.executor.poll()
         self._admit()
         self.scheduler.advance_to(self._now())
         while len(self.executor.inflight) < 2:
@@ -213,6 +226,7 @@ class HeliosEngine:
             self._fence += 1
             self.scheduler.commit(plan, self._fence)
             self.executor.dispatch(plan, self._fence, self._inputs_of(plan))
+            self.executor.poll()
         if self.check_invariants:
             self._verify_pool()
 
@@ -285,8 +299,9 @@ class HeliosEngine:
     # == completions ============================================================================
     def _complete_ready(self) -> None:
         """Process completed frames in fence order (a later frame never completes first)."""
-        while self.executor.inflight and self.executor.inflight[0].done.is_set():
+        while self.executor.inflight and self.executor.inflight[0].done:
             self._complete(self.executor.inflight[0])
+            self.executor.poll()
 
     def _complete(self, frame: Dispatch) -> None:
         if frame.error is not None:

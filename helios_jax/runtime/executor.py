@@ -1,12 +1,26 @@
 """The executor: pack a plan's inputs, dispatch its prepared program, observe completion.
 
 A frame is dispatched asynchronously (JAX returns before the device finishes) and tracked as a
-:class:`Dispatch` until it completes; a waiter thread observes its completion
-(``block_until_ready``) and stamps the time. Up to two frames are in flight. Device intervals
-follow ARCHITECTURE.md: an isolated frame's interval runs from dispatch to ready; a queued frame's
-from its predecessor's completion to ready (the waiter of a queued frame first waits for its
-predecessor's stamp, so stamps are ordered). The host wall interval
-runs from dispatch through observed completion. Host packing and polling stay outside both.
+:class:`Dispatch` until the engine loop completes it. No thread watches a frame: the loop itself
+observes completion, in fence order, either by waiting on the oldest frame when it has no host
+work left (:meth:`Executor.wait_oldest`) or by polling between its host tasks
+(:meth:`Executor.poll`). Up to two frames are in flight.
+
+Device intervals (spec, "Duration estimates": host dispatch, completion delivery and polling time
+never enter a graph's cost; ARCHITECTURE.md for the queued/isolated split):
+
+- a frame's device work starts when its program call has returned (the call's own host work,
+  argument flattening and the transfer of the packed inputs, is host dispatch time), or, for a
+  frame queued behind another, when its predecessor was observed ready, whichever is later;
+- it ends when the frame is observed ready. A frame observed by a blocking wait that began
+  before it finished is stamped within the wake-up latency. A frame found already finished
+  (by a poll, or when the wait began) finished somewhere between the last observation that saw
+  it pending and this one: if that window is wider than :data:`STAMP_TOLERANCE_NS` (host work
+  ran in between), the interval would carry host time, so the frame reports no device interval
+  (the spec's "missing interval": it neither changes an estimate nor makes it fresh). A queued
+  frame inherits its predecessor's window, since its start is that stamp.
+
+The host wall interval runs from the program call through observed completion.
 
 Outputs become one :class:`CompletionRecord` per lane, in plan order, plus the confidence sidecar
 and the survival rows scattered to request slots, for the scheduler's completion variants.
@@ -16,7 +30,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -41,32 +54,47 @@ class RequestInputs:
     seed: int = 0
 
 
+# Widest window between "seen pending" and "seen ready" that still counts as an observation of
+# the device's completion (a poll between two host tasks, a wake-up); wider windows hold host work.
+STAMP_TOLERANCE_NS = 50_000
+
+
 @dataclasses.dataclass
 class Dispatch:
     """A dispatched frame awaiting completion: the executor's in-flight record of one plan.
 
     (The scheduler's ``Frame`` is the committed plan in flight as the scheduler sees it; this
-    is its execution: outputs, timestamps and the completion event.)
+    is its execution: outputs and the timestamps of its observation.)
     """
 
     fence: int
     plan: ScheduledPlan
     outputs: Any
-    dispatched_ns: int
+    called_ns: int  # the program call began (the wall interval's start)
+    dispatched_ns: int  # the program call returned (an isolated frame's device start)
     queued: bool
     predecessor: Dispatch | None
-    ready_ns: int | None = None
-    done: threading.Event = dataclasses.field(default_factory=threading.Event)
+    pending_ns: int = 0  # the last observation that found the frame still running
+    ready_ns: int | None = None  # the first observation that found it finished
     error: BaseException | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.ready_ns is not None
+
+    @property
+    def stamp_window_ns(self) -> int:
+        """How late the ready stamp may be: the gap between the last two observations."""
+        return 0 if self.ready_ns is None else self.ready_ns - self.pending_ns
 
     def timing(self) -> ExecutionTiming:
         ready = self.ready_ns if self.ready_ns is not None else self.dispatched_ns
-        start = self.dispatched_ns
-        if self.queued and self.predecessor is not None and self.predecessor.ready_ns is not None:
-            start = max(start, self.predecessor.ready_ns)
-        return ExecutionTiming(
-            (float(max(ready - start, 0)),), float(max(ready - self.dispatched_ns, 0)), queued=self.queued
-        )
+        start, window = self.dispatched_ns, self.stamp_window_ns
+        before = self.predecessor
+        if self.queued and before is not None and before.ready_ns is not None and before.ready_ns > start:
+            start, window = before.ready_ns, window + before.stamp_window_ns
+        device = max(ready - start, 0) if window <= STAMP_TOLERANCE_NS else 0
+        return ExecutionTiming((float(device),), float(max(ready - self.called_ns, 0)), queued=self.queued)
 
 
 def pack_inputs(program, plan: ScheduledPlan, info: Mapping[int, RequestInputs]):
@@ -171,60 +199,96 @@ def survival_rows(plan: ScheduledPlan, outputs, request_slots: int, depth: int) 
     return rows
 
 
-class Executor:
-    """Dispatches plans onto prepared programs over one donated device state."""
+def outputs_ready(outputs) -> bool:
+    """Whether every device array of `outputs` is ready (a non-blocking check)."""
+    return all(leaf.is_ready() for leaf in jax.tree_util.tree_leaves(outputs) if isinstance(leaf, jax.Array))
 
-    def __init__(
-        self,
-        programs: Mapping,
-        params,
-        state,
-        *,
-        on_ready: Callable[[Dispatch], None],
-        clock: Callable[[], int] = time.perf_counter_ns,
-    ):
+
+class Executor:
+    """Dispatches plans onto prepared programs over one donated device state.
+
+    A program may define ``wait(outputs)`` (block until done) and ``is_ready(outputs)`` (poll);
+    the defaults are ``jax.block_until_ready`` and :func:`outputs_ready`. Test fakes without
+    ``is_ready`` are observed only by blocking waits.
+    """
+
+    def __init__(self, programs: Mapping, params, state, *, clock: Callable[[], int] = time.perf_counter_ns):
         self.programs = programs
         self.params = params
         self.state = state
-        self.on_ready = on_ready
         self.clock = clock
         self.inflight: list[Dispatch] = []
         self.history: collections.deque = collections.deque(maxlen=1024)  # (graph, ExecutionTiming)
         self.graph_counts: dict[str, int] = {}
         self.graph_ns: dict[str, int] = {}
+        self.observations = {"waited": 0, "polled": 0, "late": 0, "missing_interval": 0}
 
     def dispatch(self, plan: ScheduledPlan, fence: int, info: Mapping[int, RequestInputs]) -> Dispatch:
         program = self.programs[plan.graph.key]
         inputs = pack_inputs(program, plan, info)
         predecessor = self.inflight[-1] if self.inflight else None
-        dispatched = self.clock()
+        called = self.clock()
         self.state, outputs = program(self.params, self.state, inputs)
-        dispatched_frame = Dispatch(
-            fence, plan, outputs, dispatched, queued=predecessor is not None, predecessor=predecessor
+        dispatched = self.clock()
+        frame = Dispatch(
+            fence,
+            plan,
+            outputs,
+            called,
+            dispatched,
+            queued=predecessor is not None,
+            predecessor=predecessor,
+            pending_ns=dispatched,
         )
-        self.inflight.append(dispatched_frame)
-        wait = getattr(program, "wait", jax.block_until_ready)
-        threading.Thread(
-            target=self._watch, args=(dispatched_frame, wait), daemon=True, name=f"helios-frame-{fence}"
-        ).start()
-        return dispatched_frame
+        self.inflight.append(frame)
+        return frame
 
-    def _watch(self, dispatched: Dispatch, wait) -> None:
+    def _is_ready(self, frame: Dispatch) -> bool:
+        is_ready = getattr(self.programs[frame.plan.graph.key], "is_ready", None)
+        if is_ready is None and not hasattr(self.programs[frame.plan.graph.key], "wait"):
+            is_ready = outputs_ready
+        return bool(is_ready(frame.outputs)) if is_ready is not None else False
+
+    def poll(self) -> int:
+        """Stamp the frames that finished since the last observation; returns how many frames
+        at the head of the window are done. Frames finish in fence order, so the first pending
+        frame ends the scan."""
+        done = 0
+        for frame in self.inflight:
+            if frame.ready_ns is None:
+                now = self.clock()
+                if not self._is_ready(frame):
+                    frame.pending_ns = now
+                    break
+                frame.ready_ns = now
+                self.observations["polled"] += 1
+            done += 1
+        return done
+
+    def wait_oldest(self) -> Dispatch:
+        """Block until the oldest frame in flight finishes; stamp it. A failed program leaves
+        its error on the frame (the engine fails that frame's requests)."""
+        frame = self.inflight[0]
+        wait = getattr(self.programs[frame.plan.graph.key], "wait", jax.block_until_ready)
+        if frame.ready_ns is None and self._is_ready(frame):
+            frame.ready_ns = self.clock()  # finished while the host was busy: a late stamp
+            self.observations["late"] += 1
         try:
-            if dispatched.predecessor is not None:
-                dispatched.predecessor.done.wait()
-            wait(dispatched.outputs)
+            wait(frame.outputs)  # returns at once when done; raises a failed program's error
         except BaseException as e:  # reported to the engine loop, which fails the frame's requests
-            dispatched.error = e
-        dispatched.ready_ns = self.clock()
-        dispatched.done.set()
-        self.on_ready(dispatched)
+            frame.error = e
+        if frame.ready_ns is None:
+            frame.ready_ns = frame.pending_ns = self.clock()
+            self.observations["waited"] += 1
+        return frame
 
-    def retire(self, dispatched: Dispatch) -> None:
-        """The engine processed `dispatched`'s completion."""
-        self.inflight.remove(dispatched)
-        name = dispatched.plan.graph.name
-        t = dispatched.timing()
-        self.history.append((dispatched.plan.graph, t))
+    def retire(self, frame: Dispatch) -> None:
+        """The engine processed `frame`'s completion."""
+        self.inflight.remove(frame)
+        name = frame.plan.graph.name
+        t = frame.timing()
+        if not t.device_ns:
+            self.observations["missing_interval"] += 1
+        self.history.append((frame.plan.graph, t))
         self.graph_counts[name] = self.graph_counts.get(name, 0) + 1
         self.graph_ns[name] = self.graph_ns.get(name, 0) + int(max(t.device_intervals_ns))

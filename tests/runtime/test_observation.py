@@ -1,0 +1,132 @@
+"""How the executor observes completion without a thread per frame, and which intervals it
+reports: a stamp taken after host work ran past a frame's end carries host time and is reported
+as a missing device interval (spec: host dispatch, completion delivery and polling time never
+enter a graph's cost; missing intervals neither change an estimate nor make it fresh)."""
+
+import threading
+from types import SimpleNamespace
+
+import pytest
+
+from helios_jax.catalog import GraphDescriptor, GraphKind
+from helios_jax.runtime.executor import STAMP_TOLERANCE_NS, Executor
+
+spec = pytest.mark.spec
+US = 1_000
+
+
+class Clock:
+    def __init__(self):
+        self.ns = 0
+
+    def __call__(self):
+        return self.ns
+
+
+class ScriptedProgram:
+    """A program whose frames finish at clock times the test sets; `wait` jumps the clock there."""
+
+    def __init__(self, clock, call_ns=100 * US):
+        self.clock, self.call_ns = clock, call_ns
+
+    def pack(self, **_):
+        return None
+
+    def __call__(self, params, state, inputs):
+        self.clock.ns += self.call_ns  # the call's own host work
+        return state, SimpleNamespace(finish_ns=None)
+
+    def is_ready(self, outputs):
+        return outputs.finish_ns is not None and self.clock.ns >= outputs.finish_ns
+
+    def wait(self, outputs):
+        self.clock.ns = max(self.clock.ns, outputs.finish_ns)
+
+
+DECODE = GraphDescriptor(GraphKind.DECODE, 1)
+
+
+def executor(clock):
+    program = ScriptedProgram(clock)
+    return Executor({DECODE.key: program}, None, None, clock=clock), program
+
+
+def dispatch(ex, fence):
+    plan = SimpleNamespace(graph=DECODE, lanes=())  # pack_inputs reads only these
+    frame = ex.dispatch(plan, fence, {})
+    return frame
+
+
+def test_the_loop_observes_frames_without_starting_threads():
+    clock = Clock()
+    ex, _ = executor(clock)
+    before = threading.active_count()
+    frame = dispatch(ex, 1)
+    frame.outputs.finish_ns = clock.ns + 500 * US
+    assert ex.poll() == 0
+    ex.wait_oldest()
+    assert threading.active_count() == before and frame.done
+
+
+@spec("duration-estimates/no-host-time")
+def test_a_frame_waited_on_reports_its_interval_from_the_calls_return():
+    clock = Clock()
+    ex, _ = executor(clock)
+    frame = dispatch(ex, 1)  # the call takes 100 us of host work: outside the interval
+    frame.outputs.finish_ns = clock.ns + 700 * US
+    ex.wait_oldest()
+    t = frame.timing()
+    assert t.device_intervals_ns == (700 * US,)
+    assert t.wall_ns == 800 * US
+
+
+@spec("duration-estimates/no-host-time", "duration-estimates/missing-zero-ignored")
+def test_a_frame_found_finished_after_host_work_reports_no_interval():
+    clock = Clock()
+    ex, _ = executor(clock)
+    frame = dispatch(ex, 1)
+    frame.outputs.finish_ns = clock.ns + 700 * US
+    clock.ns += 2_000 * US  # host work (completion, planning) ran past the frame's end
+    ex.wait_oldest()
+    assert frame.timing().device_intervals_ns == (0.0,)
+    assert ex.observations["late"] == 1
+
+
+@spec("duration-estimates/no-host-time")
+def test_a_poll_close_to_the_end_keeps_the_interval():
+    clock = Clock()
+    ex, _ = executor(clock)
+    frame = dispatch(ex, 1)
+    frame.outputs.finish_ns = clock.ns + 700 * US
+    clock.ns += 690 * US
+    assert ex.poll() == 0  # seen pending 10 us before the end
+    clock.ns += STAMP_TOLERANCE_NS // 2
+    assert ex.poll() == 1
+    assert frame.timing().device_intervals_ns == (690 * US + STAMP_TOLERANCE_NS // 2,)
+
+
+@spec("service-accounting/queued-interval", "duration-estimates/isolated-and-queued")
+def test_a_queued_frame_starts_at_its_predecessors_stamp_and_inherits_its_window():
+    clock = Clock()
+    ex, _ = executor(clock)
+    first = dispatch(ex, 1)
+    second = dispatch(ex, 2)
+    first.outputs.finish_ns = clock.ns + 500 * US
+    second.outputs.finish_ns = first.outputs.finish_ns + 300 * US
+    ex.wait_oldest()
+    ex.retire(first)
+    ex.wait_oldest()
+    t = second.timing()
+    assert t.queued and t.device_intervals_ns == (300 * US,)
+    # The same pair with the predecessor found late: the successor's start is that late stamp.
+    clock2 = Clock()
+    ex2, _ = executor(clock2)
+    a, b = dispatch(ex2, 1), dispatch(ex2, 2)
+    a.outputs.finish_ns = clock2.ns + 500 * US
+    b.outputs.finish_ns = a.outputs.finish_ns + 300 * US
+    clock2.ns = a.outputs.finish_ns + 200 * US  # host work past a's end
+    ex2.wait_oldest()
+    ex2.retire(a)
+    ex2.wait_oldest()
+    assert a.timing().device_intervals_ns == (0.0,)
+    assert b.timing().device_intervals_ns == (0.0,)
