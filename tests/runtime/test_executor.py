@@ -87,10 +87,17 @@ class FakeProgram:
         out.entry = entry
         return state, out
 
+    def is_ready(self, outputs):
+        return time.perf_counter() >= outputs.entry[3]
+
     def wait(self, outputs):
-        delay = outputs.entry[3] - time.perf_counter()
+        # Sleep to just before the end, then spin: a sleep alone may wake milliseconds late on a
+        # loaded machine, and the stamp would carry that delay as device time.
+        delay = outputs.entry[3] - time.perf_counter() - 0.002
         if delay > 0:
             time.sleep(delay)
+        while time.perf_counter() < outputs.entry[3]:
+            pass
 
 
 class FakeSet(dict):
@@ -146,12 +153,16 @@ def test_a_queued_frames_interval_starts_at_its_predecessors_completion():
         list(engine.submit(GenerationRequest("q", (5,) * 20, SamplingParams(max_tokens=12, temperature=0))))
     finally:
         engine.shutdown()
-    queued = [t for _, t in engine.executor.history if t.queued]
+    # Frames found finished after host work ran past their end report no interval (tested in
+    # test_observation.py); on a loaded machine some do.
+    queued = [t for _, t in engine.executor.history if t.queued and t.device_ns > 0]
     assert queued
-    for t in queued:
-        # Its own 20 ms run, measured from the predecessor's completion: the time it waited
-        # behind the predecessor is in the wall interval, not in the device interval.
-        assert 0.8 * SCALE_MS * 1e6 <= t.device_intervals_ns[0] <= t.wall_ns
+    # Its own 20 ms run, measured from the predecessor's completion: the time it waited behind
+    # the predecessor is in the wall interval, not in the device interval. (The median: a thread
+    # descheduled on a loaded machine stamps a predecessor late now and then.)
+    assert all(t.device_intervals_ns[0] <= t.wall_ns for t in queued)
+    intervals = sorted(t.device_intervals_ns[0] for t in queued)
+    assert 0.8 * SCALE_MS * 1e6 <= intervals[len(intervals) // 2] <= 1.5 * SCALE_MS * 1e6
     assert any(t.wall_ns > 1.5 * t.device_intervals_ns[0] for t in queued)
 
 
