@@ -9,9 +9,11 @@ work left (:meth:`Executor.wait_oldest`) or by polling between its host tasks
 Device intervals (spec, "Duration estimates": host dispatch, completion delivery and polling time
 never enter a graph's cost; ARCHITECTURE.md for the queued/isolated split):
 
-- a frame's device work starts when its program call has returned (the call's own host work,
-  argument flattening and the transfer of the packed inputs, is host dispatch time), or, for a
-  frame queued behind another, when its predecessor was observed ready, whichever is later;
+- an isolated frame's interval starts when its program call begins (ARCHITECTURE.md: dispatch
+  to ready; the inputs are packed before the clock starts, but the call's own host work,
+  argument flattening and the transfer of the packed inputs, stays inside: on a CPU the program
+  may even run within the call, so its return is no lower bound on the device's start); a frame
+  queued behind another starts when its predecessor was observed ready, if that is later;
 - it ends when the frame is observed ready. A frame observed by a blocking wait that began
   before it finished is stamped within the wake-up latency. A frame found already finished
   (by a poll, or when the wait began) finished somewhere between the last observation that saw
@@ -70,8 +72,8 @@ class Dispatch:
     fence: int
     plan: ScheduledPlan
     outputs: Any
-    called_ns: int  # the program call began (the wall interval's start)
-    dispatched_ns: int  # the program call returned (an isolated frame's device start)
+    called_ns: int  # the program call began: the start of the wall and of an isolated interval
+    dispatched_ns: int  # the program call returned
     queued: bool
     predecessor: Dispatch | None
     pending_ns: int = 0  # the last observation that found the frame still running
@@ -89,7 +91,7 @@ class Dispatch:
 
     def timing(self) -> ExecutionTiming:
         ready = self.ready_ns if self.ready_ns is not None else self.dispatched_ns
-        start, window = self.dispatched_ns, self.stamp_window_ns
+        start, window = self.called_ns, self.stamp_window_ns
         before = self.predecessor
         if self.queued and before is not None and before.ready_ns is not None and before.ready_ns > start:
             start, window = before.ready_ns, window + before.stamp_window_ns

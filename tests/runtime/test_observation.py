@@ -69,14 +69,15 @@ def test_the_loop_observes_frames_without_starting_threads():
 
 
 @spec("duration-estimates/no-host-time")
-def test_a_frame_waited_on_reports_its_interval_from_the_calls_return():
+def test_an_isolated_frame_waited_on_reports_its_interval_from_the_call():
     clock = Clock()
     ex, _ = executor(clock)
-    frame = dispatch(ex, 1)  # the call takes 100 us of host work: outside the interval
+    clock.ns = 5_000 * US
+    frame = dispatch(ex, 1)  # the call: 100 us of host work, inside (the program may run in it)
     frame.outputs.finish_ns = clock.ns + 700 * US
     ex.wait_oldest()
     t = frame.timing()
-    assert t.device_intervals_ns == (700 * US,)
+    assert t.device_intervals_ns == (800 * US,)
     assert t.wall_ns == 800 * US
 
 
@@ -102,7 +103,7 @@ def test_a_poll_close_to_the_end_keeps_the_interval():
     assert ex.poll() == 0  # seen pending 10 us before the end
     clock.ns += STAMP_TOLERANCE_NS // 2
     assert ex.poll() == 1
-    assert frame.timing().device_intervals_ns == (690 * US + STAMP_TOLERANCE_NS // 2,)
+    assert frame.timing().device_intervals_ns == (100 * US + 690 * US + STAMP_TOLERANCE_NS // 2,)
 
 
 @spec("service-accounting/queued-interval", "duration-estimates/isolated-and-queued")

@@ -1,0 +1,210 @@
+"""Where the engine loop's time goes per frame, and how clean its device intervals are.
+
+    python scripts/bench/intervals.py [--concurrency=1,16] [--new_tokens=128] [--prompt_tokens=64]
+        [--repeats=2] [--speculation=off] [--bare_runs=30] [--json_out=FILE]
+
+Serves the embedded default model (float32, 16 request slots, greedy) with c concurrent requests
+and instruments the engine loop from outside (wrappers around the executor's methods; the engine
+is unchanged):
+
+- **host time per frame**: loop wall time not spent blocked in ``Executor.wait_oldest``, divided
+  by the frames completed (planning, packing, dispatch, completion, detokenization, publishing);
+- **already queued**: the share of frames whose successor was already dispatched when the loop
+  began to wait on them (the two-slot window overlapping host work with device work);
+- **interval quality**: per prepared program, the median device interval the executor reported
+  against the median bare execution of the same executable (call, then ``block_until_ready``,
+  back to back, after the run). Their ratio minus one is the host share still in an interval;
+  the share of frames reported with a missing interval (stamped too late to exclude host time)
+  is given beside it;
+- **decode batch widths**: at concurrency 16, how many decode frames ran below the full batch
+  while every stream was decoding (a split caused by noisy cost estimates).
+
+Absolute times on this shared machine are context; the ratios are within one invocation.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import statistics
+import sys
+import threading
+import time
+
+import jax
+import numpy as np
+from absl import app, flags
+from bench_common import prompt_windows
+
+from helios_jax.compilation_cache import enable_compilation_cache
+
+FLAGS = flags.FLAGS
+flags.DEFINE_list("concurrency", ["1", "16"], "concurrent requests")
+flags.DEFINE_integer("new_tokens", 128, "new tokens per request")
+flags.DEFINE_integer("prompt_tokens", 64, "tokens per prompt")
+flags.DEFINE_integer("repeats", 2, "runs per concurrency (after one untimed warm-up run)")
+flags.DEFINE_enum("speculation", "off", ["off", "fixed", "adaptive"], "the engine's speculation mode")
+flags.DEFINE_integer("bare_runs", 30, "back-to-back executions per program for the bare baseline")
+flags.DEFINE_integer("seed", 0, "seed of the prompt windows")
+flags.DEFINE_string("json_out", None, "write the results as JSON here")
+
+
+class LoopProbe:
+    """Wraps an engine's executor to time waits, count frames and queued successors."""
+
+    def __init__(self, executor):
+        self.executor = executor
+        self.wait_ns = 0
+        self.frames = 0
+        self.already_queued = 0
+        self.intervals = []  # (graph, ExecutionTiming) of every retired frame
+        wait_oldest, retire = executor.wait_oldest, executor.retire
+
+        def timed_wait():
+            self.already_queued += len(executor.inflight) > 1
+            t = time.perf_counter_ns()
+            try:
+                return wait_oldest()
+            finally:
+                self.wait_ns += time.perf_counter_ns() - t
+
+        def counted_retire(frame):
+            self.frames += 1
+            self.intervals.append((frame.plan.graph, frame.timing()))
+            retire(frame)
+
+        executor.wait_oldest, executor.retire = timed_wait, counted_retire
+
+
+def serve(engine, prompts, new_tokens):
+    from helios_jax.runtime.api import GenerationRequest, SamplingParams
+
+    streams = [
+        engine.submit(
+            GenerationRequest(
+                f"iv-{time.perf_counter_ns()}-{i}",
+                tuple(p),
+                SamplingParams(max_tokens=new_tokens, temperature=0),
+            )
+        )
+        for i, p in enumerate(prompts)
+    ]
+    readers = [threading.Thread(target=lambda s=s: list(s)) for s in streams]
+    for t in readers:
+        t.start()
+    for t in readers:
+        t.join()
+
+
+def bare_ms(engine, graph_key, runs):
+    """Median call-to-ready time of one executable, back to back (its inputs from the last use)."""
+    from helios_jax.prepare.measurement import measurement_inputs
+
+    executor = engine.executor
+    program = executor.programs[graph_key]
+    inputs = measurement_inputs(program, engine.config, FLAGS.prompt_tokens)
+    times = []
+    for _ in range(runs + 3):
+        t = time.perf_counter_ns()
+        executor.state, out = program(executor.params, executor.state, inputs)
+        jax.block_until_ready(out)
+        times.append((time.perf_counter_ns() - t) / 1e6)
+    return statistics.median(times[3:])
+
+
+def measure(engine, prompts, c):
+    probe = LoopProbe(engine.executor)
+    observations = dict(engine.executor.observations)
+    t = time.perf_counter_ns()
+    serve(engine, prompts, FLAGS.new_tokens)
+    wall = time.perf_counter_ns() - t
+    del engine.executor.wait_oldest, engine.executor.retire  # back to the class's methods
+    history = probe.intervals
+    obs = {k: engine.executor.observations[k] - observations[k] for k in observations}
+    decode = [g for g, _ in history if g.kind.value in ("decode", "speculative")]
+    widths = collections.Counter(g.batch_capacity for g in decode)
+    return dict(
+        concurrency=c,
+        frames=probe.frames,
+        wall_ms=wall / 1e6,
+        host_ms_per_frame=(wall - probe.wait_ns) / 1e6 / max(probe.frames, 1),
+        already_queued=probe.already_queued / max(probe.frames, 1),
+        observations=obs,
+        missing_share=sum(1 for _, tm in history if not tm.device_ns) / max(len(history), 1),
+        decode_widths={str(k): v for k, v in sorted(widths.items())},
+        intervals=history,
+    )
+
+
+def interval_quality(engine, runs):
+    by_graph = collections.defaultdict(list)
+    for row in runs:
+        for g, tm in row.pop("intervals"):
+            if tm.device_ns and g.kind.value in ("decode", "speculative", "prefill"):
+                by_graph[g].append(tm.device_ns / 1e6)
+    out = {}
+    for g, values in sorted(by_graph.items(), key=lambda kv: -len(kv[1])):
+        if len(values) < 5:
+            continue
+        bare = bare_ms(engine, g.key, FLAGS.bare_runs)
+        reported = statistics.median(values)
+        out[g.name] = dict(
+            samples=len(values), reported_ms=reported, bare_ms=bare, host_share=reported / bare - 1
+        )
+    return out
+
+
+def main(argv):
+    del argv
+    enable_compilation_cache()
+    from helios_jax.engine_config import EngineConfig
+    from helios_jax.prepare import load_engine_model
+    from helios_jax.runtime.engine import HeliosEngine
+    from helios_jax.runtime.tokenizer import HFTokenizer
+
+    model = load_engine_model(None, dtype="float32")
+    speculative = FLAGS.speculation != "off"
+    ec = EngineConfig(
+        request_slots=16,
+        prefill_chunks=(64, 128),
+        speculation=FLAGS.speculation,
+        draft_tokens=3 if speculative else 0,
+        max_model_len=512,
+        dtype="float32",
+    )
+    engine = HeliosEngine(
+        model_config=model.config,
+        params=model.params,
+        tokenizer=HFTokenizer(model.tokenizer),
+        engine_config=ec,
+    )
+    windows = prompt_windows(model.tokenizer, 32, FLAGS.prompt_tokens, FLAGS.seed)
+    prompts = [w["tokens"] for w in windows]
+    concurrencies = [int(c) for c in FLAGS.concurrency]
+    try:
+        for c in concurrencies:  # untimed: the first duration estimates, allocators
+            serve(engine, prompts[:c], FLAGS.new_tokens)
+        runs = [measure(engine, prompts[:c], c) for _ in range(FLAGS.repeats) for c in concurrencies]
+        quality = interval_quality(engine, runs)
+    finally:
+        engine.shutdown()
+    for row in runs:
+        print(
+            f"c={row['concurrency']:2d} frames {row['frames']:4d} "
+            f"host/frame {row['host_ms_per_frame']:.3f} ms "
+            f"queued {row['already_queued']:.0%} missing {row['missing_share']:.0%} "
+            f"decode widths {row['decode_widths']} {row['observations']}"
+        )
+    for name, q in quality.items():
+        print(
+            f"{name:40s} n={q['samples']:4d} reported {q['reported_ms']:.3f} ms bare {q['bare_ms']:.3f} ms "
+            f"host share {q['host_share']:+.1%}"
+        )
+    if FLAGS.json_out:
+        with open(FLAGS.json_out, "w") as f:
+            json.dump(dict(runs=runs, interval_quality=quality, argv=sys.argv), f, indent=1, default=float)
+
+
+if __name__ == "__main__":
+    np.set_printoptions(precision=3)
+    app.run(main)
