@@ -201,6 +201,16 @@ def survival_rows(plan: ScheduledPlan, outputs, request_slots: int, depth: int) 
     return rows
 
 
+def _to_device(leaf):
+    return jax.device_put(leaf) if isinstance(leaf, np.ndarray) else leaf
+
+
+def _copy_to_host_async(outputs) -> None:
+    for leaf in jax.tree_util.tree_leaves(outputs):
+        if isinstance(leaf, jax.Array):
+            leaf.copy_to_host_async()
+
+
 def outputs_ready(outputs) -> bool:
     """Whether every device array of `outputs` is ready (a non-blocking check)."""
     return all(leaf.is_ready() for leaf in jax.tree_util.tree_leaves(outputs) if isinstance(leaf, jax.Array))
@@ -224,14 +234,35 @@ class Executor:
         self.graph_counts: dict[str, int] = {}
         self.graph_ns: dict[str, int] = {}
         self.observations = {"waited": 0, "polled": 0, "late": 0, "missing_interval": 0}
+        # Per generation program: the last lanes it ran and their packed inputs on the device.
+        self._packed: dict = {}
+
+    def _inputs(self, program, plan: ScheduledPlan, info: Mapping[int, RequestInputs]):
+        """The program's inputs, on the device. Decode and speculative inputs (slots, page tables,
+        query lengths or ceilings) depend only on the lanes and their requests' fixed host data,
+        so while the same lanes run the same program (every step of a steady batch) the packed
+        inputs of the last call are reused: nothing is packed or transferred again."""
+        if plan.graph.kind not in (GraphKind.DECODE, GraphKind.SPECULATIVE):
+            return pack_inputs(program, plan, info)
+        key = tuple(
+            (lane.handle.rid, id(info[lane.handle.rid]), lane.slot, lane.query_length, lane.ceiling)
+            for lane in plan.lanes
+        )
+        last = self._packed.get(plan.graph.key)
+        if last is not None and last[0] == key:
+            return last[1]
+        inputs = jax.tree_util.tree_map(_to_device, pack_inputs(program, plan, info))
+        self._packed[plan.graph.key] = (key, inputs)
+        return inputs
 
     def dispatch(self, plan: ScheduledPlan, fence: int, info: Mapping[int, RequestInputs]) -> Dispatch:
         program = self.programs[plan.graph.key]
-        inputs = pack_inputs(program, plan, info)
+        inputs = self._inputs(program, plan, info)
         predecessor = self.inflight[-1] if self.inflight else None
         called = self.clock()
         self.state, outputs = program(self.params, self.state, inputs)
         dispatched = self.clock()
+        _copy_to_host_async(outputs)  # the host reads them at completion: start the copy now
         frame = Dispatch(
             fence,
             plan,

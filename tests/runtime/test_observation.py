@@ -131,3 +131,45 @@ def test_a_queued_frame_starts_at_its_predecessors_stamp_and_inherits_its_window
     ex2.wait_oldest()
     assert a.timing().device_intervals_ns == (0.0,)
     assert b.timing().device_intervals_ns == (0.0,)
+
+
+class CountingProgram(ScriptedProgram):
+    def __init__(self, clock):
+        super().__init__(clock)
+        self.packs = 0
+
+    def pack(self, **host):
+        self.packs += 1
+        return host
+
+
+def lane(rid, slot, query_length=0):
+    return SimpleNamespace(handle=SimpleNamespace(rid=rid), slot=slot, query_length=query_length, ceiling=0)
+
+
+def test_a_steady_batch_reuses_its_packed_inputs_and_any_change_repacks():
+    from helios_jax.runtime.executor import RequestInputs
+
+    clock = Clock()
+    program = CountingProgram(clock)
+    ex = Executor({DECODE.key: program}, None, None, clock=clock)
+    info = {1: RequestInputs((5,), (0, 1)), 2: RequestInputs((5,), (2, 3))}
+
+    def run(lanes, info):
+        frame = ex.dispatch(SimpleNamespace(graph=DECODE, lanes=tuple(lanes)), 1, info)
+        frame.outputs.finish_ns = clock.ns
+        ex.wait_oldest()
+        ex.retire(frame)
+
+    run([lane(1, 0), lane(2, 1)], info)
+    run([lane(1, 0), lane(2, 1)], info)
+    assert program.packs == 1
+    run([lane(1, 0)], info)  # a lane left
+    assert program.packs == 2
+    run([lane(1, 0), lane(2, 1)], info)
+    run([lane(1, 0), lane(2, 3)], info)  # another slot
+    assert program.packs == 4
+    info = {**info, 2: RequestInputs((5,), (4, 5))}
+    run([lane(1, 0), lane(2, 3)], info)  # new pages
+    run([lane(1, 0), lane(2, 3, query_length=2)], info)  # another query length
+    assert program.packs == 6
