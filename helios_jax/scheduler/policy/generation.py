@@ -31,7 +31,7 @@ def generation_candidates(sel: Selection) -> list[ScoredCandidate]:
     """Each generation program's best cohort of runnable decoders."""
     if sel.decoders.count == 0:
         return []
-    found = []
+    found: list[ScoredCandidate] = []
     for g in sel.prepared.generation:
         if g.steps > 1:
             found.extend(c for c in [multistep_candidate(sel, g)] if c is not None)
