@@ -78,6 +78,7 @@ def _validate_shared_fields(g: GraphDescriptor) -> None:
         "target_capacity",
         "prefill_capacity",
         "image_capacity",
+        "steps",
     ):
         value = getattr(g, field)
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
@@ -96,6 +97,10 @@ def _validate_shared_fields(g: GraphDescriptor) -> None:
         raise field_error(name, "allocation", "only speculative programs bind an allocation")
     if g.kind is not GraphKind.VISION and g.image_capacity != 0:
         raise field_error(name, "image_capacity", "only vision graphs carry an image capacity")
+    if g.steps < 1:
+        raise field_error(name, "steps", "a program runs at least one step")
+    if g.steps > 1 and g.kind is not GraphKind.DECODE:
+        raise field_error(name, "steps", "only ordinary decode programs run several steps")
 
 
 def _validate_speculative(g: GraphDescriptor, r: int) -> None:

@@ -72,11 +72,13 @@ class CostKey(NamedTuple):
     proposal_depth: int
     prefill_capacity: int
     target_capacity: int
+    steps: int = 1  # decode steps per execution (multi-step decode); named only when > 1
 
     def __str__(self) -> str:
+        steps = f",S={self.steps}" if self.steps != 1 else ""
         return (
             f"{self.kind.value}[B={self.batch_capacity},W={self.token_capacity},"
-            f"D={self.proposal_depth},C={self.prefill_capacity},P={self.target_capacity}]"
+            f"D={self.proposal_depth},C={self.prefill_capacity},P={self.target_capacity}{steps}]"
         )
 
 
@@ -91,6 +93,8 @@ class GraphDescriptor:
     allocation: Allocation | None = None
     speculative: bool = False
     image_capacity: int = 0
+    # Decode steps one execution runs (a `lax.scan` of K single steps); 1 for every other kind.
+    steps: int = 1
     # The file's measurement, if any. Never an estimate: the cost model starts indeterminate.
     duration_ms: float | None = None
 
@@ -103,6 +107,7 @@ class GraphDescriptor:
             self.proposal_depth,
             self.prefill_capacity,
             self.target_capacity,
+            self.steps,
         )
 
     @property
@@ -205,6 +210,8 @@ def descriptor_to_json(g: GraphDescriptor) -> dict:
         out["target_capacity"] = g.target_capacity  # the loader reads a missing P as B: keep a declared 0
     if g.allocation is not None:
         out["allocation"] = g.allocation.value
+    if g.steps != 1:
+        out["steps"] = g.steps  # written only when > 1: single-step entries are unchanged
     if g.kind is GraphKind.MIXED:
         out["speculative"] = g.speculative
         out["proposal_depth"] = g.proposal_depth

@@ -44,6 +44,7 @@ DECODE_MODES = {"off": DecodeMode.ORDINARY, "fixed": DecodeMode.FIXED, "adaptive
 SPECULATION_MODES = tuple(DECODE_MODES)
 DEFAULT_MAX_MODEL_LEN = 4096  # the longest context an unset --max_model_len gives, whatever the model allows
 DTYPES = ("float32", "bfloat16")
+MAX_DECODE_STEPS = 64  # the longest scan a decode program may run
 _DEFAULT_CHUNKS = tuple(1 << i for i in range(6, 13))  # 64 .. 4096
 
 
@@ -76,6 +77,9 @@ class EngineConfig:
       dtype: parameter, activation and cache dtype ("float32" or "bfloat16").
       snapshot_rows: extra state rows (after the request slots) that snapshots write and
         restores read.
+      decode_steps: the step counts K of the ordinary decode programs (speculation off): one
+        `decode` program per request bucket and K; K > 1 runs K steps in one execution
+        (`programs/multistep.py`). `(1,)` is the single-step catalog.
     """
 
     request_slots: int = 4
@@ -90,6 +94,7 @@ class EngineConfig:
     kv_pages: int | None = None
     dtype: str = "float32"
     snapshot_rows: int = 1
+    decode_steps: tuple[int, ...] = (1,)
 
     def __post_init__(self):
         def fail(field: str, message: str):
@@ -137,6 +142,14 @@ class EngineConfig:
         if self.speculation != "off" and self.draft_tokens not in depths:
             fail("proposal_depths", f"must include draft_tokens={self.draft_tokens}, got {depths}")
         object.__setattr__(self, "proposal_depths", depths)
+        steps = tuple(sorted(set(self.decode_steps)))
+        if not steps:
+            fail("decode_steps", "at least one step count is required")
+        for k in steps:
+            integer("decode_steps", k, 1, MAX_DECODE_STEPS)
+        if self.speculative and steps != (1,):
+            fail("decode_steps", "multi-step programs are ordinary decode: needs speculation='off'")
+        object.__setattr__(self, "decode_steps", steps)
         if self.mixed_prefill and not any(c % PROMPT_ALIGNMENT == 0 for c in self.prefill_chunks):
             fail("mixed_prefill", f"needs a prefill chunk that is a multiple of {PROMPT_ALIGNMENT}")
         if self.kv_pages is None:
@@ -244,8 +257,9 @@ class EngineConfig:
             graphs.extend(self.speculative_descriptors())
         else:
             graphs.extend(
-                GraphDescriptor(GraphKind.DECODE, b, token_capacity=1, target_capacity=b)
+                GraphDescriptor(GraphKind.DECODE, b, token_capacity=1, target_capacity=b, steps=k)
                 for b in batch_buckets(self.request_slots)
+                for k in self.decode_steps
             )
         if self.mixed_prefill:
             shapes = mixed_shapes(

@@ -92,6 +92,8 @@ class EngineOptions:
       scheduler_terminal_value, scheduler_terminal_age_price: terminal overrides applied after
         the preset; finite and nonnegative (zero disables the preference).
       mtp_adaptive_verification_alpha: exponent on prefix-survival estimates; finite and > 0.
+      decode_steps: step counts K of the ordinary decode programs (speculation off); ``(1,)``:
+        single-step decode only.
     """
 
     model: str | None = None
@@ -111,6 +113,7 @@ class EngineOptions:
     scheduler_terminal_value: float | None = None
     scheduler_terminal_age_price: float | None = None
     mtp_adaptive_verification_alpha: float | None = None
+    decode_steps: tuple[int, ...] = (1,)
 
     def __post_init__(self):
         if self.model is not None and not self.model.strip():
@@ -128,6 +131,11 @@ class EngineOptions:
             )
         for d in self.proposal_depths or ():
             _check_int("proposal_depths", d, 1)
+        object.__setattr__(self, "decode_steps", tuple(self.decode_steps))
+        for k in self.decode_steps:
+            _check_int("decode_steps", k, 1)
+        if self.decode_steps != (1,) and self.speculation != "off":
+            _fail("decode_steps", "multi-step decode programs need --speculation=off")
         _check_int("speculative_token_capacity", self.speculative_token_capacity, 0)
         if self.dtype is not None and self.dtype not in DTYPES:
             _fail("dtype", f"must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
@@ -192,6 +200,7 @@ class EngineOptions:
         fields = {field.name: getattr(f, field.name) for field in dataclasses.fields(cls) if field.name in f}
         fields["prefill_chunks"] = _flag_int_list("prefill_chunks", f.prefill_chunks)
         fields["proposal_depths"] = _flag_int_list("proposal_depths", f.proposal_depths)
+        fields["decode_steps"] = _flag_int_list("decode_steps", f.decode_steps) or (1,)
         return cls(**fields)
 
     # -- the configs built from the options -----------------------------------------------------
@@ -217,6 +226,7 @@ class EngineOptions:
             page_size=self.page_size,
             kv_pages=self.kv_pages,
             snapshot_rows=self.snapshot_rows,
+            decode_steps=self.decode_steps,
         )
         if self.max_model_len is not None:
             fields["max_model_len"] = self.max_model_len
@@ -267,6 +277,12 @@ def _define_program_shape_flags(fv: flags.FlagValues) -> None:
         "speculative_token_capacity", 64, "R: aggregate target rows of wider programs.", flag_values=fv
     )
     flags.DEFINE_bool("mixed_prefill", False, "Capture mixed prefill/verification graphs.", flag_values=fv)
+    flags.DEFINE_list(
+        "decode_steps",
+        ["1"],
+        "Step counts K of the ordinary decode programs, e.g. 1,4,8 (speculation off; 1: single step).",
+        flag_values=fv,
+    )
 
 
 def _define_context_and_memory_flags(fv: flags.FlagValues) -> None:

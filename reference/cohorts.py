@@ -112,6 +112,14 @@ class Objective:
             + self.c * self.sigma * (v.age_ms + t)
         )
 
+    def steps_value(self, v: RequestView, steps: int, t: float) -> float:
+        """A K-step decode lane: `steps` certain tokens, one delivered burst, its age term."""
+        return (
+            self.price(v.log_output_price) * steps
+            + self.price(v.log_delivery_price)
+            + self.c * self.sigma * (v.age_ms + t)
+        )
+
     def prompt_value(self, v: RequestView, n: int) -> float:
         value = self.price(v.log_prefill_price) * n
         if n == v.prompt_remaining:
@@ -128,6 +136,9 @@ class Objective:
 
 
 def _lane_limit(v: RequestView, g: GraphDescriptor) -> int:
+    if g.steps > 1:  # K-step decode: K, output and context left, a width limit; no proposals
+        limit = min(g.steps, v.output_remaining, v.context_remaining)
+        return max(1, limit if v.width_limit is None else min(limit, v.width_limit))
     limit = min(g.token_capacity, g.proposal_depth + 1, v.output_remaining, v.context_remaining)
     if v.copy_limit is not None:
         limit = min(limit, v.copy_limit + 1)
@@ -142,7 +153,14 @@ def _subsets(items, max_size: int):
 
 
 def _caps(g: GraphDescriptor):
-    return (g.batch_capacity, g.token_capacity, g.target_capacity, g.prefill_capacity, g.image_capacity)
+    return (
+        g.batch_capacity,
+        g.token_capacity,
+        g.target_capacity,
+        g.prefill_capacity,
+        g.image_capacity,
+        g.steps,
+    )
 
 
 def _host_free(g: GraphDescriptor, mode: DecodeMode) -> bool:
@@ -253,6 +271,9 @@ def _decoder_numerators(
     (rows: the aggregate limit P, None for mixed rows).
     """
     limits = [_lane_limit(v, g) for v in cohort]
+    if g.steps > 1:  # every lane takes all its steps
+        yield sum(obj.steps_value(v, k, t) for v, k in zip(cohort, limits)), limits
+        return
     if (
         g.kind is GraphKind.SPECULATIVE
         and g.allocation is Allocation.PREFIX_LIMIT

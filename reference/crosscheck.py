@@ -1,6 +1,7 @@
 """Production selector against exhaustive enumeration on random populations.
 
     python -m helios_jax.reference.crosscheck --catalog=FILE --cases=N --seed=S [--max_requests=K]
+        [--decode_steps=4,8]   (adds K-step copies of the catalog's decode programs)
 
 Each case draws a population (phases, prices, output ages, acceptance histories and
 forecasts, output and context limits, copy sources, atomic image spans, terminal rows) and a
@@ -176,6 +177,20 @@ def random_mode(rng: np.random.Generator, catalog: Catalog) -> tuple[DecodeMode,
     return mode, fixed_width
 
 
+def with_decode_steps(catalog: Catalog, steps, speedup: float = 0.6) -> Catalog:
+    """The catalog plus a K-step copy of each measured single-step decode program, for every K in
+    `steps`, measured at `speedup` x K x the single step's duration (K steps amortise one
+    execution's fixed cost)."""
+    extra = tuple(
+        dataclasses.replace(g, steps=k, duration_ms=g.duration_ms * k * speedup)
+        for k in steps
+        if k > 1
+        for g in catalog.of_kind(GraphKind.DECODE)
+        if g.steps == 1 and g.duration_ms is not None
+    )
+    return dataclasses.replace(catalog, graphs=catalog.graphs + extra)
+
+
 def run(
     catalog: Catalog,
     cases: int,
@@ -215,6 +230,8 @@ def main(argv) -> int:
 
     FLAGS = flags.FLAGS
     catalog = Catalog.load(FLAGS.catalog) if FLAGS.catalog else shipped_catalog()
+    if FLAGS.decode_steps:
+        catalog = with_decode_steps(catalog, [int(k) for k in FLAGS.decode_steps])
     report = run(catalog, FLAGS.cases, FLAGS.seed, FLAGS.max_requests, FLAGS.noise)
     print(json.dumps(report.to_json()))
     for d in report.details[:10]:
@@ -230,6 +247,7 @@ def _define_flags():
     flags.DEFINE_integer("seed", 0, "random seed")
     flags.DEFINE_integer("max_requests", 5, "largest population (the reference is exponential)")
     flags.DEFINE_float("noise", 0.0, "log-uniform multiplicative noise on measured durations")
+    flags.DEFINE_list("decode_steps", [], "add K-step copies of the catalog's decode programs, e.g. 4,8")
 
 
 if __name__ == "__main__":

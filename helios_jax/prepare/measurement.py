@@ -96,9 +96,14 @@ def measure(
     `block_until_ready` on its outputs and new state; cursor resets happen outside the timing.
     """
     engine = programs.engine_config
-    # Decoders may write up to W + D positions past their cursor.
+    # Decoders may write up to W + D positions past their cursor (K - 1 more over K steps).
     reach = max(
-        (p.shape.width + p.shape.depth for p in programs.values() if p.shape.kind.is_generation), default=1
+        (
+            p.shape.width + p.shape.depth + p.shape.steps - 1
+            for p in programs.values()
+            if p.shape.kind.is_generation
+        ),
+        default=1,
     )
     margin = engine.max_model_len - reach - 1
     context = max(1, min(engine.max_model_len // 2 if context is None else context, margin))

@@ -26,6 +26,7 @@ from helios_jax.programs.inputs import (
     ProgramShape,
     SpeculativeInputs,
 )
+from helios_jax.programs.multistep import build_multistep_decode
 from helios_jax.programs.round import RoundInputs, RoundPlan, packed_round
 from helios_jax.programs.state import DeviceState, key_data
 
@@ -81,7 +82,15 @@ def build_prefill(config: ModelConfig, shape: ProgramShape, impl: Impl) -> Progr
 
 
 def build_decode(config: ModelConfig, shape: ProgramShape, impl: Impl) -> ProgramFn:
-    """Ordinary decode: each active lane feeds its pending token and samples the next."""
+    """Ordinary decode: each active lane feeds its pending token and samples the next (K > 1
+    steps: `multistep.build_multistep_decode` scans this body)."""
+    if shape.steps > 1:
+        return build_multistep_decode(config, shape, impl, build_decode_step)
+    return build_decode_step(config, shape, impl)
+
+
+def build_decode_step(config: ModelConfig, shape: ProgramShape, impl: Impl) -> ProgramFn:
+    """One ordinary decode step over the lanes of `shape`."""
     plan = RoundPlan(
         lanes=shape.lanes,
         width=1,

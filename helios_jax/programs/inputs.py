@@ -40,6 +40,7 @@ class ProgramShape:
     request_slots: int  # S
     draft_capacity: int  # sidecar columns
     total_pages: int
+    steps: int = 1  # K decode steps per execution (multi-step decode)
 
     @classmethod
     def of(cls, g: GraphDescriptor, engine: EngineConfig) -> ProgramShape:
@@ -76,6 +77,7 @@ class ProgramShape:
             request_slots=engine.request_slots,
             draft_capacity=engine.draft_capacity,
             total_pages=engine.kv_pages,
+            steps=g.steps,
         )
 
     @property
@@ -104,6 +106,22 @@ class DecodeInputs:
     slots: jax.Array  # i32[B]
     active: jax.Array  # bool[B]
     page_tables: jax.Array  # i32[B, N]
+
+
+@struct.dataclass
+class MultiStepInputs:
+    """Multi-step decode (K steps): lane b runs at most `steps[b]` steps (its output limit and
+    context within K) and stops after a step that emits one of `stop_tokens[b]` (-1: unused)."""
+
+    slots: jax.Array  # i32[B]
+    active: jax.Array  # bool[B]
+    page_tables: jax.Array  # i32[B, N]
+    steps: jax.Array  # i32[B] 1..K
+    stop_tokens: jax.Array  # i32[B, STOP_CAPACITY]
+
+
+# Stop tokens a multi-step decode lane can watch for (the tokenizer's end-of-sequence ids).
+STOP_CAPACITY = 4
 
 
 @struct.dataclass
@@ -216,6 +234,10 @@ def input_spec(shape: ProgramShape):
     if kind.is_prefill:
         c = shape.prefill_capacity
         return PrefillInputs(s((1,), i32), s((c,), i32), s((1,), i32), s((1,), b8), s((1, n), i32))
+    if kind is GraphKind.DECODE and shape.steps > 1:
+        return MultiStepInputs(
+            s((b,), i32), s((b,), b8), s((b, n), i32), s((b,), i32), s((b, STOP_CAPACITY), i32)
+        )
     if kind is GraphKind.DECODE:
         return DecodeInputs(s((b,), i32), s((b,), b8), s((b, n), i32))
     if kind is GraphKind.SPECULATIVE:

@@ -26,10 +26,12 @@ import numpy as np
 
 from helios_jax.catalog import Allocation, GraphKind
 from helios_jax.programs.inputs import (
+    STOP_CAPACITY,
     CopyInputs,
     DecodeInputs,
     InitializeInputs,
     MixedInputs,
+    MultiStepInputs,
     PrefillInputs,
     ProgramShape,
     SpeculativeInputs,
@@ -127,13 +129,49 @@ def pack_prefill(
 
 
 def pack_decode(
-    shape: ProgramShape, *, slots: Sequence[int], page_tables: Sequence[Sequence[int]]
-) -> DecodeInputs:
+    shape: ProgramShape,
+    *,
+    slots: Sequence[int],
+    page_tables: Sequence[Sequence[int]],
+    steps: Sequence[int] | None = None,
+    stop_tokens: Sequence[Sequence[int]] | None = None,
+) -> DecodeInputs | MultiStepInputs:
+    """Decode lanes; a multi-step program (K > 1) also takes each lane's step limit (1..K,
+    default K) and its stop tokens (at most STOP_CAPACITY each, default none)."""
     _check_kind(shape, GraphKind.DECODE)
     if len(page_tables) != len(slots):
         raise InputError(f"{len(page_tables)} page tables for {len(slots)} lanes")
     lane_slots, active = _lanes(shape, slots)
-    return DecodeInputs(slots=lane_slots, active=active, page_tables=page_table_array(shape, page_tables))
+    tables = page_table_array(shape, page_tables)
+    if shape.steps == 1:
+        if steps is not None and any(int(k) != 1 for k in steps) or stop_tokens:
+            raise InputError("a single-step decode program takes no step limits or stop tokens")
+        return DecodeInputs(slots=lane_slots, active=active, page_tables=tables)
+    return MultiStepInputs(
+        slots=lane_slots,
+        active=active,
+        page_tables=tables,
+        **_step_arrays(shape, len(slots), steps, stop_tokens),
+    )
+
+
+def _step_arrays(shape: ProgramShape, lanes: int, steps, stop_tokens) -> dict:
+    if steps is not None and len(steps) != lanes:
+        raise InputError(f"{len(steps)} step limits for {lanes} lanes")
+    if stop_tokens is not None and len(stop_tokens) != lanes:
+        raise InputError(f"{len(stop_tokens)} stop-token lists for {lanes} lanes")
+    limits = np.ones((shape.lanes,), np.int32)
+    limits[:lanes] = shape.steps if steps is None else [int(k) for k in steps]
+    for i, k in enumerate(limits[:lanes]):
+        if not 1 <= k <= shape.steps:
+            raise InputError(f"lane {i}: step limit {k} outside 1..{shape.steps}")
+    stops = np.full((shape.lanes, STOP_CAPACITY), -1, np.int32)
+    for i, ids in enumerate(stop_tokens or ()):
+        ids = [int(t) for t in ids]
+        if len(ids) > STOP_CAPACITY or any(t < 0 for t in ids):
+            raise InputError(f"lane {i}: at most {STOP_CAPACITY} nonnegative stop tokens, got {ids}")
+        stops[i, : len(ids)] = ids
+    return {"steps": limits, "stop_tokens": stops}
 
 
 def pack_speculative(

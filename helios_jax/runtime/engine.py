@@ -278,6 +278,7 @@ class HeliosEngine:
                 top_p=s.top_p,
                 top_k=s.top_k,
                 seed=seed,
+                stop_tokens=tuple(self.tokenizer.eos_token_ids),
             )
             if s.prompt_logprobs:
                 active.prompt_logprobs = [None] * len(req.prompt_tokens)

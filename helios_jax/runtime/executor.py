@@ -54,6 +54,7 @@ class RequestInputs:
     top_p: float = 1.0
     top_k: int = 0
     seed: int = 0
+    stop_tokens: tuple[int, ...] = ()  # multi-step decode lanes stop after one of these
 
 
 # Widest window between "seen pending" and "seen ready" that still counts as an observation of
@@ -120,6 +121,11 @@ def pack_inputs(program, plan: ScheduledPlan, info: Mapping[int, RequestInputs])
         )
     slots = [each.slot for each in lanes]
     tables = [r.page_table for r in req]
+    if kind is GraphKind.DECODE and plan.graph.steps > 1:  # each lane's steps and stop tokens
+        steps = [each.ceiling for each in lanes]
+        return program.pack(
+            slots=slots, page_tables=tables, steps=steps, stop_tokens=[r.stop_tokens for r in req]
+        )
     if kind is GraphKind.DECODE:
         return program.pack(slots=slots, page_tables=tables)
     if kind is GraphKind.SPECULATIVE:
@@ -180,7 +186,7 @@ def completion_records(plan: ScheduledPlan, outputs) -> list[CompletionRecord]:
                     lane.epoch,
                     tokens=tuple(int(t) for t in tokens[b, :n]),
                     offered=rows - 1,
-                    accepted=n - 1,
+                    accepted=n - 1 if plan.graph.steps == 1 else 0,  # K steps verify no proposals
                 )
             )
         else:

@@ -111,6 +111,8 @@ class ScheduledPlan:
         most min(lane ceiling, P), a prompt lane by its first output token when it finishes."""
         if lane.role is LaneRole.PROMPT:
             return 1 if lane.finishes_prompt else 0
+        if lane.role is LaneRole.DECODE and self.graph.steps > 1:
+            return lane.ceiling  # a K-step decode lane: its steps
         if lane.role is LaneRole.DECODE:
             return min(max(lane.query_length, lane.ceiling), max(self.graph.target_capacity, 1))
         return 0
@@ -355,7 +357,18 @@ def _validate_lane(where: str, plan: ScheduledPlan, lane: PlanLane, rec: Complet
         raise ValueError(f"{where}: {lane.role.value} rows produce no tokens")
 
 
+def _validate_steps(where: str, lane: PlanLane, rec: CompletionRecord) -> None:
+    """A K-step decode lane: 1..its steps tokens (fewer after a stop token), no proposals."""
+    if rec.prompt_tokens or rec.offered or rec.accepted:
+        raise ValueError(f"{where}: a multi-step decode row consumes no prompt and verifies no proposals")
+    if not 1 <= len(rec.tokens) <= lane.ceiling:
+        raise ValueError(f"{where}: {len(rec.tokens)} tokens from a lane of {lane.ceiling} steps")
+
+
 def _validate_decode(where: str, plan: ScheduledPlan, lane: PlanLane, rec: CompletionRecord) -> None:
+    if plan.graph.steps > 1:
+        _validate_steps(where, lane, rec)
+        return
     rows = lane.query_length or lane.ceiling
     most = min(rows - 1, plan.graph.proposal_depth)
     if rec.prompt_tokens:

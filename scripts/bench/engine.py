@@ -72,6 +72,7 @@ flags.DEFINE_integer("large_hidden", 1024, "hidden size of the random-weight con
 flags.DEFINE_integer("large_layers", 8, "layers of the random-weight config")
 flags.DEFINE_integer("large_vocab", 4096, "vocabulary of the random-weight config")
 flags.DEFINE_bool("serving", True, "run part 1")
+flags.DEFINE_list("decode_steps", ["1"], "step counts K of helios' decode programs (1: single step)")
 flags.DEFINE_bool("decode", True, "run part 2")
 flags.DEFINE_integer("seed", 0, "seed of the prompt windows and random weights")
 flags.DEFINE_string("json_out", None, "write the results as JSON here")
@@ -351,6 +352,7 @@ def build_helios(model, dtype: str, tokenizer, slots: int):
         draft_tokens=0,
         max_model_len=FLAGS.max_model_len,
         dtype=dtype,
+        decode_steps=tuple(int(k) for k in FLAGS.decode_steps),
     )
     t = time.perf_counter()
     engine = HeliosEngine(

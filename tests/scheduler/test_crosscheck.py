@@ -42,8 +42,8 @@ CASES = int(os.environ.get("HELIOS_CROSSCHECK_CASES", "150"))
 )
 @pytest.mark.parametrize(
     "catalog, max_requests",
-    [(SPEC, 5), (ORDINARY, 5), (RAGGED, 7)],
-    ids=["speculative", "ordinary", "ragged-small"],
+    [(SPEC, 5), (ORDINARY, 5), (RAGGED, 7), (crosscheck.with_decode_steps(ORDINARY, (4, 8)), 5)],
+    ids=["speculative", "ordinary", "ragged-small", "multistep"],
 )
 def test_production_matches_enumeration(catalog, max_requests):
     report = crosscheck.run(catalog, CASES, seed=7, max_requests=max_requests, noise=0.15)

@@ -101,7 +101,7 @@ def following_graphs(sel: Selection, enables: Phase) -> list[GraphDescriptor]:
     enabled decoder."""
     if enables is Phase.PREFILL:
         return [g for g in sel.prepared.graphs if g.kind.is_prefill or g.kind is GraphKind.MIXED]
-    return list(sel.prepared.delivery)
+    return [g for g in sel.prepared.delivery if g.steps == 1]  # lookahead: single-step followers
 
 
 def is_ragged(g: GraphDescriptor) -> bool:

@@ -15,6 +15,7 @@ import numpy as np
 
 from helios_jax.catalog import Allocation, DecodeMode, GraphDescriptor, GraphKind
 from helios_jax.scheduler import utility
+from helios_jax.scheduler.policy.multistep import multistep_candidate
 from helios_jax.scheduler.policy.ranking import ScoredCandidate
 from helios_jax.scheduler.policy.selection import Selection
 from helios_jax.scheduler.policy.tables import LaneTable
@@ -30,8 +31,11 @@ def generation_candidates(sel: Selection) -> list[ScoredCandidate]:
     """Each generation program's best cohort of runnable decoders."""
     if sel.decoders.count == 0:
         return []
-    found = []
+    found: list[ScoredCandidate] = []
     for g in sel.prepared.generation:
+        if g.steps > 1:
+            found.extend(c for c in [multistep_candidate(sel, g)] if c is not None)
+            continue
         device = g.allocation is Allocation.PREFIX_LIMIT
         table = sel.decoders.table(g.token_capacity, g.proposal_depth)
         if is_unconstrained(g):

@@ -19,8 +19,15 @@ MixedShape = tuple[int, int, int]
 
 
 def capacities(g: GraphDescriptor) -> tuple[int, ...]:
-    """(B, W, P, prompt capacity, image capacity): the capacities dominance compares."""
-    return (g.batch_capacity, g.token_capacity, g.target_capacity, g.prefill_capacity, g.image_capacity)
+    """(B, W, P, prompt capacity, image capacity, steps): the capacities dominance compares."""
+    return (
+        g.batch_capacity,
+        g.token_capacity,
+        g.target_capacity,
+        g.prefill_capacity,
+        g.image_capacity,
+        g.steps,
+    )
 
 
 def dominates(small: GraphDescriptor, big: GraphDescriptor) -> bool:

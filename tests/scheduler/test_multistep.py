@@ -1,0 +1,112 @@
+"""K-step decode programs in selection and completion.
+
+A K-step lane earns min(K, output left, context left, width limit) committed tokens and one
+delivered burst over the program's measured duration; the selector takes it only when that is
+more value per time than single steps, and the completion path commits up to K tokens per lane,
+stopping at a stop token or the output limit exactly as single steps do.
+"""
+
+import pytest
+
+from helios_jax.catalog import GraphKind
+from helios_jax.reference.crosscheck import with_decode_steps
+from helios_jax.scheduler import policy
+from helios_jax.scheduler.core import NS_PER_MS, Scheduler
+from helios_jax.scheduler.plan import CompletionRecord, ExecutionTiming
+from helios_jax.scheduler.view import LaneRole
+
+from .helpers import ORDINARY, choose, decoder, inputs
+
+spec = pytest.mark.spec
+K = 8
+
+
+def _catalog(speedup: float):
+    """The ordinary catalog plus K-step decode programs measured at speedup x K single steps."""
+    return with_decode_steps(ORDINARY, (K,), speedup)
+
+
+@spec("useful-service/score-formula", "useful-service/all-capacities-compete")
+@pytest.mark.parametrize("speedup, wins", [(0.5, True), (1.0, False), (1.3, False)])
+def test_selector_takes_k_steps_only_when_worth_the_time(speedup, wins):
+    views = [decoder(i, age_ms=5.0) for i in range(4)]
+    chosen = choose(views, catalog=_catalog(speedup), mode="ordinary")
+    assert chosen.kind is GraphKind.DECODE and chosen.served == 4
+    assert (chosen.graph.steps == K) is wins
+    if wins:  # every lane runs all K steps, one delivery each
+        assert [lane.ceiling for lane in chosen.lanes] == [K] * 4
+        assert [lane.expected_tokens for lane in chosen.lanes] == [K] * 4
+
+
+@spec("useful-service/conditional-acceptance", "useful-service/dominance-prune")
+def test_steps_respect_limits_and_equal_work_is_the_smaller_program():
+    cat = _catalog(0.3)
+
+    def k_step(views):
+        return [
+            c for c in policy.candidates(inputs(views, catalog=cat, mode="ordinary")) if c.graph.steps == K
+        ]
+
+    few = [decoder(0, output_remaining=3), decoder(1, output_remaining=5, width_limit=2)]
+    steps = {c.graph.batch_capacity: sorted(lane.ceiling for lane in c.lanes) for c in k_step(few)}
+    assert steps == {1: [3], 2: [2, 3]}  # larger batches do the B = 2 program's work: dominated
+    # One token left everywhere: a K-step program would do a single step's work, so it is
+    # dominated by the single-step program however fast it is measured.
+    last = [decoder(i, output_remaining=1) for i in range(3)]
+    assert k_step(last) == [] and choose(last, catalog=cat, mode="ordinary").graph.steps == 1
+    # With one lane that has more left, the K-step program serves it (and the others with it).
+    mixed = last + [decoder(3, output_remaining=50)]
+    assert [sorted(lane.ceiling for lane in c.lanes) for c in k_step(mixed)] == [[K], [1, K], [1, 1, 1, K]]
+
+
+def _records(plan, decode_tokens=()):
+    out = []
+    for lane in plan.lanes:
+        if lane.role is LaneRole.PROMPT:
+            emitted = (9,) if lane.finishes_prompt else ()
+            out.append(
+                CompletionRecord(lane.handle, lane.epoch, prompt_tokens=lane.prompt_tokens, tokens=emitted)
+            )
+        elif lane.role is LaneRole.DECODE:
+            out.append(CompletionRecord(lane.handle, lane.epoch, tokens=tuple(decode_tokens)))
+        else:
+            out.append(CompletionRecord(lane.handle, lane.epoch))
+    return out
+
+
+def _first_k_step_plan(stop_token_ids=()):
+    """A scheduler with one request (output limit 6, first token 9 from its prompt) whose next
+    plan is a K-step decode."""
+    s = Scheduler(_catalog(0.3))
+    s.seed_costs(0)
+    s.admit([1, 2, 3], max_output=6, stop_token_ids=stop_token_ids)
+    for fence in range(10):
+        s.advance_to(fence * 10 * NS_PER_MS)
+        plan = s.plan()
+        if plan.kind is GraphKind.DECODE:
+            return s, plan, fence
+        s.commit(plan, fence)
+        s.complete(fence, _records(plan), TIMING)
+    raise AssertionError("no decode plan")
+
+
+TIMING = ExecutionTiming((1e6,), 1e6)
+
+
+@spec(
+    "useful-service/output-progress", "service-accounting/validate-first", "planning-queue/queued-lane-bound"
+)
+def test_completion_commits_k_tokens_per_lane_and_stops_at_the_end():
+    s, plan, fence = _first_k_step_plan()
+    assert plan.graph.steps == K and plan.lanes[0].ceiling == 5  # 6 allowed, 1 already out
+    assert plan.max_advance(plan.lanes[0]) == 5
+    s.commit(plan, fence)
+    with pytest.raises(ValueError, match="tokens from a lane of 5 steps"):
+        s.complete(fence, _records(plan, (1,) * 6), TIMING)  # past the lane's steps: refused
+    (gen,) = s.complete(fence, _records(plan, (1, 2, 3, 4, 5)), TIMING)
+    assert gen.tokens == (1, 2, 3, 4, 5) and gen.finished and gen.finish_reason == "length"
+    # A stop token mid-burst ends the output there (the device stops the lane at that step).
+    s, plan, fence = _first_k_step_plan(stop_token_ids=(7,))
+    s.commit(plan, fence)
+    (gen,) = s.complete(fence, _records(plan, (1, 7)), TIMING)
+    assert gen.tokens == (1, 7) and gen.finish_reason == "stop"
