@@ -21,11 +21,11 @@ K = 4
 def _engine(decode_steps):
     config, params = model(mtp=False)
     ec = EngineConfig(
-        request_slots=4,
+        request_slots=2,  # few programs to compile: two engines run in this test
         prefill_chunks=(64,),
         speculation="off",
         draft_tokens=0,
-        max_model_len=256,
+        max_model_len=128,
         decode_steps=decode_steps,
     )
     return HeliosEngine(
