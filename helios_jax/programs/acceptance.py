@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from helios_jax.programs.sampling import sample_inverse_cdf
+from helios_jax.programs.sampling import greedy_only, sample_inverse_cdf, sampling_probs
 
 
 @struct.dataclass
@@ -52,13 +52,9 @@ def accept_proposals(
 ) -> Acceptance:
     """Vectorised acceptance over a batch of lanes (module docstring)."""
     b, w, _ = target_probs.shape
-    evaluated = jnp.arange(w - 1)[None, :] < (lengths[:, None] - 1)  # bool[B, W-1]
+    evaluated = _evaluated(lengths, w)
     p_at = jnp.take_along_axis(target_probs[:, : w - 1], proposals[..., None], axis=-1)[..., 0]
-    q_at = jnp.take_along_axis(draft_probs, proposals[..., None], axis=-1)[..., 0]
-    # q(d) > 0 for any drawn proposal; guard the division for impossible inputs anyway.
-    ratio = jnp.where(
-        q_at > 0, jnp.minimum(1.0, p_at / jnp.where(q_at > 0, q_at, 1.0)), (p_at > 0).astype(jnp.float32)
-    )
+    ratio = _ratio(p_at, draft_probs, proposals)
     accepts = evaluated & (accept_uniforms < ratio)
     accepted = jnp.sum(jnp.cumprod(accepts.astype(jnp.int32), axis=1), axis=1).astype(jnp.int32)
     rejected = accepted < lengths - 1
@@ -70,6 +66,80 @@ def accept_proposals(
     has_mass = jnp.sum(residual, axis=-1, keepdims=True) > 0
     final = jnp.where(rejected[:, None] & has_mass, residual, p_a)
     last = sample_inverse_cdf(final, sample_uniforms)
+    return _result(proposals, accepted, last, evaluated, ratio)
+
+
+def accept_greedy(
+    target_tokens: jax.Array,  # i32[B, W] the target argmax at each row
+    draft_probs: jax.Array,  # f32[B, W-1, V]
+    proposals: jax.Array,  # i32[B, W-1]
+    lengths: jax.Array,  # i32[B]
+) -> Acceptance:
+    """`accept_proposals` when every p_j is the one-hot of target_tokens[:, j], without p.
+
+    Then p_j(d_j) is 0 or 1, so the ratio is 0 or 1 (q_j(d_j) <= 1) and u < ratio does not depend
+    on u: accept while d_j is the target argmax. Whether the lane stops on a rejection (residual
+    max(0, p_a - q_a) is a scaled one-hot of the argmax, or empty and replaced by p_a) or accepts
+    everything, the last token is the inverse-CDF draw from a one-hot at the argmax: the argmax.
+    """
+    w = target_tokens.shape[1]
+    evaluated = _evaluated(lengths, w)
+    p_at = (proposals == target_tokens[:, : w - 1]).astype(jnp.float32)
+    ratio = _ratio(p_at, draft_probs, proposals)
+    accepts = evaluated & (ratio >= 1.0)  # u in [0, 1): u < 1 always, u < 0 never
+    accepted = jnp.sum(jnp.cumprod(accepts.astype(jnp.int32), axis=1), axis=1).astype(jnp.int32)
+    last = jnp.take_along_axis(target_tokens, accepted[:, None], axis=1)[:, 0]
+    return _result(proposals, accepted, last.astype(jnp.int32), evaluated, ratio)
+
+
+def sample_and_accept(
+    logits: jax.Array,  # f32[B, W, V] target logits at each lane's W rows
+    temperature: jax.Array,  # f32[B, W]
+    top_k: jax.Array,  # i32[B, W]
+    top_p: jax.Array,  # f32[B, W]
+    draft_probs: jax.Array,
+    proposals: jax.Array,
+    lengths: jax.Array,
+    accept_key: jax.Array,  # typed keys [B]: test j uses fold_in(key, j)
+    sample_key: jax.Array,  # typed keys [B]: the replacement/bonus draw
+    live: jax.Array | None = None,  # bool[B] lanes whose results are used (None: all)
+) -> Acceptance:
+    """The target distributions (`sampling_probs`), their uniforms and `accept_proposals`; or,
+    when every live lane is greedy, `accept_greedy` on the argmax alone (no softmax, no sorts,
+    no cumulative sums, no uniforms). Live lanes get the same bits either way."""
+    w = logits.shape[1]
+
+    def greedy(logits):
+        return accept_greedy(jnp.argmax(logits, axis=-1).astype(jnp.int32), draft_probs, proposals, lengths)
+
+    def full(logits):
+        p = sampling_probs(logits, temperature, top_k, top_p)
+        accept_u = jax.vmap(
+            lambda k: jax.vmap(lambda j: jax.random.uniform(jax.random.fold_in(k, j)))(jnp.arange(w - 1))
+        )(accept_key).reshape(logits.shape[0], w - 1)
+        sample_u = jax.vmap(jax.random.uniform)(sample_key)
+        return accept_proposals(p, draft_probs, proposals, lengths, accept_u, sample_u)
+
+    return jax.lax.cond(greedy_only(temperature, live), greedy, full, logits.astype(jnp.float32))
+
+
+def _evaluated(lengths: jax.Array, w: int) -> jax.Array:
+    """bool[B, W-1]: proposal j is checked (j < L_b - 1)."""
+    return jnp.arange(w - 1)[None, :] < (lengths[:, None] - 1)
+
+
+def _ratio(p_at: jax.Array, draft_probs: jax.Array, proposals: jax.Array) -> jax.Array:
+    """f32[B, W-1] min(1, p_j(d_j) / q_j(d_j))."""
+    q_at = jnp.take_along_axis(draft_probs, proposals[..., None], axis=-1)[..., 0]
+    # q(d) > 0 for any drawn proposal; guard the division for impossible inputs anyway.
+    return jnp.where(
+        q_at > 0, jnp.minimum(1.0, p_at / jnp.where(q_at > 0, q_at, 1.0)), (p_at > 0).astype(jnp.float32)
+    )
+
+
+def _result(proposals, accepted, last, evaluated, ratio) -> Acceptance:
+    """The emitted tokens d_0..d_{a-1}, last; counts; survival products."""
+    b, w = proposals.shape[0], proposals.shape[1] + 1
     column = jnp.arange(w)[None, :]
     props = jnp.concatenate([proposals, jnp.zeros((b, 1), proposals.dtype)], axis=1)
     tokens = jnp.where(column < accepted[:, None], props, 0)

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from helios_jax.model import ModelConfig, PackedBatch, PagedKVCache, compute_logits, draft_forward_packed
-from helios_jax.programs.sampling import confidence_probs, sample_inverse_cdf, sampling_probs
+from helios_jax.programs.sampling import confidence_probs, draw
 
 
 @struct.dataclass
@@ -147,9 +147,16 @@ def _proposal(logits, k, *, temperature, top_k, top_p, key, is_copy, copy_tokens
     Returns:
       (token i32[B], q f32[B, V], draft confidence of the token f32[B], 0 where absent).
     """
-    q = sampling_probs(logits, temperature, top_k, top_p)
-    uniform = jax.vmap(lambda kk: jax.random.uniform(jax.random.fold_in(kk, k)))(key)
-    drawn = sample_inverse_cdf(q, uniform)
+    # Copy lanes and absent proposals discard the draw and q: only the others decide whether the
+    # all-greedy fast path (argmax, no softmax or cumulative sums) applies.
+    drawn, q = draw(
+        logits,
+        temperature,
+        top_k,
+        top_p,
+        lambda: jax.vmap(lambda kk: jax.random.uniform(jax.random.fold_in(kk, k)))(key),
+        live=(k < available) & ~is_copy,
+    )
     present = k < available  # lane b produces available[b] proposals
     token = jnp.where(present, jnp.where(is_copy, copy_tokens[:, k], drawn), 0).astype(jnp.int32)
     q = jnp.where(is_copy[:, None], jax.nn.one_hot(token, logits.shape[-1], dtype=jnp.float32), q)

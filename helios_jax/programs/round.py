@@ -45,11 +45,10 @@ from helios_jax.model import (
     forward_packed,
 )
 from helios_jax.model.cache import packed_token_rows
-from helios_jax.programs.acceptance import accept_proposals
+from helios_jax.programs.acceptance import sample_and_accept
 from helios_jax.programs.impls import Impl
 from helios_jax.programs.inputs import RoundOutputs
 from helios_jax.programs.proposals import draft_proposals
-from helios_jax.programs.sampling import sampling_probs
 from helios_jax.programs.state import DeviceState, wrap_keys
 
 
@@ -344,13 +343,12 @@ def _accept(
     def per_row(values):  # a lane's setting for each of its W rows
         return jnp.broadcast_to(values[:, None], (b, w))
 
-    p = sampling_probs(logits, per_row(lanes.temperature), per_row(lanes.top_k), per_row(lanes.top_p))
-    accept_u = jax.vmap(
-        lambda k: jax.vmap(lambda j: jax.random.uniform(jax.random.fold_in(k, j)))(jnp.arange(w - 1))
-    )(accept_key).reshape(b, w - 1)
-    sample_u = jax.vmap(jax.random.uniform)(sample_key)
+    settings = (per_row(lanes.temperature), per_row(lanes.top_k), per_row(lanes.top_p))
     rows = jnp.where(lanes.is_decode, lens, 1)
-    acc = accept_proposals(p, drafts.q, drafts.proposals, rows, accept_u, sample_u)
+    # All-greedy live lanes skip the softmax/inverse-CDF work (same tokens: `sample_and_accept`).
+    acc = sample_and_accept(
+        logits, *settings, drafts.q, drafts.proposals, rows, accept_key, sample_key, live=lanes.active
+    )
     counts = jnp.where(lanes.is_decode, acc.counts, 0)
     if plan.prompt_capacity:
         counts = jnp.where(lanes.is_prompt & x.prompt_ends, 1, counts)

@@ -16,12 +16,30 @@ rejection sampling compares the distributions the tokens were really drawn from:
 Draws use the inverse CDF with an explicit uniform u in [0, 1): the token is the first index
 whose cumulative mass exceeds u * total. Zero-probability tokens are never drawn, and the same
 uniform gives the same token in the numpy oracle (reference/sampling.py).
+
+Greedy fast path: a one-hot row's inverse-CDF draw is its argmax whatever the uniform, so when
+every live row of a batch is greedy (`greedy_only`) the programs take the argmax and skip the
+softmax, the truncation test, the cumulative sums and the uniforms (`draw`,
+`acceptance.sample_and_accept`): one `lax.cond` whose other branch is the full path unchanged,
+so both give the same bits (tests/programs/test_sampling_greedy.py).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import jax
 import jax.numpy as jnp
+
+
+def greedy_only(temperature: jax.Array, live: jax.Array | None = None) -> jax.Array:
+    """bool[]: every live row is greedy (temperature <= 0). Rows outside `live` (bool, broadcast
+    against temperature; None: all rows) are ignored: their results must be unused."""
+    greedy = temperature <= 0
+    if live is not None:  # live: the leading axes of temperature (a lane's W rows share it)
+        live = live.reshape(live.shape + (1,) * (greedy.ndim - live.ndim))
+        greedy = greedy | ~live
+    return jnp.all(greedy)
 
 
 def sampling_probs(
@@ -83,3 +101,27 @@ def sample_inverse_cdf(probs: jax.Array, uniform: jax.Array) -> jax.Array:
     target = uniform[..., None] * cdf[..., -1:]
     index = jnp.sum(cdf <= target, axis=-1)
     return jnp.minimum(index, probs.shape[-1] - 1).astype(jnp.int32)
+
+
+def draw(
+    logits: jax.Array,
+    temperature: jax.Array,
+    top_k: jax.Array,
+    top_p: jax.Array,
+    uniform: Callable[[], jax.Array],
+    live: jax.Array | None = None,
+) -> tuple[jax.Array, jax.Array]:
+    """(i32[...] tokens, f32[..., V] the distributions they were drawn from): the inverse-CDF draw
+    `sample_inverse_cdf(sampling_probs(...), uniform())`, or just the argmax and its one-hot when
+    every live row is greedy (`greedy_only`; rows outside `live` then differ and must be unused).
+    `uniform` builds the f32[...] uniforms, inside the full branch only."""
+
+    def greedy(logits):
+        token = jnp.argmax(logits.astype(jnp.float32), axis=-1)
+        return token.astype(jnp.int32), jax.nn.one_hot(token, logits.shape[-1], dtype=jnp.float32)
+
+    def full(logits):
+        probs = sampling_probs(logits, temperature, top_k, top_p)
+        return sample_inverse_cdf(probs, uniform()), probs
+
+    return jax.lax.cond(greedy_only(temperature, live), greedy, full, logits)
