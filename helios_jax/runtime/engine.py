@@ -42,6 +42,7 @@ from helios_jax.engine_config import EngineConfig
 from helios_jax.engine_options import EngineOptions
 from helios_jax.prepare import load_engine_model, prepare, warm_up
 from helios_jax.runtime.api import GenerationRequest, RequestStream, StreamEvent
+from helios_jax.runtime.compilations import render_compilations
 from helios_jax.runtime.detokenize import TextStream
 from helios_jax.runtime.executor import Dispatch, Executor, RequestInputs, completion_records, survival_rows
 from helios_jax.runtime.tokenizer import HFTokenizer
@@ -159,6 +160,15 @@ class HeliosEngine:
         ]
         for name, ns in sorted(self.executor.graph_ns.items()):
             lines.append(f'helios_graph_device_seconds_total{{graph="{name}"}} {ns / 1e9:.6f}')
+        lines += [
+            "# HELP helios_frame_observations_total How the engine loop observed completed frames: "
+            "waited (stamped on wake-up), polled (between host tasks), late (found finished when the "
+            "wait began), missing_interval (stamped too late to exclude host time: no cost sample).",
+            "# TYPE helios_frame_observations_total counter",
+        ]
+        for kind, n in sorted(self.executor.observations.items()):
+            lines.append(f'helios_frame_observations_total{{observation="{kind}"}} {n}')
+        lines.append(render_compilations().rstrip("\n"))
         lines += [
             "# TYPE helios_engine_waiting_requests gauge",
             f"helios_engine_waiting_requests {len(self._waiting)}",

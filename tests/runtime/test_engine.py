@@ -1,6 +1,7 @@
 """The engine end to end on a tiny random model: greedy output equals offline greedy decoding,
 stop strings, cancellation and slot reuse, and the page pool matching the reservations."""
 
+import threading
 import time
 
 import jax
@@ -10,6 +11,7 @@ import pytest
 
 from helios_jax.engine_config import EngineConfig
 from helios_jax.model import forward_full_logits
+from helios_jax.runtime import compilations
 from helios_jax.runtime.api import GenerationRequest, SamplingParams
 from helios_jax.runtime.engine import HeliosEngine
 
@@ -139,3 +141,51 @@ def test_a_request_for_prompt_scores_runs_behind_initialize(engine):
     logp = np.asarray(jax.nn.log_softmax(_logits(jnp.asarray(buf)), axis=-1))
     want = [float(logp[i - 1, prompt[i]]) for i in range(1, len(prompt))]
     np.testing.assert_allclose(scores[1:], want, atol=1e-4)
+
+
+def _workload(tok) -> list[GenerationRequest]:
+    text = "def add(a, b):\n    return a + b\n\nfor i in range(10):\n    print(add(i, i))\n" * 4
+    ids = tok.encode(text)
+    lengths = (2, 9, 31, 40, 64, 100, 17, 5)
+    settings = [
+        dict(temperature=0.0),
+        dict(temperature=0.8, seed=1),
+        dict(temperature=0.0, stop=("\n",)),
+        dict(temperature=1.0, top_k=5, seed=2, logprobs=True),
+        dict(temperature=0.7, top_p=0.9, seed=3),
+        dict(temperature=0.0, prompt_logprobs=True),
+        dict(temperature=0.0, logprobs=True),
+        dict(temperature=1.2, top_k=20, top_p=0.8, stop=("return",), seed=4),
+    ]
+    return [
+        GenerationRequest(f"r{i}", tuple(ids[:n]), SamplingParams(max_tokens=6 + 3 * i, **s))
+        for i, (n, s) in enumerate(zip(lengths, settings))
+    ]
+
+
+@spec("verification/runtime-phase-coverage")
+def test_serving_a_mixed_workload_after_warm_up_compiles_nothing(engine):
+    """No XLA compilation after the engine's warm-up (the docstring of test_no_recompile.py)."""
+    before = compilations.compilation_count()
+    requests = _workload(engine.tokenizer)
+    finished = []
+
+    def consume(stream):
+        events = list(stream)
+        finished.append(events[-1].finish_reason)
+
+    # Two waves: the second arrives while the first is decoding (mixed prefill + decode rounds).
+    workers = []
+    for wave in (requests[:5], requests[5:]):
+        for request in wave:
+            worker = threading.Thread(target=consume, args=(engine.submit(request),), daemon=True)
+            worker.start()
+            workers.append(worker)
+    for worker in workers:
+        worker.join(timeout=300)
+    assert len(finished) == len(requests) and all(r in ("length", "stop") for r in finished), finished
+    new = compilations.compilation_count() - before
+    assert new == 0, f"{new} compilations after warm-up: {compilations.recent_compilations()[-new:]}"
+    text = engine.metrics_text()
+    assert f"helios_xla_compilations_total {compilations.compilation_count()}" in text
+    assert 'helios_frame_observations_total{observation="waited"}' in text
