@@ -173,3 +173,21 @@ def test_engine_shapes_lower_to_one_triton_kernel_for_all_layers(dtype):
             all_layers, s((tokens, heads, dim), dtype), pages, pages, *ints
         ).mlir_module()
         assert module.count("__gpu$xla.gpu.triton") == 1, (heads, tokens)
+
+
+def test_is_tracer_without_jax_core_tracer(monkeypatch):
+    """The fallback for a jax without `jax.core.Tracer` tells traced from concrete values too."""
+    from helios_jax.kernels import jax_compat
+
+    for tracer_class in (jax_compat._TRACER, None):
+        monkeypatch.setattr(jax_compat, "_TRACER", tracer_class)
+        seen = []
+
+        def record(x, seen=seen):
+            seen.append(jax_compat.is_tracer(x))
+            return x
+
+        jax.jit(record)(jnp.int32(1))
+        assert seen == [True]
+        assert not jax_compat.is_tracer(jnp.int32(1)) and not jax_compat.is_tracer(np.ones(2))
+        assert jax_compat.triton_dot(jnp.ones((2, 3)), jnp.ones((4, 3)), trans_b=True).shape == (2, 4)
