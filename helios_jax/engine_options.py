@@ -87,7 +87,7 @@ class EngineOptions:
       page_size, kv_pages, snapshot_rows: the KV pool (``kv_pages`` ``None``: every state row at
         full context) and the state rows that snapshots write.
       dtype: "float32" or "bfloat16"; ``None``: float32 on a CPU (no bfloat16 arithmetic there),
-        the checkpoint's dtype elsewhere (`helios_jax.prepare.load_engine_model`).
+        bfloat16 on a GPU (tensor cores; `helios_jax.prepare.default_dtype`).
       scheduler_policy: "balanced" or "throughput" (the spec's policy presets).
       scheduler_terminal_value, scheduler_terminal_age_price: terminal overrides applied after
         the preset; finite and nonnegative (zero disables the preference).
@@ -304,7 +304,7 @@ def _define_context_and_memory_flags(fv: flags.FlagValues) -> None:
         "dtype",
         None,
         list(DTYPES),
-        "Compute dtype (default: float32 on a CPU, the checkpoint's dtype elsewhere).",
+        "Compute dtype (default: float32 on a CPU, bfloat16 on a GPU).",
         flag_values=fv,
     )
 

@@ -58,7 +58,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import triton as pltriton
+
+from helios_jax.kernels.jax_compat import is_tracer, triton_compiler_params
 
 _NEG_INF = float("-inf")
 
@@ -120,14 +121,14 @@ def _prefix_allocation_device(joint_prob, ceilings, active, capacity, *, interpr
         functools.partial(prefix_allocation_kernel, depth=depth),
         out_shape=jax.ShapeDtypeStruct((bp,), jnp.int32),
         interpret=interpret,
-        compiler_params=pltriton.CompilerParams(num_warps=1, num_stages=1),
+        compiler_params=triton_compiler_params(num_warps=1, num_stages=1),
         name="prefix_allocation",
     )(probs, ceilings, active, capacity)
     return lengths[:b]
 
 
 def _is_concrete(*xs) -> bool:
-    return not any(isinstance(x, jax.core.Tracer) for x in xs)
+    return not any(is_tracer(x) for x in xs)
 
 
 def _check_shapes(joint_prob, ceilings, active, capacity) -> None:

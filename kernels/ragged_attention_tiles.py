@@ -28,6 +28,12 @@ class RaggedAttentionTiles:
     pallas_block_rows: int = 64  # most (query token x q head) rows per Pallas program
     pallas_min_rows: int = 16  # tl.dot needs >= 16 rows
     pallas_block_k: int = 64  # keys per inner step, a whole number of pages
+    # Split-KV (`ragged_attention_pallas.kv_splits`): 0 chooses by shape, growing the grid
+    # toward pallas_target_programs (about 2 programs per SM of a 132-SM H200) in powers of two
+    # up to pallas_max_kv_splits; a positive value forces that many splits (tests).
+    pallas_kv_splits: int = 0
+    pallas_target_programs: int = 256
+    pallas_max_kv_splits: int = 32
     num_warps: int = 4
     num_stages: int = 2
 

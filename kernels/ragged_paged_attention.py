@@ -55,13 +55,17 @@ the naive reference; the XLA path is `ragged_attention_xla.py`, the Pallas kerne
 from __future__ import annotations
 
 import functools
+import logging
 import math
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from helios_jax.kernels.jax_compat import is_tracer
 from helios_jax.kernels.ragged_attention_pallas import (
+    kv_splits,
+    merge_splits,
     pallas_attention,
     pallas_shape_problem,
     ragged_paged_attention_kernel,
@@ -73,6 +77,9 @@ __all__ = [
     "DEFAULT_TILES",
     "IMPLS",
     "RaggedAttentionTiles",
+    "kv_splits",
+    "log_choice",
+    "merge_splits",
     "pallas_shape_problem",
     "ragged_paged_attention",
     "ragged_paged_attention_kernel",
@@ -81,6 +88,7 @@ __all__ = [
 ]
 
 IMPLS = ("auto", "xla", "pallas")
+_LOG = logging.getLogger(__name__)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -96,7 +104,20 @@ def select_impl(impl: str, *, head_dim: int, page_size: int, pages_per_row: int)
     return "xla"
 
 
-@functools.partial(jax.jit, static_argnames=("sm_scale", "impl", "interpret", "tiles", "layer"))
+@functools.cache
+def log_choice(impl: str, resolved: str, *, backend: str, head_dim: int, page_size: int, pages_per_row: int):
+    """Logs the implementation chosen, once per distinct (request, choice, backend, shape): a
+    warning when "auto" falls back to XLA on a GPU because the Triton kernel cannot take the
+    shape (a head_dim or page size that is not a power of two), else at info level."""
+    shape = f"head_dim {head_dim}, page_size {page_size}, pages_per_row {pages_per_row}"
+    problem = pallas_shape_problem(head_dim, page_size, pages_per_row)
+    if impl == "auto" and resolved == "xla" and backend == "gpu" and problem:
+        _LOG.warning("ragged paged attention runs on XLA on the GPU for %s: %s", shape, problem)
+    else:
+        _LOG.info("ragged paged attention: impl=%s (asked %s) on %s for %s", resolved, impl, backend, shape)
+
+
+@functools.partial(jax.jit, static_argnames=("sm_scale", "impl", "interpret", "tiles"))
 def _ragged_paged_attention_jit(
     q,
     k_pages,
@@ -105,16 +126,19 @@ def _ragged_paged_attention_jit(
     context_lens,
     query_starts,
     query_lens,
+    layer,
     *,
     sm_scale,
     impl,
     interpret,
     tiles,
-    layer,
 ):
+    """`layer` is a traced i32 scalar (None: one layer's pages), so every layer of one shape
+    shares this trace and, on the Pallas path, one Triton kernel."""
     ints = [x.astype(jnp.int32) for x in (page_tables, context_lens, query_starts, query_lens)]
     if layer is None:  # one layer's pages: a stack of one (a free reshape)
         k_pages, v_pages, layer = k_pages[None], v_pages[None], 0
+    layer = jnp.asarray(layer, jnp.int32)
     if impl == "pallas":
         return pallas_attention(
             q, k_pages, v_pages, *ints, sm_scale=sm_scale, tiles=tiles, interpret=interpret, layer=layer
@@ -187,8 +211,9 @@ def _check_values(q, k_pages, page_tables, context_lens, query_starts, query_len
 
 
 def _check_layer(k_pages, v_pages, layer):
-    """Checks `layer` against the stacked pages. Returns (layer as an int or None, what the shape
-    checks see: one layer's k and v pages, shapes only for a stack)."""
+    """Checks `layer` against the stacked pages. Returns (layer: None, a Python int or an i32
+    scalar array, traced or not; what the shape checks see: one layer's k and v pages, shapes
+    only for a stack)."""
     if layer is None:
         return None, (k_pages, v_pages)
     if k_pages.ndim != 5 or k_pages.shape != v_pages.shape:
@@ -196,13 +221,22 @@ def _check_layer(k_pages, v_pages, layer):
             f"with layer, k_pages and v_pages must share one 5-d [num_layers, num_kv_heads, "
             f"total_pages, page_size, head_dim] shape, got {k_pages.shape} and {v_pages.shape}"
         )
-    if (
-        isinstance(layer, bool)
-        or not isinstance(layer, (int, np.integer))
-        or not 0 <= layer < k_pages.shape[0]
-    ):
-        raise ValueError(f"layer must be an int in [0, {k_pages.shape[0]}), got {layer!r}")
-    return int(layer), tuple(jax.ShapeDtypeStruct(x.shape[1:], x.dtype) for x in (k_pages, v_pages))
+    num_layers = k_pages.shape[0]
+    if isinstance(layer, (jax.Array, np.ndarray)) and not isinstance(layer, bool):
+        if layer.shape != () or not jnp.issubdtype(layer.dtype, jnp.integer):
+            raise ValueError(f"layer must be an int in [0, {num_layers}), got {layer.dtype}{layer.shape}")
+        if is_tracer(layer):  # the caller's guarantee, as for the lengths
+            return layer, _one_layer(k_pages, v_pages)
+        layer = int(layer)
+    elif isinstance(layer, bool) or not isinstance(layer, (int, np.integer)):
+        raise ValueError(f"layer must be an int in [0, {num_layers}), got {layer!r}")
+    if not 0 <= layer < num_layers:
+        raise ValueError(f"layer must be an int in [0, {num_layers}), got {layer!r}")
+    return int(layer), _one_layer(k_pages, v_pages)
+
+
+def _one_layer(k_pages, v_pages):
+    return tuple(jax.ShapeDtypeStruct(x.shape[1:], x.dtype) for x in (k_pages, v_pages))
 
 
 def ragged_paged_attention(
@@ -218,7 +252,7 @@ def ragged_paged_attention(
     impl: str = "auto",
     interpret: bool = False,
     tiles: RaggedAttentionTiles = DEFAULT_TILES,
-    layer: int | None = None,
+    layer: int | jax.Array | None = None,
 ) -> jax.Array:
     """Causal attention of packed ragged query rows over a paged KV cache (module docstring).
 
@@ -236,9 +270,11 @@ def ragged_paged_attention(
       impl: "pallas", "xla", or "auto" (`select_impl`: Pallas on a GPU, XLA elsewhere).
       interpret: run the Pallas kernel in interpret mode (CPU tests); ignored by "xla".
       tiles: tile sizes (static; each distinct value compiles its own program).
-      layer: the layer of stacked pages to read (a Python int). Pass the whole stacked cache
-        and the layer rather than `k_pages[layer]`: on the CPU that slice is a copy of the
-        layer's whole cache at every call, which dominated decode steps with long windows.
+      layer: the layer of stacked pages to read: a Python int or an integer scalar array, traced
+        or not (it is a runtime value either way: all layers of one shape share one compiled
+        kernel). Pass the whole stacked cache and the layer rather than `k_pages[layer]`: on
+        the CPU that slice is a copy of the layer's whole cache at every call, which dominated
+        decode steps with long windows.
 
     Returns:
       [T, num_q_heads, head_dim] in q's dtype; positions that no row covers are 0.
@@ -247,7 +283,7 @@ def ragged_paged_attention(
     q, k_pages, v_pages, page_tables, context_lens, query_starts, query_lens = args
     layer, one_layer = _check_layer(k_pages, v_pages, layer)
     _check_shapes(q, *one_layer, page_tables, context_lens, query_starts, query_lens, impl)
-    if not any(isinstance(x, jax.core.Tracer) for x in (page_tables, context_lens, query_starts, query_lens)):
+    if not any(is_tracer(x) for x in (page_tables, context_lens, query_starts, query_lens)):
         _check_values(q, one_layer[0], page_tables, context_lens, query_starts, query_lens)
     shape = dict(head_dim=q.shape[2], page_size=k_pages.shape[-2], pages_per_row=page_tables.shape[1])
     resolved = select_impl(impl, **shape)
@@ -255,8 +291,9 @@ def ragged_paged_attention(
         problem = pallas_shape_problem(**shape)
         if problem:
             raise ValueError(problem)
+    log_choice(impl, resolved, backend=jax.default_backend(), **shape)
     return _ragged_paged_attention_jit(
-        *args, sm_scale=float(sm_scale), impl=resolved, interpret=interpret, tiles=tiles, layer=layer
+        *args, layer, sm_scale=float(sm_scale), impl=resolved, interpret=interpret, tiles=tiles
     )
 
 

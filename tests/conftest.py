@@ -18,7 +18,14 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 # Compile-heavy sessions reuse XLA executables across runs.
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(ROOT / ".jax_cache"))
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# The suite runs on the CPU (compiled Pallas classes skip there). HELIOS_TEST_PLATFORM=gpu
+# (scripts/gpu/check.sh) runs it on the GPU instead, and refuses to start on anything else, so
+# the compiled kernel classes execute rather than skip while the run looks green.
+TEST_PLATFORM = os.environ.get("HELIOS_TEST_PLATFORM", "cpu")
+if TEST_PLATFORM == "gpu":
+    os.environ["JAX_PLATFORMS"] = "cuda"
+else:
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 
 RULE_IDS = rule_ids()
@@ -26,6 +33,16 @@ RULE_IDS = rule_ids()
 # `make mutation` (--hypothesis-profile=mutation): every mutant meets the same examples, and no
 # example database carries one mutant's counterexamples into the next mutant's run.
 settings.register_profile("mutation", derandomize=True, database=None)
+
+
+def pytest_sessionstart(session):
+    if TEST_PLATFORM not in ("cpu", "gpu"):
+        raise pytest.UsageError(f"HELIOS_TEST_PLATFORM must be cpu or gpu, got {TEST_PLATFORM!r}")
+    if TEST_PLATFORM == "gpu":
+        import jax
+
+        if jax.default_backend() != "gpu":
+            raise pytest.UsageError(f"HELIOS_TEST_PLATFORM=gpu, but jax runs on {jax.default_backend()}")
 
 
 def pytest_addoption(parser):

@@ -11,7 +11,8 @@ The kernel contract (owned by kernels/ragged_paged_attention.py):
                            query_lens, *, sm_scale, layer, impl="auto", interpret=False)
       q        [T, num_q_heads, head_dim]
       k_pages  [num_layers, num_kv_heads, total_pages, page_size, head_dim] (and v_pages):
-               the whole stacked cache; the kernel reads layer `layer` (a Python int)
+               the whole stacked cache; the kernel reads layer `layer` (a Python int here; the
+               kernel treats it as a runtime value, so all layers share one compiled kernel)
       returns  [T, num_q_heads, head_dim], zeros where no row covers the token.
 
 Any callable with that signature can stand in for it (`attention=` on the packed forwards).

@@ -5,7 +5,9 @@ model, or (tests and benchmarks) a seeded tiny random model.
 helios_jax.prepare``, ``python -m helios_jax.serve``): no folder is the embedded default model
 (`helios_jax.model.default`), and no dtype is float32 on a CPU (CPUs without bfloat16 arithmetic
 run float32 much faster: 2.9x at concurrency 1 for the default model,
-docs/benchmarks-engine.md) and the checkpoint's own dtype on an accelerator.
+docs/benchmarks-engine.md) and bfloat16 on an accelerator (float32 products there run at IEEE
+precision without tensor cores, and the attention kernel's float32 tiles spill; float32 stays
+the numerics reference, on request with ``--dtype=float32``).
 """
 
 from __future__ import annotations
@@ -17,10 +19,9 @@ import jax
 from helios_jax.model import LoadedModel, ModelConfig, Params, init_params, load_checkpoint, tiny_config
 
 
-def default_dtype() -> str | None:
-    """The compute dtype an unset ``--dtype`` means: float32 on a CPU, else ``None`` (the
-    checkpoint's)."""
-    return "float32" if jax.default_backend() == "cpu" else None
+def default_dtype() -> str:
+    """The compute dtype an unset ``--dtype`` means: float32 on a CPU, bfloat16 elsewhere."""
+    return "float32" if jax.default_backend() == "cpu" else "bfloat16"
 
 
 def load_engine_model(path: str | None = None, *, dtype: str | None = None) -> LoadedModel:
