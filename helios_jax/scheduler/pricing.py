@@ -121,10 +121,14 @@ def views(inp: PricingInputs, start_ns: int) -> list[RequestView]:
     residents = [r for r in inp.requests.values() if r.active]
     prior_z = norm.share_log_rate(sum(1 for r in residents if r.delivery_bearing))
     known = resident_rates(inp.requests, histories)
+    base = service.missing_base(norm, len(known), known)  # missing_rate's, shared by all
+    tau = inp.policy.adaptation_ms
     out = []
     for r in residents:
         hist = histories[r.rid]
-        log_x = missing_rate(r, start_ns, norm, known, inp.policy) if hist.log_x is None else hist.log_x
+        log_x = hist.log_x
+        if log_x is None:  # service.missing_rate at start_ns
+            log_x = base - max(0.0, (start_ns - r.admitted_ns) / NS_PER_MS) / tau
         log_z = None
         if r.delivery_bearing:  # decoding, or blocked before decoding: a delivery coordinate
             log_z = prior_z if hist.log_z is None else hist.log_z

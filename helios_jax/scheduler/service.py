@@ -92,6 +92,9 @@ class Normalizers:
     """
 
     generation: tuple[tuple[int, float], ...]
+    # share_log_rate by stream count: read for every resident at every decision, and fixed with
+    # the programs' estimates (the scheduler keeps one Normalizers per cost version).
+    _shares: dict[int, float] = dataclasses.field(default_factory=dict, init=False, repr=False, compare=False)
 
     @classmethod
     def measure(cls, graphs: Iterable[GraphDescriptor], costs: CostModel) -> Normalizers:
@@ -110,8 +113,11 @@ class Normalizers:
         With nothing measured (cold start) the share is COLD_RATE / k.
         """
         k = max(1, k)
-        sigma = batch_feasible_interval(k, self.generation)
-        return -math.log(sigma) if sigma > 0 else math.log(COLD_RATE / k)
+        share = self._shares.get(k)
+        if share is None:
+            sigma = batch_feasible_interval(k, self.generation)
+            share = self._shares[k] = -math.log(sigma) if sigma > 0 else math.log(COLD_RATE / k)
+        return share
 
 
 @dataclasses.dataclass
@@ -136,11 +142,17 @@ def missing_log_token_rate(
 
         log x0 = min(-log sigma(K), min_i log x_i) - waited/tau
     """
+    return missing_base(normalizers, residents, known_log_rates) - max(0.0, waited_ms) / tau_ms
+
+
+def missing_base(normalizers: Normalizers, residents: int, known_log_rates) -> float:
+    """min(-log sigma(K), min_i log x_i): the missing rate before its decay since admission
+    (the same for every request of one decision, so ``pricing.views`` computes it once)."""
     base = normalizers.share_log_rate(residents)
     known = [x for x in known_log_rates if x is not None]
     if known:
         base = min(base, min(known))
-    return base - max(0.0, waited_ms) / tau_ms
+    return base
 
 
 def resident_rates(

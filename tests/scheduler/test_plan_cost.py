@@ -1,0 +1,67 @@
+"""Cheap decisions (issue 14): every cache and shortcut of the planning path equals the plain
+computation it replaces, and each test fails when its invalidation or key is dropped."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from helios_jax.catalog import DecodeMode
+from helios_jax.scheduler import service
+from helios_jax.scheduler.core import Scheduler
+
+from .helpers import SPEC, measured
+
+
+def _uncached_share(norm: service.Normalizers, k: int) -> float:
+    return service.Normalizers(norm.generation).share_log_rate(k)
+
+
+def test_cached_shares_equal_a_fresh_computation_for_every_stream_count():
+    norm = service.Normalizers.measure(SPEC.eligible(DecodeMode.ADAPTIVE), measured(SPEC))
+    for k in (4, 1, 16, 4, 64, 1, 2, 16, 3):
+        assert norm.share_log_rate(k) == _uncached_share(norm, k)
+    assert len({norm.share_log_rate(k) for k in (1, 4, 16)}) == 3
+    cold = service.Normalizers(())
+    assert cold.share_log_rate(4) == math.log(service.COLD_RATE / 4)
+    assert cold.share_log_rate(2) == math.log(service.COLD_RATE / 2)
+
+
+def test_normalizers_follow_the_cost_version():
+    """The scheduler keeps one Normalizers per cost version: a new estimate must show."""
+    s = Scheduler(SPEC)
+    s.seed_costs(0)
+    before = s._normalizers()
+    assert s._normalizers() is before
+    g = next(g for g in s.graphs.delivery if g.kind.is_generation)
+    s.costs.observe(g.key, (int(50 * service.NS_PER_MS),), 0)
+    after = s._normalizers()
+    assert after != before
+    assert after == service.Normalizers.measure(s.graphs.delivery, s.costs)
+
+
+def test_views_price_a_missing_history_like_missing_rate():
+    """views() computes the shared missing-rate base once; each price equals missing_rate's."""
+    s = Scheduler(SPEC)
+    s.seed_costs(0)
+    handles = [s.admit([1] * n, max_output=8) for n in (10, 300, 5000)]
+    s.advance_to(7 * service.NS_PER_MS)
+    views = {v.rid: v for v in s.views()}
+    known = service.resident_rates(s.requests, {r.rid: r.history for r in s.requests.values()})
+    for h in handles:
+        req = s.requests[h.rid]
+        assert req.history.log_x is None
+        log_x = service.missing_rate(req, s.now_ns, s._normalizers(), known, s.policy)
+        prices = service.log_prices(s.policy, log_x, None)
+        assert views[h.rid].log_prefill_price == prices.prefill_token
+        assert views[h.rid].log_output_price == prices.output_token
+
+
+@pytest.mark.parametrize("k", [1, 5])
+def test_missing_base_is_the_undecayed_missing_rate(k):
+    norm = service.Normalizers(((4, 3.0), (16, 5.0)))
+    known = [None, -2.0, -0.5][:k]
+    assert service.missing_base(norm, len(known), known) == service.missing_log_token_rate(
+        norm, len(known), known, 0.0, 100.0
+    )
