@@ -41,6 +41,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
+try:  # np.clip's own ufunc: np.clip reaches it for float bounds after microseconds of dispatch
+    from numpy._core.umath import clip as _clip
+except ImportError:  # pragma: no cover - numpy < 2
+    _clip = np.clip
+
 INITIAL_WEIGHT = 2.0
 WEIGHT_CAP = 128.0
 HALF_LIFE_TOKENS = 128.0
@@ -59,7 +64,7 @@ def initial_prior(depth: int) -> np.ndarray:
 
 def monotone(prefix: np.ndarray) -> np.ndarray:
     """Joint survival cannot grow with depth: the running minimum, clipped to [0, 1]."""
-    return np.minimum.accumulate(np.clip(prefix, 0.0, 1.0), axis=-1) if prefix.size else prefix
+    return np.minimum.accumulate(_clip(prefix, 0.0, 1.0), axis=-1) if prefix.size else prefix
 
 
 class PopulationPrior:

@@ -70,6 +70,14 @@ class RequestView:
     prerequisites: tuple[GraphKind, ...] = ()  # remaining prerequisite executions, next first
     enables: Phase | None = None  # PREFILL or DECODE once the prerequisites are done
 
+    def with_survival(self, survival: np.ndarray) -> RequestView:
+        """This view with other survival estimates (``dataclasses.replace`` without its
+        per-field dispatch: an acceptance probe copies every view of a decision)."""
+        new = object.__new__(RequestView)
+        new.__dict__.update(self.__dict__)
+        new.__dict__["survival"] = survival
+        return new
+
     @property
     def delivery_bearing(self) -> bool:
         """Counts toward K and the common waiting cost: decoders, and streams blocked before decode."""

@@ -65,3 +65,29 @@ def test_missing_base_is_the_undecayed_missing_rate(k):
     assert service.missing_base(norm, len(known), known) == service.missing_log_token_rate(
         norm, len(known), known, 0.0, 100.0
     )
+
+
+def test_with_survival_equals_dataclasses_replace():
+    import dataclasses
+
+    import numpy as np
+
+    from helios_jax.scheduler.view import Phase, RequestView
+
+    v = RequestView(rid=3, slot=1, phase=Phase.DECODE, survival=np.ones(2), optimistic=np.zeros(2))
+    got, want = v.with_survival(v.optimistic), dataclasses.replace(v, survival=v.optimistic)
+    assert type(got) is RequestView and got is not v
+    for f in dataclasses.fields(RequestView):
+        assert getattr(got, f.name) is getattr(want, f.name), f.name
+    assert v.survival.tolist() == [1.0, 1.0]  # the original is unchanged
+
+
+def test_monotone_equals_the_clipped_running_minimum():
+    import numpy as np
+
+    from helios_jax.scheduler.speculation import monotone
+
+    x = np.array([[1.5, -0.0, 0.7, np.nan, 0.2], [0.3, 0.9, -2.0, 0.1, np.inf]])
+    want = np.minimum.accumulate(np.clip(x, 0.0, 1.0), axis=-1)
+    np.testing.assert_array_equal(monotone(x), want)
+    assert np.signbit(monotone(x)).tolist() == np.signbit(want).tolist()
