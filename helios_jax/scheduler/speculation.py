@@ -42,7 +42,7 @@ from collections.abc import Sequence
 import numpy as np
 
 try:  # np.clip's own ufunc: np.clip reaches it for float bounds after microseconds of dispatch
-    from numpy._core.umath import clip as _clip
+    from numpy._core.umath import clip as _clip  # type: ignore[attr-defined]
 except ImportError:  # pragma: no cover - numpy < 2
     _clip = np.clip
 
