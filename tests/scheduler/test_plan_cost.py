@@ -91,3 +91,33 @@ def test_monotone_equals_the_clipped_running_minimum():
     want = np.minimum.accumulate(np.clip(x, 0.0, 1.0), axis=-1)
     np.testing.assert_array_equal(monotone(x), want)
     assert np.signbit(monotone(x)).tolist() == np.signbit(want).tolist()
+
+
+def test_prepared_durations_and_sigmas_follow_the_cost_version():
+    """PreparedGraphs keeps estimates and reference intervals per cost version: after a new
+    observation both equal a fresh computation (a cache that ignored the version would not)."""
+    from helios_jax.scheduler import utility
+    from helios_jax.scheduler.cost import CostModel
+    from helios_jax.scheduler.policy import PreparedGraphs
+
+    prepared = PreparedGraphs(SPEC.eligible(DecodeMode.ADAPTIVE))
+    costs = measured(SPEC)
+
+    def check(c):
+        assert prepared.durations(c) == {id(g): c.estimate_ms(g.key) for g in prepared.graphs}
+        for family in ("delivery", "snapshots"):
+            for k in (1, 3, 16):
+                graphs = getattr(prepared, family)
+                assert prepared.reference_interval(family, k, c) == utility.reference_interval(k, graphs, c)
+
+    check(costs)
+    g = prepared.delivery[0]
+    before = prepared.reference_interval("delivery", 1, costs)
+    for _ in range(3):  # the median moves to the new duration
+        costs.observe(g.key, (int(0.01 * service.NS_PER_MS),), 0)
+    check(costs)
+    assert prepared.reference_interval("delivery", 1, costs) != before
+    other = CostModel()
+    other.version = costs.version
+    check(other)  # another cost model, even at the same version, is read afresh
+    check(costs)
