@@ -18,13 +18,15 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import TypedDict
 
+import numpy as np
+
 from helios_jax.scheduler import service
 from helios_jax.scheduler.captures import next_capture, window_stop
 from helios_jax.scheduler.config import PolicyConfig
 from helios_jax.scheduler.plan import Frame, Handle
 from helios_jax.scheduler.requests import Request
 from helios_jax.scheduler.service import NS_PER_MS, ServiceHistory, missing_rate, resident_rates
-from helios_jax.scheduler.speculation import PrefixEstimate
+from helios_jax.scheduler.speculation import PrefixEstimate, batch_estimates
 from helios_jax.scheduler.view import Phase, RequestView
 
 Histories = dict[int, ServiceHistory]
@@ -123,6 +125,7 @@ def views(inp: PricingInputs, start_ns: int) -> list[RequestView]:
     known = resident_rates(inp.requests, histories)
     base = service.missing_base(norm, len(known), known)  # missing_rate's, shared by all
     tau = inp.policy.adaptation_ms
+    acceptance = _acceptance(inp, [r for r in residents if r.phase is Phase.DECODE])
     out = []
     for r in residents:
         hist = histories[r.rid]
@@ -145,7 +148,8 @@ def views(inp: PricingInputs, start_ns: int) -> list[RequestView]:
         if r.phase is Phase.PREFILL:
             out.append(RequestView(phase=Phase.PREFILL, **_prompt_fields(r), **common))
         elif r.phase is Phase.DECODE:
-            out.append(_decode_view(inp, r, common, start_ns, delivered_at.get(r.rid, r.last_publication_ns)))
+            last = delivered_at.get(r.rid, r.last_publication_ns)
+            out.append(_decode_view(inp, r, common, start_ns, last, acceptance[r.rid]))
         elif r.phase is Phase.TERMINAL:
             since = r.terminal_since_ns if r.terminal_since_ns is not None else start_ns
             age_ms = max(0.0, (start_ns - since) / NS_PER_MS)
@@ -155,8 +159,29 @@ def views(inp: PricingInputs, start_ns: int) -> list[RequestView]:
     return out
 
 
+def _acceptance(inp: PricingInputs, decoders: list[Request]) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """Each decoder's (survival, optimistic) estimates: ``means(pool)`` and
+    ``optimistic(len(output), pool)`` of its proposal source, computed per source and depth at once
+    (``speculation.batch_estimates``)."""
+    groups: dict[tuple[str, int], list[tuple[Request, PrefixEstimate]]] = {}
+    for r in decoders:
+        est = r.acceptance.get(r.proposal_source)
+        groups.setdefault((r.proposal_source, est.depth), []).append((r, est))
+    out = {}
+    for (source, _), members in groups.items():
+        ests, tokens = [e for _, e in members], [len(r.output) for r, _ in members]
+        means, optimistic = batch_estimates(ests, tokens, inp.acceptance_pools[source])
+        out.update({r.rid: (m, o) for (r, _), m, o in zip(members, means, optimistic)})
+    return out
+
+
 def _decode_view(
-    inp: PricingInputs, r: Request, common: _Common, start_ns: int, last: int | None
+    inp: PricingInputs,
+    r: Request,
+    common: _Common,
+    start_ns: int,
+    last: int | None,
+    acceptance: tuple[np.ndarray, np.ndarray],
 ) -> RequestView:
     """A decoding request: output left after its queued rounds, output age and acceptance."""
     queued = queued_advance(r, inp.frames)
@@ -164,7 +189,6 @@ def _decode_view(
     age = 0.0 if last is None else max(0.0, (start_ns - last) / NS_PER_MS)
     if r.last_publication_ns is None and last is None:
         age = max(0.0, (start_ns - r.admitted_ns) / NS_PER_MS)
-    est, pool = r.acceptance.get(r.proposal_source), inp.acceptance_pools[r.proposal_source]
     common["runnable"] = common["runnable"] and remaining > 0
     return RequestView(
         phase=Phase.DECODE,
@@ -172,8 +196,8 @@ def _decode_view(
         output_remaining=max(remaining, 0),
         context_remaining=inp.max_model_len - (r.cursor + queued),
         width_limit=r.width_limit,
-        survival=est.means(pool),
-        optimistic=est.optimistic(len(r.output), pool),
+        survival=acceptance[0],
+        optimistic=acceptance[1],
         forecast=r.forecast.means(),
         **common,
     )

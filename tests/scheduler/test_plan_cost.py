@@ -121,3 +121,33 @@ def test_prepared_durations_and_sigmas_follow_the_cost_version():
     other.version = costs.version
     check(other)  # another cost model, even at the same version, is read afresh
     check(costs)
+
+
+def test_views_read_acceptance_estimates_like_each_estimate_would():
+    """views() computes every decoder's survival and optimistic estimates per source at once
+    (speculation.batch_estimates); each row equals the estimate's own means(pool) and
+    optimistic(tokens, pool), bit for bit, and is read-only like them."""
+    import numpy as np
+
+    from helios_jax.scheduler.speculation import SOURCE_LEARNED, PrefixEstimate
+
+    from .test_core import run_once, scheduler
+
+    s = scheduler(SPEC, mode=DecodeMode.ADAPTIVE)
+    own = PrefixEstimate(np.array([0.9, 0.7, 0.2]), np.array([5.0, 3.0, 1.0]), 0)  # origin None
+    s.admit([1] * 8, max_output=300, acceptance_history={SOURCE_LEARNED: own})
+    s.admit([1] * 8, max_output=300, proposal_source="copy")
+    for n in (8, 60, 200):
+        s.admit([1] * n, max_output=300)
+    t = 0.0
+    for fence in range(1, 30):
+        _, _, t = run_once(s, fence, t, accepted=fence % 4)
+        views = {v.rid: v for v in s.views()}
+        for r in s.requests.values():
+            v = views.get(r.rid)
+            if v is None or v.phase.value != "decode":
+                continue
+            est, pool = r.acceptance.get(r.proposal_source), s.population.acceptance_pools[r.proposal_source]
+            np.testing.assert_array_equal(v.survival, est.means(pool), strict=True)
+            np.testing.assert_array_equal(v.optimistic, est.optimistic(len(r.output), pool), strict=True)
+            assert not v.survival.flags.writeable and not v.optimistic.flags.writeable
