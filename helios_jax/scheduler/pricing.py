@@ -125,6 +125,7 @@ def views(inp: PricingInputs, start_ns: int) -> list[RequestView]:
     known = resident_rates(inp.requests, histories)
     base = service.missing_base(norm, len(known), known)  # missing_rate's, shared by all
     tau = inp.policy.adaptation_ms
+    terms = service.price_terms(inp.policy)
     acceptance = _acceptance(inp, [r for r in residents if r.phase is Phase.DECODE])
     out = []
     for r in residents:
@@ -135,25 +136,25 @@ def views(inp: PricingInputs, start_ns: int) -> list[RequestView]:
         log_z = None
         if r.delivery_bearing:  # decoding, or blocked before decoding: a delivery coordinate
             log_z = prior_z if hist.log_z is None else hist.log_z
-        prices = service.log_prices(inp.policy, log_x, log_z)
+        prefill, output, delivery = service.price_logs(terms, log_x, log_z)
         common = _Common(
             rid=r.rid,
             slot=r.slot,
             runnable=runnable(r),
             last_selected_ns=r.last_selected_ns,
-            log_prefill_price=prices.prefill_token,
-            log_output_price=prices.output_token,
-            log_delivery_price=prices.delivery,
+            log_prefill_price=prefill,
+            log_output_price=output,
+            log_delivery_price=delivery,
         )
         if r.phase is Phase.PREFILL:
-            out.append(RequestView(phase=Phase.PREFILL, **_prompt_fields(r), **common))
+            out.append(RequestView.make(phase=Phase.PREFILL, **_prompt_fields(r), **common))
         elif r.phase is Phase.DECODE:
             last = delivered_at.get(r.rid, r.last_publication_ns)
             out.append(_decode_view(inp, r, common, start_ns, last, acceptance[r.rid]))
         elif r.phase is Phase.TERMINAL:
             since = r.terminal_since_ns if r.terminal_since_ns is not None else start_ns
             age_ms = max(0.0, (start_ns - since) / NS_PER_MS)
-            out.append(RequestView(phase=Phase.TERMINAL, terminal_age_ms=age_ms, **common))
+            out.append(RequestView.make(phase=Phase.TERMINAL, terminal_age_ms=age_ms, **common))
         else:
             out.append(_blocked_view(inp, r, common, start_ns))
     return out
@@ -190,7 +191,7 @@ def _decode_view(
     if r.last_publication_ns is None and last is None:
         age = max(0.0, (start_ns - r.admitted_ns) / NS_PER_MS)
     common["runnable"] = common["runnable"] and remaining > 0
-    return RequestView(
+    return RequestView.make(
         phase=Phase.DECODE,
         age_ms=age,
         output_remaining=max(remaining, 0),
@@ -208,7 +209,7 @@ def _blocked_view(inp: PricingInputs, r: Request, common: _Common, start_ns: int
     lookahead values only work the following program can really do."""
     last = r.last_publication_ns if r.last_publication_ns is not None else r.admitted_ns
     est, pool = r.acceptance.get(r.proposal_source), inp.acceptance_pools[r.proposal_source]
-    return RequestView(
+    return RequestView.make(
         phase=Phase.BLOCKED,
         prerequisites=tuple(r.prerequisites),
         enables=r.enables,

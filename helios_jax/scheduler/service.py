@@ -224,11 +224,23 @@ def _logaddexp(a: float, b: float) -> float:
 
 def log_prices(policy: PolicyConfig, log_x: float, log_z: float | None) -> LogPrices:
     """Prices as logs: 1 + f/x, beta + f/x, g/z (delivery -inf when there is no coordinate)."""
-    log_f_over_x = _log(policy.token_fairness) - log_x
-    prefill = _logaddexp(0.0, log_f_over_x)
-    output = _logaddexp(_log(policy.output_token_value), log_f_over_x)
-    delivery = NEG_INF if log_z is None else _log(policy.delivery_fairness) - log_z
-    return LogPrices(prefill, output, delivery)
+    return LogPrices(*price_logs(price_terms(policy), log_x, log_z))
+
+
+def price_terms(policy: PolicyConfig) -> tuple[float, float, float]:
+    """log f, log beta, log g: the policy's part of :func:`log_prices`, once per decision."""
+    return _log(policy.token_fairness), _log(policy.output_token_value), _log(policy.delivery_fairness)
+
+
+def price_logs(
+    terms: tuple[float, float, float], log_x: float, log_z: float | None
+) -> tuple[float, float, float]:
+    """:func:`log_prices` as a plain triple (prefill token, output token, delivery) from
+    :func:`price_terms`."""
+    log_f, log_beta, log_g = terms
+    log_f_over_x = log_f - log_x
+    delivery = NEG_INF if log_z is None else log_g - log_z
+    return _logaddexp(0.0, log_f_over_x), _logaddexp(log_beta, log_f_over_x), delivery
 
 
 def update_token_history(

@@ -151,3 +151,35 @@ def test_views_read_acceptance_estimates_like_each_estimate_would():
             np.testing.assert_array_equal(v.survival, est.means(pool), strict=True)
             np.testing.assert_array_equal(v.optimistic, est.optimistic(len(r.output), pool), strict=True)
             assert not v.survival.flags.writeable and not v.optimistic.flags.writeable
+
+
+def test_request_view_make_equals_the_constructor():
+    import dataclasses
+
+    import numpy as np
+
+    from helios_jax.catalog import GraphKind
+    from helios_jax.scheduler.view import Phase, RequestView
+
+    cases = [
+        dict(rid=1, slot=0, phase=Phase.TERMINAL, terminal_age_ms=3.0),
+        dict(rid=2, slot=5, phase=Phase.DECODE, runnable=False, survival=np.ones(2), width_limit=3),
+        dict(rid=3, slot=1, phase=Phase.BLOCKED, prerequisites=(GraphKind.RESTORE,), enables=Phase.PREFILL),
+        dict(rid=4, slot=2, phase=Phase.PREFILL, prompt_remaining=9, atomic_spans=((1, 4),), endpoint=7),
+    ]
+    for fields in cases:
+        got, want = RequestView.make(**fields), RequestView(**fields)
+        assert type(got) is RequestView
+        for f in dataclasses.fields(RequestView):
+            a, b = getattr(got, f.name), getattr(want, f.name)
+            if isinstance(b, np.ndarray):
+                np.testing.assert_array_equal(a, b, strict=True)
+            else:
+                assert a == b and type(a) is type(b), f.name
+        assert got.forecast is not RequestView.make(**fields).forecast  # a fresh default each
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            got.rid = 9  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        RequestView.make(rid=1, slot=0, phase=Phase.DECODE, no_such_field=1)
+    with pytest.raises(TypeError):
+        RequestView.make(rid=1, phase=Phase.DECODE)
