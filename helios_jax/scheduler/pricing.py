@@ -30,6 +30,7 @@ from helios_jax.scheduler.speculation import PrefixEstimate, batch_estimates
 from helios_jax.scheduler.view import Phase, RequestView
 
 Histories = dict[int, ServiceHistory]
+BATCH_MIN = 3  # decoders of one proposal source from which their estimates are batched
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,8 +171,12 @@ def _acceptance(inp: PricingInputs, decoders: list[Request]) -> dict[int, tuple[
         groups.setdefault((r.proposal_source, est.depth), []).append((r, est))
     out = {}
     for (source, _), members in groups.items():
+        pool = inp.acceptance_pools[source]
+        if len(members) < BATCH_MIN:  # a batch's fixed cost exceeds a few estimates' own
+            out.update({r.rid: (e.means(pool), e.optimistic(len(r.output), pool)) for r, e in members})
+            continue
         ests, tokens = [e for _, e in members], [len(r.output) for r, _ in members]
-        means, optimistic = batch_estimates(ests, tokens, inp.acceptance_pools[source])
+        means, optimistic = batch_estimates(ests, tokens, pool)
         out.update({r.rid: (m, o) for (r, _), m, o in zip(members, means, optimistic)})
     return out
 
