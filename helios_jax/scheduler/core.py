@@ -38,7 +38,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from helios_jax.catalog import Catalog, DecodeMode
-from helios_jax.scheduler import learning, policy, pricing, service
+from helios_jax.scheduler import learning, policy, pricing, reuse, service
 from helios_jax.scheduler.captures import Captures
 from helios_jax.scheduler.config import PolicyConfig
 from helios_jax.scheduler.cost import CostModel
@@ -68,6 +68,7 @@ from helios_jax.scheduler.view import Candidate, RequestView
 __all__ = ["NS_PER_MS", "PlanRejected", "Scheduler"]  # PlanRejected and NS_PER_MS: plan.py, service.py
 
 
+@reuse.install
 class Scheduler(SchedulerReads):
     """Host scheduler over one loaded catalog and decode mode (its reads: ``reads.SchedulerReads``)."""
 
@@ -297,8 +298,12 @@ class Scheduler(SchedulerReads):
 
         Pure: calling it twice without other calls in between returns equal plans and changes
         nothing. A plan with ``needs_empty_window`` must wait until queued work drains (the
-        engine then replans); lower-value queueable work never displaces it.
+        engine then replans); lower-value queueable work never displaces it. A repeated call
+        with nothing changed returns the same plan (``reuse.py``).
         """
+        return reuse.memoized(self, self._plan)
+
+    def _plan(self) -> ScheduledPlan | None:
         if self._window_blocked():
             return None
         start = self._planning_start_ns()

@@ -72,7 +72,7 @@ class CostModel:
             raise ValueError("estimate ttl must be positive")
         self.ttl_ns = int(ttl_ns)
         self._entries: dict[CostKey, CostEntry] = {}
-        self.version = 0  # bumped whenever an estimate changes
+        self.version = 0  # bumped whenever an estimate changes, and only then
 
     def _entry(self, key: CostKey) -> CostEntry:
         entry = self._entries.get(key)
@@ -143,6 +143,7 @@ class CostModel:
         if sample <= 0:
             return False
         entry = self._entry(key)
+        before = entry.estimate_ns
         if entry.estimate_ns <= 0 or self.is_stale(key, now_ns):
             entry.samples.clear()
             entry.samples.append(sample)
@@ -151,7 +152,8 @@ class CostModel:
             entry.samples.append(sample)
             entry.estimate_ns = median(entry.samples)
         entry.last_valid_ns = now_ns
-        self.version += 1
+        if entry.estimate_ns != before:  # what readers key on: an unchanged median keeps it
+            self.version += 1
         return True
 
     def note_attempt(self, key: CostKey, now_ns: int) -> None:

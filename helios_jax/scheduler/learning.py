@@ -59,9 +59,7 @@ def explore(
             return alternative, ExecutionClass.TIMING_REFRESH, timing.balance_ms
     if acceptance.can_start():
         optimistic = [
-            v
-            if v.survival.size == 0 and v.optimistic.size == 0
-            else dataclasses.replace(v, survival=v.optimistic)
+            v if v.survival.size == 0 and v.optimistic.size == 0 else v.with_survival(v.optimistic)
             for v in inp.views
         ]
         found = probe(inp, ordinary, optimistic, information)

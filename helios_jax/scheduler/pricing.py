@@ -18,16 +18,19 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import TypedDict
 
+import numpy as np
+
 from helios_jax.scheduler import service
 from helios_jax.scheduler.captures import next_capture, window_stop
 from helios_jax.scheduler.config import PolicyConfig
 from helios_jax.scheduler.plan import Frame, Handle
 from helios_jax.scheduler.requests import Request
 from helios_jax.scheduler.service import NS_PER_MS, ServiceHistory, missing_rate, resident_rates
-from helios_jax.scheduler.speculation import PrefixEstimate
+from helios_jax.scheduler.speculation import PrefixEstimate, batch_estimates
 from helios_jax.scheduler.view import Phase, RequestView
 
 Histories = dict[int, ServiceHistory]
+BATCH_MIN = 3  # decoders of one proposal source from which their estimates are batched
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,38 +124,70 @@ def views(inp: PricingInputs, start_ns: int) -> list[RequestView]:
     residents = [r for r in inp.requests.values() if r.active]
     prior_z = norm.share_log_rate(sum(1 for r in residents if r.delivery_bearing))
     known = resident_rates(inp.requests, histories)
+    base = service.missing_base(norm, len(known), known)  # missing_rate's, shared by all
+    tau = inp.policy.adaptation_ms
+    terms = service.price_terms(inp.policy)
+    acceptance = _acceptance(inp, [r for r in residents if r.phase is Phase.DECODE])
     out = []
     for r in residents:
         hist = histories[r.rid]
-        log_x = missing_rate(r, start_ns, norm, known, inp.policy) if hist.log_x is None else hist.log_x
+        log_x = hist.log_x
+        if log_x is None:  # service.missing_rate at start_ns
+            log_x = base - max(0.0, (start_ns - r.admitted_ns) / NS_PER_MS) / tau
         log_z = None
         if r.delivery_bearing:  # decoding, or blocked before decoding: a delivery coordinate
             log_z = prior_z if hist.log_z is None else hist.log_z
-        prices = service.log_prices(inp.policy, log_x, log_z)
+        prefill, output, delivery = service.price_logs(terms, log_x, log_z)
         common = _Common(
             rid=r.rid,
             slot=r.slot,
             runnable=runnable(r),
             last_selected_ns=r.last_selected_ns,
-            log_prefill_price=prices.prefill_token,
-            log_output_price=prices.output_token,
-            log_delivery_price=prices.delivery,
+            log_prefill_price=prefill,
+            log_output_price=output,
+            log_delivery_price=delivery,
         )
         if r.phase is Phase.PREFILL:
-            out.append(RequestView(phase=Phase.PREFILL, **_prompt_fields(r), **common))
+            out.append(RequestView.make(phase=Phase.PREFILL, **_prompt_fields(r), **common))
         elif r.phase is Phase.DECODE:
-            out.append(_decode_view(inp, r, common, start_ns, delivered_at.get(r.rid, r.last_publication_ns)))
+            last = delivered_at.get(r.rid, r.last_publication_ns)
+            out.append(_decode_view(inp, r, common, start_ns, last, acceptance[r.rid]))
         elif r.phase is Phase.TERMINAL:
             since = r.terminal_since_ns if r.terminal_since_ns is not None else start_ns
             age_ms = max(0.0, (start_ns - since) / NS_PER_MS)
-            out.append(RequestView(phase=Phase.TERMINAL, terminal_age_ms=age_ms, **common))
+            out.append(RequestView.make(phase=Phase.TERMINAL, terminal_age_ms=age_ms, **common))
         else:
             out.append(_blocked_view(inp, r, common, start_ns))
     return out
 
 
+def _acceptance(inp: PricingInputs, decoders: list[Request]) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """Each decoder's (survival, optimistic) estimates: ``means(pool)`` and
+    ``optimistic(len(output), pool)`` of its proposal source, computed per source and depth at once
+    (``speculation.batch_estimates``)."""
+    groups: dict[tuple[str, int], list[tuple[Request, PrefixEstimate]]] = {}
+    for r in decoders:
+        est = r.acceptance.get(r.proposal_source)
+        groups.setdefault((r.proposal_source, est.depth), []).append((r, est))
+    out = {}
+    for (source, _), members in groups.items():
+        pool = inp.acceptance_pools[source]
+        if len(members) < BATCH_MIN:  # a batch's fixed cost exceeds a few estimates' own
+            out.update({r.rid: (e.means(pool), e.optimistic(len(r.output), pool)) for r, e in members})
+            continue
+        ests, tokens = [e for _, e in members], [len(r.output) for r, _ in members]
+        means, optimistic = batch_estimates(ests, tokens, pool)
+        out.update({r.rid: (m, o) for (r, _), m, o in zip(members, means, optimistic)})
+    return out
+
+
 def _decode_view(
-    inp: PricingInputs, r: Request, common: _Common, start_ns: int, last: int | None
+    inp: PricingInputs,
+    r: Request,
+    common: _Common,
+    start_ns: int,
+    last: int | None,
+    acceptance: tuple[np.ndarray, np.ndarray],
 ) -> RequestView:
     """A decoding request: output left after its queued rounds, output age and acceptance."""
     queued = queued_advance(r, inp.frames)
@@ -160,16 +195,15 @@ def _decode_view(
     age = 0.0 if last is None else max(0.0, (start_ns - last) / NS_PER_MS)
     if r.last_publication_ns is None and last is None:
         age = max(0.0, (start_ns - r.admitted_ns) / NS_PER_MS)
-    est, pool = r.acceptance.get(r.proposal_source), inp.acceptance_pools[r.proposal_source]
     common["runnable"] = common["runnable"] and remaining > 0
-    return RequestView(
+    return RequestView.make(
         phase=Phase.DECODE,
         age_ms=age,
         output_remaining=max(remaining, 0),
         context_remaining=inp.max_model_len - (r.cursor + queued),
         width_limit=r.width_limit,
-        survival=est.means(pool),
-        optimistic=est.optimistic(len(r.output), pool),
+        survival=acceptance[0],
+        optimistic=acceptance[1],
         forecast=r.forecast.means(),
         **common,
     )
@@ -180,7 +214,7 @@ def _blocked_view(inp: PricingInputs, r: Request, common: _Common, start_ns: int
     lookahead values only work the following program can really do."""
     last = r.last_publication_ns if r.last_publication_ns is not None else r.admitted_ns
     est, pool = r.acceptance.get(r.proposal_source), inp.acceptance_pools[r.proposal_source]
-    return RequestView(
+    return RequestView.make(
         phase=Phase.BLOCKED,
         prerequisites=tuple(r.prerequisites),
         enables=r.enables,

@@ -26,6 +26,8 @@ Frontiers now 0.5 (lane 0 depth 2) and 0.6: admit lane 1. Capacity reached: leng
 
 from __future__ import annotations
 
+import heapq
+
 import numpy as np
 
 
@@ -54,22 +56,20 @@ def allocate_prefix_rows(joint_prob, ceilings, active, capacity: int) -> np.ndar
         raise ValueError("joint probabilities contain NaN")
     lengths = act.astype(np.int64)
     remaining = capacity - n_active
-    limit = np.where(act, ceil, 0)
-    padded = np.concatenate([prob, np.full((b, 1), -np.inf)], axis=1)
-    rows = np.arange(b)
-    while remaining > 0:
-        open_ = lengths < limit
-        if not open_.any():
-            break
-        frontier = np.where(open_, padded[rows, np.maximum(lengths - 1, 0)], -np.inf)
-        best = frontier.max()
-        # Ties: shorter prefix first, then the lower slot.
-        tied = open_ & (frontier == best)
-        shortest = lengths[tied].min()
-        lane = int(np.flatnonzero(tied & (lengths == shortest))[0])
-        lengths[lane] += 1
+    if remaining <= 0:
+        return lengths.astype(np.int32)
+    # The greedy frontier as a heap of (-frontier, length, lane): its minimum is the best
+    # frontier, ties to the shorter prefix, then the lower slot. One entry per open lane.
+    rows, length, limit = prob.tolist(), lengths.tolist(), np.where(act, ceil, 0).tolist()
+    heap = [(-rows[i][length[i] - 1], length[i], i) for i in range(b) if length[i] < limit[i]]
+    heapq.heapify(heap)
+    while remaining > 0 and heap:
+        _, n, lane = heapq.heappop(heap)
+        length[lane] = n + 1
         remaining -= 1
-    return lengths.astype(np.int32)
+        if n + 1 < limit[lane]:
+            heapq.heappush(heap, (-rows[lane][n], n + 1, lane))
+    return np.array(length, dtype=np.int32)
 
 
 def prefix_allocation_order(joint_prob: np.ndarray, ceilings: np.ndarray):

@@ -92,6 +92,9 @@ class Normalizers:
     """
 
     generation: tuple[tuple[int, float], ...]
+    # share_log_rate by stream count: read for every resident at every decision, and fixed with
+    # the programs' estimates (the scheduler keeps one Normalizers per cost version).
+    _shares: dict[int, float] = dataclasses.field(default_factory=dict, init=False, repr=False, compare=False)
 
     @classmethod
     def measure(cls, graphs: Iterable[GraphDescriptor], costs: CostModel) -> Normalizers:
@@ -110,8 +113,11 @@ class Normalizers:
         With nothing measured (cold start) the share is COLD_RATE / k.
         """
         k = max(1, k)
-        sigma = batch_feasible_interval(k, self.generation)
-        return -math.log(sigma) if sigma > 0 else math.log(COLD_RATE / k)
+        share = self._shares.get(k)
+        if share is None:
+            sigma = batch_feasible_interval(k, self.generation)
+            share = self._shares[k] = -math.log(sigma) if sigma > 0 else math.log(COLD_RATE / k)
+        return share
 
 
 @dataclasses.dataclass
@@ -136,11 +142,17 @@ def missing_log_token_rate(
 
         log x0 = min(-log sigma(K), min_i log x_i) - waited/tau
     """
+    return missing_base(normalizers, residents, known_log_rates) - max(0.0, waited_ms) / tau_ms
+
+
+def missing_base(normalizers: Normalizers, residents: int, known_log_rates) -> float:
+    """min(-log sigma(K), min_i log x_i): the missing rate before its decay since admission
+    (the same for every request of one decision, so ``pricing.views`` computes it once)."""
     base = normalizers.share_log_rate(residents)
     known = [x for x in known_log_rates if x is not None]
     if known:
         base = min(base, min(known))
-    return base - max(0.0, waited_ms) / tau_ms
+    return base
 
 
 def resident_rates(
@@ -212,11 +224,23 @@ def _logaddexp(a: float, b: float) -> float:
 
 def log_prices(policy: PolicyConfig, log_x: float, log_z: float | None) -> LogPrices:
     """Prices as logs: 1 + f/x, beta + f/x, g/z (delivery -inf when there is no coordinate)."""
-    log_f_over_x = _log(policy.token_fairness) - log_x
-    prefill = _logaddexp(0.0, log_f_over_x)
-    output = _logaddexp(_log(policy.output_token_value), log_f_over_x)
-    delivery = NEG_INF if log_z is None else _log(policy.delivery_fairness) - log_z
-    return LogPrices(prefill, output, delivery)
+    return LogPrices(*price_logs(price_terms(policy), log_x, log_z))
+
+
+def price_terms(policy: PolicyConfig) -> tuple[float, float, float]:
+    """log f, log beta, log g: the policy's part of :func:`log_prices`, once per decision."""
+    return _log(policy.token_fairness), _log(policy.output_token_value), _log(policy.delivery_fairness)
+
+
+def price_logs(
+    terms: tuple[float, float, float], log_x: float, log_z: float | None
+) -> tuple[float, float, float]:
+    """:func:`log_prices` as a plain triple (prefill token, output token, delivery) from
+    :func:`price_terms`."""
+    log_f, log_beta, log_g = terms
+    log_f_over_x = log_f - log_x
+    delivery = NEG_INF if log_z is None else log_g - log_z
+    return _logaddexp(0.0, log_f_over_x), _logaddexp(log_beta, log_f_over_x), delivery
 
 
 def update_token_history(

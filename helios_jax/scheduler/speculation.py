@@ -41,6 +41,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
+try:  # np.clip's own ufunc: np.clip reaches it for float bounds after microseconds of dispatch
+    from numpy._core.umath import clip as _clip  # type: ignore[attr-defined]
+except ImportError:  # pragma: no cover - numpy < 2
+    _clip = np.clip
+
 INITIAL_WEIGHT = 2.0
 WEIGHT_CAP = 128.0
 HALF_LIFE_TOKENS = 128.0
@@ -59,7 +64,7 @@ def initial_prior(depth: int) -> np.ndarray:
 
 def monotone(prefix: np.ndarray) -> np.ndarray:
     """Joint survival cannot grow with depth: the running minimum, clipped to [0, 1]."""
-    return np.minimum.accumulate(np.clip(prefix, 0.0, 1.0), axis=-1) if prefix.size else prefix
+    return np.minimum.accumulate(_clip(prefix, 0.0, 1.0), axis=-1) if prefix.size else prefix
 
 
 class PopulationPrior:
@@ -182,6 +187,30 @@ class PrefixEstimate:
             origin=None if self.origin is None else self.origin.copy(),
             prior_share=None if self.prior_share is None else self.prior_share.copy(),
         )
+
+
+def batch_estimates(
+    estimates: Sequence[PrefixEstimate], tokens: Sequence[int], pool: PrefixEstimate | None
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """``means(pool)`` and ``optimistic(tokens[i], pool)`` of many estimates of one depth as
+    rows of two read-only matrices: the same elementwise arithmetic, one numpy call per step
+    for all of them instead of several per estimate (``pricing.views`` reads every resident)."""
+    mean = np.array([e.mean for e in estimates], dtype=np.float64)
+    weight = np.array([e.weight for e in estimates], dtype=np.float64)
+    pooled = mean
+    rows = [i for i, e in enumerate(estimates) if e.origin is not None]
+    if pool is not None and rows:
+        origin = np.array([estimates[i].origin for i in rows])
+        share = np.array([estimates[i].prior_share for i in rows])
+        pooled = mean.copy()
+        pooled[rows] = mean[rows] + share * (pool.mean - origin)
+    aged = [0.5 ** (max(0, t - e.tokens_at) / HALF_LIFE_TOKENS) for e, t in zip(estimates, tokens)]
+    bonus = np.sqrt(OPTIMISM_NUMERATOR / (2.0 * (weight * np.array(aged)[:, None])))
+    means = monotone(pooled)
+    optimistic = monotone(np.minimum(1.0, pooled + bonus))
+    means.setflags(write=False)
+    optimistic.setflags(write=False)
+    return list(means), list(optimistic)
 
 
 def _frozen(a: np.ndarray) -> np.ndarray:

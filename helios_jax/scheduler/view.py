@@ -70,6 +70,29 @@ class RequestView:
     prerequisites: tuple[GraphKind, ...] = ()  # remaining prerequisite executions, next first
     enables: Phase | None = None  # PREFILL or DECODE once the prerequisites are done
 
+    @classmethod
+    def make(cls, **fields) -> RequestView:
+        """``RequestView(**fields)`` without the frozen constructor's per-field dispatch (views()
+        builds one per resident at every decision); unknown names raise like the constructor."""
+        unknown = fields.keys() - _FIELDS
+        if unknown or not fields.keys() >= _REQUIRED:
+            return cls(**fields)  # the constructor's own error
+        new = object.__new__(cls)
+        d = new.__dict__
+        d.update(_DEFAULTS)
+        for name in _FACTORIES:
+            d[name] = np.zeros(0)
+        d.update(fields)
+        return new
+
+    def with_survival(self, survival: np.ndarray) -> RequestView:
+        """This view with other survival estimates (``dataclasses.replace`` without its
+        per-field dispatch: an acceptance probe copies every view of a decision)."""
+        new = object.__new__(RequestView)
+        new.__dict__.update(self.__dict__)
+        new.__dict__["survival"] = survival
+        return new
+
     @property
     def delivery_bearing(self) -> bool:
         """Counts toward K and the common waiting cost: decoders, and streams blocked before decode."""
@@ -96,6 +119,20 @@ class RequestView:
             if start < n < end:  # a cut inside an atomic image span moves back to its start
                 n = start
         return max(n, 0)
+
+
+_FIELDS = frozenset(f.name for f in dataclasses.fields(RequestView))
+_REQUIRED = frozenset(
+    f.name
+    for f in dataclasses.fields(RequestView)
+    if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+)
+_DEFAULTS = {
+    f.name: f.default for f in dataclasses.fields(RequestView) if f.default is not dataclasses.MISSING
+}
+_FACTORIES = tuple(
+    f.name for f in dataclasses.fields(RequestView) if f.default_factory is not dataclasses.MISSING
+)
 
 
 @dataclasses.dataclass(frozen=True)

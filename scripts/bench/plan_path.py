@@ -1,6 +1,6 @@
 """Time the whole ``Scheduler.plan()`` path at 1, 4, 16 and 64 resident requests.
 
-    python scripts/bench/plan_path.py [--catalog=FILE] [--requests=1,4,16,64] [--decisions=200]
+    python scripts/bench/plan_path.py [--catalog=FILE|engine] [--requests=1,4,16,64] [--decisions=200]
         [--subsets=all,no_wide_mixed,no_mixed,core] [--mode=adaptive] [--json_out=FILE] [--profile]
 
 ``scripts/bench/scheduler_select.py`` times ``policy.select`` on synthetic views; this times what
@@ -16,6 +16,11 @@ after the previous completion, as in serving. After ``--warmup`` decisions, ``--
 timed. Beside each ``plan()`` the same state's ``views()`` and ``policy.select`` are timed on
 their own (both are pure), which splits the cost; "other" is plan minus the two (ledger checks,
 a refresh alternative or an acceptance probe when funded, freezing).
+
+``--catalog=engine`` benches the catalog HeliosEngine builds from a default ``EngineConfig()``
+(its request slots, decode mode, context, draft storage and initialize programs, as the engine
+constructs its Scheduler), with synthetic durations (its programs carry none): prompts are then
+drawn up to its context, and ``--slots`` is ignored.
 
 Wall time is what a caller sees; process CPU time is reported beside it because this machine is
 shared. Catalog size: ``--subsets`` drop program families (``all``: every program;
@@ -39,13 +44,16 @@ import numpy as np
 from absl import app, flags
 
 from helios_jax import simulation
-from helios_jax.catalog import Catalog, DecodeMode, GraphKind
+from helios_jax.catalog import Catalog, DecodeMode, GraphDescriptor, GraphKind
+from helios_jax.engine_config import EngineConfig
 from helios_jax.scheduler import policy
 from helios_jax.scheduler.core import NS_PER_MS, Scheduler
 from helios_jax.scheduler.plan import ExecutionTiming
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("catalog", None, "catalog JSON (default: the shipped synthetic-h200)")
+flags.DEFINE_string(
+    "catalog", None, "catalog JSON, or 'engine': EngineConfig()'s catalog (default: synthetic-h200)"
+)
 flags.DEFINE_list("requests", ["1", "4", "16", "64"], "resident requests")
 flags.DEFINE_list("subsets", ["all", "no_wide_mixed", "no_mixed", "core"], "catalog subsets")
 flags.DEFINE_enum("mode", "adaptive", ["ordinary", "fixed", "adaptive"], "loaded decode mode")
@@ -85,6 +93,31 @@ def subset_catalog(obj: dict, slots: int, subset: str) -> Catalog:
     return dataclasses.replace(full, graphs=tuple(g for g in full.graphs if SUBSETS[subset](g)))
 
 
+def _synthetic_ms(g: GraphDescriptor) -> float:
+    """A plausible duration for a program that carries none (the engine's catalog)."""
+    rows = max(g.batch_capacity * max(g.token_capacity, 1), g.target_capacity, g.max_packed_extent)
+    return round(0.3 + 0.004 * rows + 0.02 * g.batch_capacity, 3)
+
+
+def engine_catalog(subset: str) -> tuple[Catalog, dict]:
+    """EngineConfig()'s catalog with synthetic durations, and the Scheduler arguments the
+    engine gives it (``runtime.engine``)."""
+    config = EngineConfig()
+    full = config.catalog()
+    graphs = tuple(dataclasses.replace(g, duration_ms=_synthetic_ms(g)) for g in full.graphs)
+    draft = max(config.proposal_depths, default=0) if config.speculative else 0
+    fixed = max(config.proposal_depths) + 1 if config.speculation == "fixed" else None
+    kwargs = dict(  # the decode mode is --mode's (EngineConfig()'s is adaptive, its default)
+        fixed_width=fixed,
+        page_size=config.page_size,
+        kv_pages=config.kv_pages,
+        max_model_len=config.max_model_len - draft,
+        draft_storage=draft,
+        initialize_requests=True,
+    )
+    return dataclasses.replace(full, graphs=tuple(g for g in graphs if SUBSETS[subset](g))), kwargs
+
+
 def _p99(samples: list[float]) -> float:
     ordered = sorted(samples)
     return ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)]
@@ -93,8 +126,11 @@ def _p99(samples: list[float]) -> float:
 class Loop:
     """A closed loop of `n` resident requests on a live Scheduler, one frame at a time."""
 
-    def __init__(self, catalog: Catalog, mode: DecodeMode, n: int, seed: int):
-        self.sched = Scheduler(catalog, mode=mode)
+    def __init__(self, catalog: Catalog, mode: DecodeMode, n: int, seed: int, **kwargs):
+        self.sched = Scheduler(catalog, mode=mode, **kwargs)
+        # Prompt and output sizes that fit the context (the engine's catalog has a short one).
+        room = self.sched.max_model_len
+        self.prompts = [p for p in PROMPTS if p + max(OUTPUTS) <= room] or [min(PROMPTS)]
         self.sched.seed_costs(0)
         self.rng = np.random.default_rng(seed)
         config = simulation.SimConfig(catalog, accepted_drafts=None, acceptance_probs=ACCEPTANCE, seed=seed)
@@ -106,7 +142,7 @@ class Loop:
 
     def fill(self) -> None:
         while len(self.sched.requests) < self.n:
-            p, o = int(self.rng.choice(PROMPTS)), int(self.rng.choice(OUTPUTS))
+            p, o = int(self.rng.choice(self.prompts)), int(self.rng.choice(OUTPUTS))
             self.sched.admit([simulation.TOKEN] * p, max_output=o, stop_token_ids=(simulation.EOS,))
 
     def step(self, plan) -> None:
@@ -128,9 +164,9 @@ class Loop:
         self.fill()
 
 
-def profile_plan(catalog: Catalog, mode: DecodeMode, n: int) -> str:
+def profile_plan(catalog: Catalog, mode: DecodeMode, n: int, **kwargs) -> str:
     """cProfile of plan() alone over the same closed loop (a separate, untimed pass)."""
-    loop = Loop(catalog, mode, n, FLAGS.seed)
+    loop = Loop(catalog, mode, n, FLAGS.seed, **kwargs)
     s = loop.sched
     for _ in range(FLAGS.warmup):
         loop.step(s.plan())
@@ -147,8 +183,8 @@ def profile_plan(catalog: Catalog, mode: DecodeMode, n: int) -> str:
     return out.getvalue()
 
 
-def measure(catalog: Catalog, mode: DecodeMode, n: int) -> dict:
-    loop = Loop(catalog, mode, n, FLAGS.seed)
+def measure(catalog: Catalog, mode: DecodeMode, n: int, **kwargs) -> dict:
+    loop = Loop(catalog, mode, n, FLAGS.seed, **kwargs)
     s = loop.sched
     for _ in range(FLAGS.warmup):
         loop.step(s.plan())
@@ -192,9 +228,15 @@ def measure(catalog: Catalog, mode: DecodeMode, n: int) -> dict:
     return row
 
 
+def load(subset: str) -> tuple[Catalog, dict]:
+    """The benched catalog subset and the Scheduler arguments beside the mode."""
+    if FLAGS.catalog == "engine":
+        return engine_catalog(subset)
+    return subset_catalog(catalog_json(), FLAGS.slots, subset), {}
+
+
 def main(argv):
     del argv
-    obj = catalog_json()
     mode = DecodeMode(FLAGS.mode)
     sizes = [int(x) for x in FLAGS.requests]
     results = []
@@ -203,9 +245,9 @@ def main(argv):
         f"{'cpu p99':>8s} {'views':>7s} {'select':>7s} {'other':>7s}   (ms)"
     )
     for subset in FLAGS.subsets:
-        catalog = subset_catalog(obj, FLAGS.slots, subset)
+        catalog, kwargs = load(subset)
         for n in sizes:
-            row = measure(catalog, mode, n)
+            row = measure(catalog, mode, n, **kwargs)
             row["subset"] = subset
             results.append(row)
             print(
@@ -216,13 +258,14 @@ def main(argv):
             )
     profile = None
     if FLAGS.profile:
-        profile = profile_plan(subset_catalog(obj, FLAGS.slots, FLAGS.subsets[0]), mode, max(sizes))
+        catalog, kwargs = load(FLAGS.subsets[0])
+        profile = profile_plan(catalog, mode, max(sizes), **kwargs)
         print(profile)
     if FLAGS.json_out:
         with open(FLAGS.json_out, "w") as f:
             json.dump(
                 {
-                    "catalog": obj["name"],
+                    "catalog": catalog.name,
                     "mode": mode.value,
                     "slots": FLAGS.slots,
                     "results": results,

@@ -179,3 +179,16 @@ def test_every_estimate_change_bumps_the_version():
         costs.observe(KEY, [x], 0)
         seen.append(costs.version)
     assert seen[1] > seen[0] and seen[2] > seen[1] and seen[3] == seen[2] and seen[4] > seen[3]
+
+
+def test_an_unchanged_estimate_keeps_the_version():
+    """Readers cache per version (normalizers, durations): a sample that leaves the median where
+    it was changes no estimate, so it keeps the version; one that moves it bumps it."""
+    costs = CostModel(TTL)
+    costs.observe(KEY, [10.0], 0)
+    costs.observe(KEY, [20.0], 0)  # median 15
+    version = costs.version
+    costs.observe(KEY, [15.0], 0)  # median of 10, 15, 20: still 15
+    assert costs.estimate_ns(KEY) == 15.0 and costs.version == version
+    costs.observe(KEY, [30.0], 0)  # median of four: 17.5
+    assert costs.estimate_ns(KEY) == 17.5 and costs.version > version

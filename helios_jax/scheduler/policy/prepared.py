@@ -9,8 +9,13 @@ once when the scheduler loads a mode.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from helios_jax.catalog import GraphDescriptor, GraphKind
+from helios_jax.scheduler.service import batch_feasible_interval
+
+if TYPE_CHECKING:
+    from helios_jax.scheduler.cost import CostModel
 
 PREREQUISITE_KINDS = (GraphKind.INITIALIZE, GraphKind.RESTORE, GraphKind.VISION, GraphKind.SNAPSHOT)
 
@@ -78,6 +83,32 @@ class PreparedGraphs:
         self.mixed_dominator_classes = {g: self._mixed_dominator_classes(g) for g in self.mixed}
         self.max_width = max([g.token_capacity for g in self.delivery] + [1])
         self.max_depth = max([g.proposal_depth for g in self.delivery] + [0])
+        self._durations: tuple[CostModel, int, dict[int, float | None]] | None = None
+        self._sigmas: dict[tuple[str, int], float] = {}
+
+    def durations(self, costs: CostModel) -> dict[int, float | None]:
+        """Every program's duration estimate (ms; None: unmeasured) by ``id``, kept while the
+        cost model's version holds (every changed estimate bumps it). Read-only to callers."""
+        kept = self._durations
+        if kept is None or kept[0] is not costs or kept[1] != costs.version:
+            kept = self._durations = (
+                costs,
+                costs.version,
+                {id(g): costs.estimate_ms(g.key) for g in self.graphs},
+            )
+            self._sigmas.clear()
+        return kept[2]
+
+    def reference_interval(self, family: str, k: int, costs: CostModel) -> float:
+        """``utility.reference_interval`` over ``delivery`` or ``snapshots``, kept per cost version."""
+        durations = self.durations(costs)
+        sigma = self._sigmas.get((family, k))
+        if sigma is None:
+            pairs = [
+                (g.batch_capacity, t) for g in getattr(self, family) if (t := durations[id(g)]) is not None
+            ]
+            sigma = self._sigmas[(family, k)] = batch_feasible_interval(k, pairs)
+        return sigma
 
     def drafted(self) -> PreparedGraphs:
         """The speculative programs with proposals (what acceptance probes choose among), grouped

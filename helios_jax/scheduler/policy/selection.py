@@ -61,8 +61,8 @@ class Selection:
         self.decision = utility.Decision.build(
             views,
             inp.policy,
-            sigma_decode=utility.reference_interval(delivery_bearing, reference.delivery, costs),
-            sigma_terminal=utility.reference_interval(terminal, reference.snapshots, costs),
+            sigma_decode=reference.reference_interval("delivery", delivery_bearing, costs),
+            sigma_terminal=reference.reference_interval("snapshots", terminal, costs),
         )
         runnable = [v for v in views if v.runnable]
         self.decoders = DecoderTable(
@@ -74,7 +74,7 @@ class Selection:
         self.prompts = PromptTable([v for v in runnable if v.phase is Phase.PREFILL], self.decision)
         self.terminals = [v for v in runnable if v.phase is Phase.TERMINAL]
         self.blocked = [v for v in runnable if v.phase is Phase.BLOCKED and v.prerequisites]
-        self._durations = {id(g): costs.estimate_ms(g.key) for g in self.prepared.graphs}
+        self._durations = dict(self.prepared.durations(costs))  # a copy: duration() may add to it
 
     @property
     def mode(self) -> DecodeMode:

@@ -1,0 +1,185 @@
+"""Cheap decisions (issue 14): every cache and shortcut of the planning path equals the plain
+computation it replaces, and each test fails when its invalidation or key is dropped."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from helios_jax.catalog import DecodeMode
+from helios_jax.scheduler import service
+from helios_jax.scheduler.core import Scheduler
+
+from .helpers import SPEC, measured
+
+
+def _uncached_share(norm: service.Normalizers, k: int) -> float:
+    return service.Normalizers(norm.generation).share_log_rate(k)
+
+
+def test_cached_shares_equal_a_fresh_computation_for_every_stream_count():
+    norm = service.Normalizers.measure(SPEC.eligible(DecodeMode.ADAPTIVE), measured(SPEC))
+    for k in (4, 1, 16, 4, 64, 1, 2, 16, 3):
+        assert norm.share_log_rate(k) == _uncached_share(norm, k)
+    assert len({norm.share_log_rate(k) for k in (1, 4, 16)}) == 3
+    cold = service.Normalizers(())
+    assert cold.share_log_rate(4) == math.log(service.COLD_RATE / 4)
+    assert cold.share_log_rate(2) == math.log(service.COLD_RATE / 2)
+
+
+def test_normalizers_follow_the_cost_version():
+    """The scheduler keeps one Normalizers per cost version: a new estimate must show."""
+    s = Scheduler(SPEC)
+    s.seed_costs(0)
+    before = s._normalizers()
+    assert s._normalizers() is before
+    g = next(g for g in s.graphs.delivery if g.kind.is_generation)
+    s.costs.observe(g.key, (int(50 * service.NS_PER_MS),), 0)
+    after = s._normalizers()
+    assert after != before
+    assert after == service.Normalizers.measure(s.graphs.delivery, s.costs)
+
+
+def test_views_price_a_missing_history_like_missing_rate():
+    """views() computes the shared missing-rate base once; each price equals missing_rate's."""
+    s = Scheduler(SPEC)
+    s.seed_costs(0)
+    handles = [s.admit([1] * n, max_output=8) for n in (10, 300, 5000)]
+    s.advance_to(7 * service.NS_PER_MS)
+    views = {v.rid: v for v in s.views()}
+    known = service.resident_rates(s.requests, {r.rid: r.history for r in s.requests.values()})
+    for h in handles:
+        req = s.requests[h.rid]
+        assert req.history.log_x is None
+        log_x = service.missing_rate(req, s.now_ns, s._normalizers(), known, s.policy)
+        prices = service.log_prices(s.policy, log_x, None)
+        assert views[h.rid].log_prefill_price == prices.prefill_token
+        assert views[h.rid].log_output_price == prices.output_token
+
+
+@pytest.mark.parametrize("k", [1, 5])
+def test_missing_base_is_the_undecayed_missing_rate(k):
+    norm = service.Normalizers(((4, 3.0), (16, 5.0)))
+    known = [None, -2.0, -0.5][:k]
+    assert service.missing_base(norm, len(known), known) == service.missing_log_token_rate(
+        norm, len(known), known, 0.0, 100.0
+    )
+
+
+def test_with_survival_equals_dataclasses_replace():
+    import dataclasses
+
+    import numpy as np
+
+    from helios_jax.scheduler.view import Phase, RequestView
+
+    v = RequestView(rid=3, slot=1, phase=Phase.DECODE, survival=np.ones(2), optimistic=np.zeros(2))
+    got, want = v.with_survival(v.optimistic), dataclasses.replace(v, survival=v.optimistic)
+    assert type(got) is RequestView and got is not v
+    for f in dataclasses.fields(RequestView):
+        assert getattr(got, f.name) is getattr(want, f.name), f.name
+    assert v.survival.tolist() == [1.0, 1.0]  # the original is unchanged
+
+
+def test_monotone_equals_the_clipped_running_minimum():
+    import numpy as np
+
+    from helios_jax.scheduler.speculation import monotone
+
+    x = np.array([[1.5, -0.0, 0.7, np.nan, 0.2], [0.3, 0.9, -2.0, 0.1, np.inf]])
+    want = np.minimum.accumulate(np.clip(x, 0.0, 1.0), axis=-1)
+    np.testing.assert_array_equal(monotone(x), want)
+    assert np.signbit(monotone(x)).tolist() == np.signbit(want).tolist()
+
+
+def test_prepared_durations_and_sigmas_follow_the_cost_version():
+    """PreparedGraphs keeps estimates and reference intervals per cost version: after a new
+    observation both equal a fresh computation (a cache that ignored the version would not)."""
+    from helios_jax.scheduler import utility
+    from helios_jax.scheduler.cost import CostModel
+    from helios_jax.scheduler.policy import PreparedGraphs
+
+    prepared = PreparedGraphs(SPEC.eligible(DecodeMode.ADAPTIVE))
+    costs = measured(SPEC)
+
+    def check(c):
+        assert prepared.durations(c) == {id(g): c.estimate_ms(g.key) for g in prepared.graphs}
+        for family in ("delivery", "snapshots"):
+            for k in (1, 3, 16):
+                graphs = getattr(prepared, family)
+                assert prepared.reference_interval(family, k, c) == utility.reference_interval(k, graphs, c)
+
+    check(costs)
+    g = prepared.delivery[0]
+    before = prepared.reference_interval("delivery", 1, costs)
+    for _ in range(3):  # the median moves to the new duration
+        costs.observe(g.key, (int(0.01 * service.NS_PER_MS),), 0)
+    check(costs)
+    assert prepared.reference_interval("delivery", 1, costs) != before
+    other = CostModel()
+    other.version = costs.version
+    check(other)  # another cost model, even at the same version, is read afresh
+    check(costs)
+
+
+def test_views_read_acceptance_estimates_like_each_estimate_would():
+    """views() computes every decoder's survival and optimistic estimates per source at once
+    (speculation.batch_estimates); each row equals the estimate's own means(pool) and
+    optimistic(tokens, pool), bit for bit, and is read-only like them."""
+    import numpy as np
+
+    from helios_jax.scheduler.speculation import SOURCE_LEARNED, PrefixEstimate
+
+    from .test_core import run_once, scheduler
+
+    s = scheduler(SPEC, mode=DecodeMode.ADAPTIVE)
+    own = PrefixEstimate(np.array([0.9, 0.7, 0.2]), np.array([5.0, 3.0, 1.0]), 0)  # origin None
+    s.admit([1] * 8, max_output=300, acceptance_history={SOURCE_LEARNED: own})
+    s.admit([1] * 8, max_output=300, proposal_source="copy")
+    for n in (8, 60, 200):
+        s.admit([1] * n, max_output=300)
+    t = 0.0
+    for fence in range(1, 30):
+        _, _, t = run_once(s, fence, t, accepted=fence % 4)
+        views = {v.rid: v for v in s.views()}
+        for r in s.requests.values():
+            v = views.get(r.rid)
+            if v is None or v.phase.value != "decode":
+                continue
+            est, pool = r.acceptance.get(r.proposal_source), s.population.acceptance_pools[r.proposal_source]
+            np.testing.assert_array_equal(v.survival, est.means(pool), strict=True)
+            np.testing.assert_array_equal(v.optimistic, est.optimistic(len(r.output), pool), strict=True)
+            assert not v.survival.flags.writeable and not v.optimistic.flags.writeable
+
+
+def test_request_view_make_equals_the_constructor():
+    import dataclasses
+
+    import numpy as np
+
+    from helios_jax.catalog import GraphKind
+    from helios_jax.scheduler.view import Phase, RequestView
+
+    cases = [
+        dict(rid=1, slot=0, phase=Phase.TERMINAL, terminal_age_ms=3.0),
+        dict(rid=2, slot=5, phase=Phase.DECODE, runnable=False, survival=np.ones(2), width_limit=3),
+        dict(rid=3, slot=1, phase=Phase.BLOCKED, prerequisites=(GraphKind.RESTORE,), enables=Phase.PREFILL),
+        dict(rid=4, slot=2, phase=Phase.PREFILL, prompt_remaining=9, atomic_spans=((1, 4),), endpoint=7),
+    ]
+    for fields in cases:
+        got, want = RequestView.make(**fields), RequestView(**fields)
+        assert type(got) is RequestView
+        for f in dataclasses.fields(RequestView):
+            a, b = getattr(got, f.name), getattr(want, f.name)
+            if isinstance(b, np.ndarray):
+                np.testing.assert_array_equal(a, b, strict=True)
+            else:
+                assert a == b and type(a) is type(b), f.name
+        assert got.forecast is not RequestView.make(**fields).forecast  # a fresh default each
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            got.rid = 9  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        RequestView.make(rid=1, slot=0, phase=Phase.DECODE, no_such_field=1)
+    with pytest.raises(TypeError):
+        RequestView.make(rid=1, phase=Phase.DECODE)
