@@ -76,7 +76,14 @@ def build_prefill(config: ModelConfig, shape: ProgramShape, impl: Impl) -> Progr
         state, out, logprobs = packed_round(
             config, params, state, x, plan, impl, sidecar_shape=_sidecar_shape(shape)
         )
-        return state, PrefillOutputs(tokens=out.tokens[:, 0], counts=out.counts, prompt_logprobs=logprobs)
+        return state, PrefillOutputs(
+            tokens=out.tokens[:, 0],
+            counts=out.counts,
+            prompt_logprobs=logprobs,
+            logprobs=out.logprobs[:, 0],
+            top_logprobs=out.top_logprobs[:, 0],
+            top_tokens=out.top_tokens[:, 0],
+        )
 
     return prefill
 

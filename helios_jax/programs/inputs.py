@@ -122,6 +122,7 @@ class MultiStepInputs:
 
 # Stop tokens a multi-step decode lane can watch for (the tokenizer's end-of-sequence ids).
 STOP_CAPACITY = 4
+TOP_LOGPROBS = 20  # alternatives every generation program reports per output token (OpenAI's cap)
 
 
 @struct.dataclass
@@ -208,6 +209,9 @@ class RoundOutputs:
       sidecar[1, s, k]  joint prefix probability: the product of sidecar[0, s, :k + 1]
     `survival[b, j]` is completion_speculative_survival for the j + 1 evaluated proposals,
     valid for j < query_lengths[b] - 1 (0 beyond).
+    `logprobs[b, j]`, `top_logprobs[b, j]` and `top_tokens[b, j]` score output token j (valid for
+    j < counts[b]) under log_softmax of the target logits that produced it: the raw model
+    distribution, before temperature, top-k and top-p (docs/programs.md, "Log-probabilities").
     """
 
     tokens: jax.Array  # i32[B, W]
@@ -215,6 +219,9 @@ class RoundOutputs:
     query_lengths: jax.Array  # i32[B]
     sidecar: jax.Array  # f32[2, S, draft_capacity]
     survival: jax.Array  # f32[B, W-1]
+    logprobs: jax.Array  # f32[B, W] log p(tokens[b, j]) under the raw model distribution
+    top_logprobs: jax.Array  # f32[B, W, N] the N = min(TOP_LOGPROBS, V) most probable tokens' log p
+    top_tokens: jax.Array  # i32[B, W, N] those tokens, most probable first
 
 
 @struct.dataclass
@@ -223,6 +230,9 @@ class PrefillOutputs:
     counts: jax.Array  # i32[1] 1 or 0
     prompt_logprobs: jax.Array | None  # f32[C] scored prefill: log p(token j | prefix); NaN for
     #                                    the request's first token and past the chunk length
+    logprobs: jax.Array | None = None  # f32[1] the first output token's (RoundOutputs.logprobs)
+    top_logprobs: jax.Array | None = None  # f32[1, N]
+    top_tokens: jax.Array | None = None  # i32[1, N]
 
 
 def input_spec(shape: ProgramShape):

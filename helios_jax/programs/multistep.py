@@ -10,7 +10,8 @@ request receives a token, or a cursor, past its end.
 
 Outputs: `RoundOutputs` with `tokens` i32[B, K] (lane b's output is `tokens[b, :counts[b]]`,
 zeros beyond), `counts` i32[B] (the steps it took), `query_lengths` ones (one target row per
-step, no proposals) and the last step's empty sidecar and survival rows.
+step, no proposals), each step's log-probabilities as columns of `logprobs`, `top_logprobs` and
+`top_tokens`, and the last step's empty sidecar and survival rows.
 """
 
 from __future__ import annotations
@@ -50,6 +51,9 @@ def build_multistep_decode(config: ModelConfig, shape: ProgramShape, impl: Impl,
             query_lengths=active.astype(jnp.int32),
             sidecar=last.sidecar,
             survival=last.survival,
+            logprobs=outs.logprobs[:, :, 0].T,  # [K, B, 1] per step -> [B, K]
+            top_logprobs=jnp.swapaxes(outs.top_logprobs[:, :, 0], 0, 1),  # [K, B, 1, N] -> [B, K, N]
+            top_tokens=jnp.swapaxes(outs.top_tokens[:, :, 0], 0, 1),
         )
         return state, outputs
 

@@ -47,7 +47,7 @@ from helios_jax.model import (
 from helios_jax.model.cache import packed_token_rows
 from helios_jax.programs.acceptance import sample_and_accept
 from helios_jax.programs.impls import Impl
-from helios_jax.programs.inputs import RoundOutputs
+from helios_jax.programs.inputs import TOP_LOGPROBS, RoundOutputs
 from helios_jax.programs.proposals import draft_proposals
 from helios_jax.programs.state import DeviceState, wrap_keys
 
@@ -237,7 +237,7 @@ def packed_round(
     batch = _pack_target(lanes, x, plan, drafts.proposals, lens)  # 4. one packed target forward
     hidden, target_cache = forward_packed(config, params, state.target, batch, attention=attention)
     column = jnp.arange(plan.width, dtype=jnp.int32)[None, :]  # i32[1, W] a lane's row index
-    acc, counts = _accept(  # 5
+    acc, counts, logits = _accept(  # 5
         config, params, lanes, x, plan, hidden, batch, drafts, column, accept_key, sample_key
     )
     committed, new_hidden, new_pending = _commit(lanes, hidden, batch, acc, counts, plan)  # 6
@@ -256,12 +256,14 @@ def packed_round(
         rng=_scatter_rows(state.rng, rows, jax.random.key_data(next_key)),
         generated=_scatter_rows(state.generated, rows, state.generated[lanes.slots] + counts),
     )
+    tokens = jnp.where(column < counts[:, None], acc.tokens, 0).astype(jnp.int32)
     outputs = RoundOutputs(
-        tokens=jnp.where(column < counts[:, None], acc.tokens, 0).astype(jnp.int32),
+        tokens=tokens,
         counts=counts,
         query_lengths=lens,
         sidecar=_sidecar(lanes, drafts.confidence, drafts.joint, sidecar_shape),
         survival=jnp.where(lanes.is_decode[:, None], acc.survival, 0.0),
+        **token_logprobs(logits, tokens),
     )
     logprobs = None
     if plan.scored:
@@ -330,7 +332,7 @@ def _accept(
 
     Returns:
       (the acceptance result, i32[B] tokens each lane emits: a + 1 for a decode lane, one for a
-      prompt lane whose chunk ends the prompt, none otherwise).
+      prompt lane whose chunk ends the prompt, none otherwise, the target logits f32[B, W, V]).
     """
     b, w, t_cap = plan.lanes, plan.width, plan.packed
     starts, lens = batch.query_starts, batch.query_lens
@@ -352,7 +354,24 @@ def _accept(
     counts = jnp.where(lanes.is_decode, acc.counts, 0)
     if plan.prompt_capacity:
         counts = jnp.where(lanes.is_prompt & x.prompt_ends, 1, counts)
-    return acc, counts.astype(jnp.int32)
+    return acc, counts.astype(jnp.int32), logits
+
+
+def token_logprobs(logits: jax.Array, tokens: jax.Array) -> dict:
+    """Each output token's log-probability and the TOP_LOGPROBS most probable alternatives under
+    the raw model distribution log_softmax(logits) (temperature 1, untruncated): the same numbers
+    on the greedy fast path and the sampled path, and for every program kind.
+
+    Args:
+      logits: f32[B, W, V] the target logits at each lane's sample rows.
+      tokens: i32[B, W] the tokens emitted at those rows.
+    Returns:
+      RoundOutputs' logprobs f32[B, W], top_logprobs f32[B, W, N], top_tokens i32[B, W, N].
+    """
+    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    picked = jnp.take_along_axis(log_probs, tokens[..., None], axis=-1)[..., 0]
+    top, ids = jax.lax.top_k(log_probs, min(TOP_LOGPROBS, log_probs.shape[-1]))
+    return dict(logprobs=picked, top_logprobs=top, top_tokens=ids.astype(jnp.int32))
 
 
 def _commit(lanes: _Lanes, hidden, batch: PackedBatch, acc, counts, plan: RoundPlan):

@@ -10,14 +10,30 @@ and the test fakes implement :class:`Engine`.
 from __future__ import annotations
 
 import dataclasses
+import math
 import queue
 import threading
 from collections.abc import Sequence
 from typing import Protocol
 
+SEED_RANGE = (-(2**63), 2**64)  # seeds: any signed or unsigned 64-bit integer
+MAX_TOP_LOGPROBS = 20  # alternatives per token (the programs' static top-N, OpenAI's cap)
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
 
 @dataclasses.dataclass(frozen=True)
 class SamplingParams:
+    """A request's sampling settings, validated on construction (ValueError naming the field).
+
+    Ranges: max_tokens >= 1; temperature finite and >= 0 (0: greedy); top_p in (0, 1]; top_k an
+    integer >= 0 (0: off; the engine treats top_k >= its vocabulary as off, the same
+    distribution); seed None or an integer in [-2**63, 2**64), reduced by the engine into the
+    programs' 32-bit seed (`program_seed`); top_logprobs 0..20 alternatives per generated token.
+    """
+
     max_tokens: int
     temperature: float = 1.0  # 0: greedy
     top_p: float = 1.0
@@ -26,16 +42,41 @@ class SamplingParams:
     stop: tuple[str, ...] = ()  # stop strings (host-side; the text before the stop is returned)
     prompt_logprobs: bool = False  # scored prefill: log-probabilities of the prompt tokens
     logprobs: bool = False  # log-probability of each generated token
+    top_logprobs: int = 0  # with logprobs: the most probable alternatives per generated token
 
     def __post_init__(self):
-        if self.max_tokens < 1:
-            raise ValueError("max_tokens must be at least 1")
+        if not _is_int(self.max_tokens) or self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be an integer of at least 1, got {self.max_tokens!r}")
+        for name in ("temperature", "top_p"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ValueError(f"{name} must be a finite number, got {value!r}")
         if self.temperature < 0:
             raise ValueError("temperature must be nonnegative")
         if not 0 < self.top_p <= 1:
             raise ValueError("top_p must lie in (0, 1]")
-        if self.top_k < 0:
-            raise ValueError("top_k must be nonnegative")
+        if not _is_int(self.top_k) or self.top_k < 0:
+            raise ValueError(f"top_k must be a nonnegative integer (0: off), got {self.top_k!r}")
+        if self.seed is not None and (
+            not _is_int(self.seed) or not SEED_RANGE[0] <= self.seed < SEED_RANGE[1]
+        ):
+            raise ValueError(f"seed must be an integer in [-2**63, 2**64), got {self.seed!r}")
+        if not _is_int(self.top_logprobs) or not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
+            raise ValueError(
+                f"top_logprobs must be an integer from 0 to {MAX_TOP_LOGPROBS}, got {self.top_logprobs!r}"
+            )
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs requires logprobs")
+        if not isinstance(self.stop, tuple) or not all(isinstance(s, str) and s for s in self.stop):
+            raise ValueError("stop must be a tuple of nonempty strings")
+
+
+def program_seed(seed: int) -> int:
+    """The programs' u32 seed for a request seed in [-2**63, 2**64): the 64-bit two's-complement
+    value folded by xor of its halves. Deterministic, and the identity below 2**32, so small seeds
+    keep the streams they always had."""
+    value = seed % (1 << 64)
+    return (value ^ (value >> 32)) & 0xFFFFFFFF
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,7 +96,9 @@ class StreamEvent:
     finish_reason: str | None = None  # "stop", "length", "cancelled" or "error"
     prompt_tokens: int = 0
     completion_tokens: int = 0  # cumulative
-    token_logprobs: tuple[float, ...] | None = None
+    token_logprobs: tuple[float, ...] | None = None  # with logprobs: one per token_ids entry
+    # with top_logprobs: per token, the most probable (token id, log-probability) pairs
+    top_logprobs: tuple[tuple[tuple[int, float], ...], ...] | None = None
     prompt_logprobs: tuple[float | None, ...] | None = None  # first event only, when requested
     error: str | None = None
 

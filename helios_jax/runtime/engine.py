@@ -41,10 +41,12 @@ from helios_jax.compilation_cache import enable_compilation_cache
 from helios_jax.engine_config import EngineConfig
 from helios_jax.engine_options import EngineOptions
 from helios_jax.prepare import load_engine_model, prepare, warm_up
-from helios_jax.runtime.api import GenerationRequest, RequestStream, StreamEvent
+from helios_jax.runtime.api import GenerationRequest, RequestStream, StreamEvent, program_seed
 from helios_jax.runtime.compilations import render_compilations
 from helios_jax.runtime.detokenize import TextStream
 from helios_jax.runtime.executor import Dispatch, Executor, RequestInputs, completion_records, survival_rows
+from helios_jax.runtime.faults import FaultContainment
+from helios_jax.runtime.logprobs import lane_logprobs
 from helios_jax.runtime.tokenizer import HFTokenizer
 from helios_jax.scheduler.config import PolicyConfig
 from helios_jax.scheduler.core import Scheduler
@@ -65,7 +67,7 @@ class _Active:
     done: bool = False
 
 
-class HeliosEngine:
+class HeliosEngine(FaultContainment):
     """Serves one model with one prepared catalog (``helios_jax.runtime.api.Engine``)."""
 
     def __init__(
@@ -105,7 +107,10 @@ class HeliosEngine:
             prepared = prepare(model_config, params, engine_config, name=model_name, progress=progress)
             programs, params = prepared.programs, prepared.params
             warm_up(programs, params, progress)
+        self.vocab_size = model_config.vocab_size
+        self._programs = programs
         self.executor = Executor(programs, params, programs.init_state())
+        self._degraded = False  # rebuilding the device state after a failed program
         self._events: queue.Queue = queue.Queue()
         self._waiting: list[_Active] = []
         self._by_id: dict[str, _Active] = {}
@@ -126,14 +131,14 @@ class HeliosEngine:
         self._ready.set()
 
     def ready(self) -> bool:
-        return self._ready.is_set() and self._failed is None and not self._stop.is_set()
+        return (
+            self._ready.is_set() and self._failed is None and not self._stop.is_set() and not self._degraded
+        )
 
     def submit(self, request: GenerationRequest) -> RequestStream:
-        if len(request.prompt_tokens) + request.sampling.max_tokens > self.max_model_len:
-            raise ValueError(
-                f"prompt ({len(request.prompt_tokens)}) plus max_tokens "
-                f"({request.sampling.max_tokens}) exceeds the context of {self.max_model_len}"
-            )
+        """Queue a request; raises ValueError (naming the field) for one the engine cannot run,
+        before it changes anything. `SamplingParams` validated its own ranges."""
+        self._check_request(request)
         stream = RequestStream(
             request.request_id, cancel_callback=lambda rid: self._events.put(("cancel", rid))
         )
@@ -233,9 +238,17 @@ class HeliosEngine:
             plan = self.scheduler.plan()
             if plan is None or (plan.needs_empty_window and self.executor.inflight):
                 break
+            inputs = self._pack(plan)
+            if inputs is None:
+                continue  # the requests whose lanes failed to pack were failed: plan again
             self._fence += 1
             self.scheduler.commit(plan, self._fence)
-            self.executor.dispatch(plan, self._fence, self._inputs_of(plan))
+            try:
+                self.executor.dispatch(plan, self._fence, self._inputs_of(plan), inputs=inputs)
+            except Exception as e:  # the program call itself: the donated state is lost
+                log.exception("dispatch failed")
+                self._device_failure(f"{plan.graph.name} failed: {e}", (plan, self._fence))
+                return
             self.executor.poll()
         if self.check_invariants:
             self._verify_pool()
@@ -279,14 +292,14 @@ class HeliosEngine:
                 host_stops=bool(s.stop),
                 sampling=s,
             )
-            seed = s.seed if s.seed is not None else (self._seed + handle.rid) % (1 << 31)
+            seed = program_seed(s.seed) if s.seed is not None else (self._seed + handle.rid) % (1 << 31)
             active.handle = handle
             active.inputs = RequestInputs(
                 tuple(req.prompt_tokens),
                 tuple(self.scheduler.page_table(handle)),
                 temperature=s.temperature,
                 top_p=s.top_p,
-                top_k=s.top_k,
+                top_k=s.top_k if s.top_k < self.vocab_size else 0,  # k >= V keeps every token: off
                 seed=seed,
                 stop_tokens=tuple(self.tokenizer.eos_token_ids),
             )
@@ -316,11 +329,18 @@ class HeliosEngine:
 
     def _complete(self, frame: Dispatch) -> None:
         if frame.error is not None:
-            raise RuntimeError(f"fence {frame.fence} ({frame.plan.graph.name}) failed: {frame.error}")
+            self._device_failure(f"fence {frame.fence} ({frame.plan.graph.name}) failed: {frame.error}")
+            return
         plan = frame.plan
         self.scheduler.advance_to(self._now())
         outputs = frame.outputs
-        records = completion_records(plan, outputs)
+        try:  # validate every lane before any update: unreadable outputs fail this frame only
+            records = completion_records(plan, outputs)
+            scores = lane_logprobs(plan, outputs) if self._wants_logprobs(plan) else {}
+        except Exception as e:
+            log.exception("completion of fence %d failed", frame.fence)
+            self._drop_frame(frame, f"completion of {plan.graph.name} failed: {e}")
+            return
         timing = frame.timing()
         graph = plan.graph
         depth = graph.proposal_depth if graph.kind in (GraphKind.SPECULATIVE, GraphKind.MIXED) else 0
@@ -341,7 +361,11 @@ class HeliosEngine:
             active = self._by_rid.get(g.handle.rid)
             if active is None or active.done:
                 continue
-            self._publish(active, g, frame.fence)
+            try:
+                self._publish(active, g, frame.fence, scores.get(g.handle.rid))
+            except Exception as e:  # detokenizing, stop strings, scores: this request alone
+                log.exception("publishing %s failed", active.request.request_id)
+                self._fail_request(active, f"completion failed: {e}")
 
     def _collect_prompt_logprobs(self, plan, outputs) -> None:
         lane = plan.lanes[0]
@@ -354,8 +378,14 @@ class HeliosEngine:
             if 0 < pos < len(active.prompt_logprobs) and np.isfinite(v):
                 active.prompt_logprobs[pos] = float(v)
 
-    def _publish(self, active: _Active, generated, fence: int) -> None:
+    def _publish(self, active: _Active, generated, fence: int, scores=None) -> None:
         tokens = generated.tokens
+        sampling = active.request.sampling
+        fields = {}
+        if sampling.logprobs and tokens:
+            if scores is None:
+                raise ValueError(f"no log-probabilities for {active.request.request_id}")
+            fields = scores.event_fields(len(tokens), sampling.top_logprobs)
         active.completion_tokens += len(tokens)
         text = active.text.feed(tokens, final=generated.finished)
         first = None
@@ -375,6 +405,7 @@ class HeliosEngine:
                     len(active.request.prompt_tokens),
                     active.completion_tokens,
                     prompt_logprobs=first,
+                    **fields,
                 )
             )
         if active.text.stopped and not generated.finished:

@@ -261,9 +261,23 @@ class Executor:
         self._packed[plan.graph.key] = (key, inputs)
         return inputs
 
-    def dispatch(self, plan: ScheduledPlan, fence: int, info: Mapping[int, RequestInputs]) -> Dispatch:
+    def pack(self, plan: ScheduledPlan, info: Mapping[int, RequestInputs]):
+        """The plan's program inputs (`dispatch` packs them itself when given none). Raises what
+        packing raises, before anything is dispatched: the engine packs ahead of committing."""
+        return self._inputs(self.programs[plan.graph.key], plan, info)
+
+    def reset(self, state) -> None:
+        """A failed program left the donated state unusable: serve on `state`, nothing in flight."""
+        self.state = state
+        self.inflight.clear()
+        self._packed.clear()
+
+    def dispatch(
+        self, plan: ScheduledPlan, fence: int, info: Mapping[int, RequestInputs], inputs=None
+    ) -> Dispatch:
         program = self.programs[plan.graph.key]
-        inputs = self._inputs(program, plan, info)
+        if inputs is None:
+            inputs = self._inputs(program, plan, info)
         predecessor = self.inflight[-1] if self.inflight else None
         called = self.clock()
         self.state, outputs = program(self.params, self.state, inputs)

@@ -28,7 +28,8 @@ Generation (:class:`FakeEngine`), for a request with ``max_tokens = M``:
    decided text, the token ids generated since the last event, cumulative ``completion_tokens``,
    ``prompt_tokens`` and, when requested, log-probabilities: every generated token has
    :data:`TOKEN_LOGPROB` (-0.5); prompt tokens have ``None`` for the first and
-   :data:`PROMPT_LOGPROB` (-1.0) after it, on the first event only.
+   :data:`PROMPT_LOGPROB` (-1.0) after it, on the first event only; with ``top_logprobs = k``
+   a token t's alternatives are t, t + 1, .., t + k - 1 with log-probabilities -0.5, -1.5, ...
 5. ``token_delay_s`` is waited before each token; ``RequestStream.cancel()`` records the request
    id in :attr:`FakeEngine.cancelled` immediately and the worker then ends the stream with
    ``finish_reason="cancelled"``.
@@ -240,6 +241,7 @@ class FakeEngine:
                         finish_reason=finish,
                         completion_tokens=len(generated),
                         token_logprobs=((TOKEN_LOGPROB,) * len(pending) if sampling.logprobs else None),
+                        top_logprobs=_alternatives(pending, sampling.top_logprobs),
                         prompt_logprobs=prompt_logprobs,
                         **counts,
                     )
@@ -267,3 +269,10 @@ class FakeEngine:
         finally:
             with self._lock:
                 self._cancel_events.pop(request.request_id, None)
+
+
+def _alternatives(tokens, k: int):
+    """The fake's top alternatives (module docstring, item 4), or None when none are asked for."""
+    if k <= 0:
+        return None
+    return tuple(tuple((t + j, TOKEN_LOGPROB - j) for j in range(k)) for t in tokens)

@@ -197,6 +197,9 @@ class RequestHandler(BaseHTTPRequestHandler):
         )
         try:
             stream = engine.submit(generation)
+        except ValueError as e:  # the engine's own request checks (HeliosEngine.submit)
+            self.server.metrics.finished.inc(reason="error")
+            raise bad_request(str(e)) from None
         except Exception as e:
             log.exception("engine.submit failed for %s", request_id)
             self.server.metrics.finished.inc(reason="error")

@@ -15,10 +15,14 @@ the most basic one:
 
 The answers are built by ``openai_responses``, pure functions the server (``streaming.py``) calls.
 
-Log-probabilities: the engine computes the sampled token's log-probability only, never the
-alternatives. Completions therefore accept ``logprobs=0`` (each token's own log-probability,
-``top_logprobs`` holding just that token) and chat accepts ``logprobs: true`` with
-``top_logprobs`` absent or 0; asking for alternatives is a 400 rather than a silently short list.
+Log-probabilities: the engine returns each generated token's log-probability and up to 20
+alternatives (``MAX_TOP_LOGPROBS``). Completions accept ``logprobs`` 0..20 and chat accepts
+``logprobs: true`` with ``top_logprobs`` 0..20; more is a 400 rather than a silently short list.
+
+Sampling ranges (each a 400 naming the field): temperature finite and >= 0; top_p in (0, 1];
+top_k -1 or 0 (off) or positive, where any top_k >= the vocabulary is off (it keeps every
+token; the engine clamps it, as vLLM does); seed any signed or unsigned 64-bit integer (the
+engine folds it into the programs' 32-bit seed, deterministically: ``api.program_seed``).
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import dataclasses
 import json
 import math
 
-from helios_jax.runtime.api import SamplingParams, Tokenizer
+from helios_jax.runtime.api import MAX_TOP_LOGPROBS, SamplingParams, Tokenizer
 from helios_jax.serve.openai_errors import ApiError, bad_request, unsupported
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's legacy completions default
@@ -363,16 +367,12 @@ def parse_completion_request(
     stream, include_usage = _parse_stream(body)
     echo = _opt_bool(body, "echo")
     logprobs = _opt_int(body, "logprobs")
-    if logprobs is not None and logprobs < 0:
-        raise bad_request(f"'logprobs' must be nonnegative, got {logprobs}", param="logprobs")
+    if logprobs is not None and not 0 <= logprobs <= MAX_TOP_LOGPROBS:
+        raise bad_request(
+            f"'logprobs' must be from 0 to {MAX_TOP_LOGPROBS}, got {logprobs}", param="logprobs"
+        )
     max_tokens = _positive_max_tokens(body, "max_tokens")
     _check_unsupported(body, COMPLETION_FIELDS)
-    if logprobs is not None and logprobs > 0:
-        raise unsupported(
-            "logprobs > 0 (top alternatives) is not supported; logprobs=0 returns each "
-            "token's own log-probability",
-            "logprobs",
-        )
     model = _check_model(body, served_model)
     prompt_tokens = _completion_prompt(body, tokenizer)
     max_tokens = _fit_context(
@@ -382,6 +382,7 @@ def parse_completion_request(
         max_tokens=max_tokens,
         prompt_logprobs=echo and logprobs is not None,
         logprobs=logprobs is not None,
+        top_logprobs=logprobs or 0,
         **fields,
     )
     return ParsedRequest(
@@ -462,20 +463,17 @@ def parse_chat_request(
     if top_logprobs is not None:
         if not logprobs:
             raise bad_request("top_logprobs requires logprobs to be true", param="top_logprobs")
-        if top_logprobs < 0:
-            raise bad_request(f"'top_logprobs' must be nonnegative, got {top_logprobs}", param="top_logprobs")
-        if top_logprobs > 0:
-            raise unsupported(
-                "top_logprobs > 0 (alternatives) is not supported; logprobs=true returns each "
-                "token's own log-probability",
-                "top_logprobs",
+        if not 0 <= top_logprobs <= MAX_TOP_LOGPROBS:
+            raise bad_request(
+                f"'top_logprobs' must be from 0 to {MAX_TOP_LOGPROBS}, got {top_logprobs}",
+                param="top_logprobs",
             )
     model = _check_model(body, served_model)
     messages = _chat_messages(body)
     prompt_tokens, endpoints = tokenizer.apply_chat_template(messages)
     budget = max_completion_tokens if max_completion_tokens is not None else max_tokens
     budget = _fit_context(len(prompt_tokens), budget, max_model_len, "messages")
-    sampling = SamplingParams(max_tokens=budget, logprobs=logprobs, **fields)
+    sampling = SamplingParams(max_tokens=budget, logprobs=logprobs, top_logprobs=top_logprobs or 0, **fields)
     return ParsedRequest(
         chat=True,
         model=model,

@@ -6,9 +6,11 @@ requests answer with :func:`completion_response` or :func:`chat_response`; strea
 :func:`completion_chunk` or :func:`chat_chunk` payloads, then :func:`usage_chunk` when
 ``stream_options.include_usage`` asks for it, each framed by :func:`sse`.
 
-Log-probabilities: the engine computes the sampled token's log-probability only, so the
-``top_logprobs`` the builders write hold that token alone (completions) or nothing (chat); see
-``openai_protocol`` for the requests this allows.
+Log-probabilities: each generated token's log-probability and, when asked for, up to 20 most
+probable alternatives (``top``: per token, (token text, log-probability) pairs, most probable
+first, or None), all under the raw model distribution (docs/programs.md, "Log-probabilities").
+Completions' ``top_logprobs`` maps each alternative's text to its log-probability and always
+holds the sampled token too (OpenAI: up to logprobs + 1 entries); chat lists the alternatives.
 """
 
 from __future__ import annotations
@@ -25,8 +27,14 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
     }
 
 
+Alternatives = Sequence[tuple[str, float]] | None
+
+
 def completion_logprobs(
-    tokens: Sequence[str], logprobs: Sequence[float | None], text_offset: int = 0
+    tokens: Sequence[str],
+    logprobs: Sequence[float | None],
+    text_offset: int = 0,
+    top: Sequence[Alternatives] | None = None,
 ) -> dict:
     """The completions ``logprobs`` object; `text_offset` is where the first token starts in the
     returned text. Example: tokens ("a", "b"), logprobs (None, -1.0), offset 0 ->
@@ -36,20 +44,36 @@ def completion_logprobs(
     for token in tokens:
         offsets.append(text_offset)
         text_offset += len(token)
+    top = top if top is not None else [None] * len(tokens)
+    tops = []
+    for t, lp, alternatives in zip(tokens, logprobs, top, strict=True):
+        if lp is None:
+            tops.append(None)
+            continue
+        entry = {text: value for text, value in alternatives or ()}
+        entry.setdefault(t, lp)
+        tops.append(entry)
     return {
         "tokens": list(tokens),
         "token_logprobs": list(logprobs),
-        "top_logprobs": [None if lp is None else {t: lp} for t, lp in zip(tokens, logprobs, strict=True)],
+        "top_logprobs": tops,
         "text_offset": offsets,
     }
 
 
-def chat_logprobs(tokens: Sequence[str], logprobs: Sequence[float | None]) -> dict:
-    """The chat ``logprobs`` object: one entry per token with its UTF-8 bytes, no alternatives."""
+def _token_entry(token: str, logprob: float | None) -> dict:
+    return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8", "surrogatepass"))}
+
+
+def chat_logprobs(
+    tokens: Sequence[str], logprobs: Sequence[float | None], top: Sequence[Alternatives] | None = None
+) -> dict:
+    """The chat ``logprobs`` object: one entry per token with its UTF-8 bytes and alternatives."""
+    top = top if top is not None else [None] * len(tokens)
     return {
         "content": [
-            {"token": t, "logprob": lp, "bytes": list(t.encode("utf-8", "surrogatepass")), "top_logprobs": []}
-            for t, lp in zip(tokens, logprobs, strict=True)
+            {**_token_entry(t, lp), "top_logprobs": [_token_entry(a, v) for a, v in alternatives or ()]}
+            for t, lp, alternatives in zip(tokens, logprobs, top, strict=True)
         ]
     }
 

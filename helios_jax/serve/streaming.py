@@ -84,17 +84,20 @@ class GenerationResponse:
     def _token_texts(self, ids) -> list[str]:
         return [self.tokenizer.decode([i]) for i in ids]
 
-    def _logprobs(self, ids, values, offset: int, always: bool = False) -> dict | None:
+    def _logprobs(self, ids, values, offset: int, always: bool = False, top=None) -> dict | None:
         """The logprobs object for `ids` (None when not requested, or when there are no tokens
-        and not `always`); missing values render as null."""
+        and not `always`); missing values render as null. `top`: per token, the engine's
+        (token id, log-probability) alternatives or None."""
         if not self.request.logprobs or (not ids and not always):
             return None
         texts = self._token_texts(ids)
         values = list(values) if values is not None else [None] * len(ids)
         values = (values + [None] * len(ids))[: len(ids)]
+        top = (list(top or ()) + [None] * len(ids))[: len(ids)]
+        top = [None if a is None else [(self.tokenizer.decode([i]), v) for i, v in a] for a in top]
         if self.request.chat:
-            return responses.chat_logprobs(texts, values)
-        return responses.completion_logprobs(texts, values, offset)
+            return responses.chat_logprobs(texts, values, top)
+        return responses.completion_logprobs(texts, values, offset, top)
 
     def _failure(self, event: StreamEvent) -> ApiError:
         if event.finish_reason == "cancelled":
@@ -108,13 +111,14 @@ class GenerationResponse:
     def full_response(self, stream: RequestStream) -> None:
         request = self.request
         echo_text = self.tokenizer.decode(request.prompt_tokens) if request.echo else ""
-        text, ids, values, prompt_values = [], [], [], None
+        text, ids, values, top, prompt_values = [], [], [], [], None
         for event in self._events(stream):
             if event.prompt_logprobs is not None:
                 prompt_values = event.prompt_logprobs
             text.append(event.text)
             ids.extend(event.token_ids)
             values.extend(event.token_logprobs or [None] * len(event.token_ids))
+            top.extend(event.top_logprobs or [None] * len(event.token_ids))
         reason = event.finish_reason
         self._finish(reason)
         if reason not in ("stop", "length"):
@@ -123,9 +127,12 @@ class GenerationResponse:
         if request.logprobs:
             if request.echo:  # prompt tokens first, then the generated ones, as one object
                 prompt_values = list(prompt_values or [None] * len(request.prompt_tokens))
-                logprobs = self._logprobs(list(request.prompt_tokens) + ids, prompt_values + values, 0, True)
+                top = [None] * len(request.prompt_tokens) + top
+                logprobs = self._logprobs(
+                    list(request.prompt_tokens) + ids, prompt_values + values, 0, True, top
+                )
             else:
-                logprobs = self._logprobs(ids, values, 0, True)
+                logprobs = self._logprobs(ids, values, 0, True, top)
         build = responses.chat_response if request.chat else responses.completion_response
         self.handler.send_json(
             200,
@@ -180,7 +187,7 @@ class GenerationResponse:
                 self._write(stream, self._chunk(echo, logprobs=lp))
                 offset += len(echo)
             first = False
-            lp = self._logprobs(event.token_ids, event.token_logprobs, offset)
+            lp = self._logprobs(event.token_ids, event.token_logprobs, offset, top=event.top_logprobs)
             if event.text or lp is not None:
                 self._write(stream, self._chunk(event.text, logprobs=lp))
                 offset += len(event.text)

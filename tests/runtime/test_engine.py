@@ -189,3 +189,147 @@ def test_serving_a_mixed_workload_after_warm_up_compiles_nothing(engine):
     text = engine.metrics_text()
     assert f"helios_xla_compilations_total {compilations.compilation_count()}" in text
     assert 'helios_frame_observations_total{observation="waited"}' in text
+
+
+def _offline_scores(sequence):
+    buf = np.zeros(BUFFER, np.int32)
+    buf[: len(sequence)] = sequence
+    return np.asarray(jax.nn.log_softmax(_logits(jnp.asarray(buf)), axis=-1))
+
+
+@pytest.mark.parametrize("settings", [dict(temperature=0.0), dict(temperature=0.9, top_k=7, seed=5)])
+def test_generated_token_logprobs_equal_the_full_forward(engine, settings):
+    """Each generated token's log-probability and its top alternatives are the raw model
+    distribution at its position (log-softmax of the full forward's logits), greedy (the fast
+    path) and sampled, through prefill, decode and speculative programs."""
+    tok = tokenizer()
+    prompt = tok.encode("def f(x):\n    return x + 1\n") * 2
+    events, tokens = run(
+        engine,
+        f"lp{settings['temperature']}",
+        prompt,
+        max_tokens=12,
+        logprobs=True,
+        top_logprobs=5,
+        **settings,
+    )
+    values = [v for e in events for v in e.token_logprobs or ()]
+    tops = [a for e in events for a in e.top_logprobs or ()]
+    assert len(values) == len(tops) == len(tokens) > 1
+    logp = _offline_scores(list(prompt) + tokens)
+    for i, token in enumerate(tokens):
+        row = logp[len(prompt) + i - 1]
+        assert abs(values[i] - row[token]) < 1e-4, (i, values[i], row[token])
+        ids = [t for t, _ in tops[i]]
+        np.testing.assert_allclose([v for _, v in tops[i]], np.sort(row)[::-1][:5], atol=1e-4)
+        np.testing.assert_allclose([v for _, v in tops[i]], row[ids], atol=1e-4)
+
+
+def test_out_of_range_requests_raise_value_error_and_change_nothing(engine):
+    vocab = engine.vocab_size
+    for bad in (
+        dict(seed=2**64),
+        dict(seed=-(2**63) - 1),
+        dict(top_k=-1),
+        dict(temperature=float("nan")),
+        dict(logprobs=True, top_logprobs=21),
+    ):
+        with pytest.raises(ValueError):
+            SamplingParams(max_tokens=4, **bad)
+    for prompt in ((vocab,), (-1,), ()):
+        with pytest.raises(ValueError, match="prompt_tokens"):
+            engine.submit(GenerationRequest("bad", prompt, SamplingParams(max_tokens=4)))
+    assert engine.ready() and not engine._by_id
+
+
+def test_huge_top_k_is_off_and_huge_seeds_are_deterministic(engine):
+    """top_k >= the vocabulary keeps every token (the same text as top_k = 0); seeds up to 2**64
+    fold into the program seed deterministically (the issue's engine-killing requests)."""
+    prompt = tokenizer().encode("hello world")
+    _, off = run(engine, "k0", prompt, max_tokens=8, temperature=1.0, seed=9)
+    _, huge = run(engine, "k1", prompt, max_tokens=8, temperature=1.0, seed=9, top_k=2**31)
+    assert huge == off
+    _, a = run(engine, "s63a", prompt, max_tokens=8, temperature=1.0, seed=2**63)
+    _, b = run(engine, "s63b", prompt, max_tokens=8, temperature=1.0, seed=2**63)
+    assert a == b and len(a) == 8 and engine.ready()
+
+
+POISON = (7, 7, 7, 7, 7, 7, 7, 5)
+
+
+def test_a_request_that_fails_to_pack_fails_alone(engine, monkeypatch):
+    """Packing raises for one request's lanes: it ends with an error, a concurrent request
+    completes normally, the engine stays healthy and serves the next request."""
+    from helios_jax.runtime import executor as executor_module
+
+    real = executor_module.pack_inputs
+
+    def pack(program, plan, info):
+        if any(info[lane.handle.rid].prompt == POISON for lane in plan.lanes):
+            raise OverflowError("injected packing fault")
+        return real(program, plan, info)
+
+    monkeypatch.setattr(executor_module, "pack_inputs", pack)
+    tok = tokenizer()
+    good = tok.encode("import os\n")
+    streams = [
+        engine.submit(GenerationRequest(r, tuple(p), SamplingParams(max_tokens=10, temperature=0.0)))
+        for r, p in (("ok", good), ("poison", POISON))
+    ]
+    ok, poison = (list(s) for s in streams)
+    assert poison[-1].finish_reason == "error" and "injected packing fault" in poison[-1].error
+    assert ok[-1].finish_reason == "length"
+    assert [t for e in ok for t in e.token_ids] == offline_greedy(good, 10)
+    assert engine.ready()
+    _, later = run(engine, "after", good, max_tokens=4, temperature=0.0)
+    assert later == offline_greedy(good, 4)
+
+
+class _FailingProgram:
+    def __init__(self, program, failures):
+        self.program, self.failures = program, failures
+
+    def __getattr__(self, name):
+        return getattr(self.program, name)
+
+    def __call__(self, *args):
+        self.failures.append(self.program)
+        raise RuntimeError("injected device fault")
+
+
+class _FailOnce(dict):
+    """The engine's programs; the first generation program called after arming raises."""
+
+    def __init__(self, programs):
+        super().__init__()
+        self.programs, self.failures = programs, []
+
+    def __getitem__(self, key):
+        program = self.programs[key]
+        if self.failures or program.descriptor.kind.value in ("initialize", "prefill", "scored_prefill"):
+            return program
+        return _FailingProgram(program, self.failures)
+
+    def init_state(self, **kw):
+        return self.programs.init_state(**kw)
+
+
+def test_a_failed_program_fails_resident_requests_and_the_engine_recovers(engine, monkeypatch):
+    """A program's failure loses the donated state: the resident requests end with an error, the
+    engine re-initialises its device state and serves the next request exactly."""
+    faulty = _FailOnce(engine.executor.programs)
+    monkeypatch.setattr(engine.executor, "programs", faulty)
+    monkeypatch.setattr(engine, "_programs", faulty)
+    good = tokenizer().encode("for i in range(10):\n")
+    events, _ = run(engine, "dev0", good, max_tokens=10, temperature=0.0)
+    assert faulty.failures and events[-1].finish_reason == "error" and "injected" in events[-1].error
+    deadline = time.time() + 30  # degraded (503) only while the state is rebuilt
+    while not engine.ready() and time.time() < deadline:
+        time.sleep(0.01)
+    assert engine.ready()
+    _, later = run(engine, "dev1", good, max_tokens=6, temperature=0.0)
+    assert later == offline_greedy(good, 6)
+    deadline = time.time() + 30
+    while engine.scheduler.requests and time.time() < deadline:
+        time.sleep(0.05)
+    assert not engine.scheduler.requests and not engine.scheduler.owned_pages()  # slots and pages freed

@@ -129,6 +129,36 @@ def test_chat_logprobs(client):
     ]
 
 
+def test_completion_top_logprobs(client, engine):
+    """logprobs: N returns N alternatives per token (plus the sampled one, as OpenAI does)."""
+    r = client.completions.create(model=MODEL, prompt="Hi", max_tokens=2, logprobs=2)
+    lp = r.choices[0].logprobs
+    assert lp.tokens == ["T", "h"] and lp.token_logprobs == [-0.5, -0.5]
+    assert lp.top_logprobs == [{"T": -0.5, "U": -1.5}, {"h": -0.5, "i": -1.5}]
+    assert submitted(engine, r.id).sampling.top_logprobs == 2
+
+
+def test_chat_top_logprobs(client, engine):
+    r = client.chat.completions.create(
+        model=MODEL, messages=CHAT, max_tokens=1, logprobs=True, top_logprobs=3
+    )
+    (entry,) = r.choices[0].logprobs.content
+    assert [(a.token, a.logprob) for a in entry.top_logprobs] == [("T", -0.5), ("U", -1.5), ("V", -2.5)]
+    assert submitted(engine, r.id).sampling.top_logprobs == 3
+
+
+def test_streaming_chat_top_logprobs(client):
+    chunks = list(
+        client.chat.completions.create(
+            model=MODEL, messages=CHAT, max_tokens=2, logprobs=True, top_logprobs=1, stream=True
+        )
+    )
+    entries = [
+        e for c in chunks if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content
+    ]
+    assert [[(a.token, a.logprob) for a in e.top_logprobs] for e in entries] == [[("T", -0.5)], [("h", -0.5)]]
+
+
 def test_streaming_chat_with_usage(client):
     chunks = list(
         client.chat.completions.create(

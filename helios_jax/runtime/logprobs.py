@@ -1,0 +1,50 @@
+"""Generated tokens' log-probabilities, from a program's outputs to a request's stream events.
+
+Every generation program reports, per output token, its log-probability and the TOP_LOGPROBS
+most probable alternatives under the raw model distribution (``round.token_logprobs``;
+docs/programs.md, "Log-probabilities"). A lane's values are aligned with its completion
+record's tokens; the scheduler publishes a prefix of them (a stop token or the output limit may
+cut the rest), so an event takes the first ``len(tokens)`` entries.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from helios_jax.scheduler.plan import ScheduledPlan
+
+
+@dataclasses.dataclass(frozen=True)
+class LaneLogprobs:
+    """One lane's scores, row j for its j-th output token of the frame."""
+
+    logprobs: np.ndarray  # f32[W]
+    top_logprobs: np.ndarray  # f32[W, N]
+    top_tokens: np.ndarray  # i32[W, N]
+
+    def event_fields(self, n: int, top: int) -> dict:
+        """StreamEvent fields for the first `n` tokens, with `top` alternatives each."""
+        if n > len(self.logprobs):
+            raise ValueError(f"{n} tokens published, {len(self.logprobs)} scored")
+        values = tuple(float(v) for v in self.logprobs[:n])
+        if top <= 0:
+            return dict(token_logprobs=values)
+        alternatives = tuple(
+            tuple((int(t), float(v)) for t, v in zip(self.top_tokens[j, :top], self.top_logprobs[j, :top]))
+            for j in range(n)
+        )
+        return dict(token_logprobs=values, top_logprobs=alternatives)
+
+
+def lane_logprobs(plan: ScheduledPlan, outputs) -> dict[int, LaneLogprobs]:
+    """Request id -> its lane's scores (empty for programs without generated tokens)."""
+    if outputs is None or plan.graph.kind.is_state_operation or getattr(outputs, "logprobs", None) is None:
+        return {}
+    values = np.asarray(outputs.logprobs)
+    top = np.asarray(outputs.top_logprobs)
+    ids = np.asarray(outputs.top_tokens)
+    if plan.graph.kind.is_prefill:  # one lane, one output token: [1] -> [1, 1]
+        values, top, ids = values[:, None], top[:, None], ids[:, None]
+    return {lane.handle.rid: LaneLogprobs(values[b], top[b], ids[b]) for b, lane in enumerate(plan.lanes)}
