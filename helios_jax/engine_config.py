@@ -82,8 +82,8 @@ class EngineConfig:
         (`programs/multistep.py`). `(1,)` is the single-step catalog.
       prefill_batch: the row counts B of the plain prefill programs (powers of two, 1 always
         included): B > 1 prefills B prompts' chunks in one execution, for every chunk C with
-        B x C within the largest chunk (scored prefill stays B = 1). `(1,)`: one prompt per
-        prefill.
+        B x C within the largest chunk and at the smallest chunk (scored prefill stays B = 1).
+        `(1,)`: one prompt per prefill.
     """
 
     request_slots: int = 4
@@ -258,15 +258,16 @@ class EngineConfig:
         return out
 
     def batch_prefill_descriptors(self) -> list[GraphDescriptor]:
-        """Multi-prompt prefill (RESOLUTIONS.md, 26): B > 1 rows per chunk C, while B x C stays
-        within the largest chunk (the packed extent no single-row prefill exceeds)."""
+        """Multi-prompt prefill (RESOLUTIONS.md, 26): B > 1 rows per chunk C while B x C stays
+        within the largest chunk (the packed extent no single-row prefill exceeds), and always at
+        the smallest chunk (so every B has a program)."""
         largest = max(self.prefill_chunks)
         return [
             GraphDescriptor(GraphKind.PREFILL, b, token_capacity=c)
             for b in self.prefill_batch
             if b > 1
             for c in self.prefill_chunks
-            if b * c <= largest
+            if b * c <= largest or c == self.prefill_chunks[0]
         ]
 
     def catalog(self, name: str = "prepared") -> Catalog:
