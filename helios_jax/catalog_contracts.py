@@ -40,8 +40,10 @@ def validate(
     _validate_shared_fields(g)
     name = g.name
     if g.kind.is_prefill:
-        if g.batch_capacity != 1:
-            raise field_error(name, "batch_capacity", "a prefill graph consumes one request's chunk (B = 1)")
+        if g.kind is GraphKind.SCORED_PREFILL and g.batch_capacity != 1:
+            raise field_error(name, "batch_capacity", "a scored prefill consumes one request's chunk (B = 1)")
+        if not _is_pow2(g.batch_capacity):
+            raise field_error(name, "batch_capacity", "a multi-prompt prefill's rows are a power of two")
         if g.token_capacity < 1:
             raise field_error(name, "token_capacity", "a prefill graph needs a positive chunk size")
         if g.proposal_depth or g.target_capacity:

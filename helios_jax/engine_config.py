@@ -80,6 +80,10 @@ class EngineConfig:
       decode_steps: the step counts K of the ordinary decode programs (speculation off): one
         `decode` program per request bucket and K; K > 1 runs K steps in one execution
         (`programs/multistep.py`). `(1,)` is the single-step catalog.
+      prefill_batch: the row counts B of the plain prefill programs (powers of two, 1 always
+        included): B > 1 prefills B prompts' chunks in one execution, for every chunk C with
+        B x C within the largest chunk and at the smallest chunk (scored prefill stays B = 1).
+        `(1,)`: one prompt per prefill.
     """
 
     request_slots: int = 4
@@ -95,6 +99,7 @@ class EngineConfig:
     dtype: str = "float32"
     snapshot_rows: int = 1
     decode_steps: tuple[int, ...] = (1,)
+    prefill_batch: tuple[int, ...] = (1,)
 
     def __post_init__(self):
         def fail(field: str, message: str):
@@ -142,6 +147,16 @@ class EngineConfig:
         if self.speculation != "off" and self.draft_tokens not in depths:
             fail("proposal_depths", f"must include draft_tokens={self.draft_tokens}, got {depths}")
         object.__setattr__(self, "proposal_depths", depths)
+        self._check_steps_and_rows(fail, integer)
+        if self.mixed_prefill and not any(c % PROMPT_ALIGNMENT == 0 for c in self.prefill_chunks):
+            fail("mixed_prefill", f"needs a prefill chunk that is a multiple of {PROMPT_ALIGNMENT}")
+        if self.kv_pages is None:
+            object.__setattr__(self, "kv_pages", self.state_rows * self.pages_per_row)
+        else:
+            integer("kv_pages", self.kv_pages, self.pages_per_row)
+
+    def _check_steps_and_rows(self, fail, integer) -> None:
+        """decode_steps (K per decode program) and prefill_batch (rows per prefill program)."""
         steps = tuple(sorted(set(self.decode_steps)))
         if not steps:
             fail("decode_steps", "at least one step count is required")
@@ -150,12 +165,12 @@ class EngineConfig:
         if self.speculative and steps != (1,):
             fail("decode_steps", "multi-step programs are ordinary decode: needs speculation='off'")
         object.__setattr__(self, "decode_steps", steps)
-        if self.mixed_prefill and not any(c % PROMPT_ALIGNMENT == 0 for c in self.prefill_chunks):
-            fail("mixed_prefill", f"needs a prefill chunk that is a multiple of {PROMPT_ALIGNMENT}")
-        if self.kv_pages is None:
-            object.__setattr__(self, "kv_pages", self.state_rows * self.pages_per_row)
-        else:
-            integer("kv_pages", self.kv_pages, self.pages_per_row)
+        rows = tuple(sorted(set(self.prefill_batch) | {1}))
+        for b in rows:
+            integer("prefill_batch", b, 1, self.request_slots)
+            if b & (b - 1):
+                fail("prefill_batch", f"row counts are powers of two, got {b}")
+        object.__setattr__(self, "prefill_batch", rows)
 
     # -- derived sizes --------------------------------------------------------------------
     @property
@@ -242,6 +257,19 @@ class EngineConfig:
                     )
         return out
 
+    def batch_prefill_descriptors(self) -> list[GraphDescriptor]:
+        """Multi-prompt prefill (RESOLUTIONS.md, 26): B > 1 rows per chunk C while B x C stays
+        within the largest chunk (the packed extent no single-row prefill exceeds), and always at
+        the smallest chunk (so every B has a program)."""
+        largest = max(self.prefill_chunks)
+        return [
+            GraphDescriptor(GraphKind.PREFILL, b, token_capacity=c)
+            for b in self.prefill_batch
+            if b > 1
+            for c in self.prefill_chunks
+            if b * c <= largest or c == self.prefill_chunks[0]
+        ]
+
     def catalog(self, name: str = "prepared") -> Catalog:
         """The catalog `prepare` compiles, validated by `Catalog`'s constructor.
 
@@ -253,6 +281,7 @@ class EngineConfig:
         for c in self.prefill_chunks:
             graphs.append(GraphDescriptor(GraphKind.PREFILL, 1, token_capacity=c))
             graphs.append(GraphDescriptor(GraphKind.SCORED_PREFILL, 1, token_capacity=c))
+        graphs.extend(self.batch_prefill_descriptors())
         if self.speculative:
             graphs.extend(self.speculative_descriptors())
         else:

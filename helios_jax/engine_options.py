@@ -94,6 +94,8 @@ class EngineOptions:
       mtp_adaptive_verification_alpha: exponent on prefix-survival estimates; finite and > 0.
       decode_steps: step counts K of the ordinary decode programs (speculation off); ``(1,)``:
         single-step decode only.
+      prefill_batch: row counts B of the plain prefill programs (powers of two); ``(1,)``: one
+        prompt per prefill.
     """
 
     model: str | None = None
@@ -114,6 +116,7 @@ class EngineOptions:
     scheduler_terminal_age_price: float | None = None
     mtp_adaptive_verification_alpha: float | None = None
     decode_steps: tuple[int, ...] = (1,)
+    prefill_batch: tuple[int, ...] = (1,)
 
     def __post_init__(self):
         if self.model is not None and not self.model.strip():
@@ -136,6 +139,9 @@ class EngineOptions:
             _check_int("decode_steps", k, 1)
         if self.decode_steps != (1,) and self.speculation != "off":
             _fail("decode_steps", "multi-step decode programs need --speculation=off")
+        object.__setattr__(self, "prefill_batch", tuple(self.prefill_batch))
+        for b in self.prefill_batch:
+            _check_int("prefill_batch", b, 1)
         _check_int("speculative_token_capacity", self.speculative_token_capacity, 0)
         if self.dtype is not None and self.dtype not in DTYPES:
             _fail("dtype", f"must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
@@ -201,6 +207,7 @@ class EngineOptions:
         fields["prefill_chunks"] = _flag_int_list("prefill_chunks", f.prefill_chunks)
         fields["proposal_depths"] = _flag_int_list("proposal_depths", f.proposal_depths)
         fields["decode_steps"] = _flag_int_list("decode_steps", f.decode_steps) or (1,)
+        fields["prefill_batch"] = _flag_int_list("prefill_batch", f.prefill_batch) or (1,)
         return cls(**fields)
 
     # -- the configs built from the options -----------------------------------------------------
@@ -227,6 +234,7 @@ class EngineOptions:
             kv_pages=self.kv_pages,
             snapshot_rows=self.snapshot_rows,
             decode_steps=self.decode_steps,
+            prefill_batch=self.prefill_batch,
         )
         if self.max_model_len is not None:
             fields["max_model_len"] = self.max_model_len
@@ -281,6 +289,12 @@ def _define_program_shape_flags(fv: flags.FlagValues) -> None:
         "decode_steps",
         ["1"],
         "Step counts K of the ordinary decode programs, e.g. 1,4,8 (speculation off; 1: single step).",
+        flag_values=fv,
+    )
+    flags.DEFINE_list(
+        "prefill_batch",
+        ["1"],
+        "Prompt rows B of the prefill programs, e.g. 1,4,16 (powers of two; 1: one prompt per prefill).",
         flag_values=fv,
     )
 

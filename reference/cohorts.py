@@ -169,6 +169,22 @@ def _host_free(g: GraphDescriptor, mode: DecodeMode) -> bool:
     return mode is DecodeMode.ADAPTIVE and g.token_capacity > 1 and not device
 
 
+def _prompt_cohorts(g: GraphDescriptor, prompts):
+    """Every cohort of up to B prompt rows [(view, tokens)] of prefill program g's family."""
+    scored = g.kind is GraphKind.SCORED_PREFILL
+    rows = [(v, prompt_work_naive(v, g.token_capacity)) for v in prompts if v.needs_scores == scored]
+    return _subsets([(v, n) for v, n in rows if n > 0], g.batch_capacity)
+
+
+def _carries_rows(h: GraphDescriptor, g: GraphDescriptor, rows) -> bool:
+    """Whether prefill program h runs the same prompt rows [(view, tokens)] with the same work."""
+    return (
+        h.kind is g.kind
+        and len(rows) <= h.batch_capacity
+        and all(prompt_work_naive(v, h.token_capacity) == n for v, n in rows)
+    )
+
+
 def _carries(h: GraphDescriptor, g: GraphDescriptor, mode: DecodeMode, prompt, decoders) -> bool:
     """Whether program h can run exactly the same cohort with the same per-request work.
 
@@ -220,11 +236,14 @@ def best_for_graph(obj: Objective, g: GraphDescriptor, mode: DecodeMode) -> floa
     ]
     best = None
 
-    def consider(numerator: float, prompt=None, lanes=(), terminals=0):
+    def consider(numerator: float, prompt=None, lanes=(), terminals=0, rows=()):
         nonlocal best
         for h in smaller:
             if g.kind is GraphKind.SNAPSHOT:
                 if h.kind is g.kind and terminals <= h.batch_capacity:
+                    return
+            elif g.kind.is_prefill:
+                if _carries_rows(h, g, rows):
                     return
             elif _carries(h, g, mode, prompt, list(lanes)):
                 return
@@ -232,12 +251,9 @@ def best_for_graph(obj: Objective, g: GraphDescriptor, mode: DecodeMode) -> floa
         if best is None or score > best:
             best = score
 
-    if g.kind.is_prefill:
-        scored = g.kind is GraphKind.SCORED_PREFILL
-        for v in prompts:
-            n = prompt_work_naive(v, g.token_capacity)
-            if v.needs_scores == scored and n > 0:
-                consider(obj.prompt_value(v, n), prompt=(v, n))
+    if g.kind.is_prefill:  # every cohort of up to B prompt rows (B > 1: multi-prompt prefill)
+        for cohort in _prompt_cohorts(g, prompts):
+            consider(sum(obj.prompt_value(v, n) for v, n in cohort), rows=cohort)
     elif g.kind is GraphKind.SNAPSHOT:
         terminals = [v for v in runnable if v.phase is Phase.TERMINAL]
         for cohort in _subsets(terminals, g.batch_capacity):

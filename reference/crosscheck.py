@@ -2,6 +2,7 @@
 
     python -m helios_jax.reference.crosscheck --catalog=FILE --cases=N --seed=S [--max_requests=K]
         [--decode_steps=4,8]   (adds K-step copies of the catalog's decode programs)
+        [--prefill_batch=2,4]  (adds B-row copies of the catalog's prefill programs)
 
 Each case draws a population (phases, prices, output ages, acceptance histories and
 forecasts, output and context limits, copy sources, atomic image spans, terminal rows) and a
@@ -191,6 +192,20 @@ def with_decode_steps(catalog: Catalog, steps, speedup: float = 0.6) -> Catalog:
     return dataclasses.replace(catalog, graphs=catalog.graphs + extra)
 
 
+def with_prefill_batch(catalog: Catalog, rows, speedup: float = 0.7) -> Catalog:
+    """The catalog plus a B-row copy of each measured one-row prefill program, for every B in
+    `rows` within the request slots, measured at `speedup` x B x the one-row duration (B rows
+    amortise one execution's fixed cost)."""
+    extra = tuple(
+        dataclasses.replace(g, batch_capacity=b, duration_ms=g.duration_ms * b * speedup)
+        for b in rows
+        if 1 < b <= catalog.request_slots
+        for g in catalog.of_kind(GraphKind.PREFILL)
+        if g.batch_capacity == 1 and g.duration_ms is not None
+    )
+    return dataclasses.replace(catalog, graphs=catalog.graphs + extra)
+
+
 def run(
     catalog: Catalog,
     cases: int,
@@ -232,6 +247,8 @@ def main(argv) -> int:
     catalog = Catalog.load(FLAGS.catalog) if FLAGS.catalog else shipped_catalog()
     if FLAGS.decode_steps:
         catalog = with_decode_steps(catalog, [int(k) for k in FLAGS.decode_steps])
+    if FLAGS.prefill_batch:
+        catalog = with_prefill_batch(catalog, [int(b) for b in FLAGS.prefill_batch])
     report = run(catalog, FLAGS.cases, FLAGS.seed, FLAGS.max_requests, FLAGS.noise)
     print(json.dumps(report.to_json()))
     for d in report.details[:10]:
@@ -248,6 +265,7 @@ def _define_flags():
     flags.DEFINE_integer("max_requests", 5, "largest population (the reference is exponential)")
     flags.DEFINE_float("noise", 0.0, "log-uniform multiplicative noise on measured durations")
     flags.DEFINE_list("decode_steps", [], "add K-step copies of the catalog's decode programs, e.g. 4,8")
+    flags.DEFINE_list("prefill_batch", [], "add B-row copies of the catalog's prefill programs, e.g. 2,4")
 
 
 if __name__ == "__main__":

@@ -720,7 +720,8 @@ ILLEGAL = [
         "duration_ms",
         "finite",
     ),
-    (dict(kind=GraphKind.PREFILL, batch_capacity=2, token_capacity=64), "batch_capacity", "B = 1"),
+    (dict(kind=GraphKind.SCORED_PREFILL, batch_capacity=2, token_capacity=64), "batch_capacity", "B = 1"),
+    (dict(kind=GraphKind.PREFILL, batch_capacity=3, token_capacity=64), "batch_capacity", "power of two"),
     (dict(kind=GraphKind.PREFILL, batch_capacity=1, token_capacity=0), "token_capacity", "positive chunk"),
     (
         dict(kind=GraphKind.PREFILL, batch_capacity=1, token_capacity=64, target_capacity=64),

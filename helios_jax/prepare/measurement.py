@@ -31,9 +31,12 @@ def measurement_inputs(program: Program, engine: EngineConfig, context: int):
     kind = shape.kind
     lanes = list(range(min(shape.lanes, engine.request_slots)))
     tables = [_pages(engine, s) for s in lanes]
-    if kind.is_prefill:
+    if kind.is_prefill:  # every row a full chunk
         return program.pack(
-            slot=0, tokens=np.arange(shape.prefill_capacity) % 97, page_table=tables[0], prompt_ends=True
+            slots=lanes,
+            chunks=[np.arange(shape.prefill_capacity) % 97 for _ in lanes],
+            page_tables=tables,
+            prompt_ends=[True] * len(lanes),
         )
     if kind is GraphKind.DECODE:
         return program.pack(slots=lanes, page_tables=tables)
@@ -113,7 +116,9 @@ def measure(
     for program in programs.values():
         inputs = measurement_inputs(program, engine, context)
         start_cursors = cursors.copy()
-        if program.shape.kind.is_prefill or program.shape.kind is GraphKind.MIXED:
+        if program.shape.kind.is_prefill:
+            start_cursors[: program.shape.lanes] = 0  # every prompt row starts a request
+        elif program.shape.kind is GraphKind.MIXED:
             start_cursors[0] = 0  # the prompt lane starts a request
         samples = []
         for i in range(runs + 1):

@@ -42,18 +42,19 @@ def _no_copies(b: int, d: int):
 
 
 def build_prefill(config: ModelConfig, shape: ProgramShape, impl: Impl) -> ProgramFn:
-    """Prefill (and scored prefill): one request's chunk of up to C tokens into its pages.
+    """Prefill (and scored prefill): B requests' chunks of up to C tokens each into their pages,
+    packed into one forward (B = 1: one request's chunk; scored prefill always has B = 1).
 
-    When `prompt_ends`, the chunk's last token samples the first output token with the row's
+    When a row's `prompt_ends`, its chunk's last token samples the first output token with the row's
     settings (it becomes the pending token). Every chunk leaves cursor, h_{c-1} and, under
     speculation, the draft context current, so the next chunk or decode continues seamlessly.
     """
     scored = shape.kind is GraphKind.SCORED_PREFILL
     plan = RoundPlan(
-        lanes=1,
+        lanes=shape.lanes,
         width=1,
         depth=0,
-        packed=shape.prefill_capacity,
+        packed=shape.target_capacity,
         prompt_capacity=shape.prefill_capacity,
         maintain_draft=shape.maintain_draft,
         device_allocation=False,
@@ -61,15 +62,15 @@ def build_prefill(config: ModelConfig, shape: ProgramShape, impl: Impl) -> Progr
     )
 
     def prefill(params, state: DeviceState, inputs: PrefillInputs):
-        copy_tokens, copy_lengths = _no_copies(1, 0)
+        copy_tokens, copy_lengths = _no_copies(shape.lanes, 0)
         x = RoundInputs(
             slots=inputs.slot,
             active=inputs.length > 0,
             page_tables=inputs.page_table,
-            prompt_lane=jnp.ones((1,), bool),
+            prompt_lane=jnp.ones((shape.lanes,), bool),
             lane_rows=inputs.length,
             tokens=inputs.tokens,
-            prompt_ends=inputs.prompt_ends[0],
+            prompt_ends=inputs.prompt_ends,
             copy_tokens=copy_tokens,
             copy_lengths=copy_lengths,
         )

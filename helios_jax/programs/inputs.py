@@ -45,8 +45,8 @@ class ProgramShape:
     @classmethod
     def of(cls, g: GraphDescriptor, engine: EngineConfig) -> ProgramShape:
         kind = g.kind
-        if kind.is_prefill:
-            width, packed, prompt = 1, g.token_capacity, g.token_capacity
+        if kind.is_prefill:  # B prompt rows of up to C tokens each, packed by prefix sums
+            width, packed, prompt = 1, g.batch_capacity * g.token_capacity, g.token_capacity
         elif kind is GraphKind.MIXED:
             width, packed, prompt = g.token_capacity, g.max_packed_extent, g.prefill_capacity
         elif kind is GraphKind.DECODE:
@@ -90,13 +90,17 @@ class ProgramShape:
 
 @struct.dataclass
 class PrefillInputs:
-    """One request's prompt chunk (prefill and scored prefill)."""
+    """B requests' prompt chunks (prefill; scored prefill has B = 1).
 
-    slot: jax.Array  # i32[1] state row
-    tokens: jax.Array  # i32[C] chunk tokens; entries >= length are ignored
-    length: jax.Array  # i32[1] valid tokens, 0..C (0: the program changes nothing)
-    prompt_ends: jax.Array  # bool[1] the chunk finishes the prompt: sample the first output
-    page_table: jax.Array  # i32[1, N]
+    Row b's `length[b]` tokens sit in `tokens` at the exclusive prefix sum of the lengths before
+    it (the packed layout of `round.py`); entries past the rows' total are ignored.
+    """
+
+    slot: jax.Array  # i32[B] state rows
+    tokens: jax.Array  # i32[B * C] packed chunk tokens
+    length: jax.Array  # i32[B] valid tokens per row, 0..C (0: the row changes nothing)
+    prompt_ends: jax.Array  # bool[B] the row's chunk finishes its prompt: sample the first output
+    page_table: jax.Array  # i32[B, N]
 
 
 @struct.dataclass
@@ -226,8 +230,8 @@ class RoundOutputs:
 
 @struct.dataclass
 class PrefillOutputs:
-    tokens: jax.Array  # i32[1] the first output token when the chunk ends the prompt, else 0
-    counts: jax.Array  # i32[1] 1 or 0
+    tokens: jax.Array  # i32[B] each row's first output token when its chunk ends the prompt, else 0
+    counts: jax.Array  # i32[B] 1 or 0
     prompt_logprobs: jax.Array | None  # f32[C] scored prefill: log p(token j | prefix); NaN for
     #                                    the request's first token and past the chunk length
     logprobs: jax.Array | None = None  # f32[1] the first output token's (RoundOutputs.logprobs)
@@ -243,7 +247,7 @@ def input_spec(shape: ProgramShape):
     kind = shape.kind
     if kind.is_prefill:
         c = shape.prefill_capacity
-        return PrefillInputs(s((1,), i32), s((c,), i32), s((1,), i32), s((1,), b8), s((1, n), i32))
+        return PrefillInputs(s((b,), i32), s((b * c,), i32), s((b,), i32), s((b,), b8), s((b, n), i32))
     if kind is GraphKind.DECODE and shape.steps > 1:
         return MultiStepInputs(
             s((b,), i32), s((b,), b8), s((b, n), i32), s((b,), i32), s((b, STOP_CAPACITY), i32)

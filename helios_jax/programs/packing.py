@@ -109,22 +109,44 @@ def _check_kind(shape: ProgramShape, *kinds: GraphKind) -> None:
 
 
 def pack_prefill(
-    shape: ProgramShape, *, slot: int, tokens: Sequence[int], page_table: Sequence[int], prompt_ends: bool
+    shape: ProgramShape,
+    *,
+    slot: int | None = None,
+    tokens: Sequence[int] | None = None,
+    page_table: Sequence[int] | None = None,
+    prompt_ends: bool | Sequence[bool] = False,
+    slots: Sequence[int] | None = None,
+    chunks: Sequence[Sequence[int]] | None = None,
+    page_tables: Sequence[Sequence[int]] | None = None,
 ) -> PrefillInputs:
-    """One chunk of 1..C prompt tokens for request slot `slot`."""
+    """One chunk of 1..C prompt tokens for request slot `slot`; or, on a B-row prefill, one chunk
+    per row (`slots`, `chunks`, `page_tables`, `prompt_ends` per row), packed by prefix sums."""
     _check_kind(shape, GraphKind.PREFILL, GraphKind.SCORED_PREFILL)
-    tokens = np.asarray(tokens, np.int32).reshape(-1)
-    if not 1 <= tokens.size <= shape.prefill_capacity:
-        raise InputError(f"chunk of {tokens.size} tokens outside 1..{shape.prefill_capacity}")
-    slots, _ = _lanes(shape, [slot])
-    chunk = np.zeros((shape.prefill_capacity,), np.int32)
-    chunk[: tokens.size] = tokens
+    if slots is None:
+        if slot is None or tokens is None or page_table is None:
+            raise InputError("a prefill takes slot, tokens and page_table (or slots, chunks, page_tables)")
+        slots, chunks, page_tables, prompt_ends = [slot], [tokens], [page_table], [bool(prompt_ends)]
+    chunks = [np.asarray(c, np.int32).reshape(-1) for c in chunks or ()]
+    ends = [bool(e) for e in prompt_ends] if isinstance(prompt_ends, Sequence) else []
+    if not len(chunks) == len(ends) == len(page_tables or ()) == len(slots):
+        raise InputError(f"{len(slots)} rows need as many chunks, page tables and prompt_ends")
+    for i, c in enumerate(chunks):
+        if not 1 <= c.size <= shape.prefill_capacity:
+            raise InputError(f"row {i}: chunk of {c.size} tokens outside 1..{shape.prefill_capacity}")
+    lane_slots, _ = _lanes(shape, slots)
+    packed = np.zeros((shape.lanes * shape.prefill_capacity,), np.int32)
+    lengths = np.zeros((shape.lanes,), np.int32)
+    lengths[: len(chunks)] = [c.size for c in chunks]
+    for c, offset in zip(chunks, packed_offsets(lengths)):
+        packed[offset : offset + c.size] = c
+    row_ends = np.zeros((shape.lanes,), bool)
+    row_ends[: len(ends)] = ends
     return PrefillInputs(
-        slot=slots,
-        tokens=chunk,
-        length=np.array([tokens.size], np.int32),
-        prompt_ends=np.array([bool(prompt_ends)]),
-        page_table=page_table_array(shape, [page_table], rows=1),
+        slot=lane_slots,
+        tokens=packed,
+        length=lengths,
+        prompt_ends=row_ends,
+        page_table=page_table_array(shape, page_tables),
     )
 
 

@@ -71,10 +71,10 @@ class RoundInputs:
     slots: jax.Array  # i32[B]
     active: jax.Array  # bool[B]
     page_tables: jax.Array  # i32[B, N]
-    prompt_lane: jax.Array  # bool[B] at most one True
+    prompt_lane: jax.Array  # bool[B] at most one True (mixed); every lane of a B-row prefill
     lane_rows: jax.Array  # i32[B] query lengths (prompt lane: chunk length) or ceilings
     tokens: jax.Array  # i32[T] packed prompt tokens
-    prompt_ends: jax.Array  # bool[] the prompt chunk is the prompt's last
+    prompt_ends: jax.Array  # bool[] or bool[B] (per prompt lane): the chunk is the prompt's last
     copy_tokens: jax.Array  # i32[B, D]
     copy_lengths: jax.Array  # i32[B]
 

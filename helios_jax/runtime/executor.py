@@ -105,11 +105,15 @@ def pack_inputs(program, plan: ScheduledPlan, info: Mapping[int, RequestInputs])
     kind = plan.graph.kind
     lanes = plan.lanes
     req = [info[each.handle.rid] for each in lanes]
-    if kind.is_prefill:
-        lane = lanes[0]
-        tokens = req[0].prompt[lane.prompt_start : lane.prompt_start + lane.prompt_tokens]
+    if kind.is_prefill:  # one chunk per prompt row (B-row prefill: several)
         return program.pack(
-            slot=lane.slot, tokens=tokens, page_table=req[0].page_table, prompt_ends=lane.finishes_prompt
+            slots=[each.slot for each in lanes],
+            chunks=[
+                r.prompt[each.prompt_start : each.prompt_start + each.prompt_tokens]
+                for each, r in zip(lanes, req)
+            ],
+            page_tables=[r.page_table for r in req],
+            prompt_ends=[each.finishes_prompt for each in lanes],
         )
     if kind is GraphKind.INITIALIZE:
         return program.pack(
@@ -161,10 +165,16 @@ def completion_records(plan: ScheduledPlan, outputs) -> list[CompletionRecord]:
     tokens = np.asarray(outputs.tokens)
     counts = np.asarray(outputs.counts)
     out = []
-    if plan.graph.kind.is_prefill:
-        lane = plan.lanes[0]
-        emitted = (int(tokens[0]),) if int(counts[0]) else ()
-        return [CompletionRecord(lane.handle, lane.epoch, prompt_tokens=lane.prompt_tokens, tokens=emitted)]
+    if plan.graph.kind.is_prefill:  # row b: its chunk, and its first output token if it ended the prompt
+        return [
+            CompletionRecord(
+                lane.handle,
+                lane.epoch,
+                prompt_tokens=lane.prompt_tokens,
+                tokens=(int(tokens[b]),) if int(counts[b]) else (),
+            )
+            for b, lane in enumerate(plan.lanes)
+        ]
     query = np.asarray(outputs.query_lengths) if hasattr(outputs, "query_lengths") else None
     for b, lane in enumerate(plan.lanes):
         if lane.role is LaneRole.PROMPT:

@@ -73,6 +73,7 @@ flags.DEFINE_integer("large_layers", 8, "layers of the random-weight config")
 flags.DEFINE_integer("large_vocab", 4096, "vocabulary of the random-weight config")
 flags.DEFINE_bool("serving", True, "run part 1")
 flags.DEFINE_list("decode_steps", ["1"], "step counts K of helios' decode programs (1: single step)")
+flags.DEFINE_list("prefill_batch", ["1"], "prompt rows B of helios' prefill programs (1: one prompt each)")
 flags.DEFINE_bool("decode", True, "run part 2")
 flags.DEFINE_integer("seed", 0, "seed of the prompt windows and random weights")
 flags.DEFINE_string("json_out", None, "write the results as JSON here")
@@ -353,6 +354,7 @@ def build_helios(model, dtype: str, tokenizer, slots: int):
         max_model_len=FLAGS.max_model_len,
         dtype=dtype,
         decode_steps=tuple(int(k) for k in FLAGS.decode_steps),
+        prefill_batch=tuple(int(b) for b in FLAGS.prefill_batch),
     )
     t = time.perf_counter()
     engine = HeliosEngine(

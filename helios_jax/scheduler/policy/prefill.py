@@ -25,6 +25,8 @@ def prefill_candidates(sel: Selection) -> list[ScoredCandidate]:
         return []
     found = []
     for g in sel.prepared.prefill:
+        if g.batch_capacity > 1:  # multi-prompt prefill: `batchprefill`
+            continue
         i = _best_prompt(sel, g)
         if i is not None:
             cap = g.token_capacity

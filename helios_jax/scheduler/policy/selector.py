@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from helios_jax.scheduler import utility
+from helios_jax.scheduler.policy.batchprefill import batch_prefill_candidates
 from helios_jax.scheduler.policy.generation import generation_candidates
 from helios_jax.scheduler.policy.mixed import mixed_candidates
 from helios_jax.scheduler.policy.prefill import prefill_candidates
@@ -19,6 +20,7 @@ def scored(inp: SelectionInput) -> list[ScoredCandidate]:
     found = (
         generation_candidates(sel)
         + prefill_candidates(sel)
+        + batch_prefill_candidates(sel)
         + mixed_candidates(sel)
         + terminal_candidates(sel)
         + prerequisite_candidates(sel)
