@@ -107,7 +107,9 @@ class HeliosEngine(FaultContainment):
             prepared = prepare(model_config, params, engine_config, name=model_name, progress=progress)
             programs, params = prepared.programs, prepared.params
             warm_up(programs, params, progress)
-        self.vocab_size = model_config.vocab_size
+        # Token ids the programs accept: the model's vocabulary (engines over fake programs,
+        # built without a model, take the tokenizer's).
+        self.vocab_size = model_config.vocab_size if model_config is not None else tokenizer.vocab_size
         self._programs = programs
         self.executor = Executor(programs, params, programs.init_state())
         self._degraded = False  # rebuilding the device state after a failed program
