@@ -11,7 +11,8 @@ the held-out standard-library files that `training_info.json` names (files the m
 prompts whose greedy continuation would reach an end-of-text token within --new_tokens are skipped,
 so that every system generates exactly --new_tokens tokens per request. Three systems, per dtype:
 
-  helios        `HeliosEngine` with 16 request slots (speculation off, compiled once, the
+  helios        `HeliosEngine` with 16 request slots (speculation off, decode programs of
+                --decode_steps steps as `serve --speculation=off` prepares, compiled once, the
                 persistent compilation cache on); concurrency c = c requests submitted at once,
                 each stream read by its own thread.
   transformers  `AutoModelForCausalLM` (the folder loads as Qwen3ForCausalLM; the mtp.* tensors
@@ -72,7 +73,11 @@ flags.DEFINE_integer("large_hidden", 1024, "hidden size of the random-weight con
 flags.DEFINE_integer("large_layers", 8, "layers of the random-weight config")
 flags.DEFINE_integer("large_vocab", 4096, "vocabulary of the random-weight config")
 flags.DEFINE_bool("serving", True, "run part 1")
-flags.DEFINE_list("decode_steps", ["1"], "step counts K of helios' decode programs (1: single step)")
+flags.DEFINE_list(
+    "decode_steps",
+    ["1", "4", "8"],
+    "step counts K of helios' decode programs (the engine's default without speculation)",
+)
 flags.DEFINE_list("prefill_batch", ["1"], "prompt rows B of helios' prefill programs (1: one prompt each)")
 flags.DEFINE_bool("decode", True, "run part 2")
 flags.DEFINE_integer("seed", 0, "seed of the prompt windows and random weights")

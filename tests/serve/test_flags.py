@@ -147,3 +147,13 @@ def test_engine_factory_fake_uses_the_flags():
     engine = engine_factory(parse("--engine=fake", "--max_model_len=300", "--fake_token_delay_ms=2"))()
     assert isinstance(engine, FakeEngine)
     assert (engine.max_model_len, engine.token_delay_s) == (300, 0.002)
+
+
+def test_unset_decode_steps_prepare_multi_step_programs_only_without_speculation():
+    assert parse("--speculation=off").engine_options.decode_steps == (1, 4, 8)
+    assert parse("--speculation=off", "--decode_steps=1").engine_options.decode_steps == (1,)
+    assert parse().engine_options.decode_steps == (1,)  # adaptive speculation: single steps
+    config = parse(
+        "--speculation=off", "--draft_tokens=0", "--max_model_len=512"
+    ).engine_options.engine_config()
+    assert config.decode_steps == (1, 4, 8)
