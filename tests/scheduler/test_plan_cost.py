@@ -168,14 +168,15 @@ def test_request_view_make_equals_the_constructor():
         dict(rid=4, slot=2, phase=Phase.PREFILL, prompt_remaining=9, atomic_spans=((1, 4),), endpoint=7),
     ]
     for fields in cases:
-        got, want = RequestView.make(**fields), RequestView(**fields)
-        assert type(got) is RequestView
-        for f in dataclasses.fields(RequestView):
-            a, b = getattr(got, f.name), getattr(want, f.name)
-            if isinstance(b, np.ndarray):
-                np.testing.assert_array_equal(a, b, strict=True)
-            else:
-                assert a == b and type(a) is type(b), f.name
+        want = RequestView(**fields)
+        for got in (RequestView.make(**fields), RequestView.unchecked(dict(fields))):
+            assert type(got) is RequestView
+            for f in dataclasses.fields(RequestView):
+                a, b = getattr(got, f.name), getattr(want, f.name)
+                if isinstance(b, np.ndarray):
+                    np.testing.assert_array_equal(a, b, strict=True)
+                else:
+                    assert a == b and type(a) is type(b), f.name
         assert got.forecast is not RequestView.make(**fields).forecast  # a fresh default each
         with pytest.raises(dataclasses.FrozenInstanceError):
             got.rid = 9  # type: ignore[misc]
@@ -183,3 +184,31 @@ def test_request_view_make_equals_the_constructor():
         RequestView.make(rid=1, slot=0, phase=Phase.DECODE, no_such_field=1)
     with pytest.raises(TypeError):
         RequestView.make(rid=1, phase=Phase.DECODE)
+
+
+def test_views_subtract_each_requests_own_queued_advance():
+    """views() sums the queued lanes' advances once per decision (pricing.queued_advances); each
+    decoder's output and context left equal the per-request sum over the frames in flight."""
+    from helios_jax.scheduler import pricing
+
+    from .test_core import run_once, scheduler
+
+    s = scheduler(SPEC, mode=DecodeMode.ADAPTIVE)
+    for n in (8, 60, 200, 8):
+        s.admit([1] * n, max_output=300)
+    t, fence, checked = 0.0, 0, 0
+    for fence in range(1, 12):
+        _, _, t = run_once(s, fence, t, accepted=fence % 3)
+    while (plan := s.plan()) is not None and not plan.needs_empty_window and len(s.frames) < 3:
+        fence += 1
+        s.commit(plan, fence)
+        advances = pricing.queued_advances(s.frames)
+        for v in s.views():
+            r = s.requests[v.rid]
+            queued = pricing.queued_advance(r, s.frames)
+            assert advances.get(r.handle, 0) == queued
+            if v.phase.value == "decode":
+                assert v.output_remaining == max(r.max_output - len(r.output) - queued, 0)
+                assert v.context_remaining == s.max_model_len - (r.cursor + queued)
+                checked += queued > 0
+    assert checked
