@@ -76,11 +76,14 @@ class Decision:
     def build(
         cls, views: list[RequestView], policy: PolicyConfig, *, sigma_decode: float, sigma_terminal: float
     ) -> Decision:
+        finite = math.isfinite
         logs = [0.0]
-        for v in views:
-            for x in (v.log_prefill_price, v.log_output_price, v.log_delivery_price):
-                if math.isfinite(x):
-                    logs.append(x)
+        logs += [
+            x
+            for v in views
+            for x in (v.log_prefill_price, v.log_output_price, v.log_delivery_price)
+            if finite(x)
+        ]
         if policy.terminal_value > 0 and any(v.phase is Phase.TERMINAL for v in views):
             logs.append(math.log(policy.terminal_value))
         log_scale = max(logs)
@@ -312,9 +315,8 @@ def adaptive_ragged(
         if not np.isfinite(totals[i]):
             continue
         if best is None or totals[i] > best.total + REL_TIE * max(1.0, abs(best.total)):
-            alloc = np.zeros(n, dtype=np.int64)
-            alloc[order[: ms[i]]] = 1
-            np.add.at(alloc, alloc_lanes[taken[i]], 1)
+            alloc = np.bincount(alloc_lanes[taken[i]].astype(np.int64), minlength=n).astype(np.int64)
+            alloc[order[: ms[i]]] += 1
             best = AdaptiveCohort(float(totals[i]), sorted(order[: ms[i]].tolist()), alloc)
     if best is None:
         return AdaptiveCohort(0.0, [], np.zeros(n, dtype=np.int64))

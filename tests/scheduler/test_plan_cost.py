@@ -212,3 +212,77 @@ def test_views_subtract_each_requests_own_queued_advance():
                 assert v.context_remaining == s.max_model_len - (r.cursor + queued)
                 checked += queued > 0
     assert checked
+
+
+def test_a_probe_selection_sharing_the_ordinary_tables_equals_a_fresh_one():
+    """learning.probe builds its selection with the ordinary one as `base` (shared decision,
+    prompt table and survival-free decoder arrays); it equals a selection built from nothing,
+    array for array and score for score, at every decision of a run."""
+    import dataclasses
+
+    import numpy as np
+
+    from helios_jax.scheduler import policy
+
+    from .test_core import run_once, scheduler
+
+    s = scheduler(SPEC, mode=DecodeMode.ADAPTIVE)
+    for n in (8, 60, 200, 8, 900):
+        s.admit([1] * n, max_output=300)
+    t, shared = 0.0, 0
+    for fence in range(1, 40):
+        if fence % 7 == 0:
+            s.admit([1] * 30, max_output=50)
+        inp = policy.SelectionInput(s.views(), s.graphs, s.costs, s.now_ns, s.policy, s.mode)
+        base = policy.Selection(inp)
+        opt = [v if v.optimistic.size == 0 else v.with_survival(v.optimistic) for v in inp.views]
+        prepared = policy.as_prepared(inp.graphs)
+        opt_inp = dataclasses.replace(inp, views=opt, graphs=prepared.drafted(), reference=prepared)
+        got, want = policy.Selection(opt_inp, base), policy.Selection(opt_inp)
+        assert got.decision == want.decision
+        own_scale = dataclasses.replace(opt_inp, reference=None)  # sigma from the drafted programs
+        assert policy.Selection(own_scale, base).decision == policy.Selection(own_scale).decision
+        for table in ("decoders", "prompts"):
+            a, b = vars(getattr(got, table)), vars(getattr(want, table))
+            for name, x in b.items():
+                if isinstance(x, np.ndarray):
+                    np.testing.assert_array_equal(a[name], x, strict=True, err_msg=name)
+        shared += got.prompts is base.prompts and got.decoders.forecast is base.decoders.forecast
+        scores = [(r.graph.name, r.score) for r in policy.scored(opt_inp, got)]
+        assert scores == [(r.graph.name, r.score) for r in policy.scored(opt_inp, want)]
+        _, _, t = run_once(s, fence, t, accepted=fence % 4)
+    assert shared > 10
+
+
+def test_mixed_prompt_rows_shared_per_dominance_rule_equal_each_shapes_own():
+    """MixedFamily keeps the undominated prompt rows and their pick per (capacity, largest
+    same-work smaller capacity); every shape's prompt-row candidate equals the one a family
+    computing only that shape finds, at every decision of a run with prompts and decoders."""
+    from helios_jax.scheduler import policy
+    from helios_jax.scheduler.policy.mixed import MixedFamily
+
+    from .test_core import run_once, scheduler
+
+    s = scheduler(SPEC, mode=DecodeMode.ADAPTIVE)
+    for n in (8, 60, 200, 8, 900, 3000):
+        s.admit([1] * n, max_output=300)
+    t, compared = 0.0, 0
+    for fence in range(1, 30):
+        if fence % 5 == 0:
+            s.admit([1] * (40 * fence), max_output=50)
+        sel = policy.Selection(
+            policy.SelectionInput(s.views(), s.graphs, s.costs, s.now_ns, s.policy, s.mode)
+        )
+        shared = MixedFamily(sel)
+        for g in sel.prepared.mixed:
+            table = sel.decoders.table(g.token_capacity, g.proposal_depth)
+            got, want = (
+                shared._prompt_row_candidate(g, table),
+                MixedFamily(sel)._prompt_row_candidate(g, table),
+            )
+            assert (got is None) == (want is None)
+            if got is not None:
+                assert (got.score, got.build().lanes) == (want.score, want.build().lanes)
+                compared += 1
+        _, _, t = run_once(s, fence, t, accepted=fence % 4)
+    assert compared > 100
