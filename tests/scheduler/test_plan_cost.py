@@ -286,3 +286,47 @@ def test_mixed_prompt_rows_shared_per_dominance_rule_equal_each_shapes_own():
                 compared += 1
         _, _, t = run_once(s, fence, t, accepted=fence % 4)
     assert compared > 100
+
+
+def test_memoized_price_logs_equal_a_fresh_computation():
+    """service.price_logs is memoized on (terms, log x, log z); every answer equals the plain
+    arithmetic, whichever argument changes, and across the memo's clearing."""
+    import dataclasses
+    import random
+
+    from helios_jax.scheduler.config import PolicyConfig
+
+    rng = random.Random(3)
+    policies = (
+        PolicyConfig(),
+        dataclasses.replace(PolicyConfig(), token_fairness=0.25, delivery_fairness=3.0),
+    )
+    terms_options = [service.price_terms(p) for p in policies]
+    xs = [rng.uniform(-8, 3) for _ in range(40)] + [0.0, -0.0]
+    zs = [None, 0.0, *(rng.uniform(-6, 2) for _ in range(5))]
+    for _ in range(3):
+        for terms in terms_options:
+            for x in xs:
+                for z in zs:
+                    assert service.price_logs(terms, x, z) == service._price_logs(terms, x, z)
+    assert len(service._PRICE_MEMO) <= service.PRICE_MEMO_SIZE
+
+
+def test_monotone_allocation_equals_the_greedy_frontier():
+    """rounds.allocate_monotone_rows reads the device allocation off the admission order; it
+    equals allocate_prefix_rows (every lane active) on monotone rows with many ties, and on rows
+    that are not monotone (which it hands over)."""
+    import numpy as np
+
+    from helios_jax.scheduler.rounds import allocate_monotone_rows, allocate_prefix_rows
+    from helios_jax.scheduler.speculation import monotone
+
+    rng = np.random.default_rng(5)
+    for case in range(400):
+        b, d = int(rng.integers(1, 12)), int(rng.integers(0, 8))
+        raw = rng.choice([0.1, 0.25, 0.5, 0.7, 0.9, 1.0], size=(b, d)) if case % 2 else rng.random((b, d))
+        prob = raw if case % 5 == 0 else monotone(raw) * rng.uniform(0.1, 3.0, size=(b, 1))
+        ceilings = rng.integers(1, d + 2, size=b)
+        capacity = int(rng.integers(b, b + int(ceilings.sum()) + 2))
+        want = allocate_prefix_rows(prob, ceilings, np.ones(b, dtype=bool), capacity)
+        np.testing.assert_array_equal(allocate_monotone_rows(prob, ceilings, capacity), want, strict=True)
