@@ -236,24 +236,7 @@ def price_logs(
     terms: tuple[float, float, float], log_x: float, log_z: float | None
 ) -> tuple[float, float, float]:
     """:func:`log_prices` as a plain triple (prefill token, output token, delivery) from
-    :func:`price_terms`. Memoized on its arguments (a resident's token rate changes only when
-    it is served, and views() prices every resident at every decision)."""
-    key = (terms, log_x, log_z)
-    hit = _PRICE_MEMO.get(key)
-    if hit is None:
-        if len(_PRICE_MEMO) >= PRICE_MEMO_SIZE:
-            _PRICE_MEMO.clear()
-        hit = _PRICE_MEMO[key] = _price_logs(terms, log_x, log_z)
-    return hit
-
-
-PRICE_MEMO_SIZE = 4096
-_PRICE_MEMO: dict[tuple, tuple[float, float, float]] = {}
-
-
-def _price_logs(
-    terms: tuple[float, float, float], log_x: float, log_z: float | None
-) -> tuple[float, float, float]:
+    :func:`price_terms`."""
     log_f, log_beta, log_g = terms
     log_f_over_x = log_f - log_x
     delivery = NEG_INF if log_z is None else log_g - log_z

@@ -288,30 +288,6 @@ def test_mixed_prompt_rows_shared_per_dominance_rule_equal_each_shapes_own():
     assert compared > 100
 
 
-def test_memoized_price_logs_equal_a_fresh_computation():
-    """service.price_logs is memoized on (terms, log x, log z); every answer equals the plain
-    arithmetic, whichever argument changes, and across the memo's clearing."""
-    import dataclasses
-    import random
-
-    from helios_jax.scheduler.config import PolicyConfig
-
-    rng = random.Random(3)
-    policies = (
-        PolicyConfig(),
-        dataclasses.replace(PolicyConfig(), token_fairness=0.25, delivery_fairness=3.0),
-    )
-    terms_options = [service.price_terms(p) for p in policies]
-    xs = [rng.uniform(-8, 3) for _ in range(40)] + [0.0, -0.0]
-    zs = [None, 0.0, *(rng.uniform(-6, 2) for _ in range(5))]
-    for _ in range(3):
-        for terms in terms_options:
-            for x in xs:
-                for z in zs:
-                    assert service.price_logs(terms, x, z) == service._price_logs(terms, x, z)
-    assert len(service._PRICE_MEMO) <= service.PRICE_MEMO_SIZE
-
-
 def test_monotone_allocation_equals_the_greedy_frontier():
     """rounds.allocate_monotone_rows reads the device allocation off the admission order; it
     equals allocate_prefix_rows (every lane active) on monotone rows with many ties, and on rows
