@@ -306,3 +306,31 @@ def test_monotone_allocation_equals_the_greedy_frontier():
         capacity = int(rng.integers(b, b + int(ceilings.sum()) + 2))
         want = allocate_prefix_rows(prob, ceilings, np.ones(b, dtype=bool), capacity)
         np.testing.assert_array_equal(allocate_monotone_rows(prob, ceilings, capacity), want, strict=True)
+
+
+def test_lane_tables_of_one_decoder_equal_the_sorted_running_sum():
+    """DecoderTable.table skips the sort and running sum for a single lane; its order and prefix
+    sums equal the general computation's, bit for bit and dtype for dtype."""
+    import numpy as np
+
+    from helios_jax.scheduler import policy
+
+    from .test_core import run_once, scheduler
+
+    for count in (1, 3):
+        s = scheduler(SPEC, mode=DecodeMode.ADAPTIVE)
+        for _ in range(count):
+            s.admit([1] * 8, max_output=300)
+        t = 0.0
+        for fence in range(1, 12):
+            _, _, t = run_once(s, fence, t, accepted=fence % 4)
+            sel = policy.Selection(
+                policy.SelectionInput(s.views(), s.graphs, s.costs, s.now_ns, s.policy, s.mode)
+            )
+            d = sel.decoders
+            for width, depth in {(g.token_capacity, g.proposal_depth) for g in sel.prepared.generation}:
+                table = d.table(width, depth)
+                order = np.lexsort((d.slots, d.last_selected_ns, -table.values))
+                np.testing.assert_array_equal(table.order, order, strict=True)
+                prefix = np.concatenate([[0.0], np.cumsum(table.values[order])])
+                np.testing.assert_array_equal(table.prefix_values, prefix, strict=True)

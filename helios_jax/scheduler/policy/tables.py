@@ -30,6 +30,10 @@ def padded_prefixes(prefixes: Sequence[np.ndarray], depth: int) -> np.ndarray:
     return monotone(out) if depth else out
 
 
+_ONE_LANE = np.zeros(1, dtype=np.intp)
+_ONE_LANE.setflags(write=False)
+
+
 class LaneTable(NamedTuple):
     """The decoders' lanes on programs of one width and depth, ranked for the cohort solvers."""
 
@@ -122,8 +126,11 @@ class DecoderTable:
         if hit is None:
             widths = self.lane_widths(width, depth)
             values = self.lane_values(widths)
-            order = np.lexsort((self.slots, self.last_selected_ns, -values))
-            prefix = np.concatenate([[0.0], np.cumsum(values[order])])
+            if self.count == 1:  # one lane: its own order and sum (no sort, no running sum)
+                order, prefix = _ONE_LANE, np.array([0.0, values[0]])
+            else:
+                order = np.lexsort((self.slots, self.last_selected_ns, -values))
+                prefix = np.concatenate([[0.0], np.cumsum(values[order])])
             hit = self._tables[(width, depth)] = LaneTable(widths, values, order, prefix, widths.tobytes())
         return hit
 
