@@ -334,3 +334,51 @@ def test_lane_tables_of_one_decoder_equal_the_sorted_running_sum():
                 np.testing.assert_array_equal(table.order, order, strict=True)
                 prefix = np.concatenate([[0.0], np.cumsum(table.values[order])])
                 np.testing.assert_array_equal(table.prefix_values, prefix, strict=True)
+
+
+def _uncached_rows(inp):
+    """selector.scored's rows computed afresh: every family, then the dominance filter."""
+    from helios_jax.scheduler.policy import selector
+
+    sel = selector.Selection(inp)
+    families = (
+        selector.generation_candidates,
+        selector.prefill_candidates,
+        selector.batch_prefill_candidates,
+        selector.mixed_candidates,
+        selector.terminal_candidates,
+        selector.prerequisite_candidates,
+    )
+    return selector.prune_dominated([r for f in families for r in f(sel)], sel.prepared)
+
+
+def test_rows_scored_once_per_selection_equal_a_fresh_scoring():
+    """selector.scored keeps a selection's rows (select, then a refresh alternative, read them);
+    at every decision of a run, with estimates going stale, they equal a fresh selection's, and
+    the refresh alternative chosen from them is the one a fresh scoring gives."""
+    from helios_jax.scheduler import learning, policy
+
+    from .test_core import run_once, scheduler
+
+    s = scheduler(SPEC, mode=DecodeMode.ADAPTIVE)
+    for n in (8, 60, 200, 900):
+        s.admit([1] * n, max_output=200)
+    t, refreshed = 0.0, 0
+    for fence in range(1, 30):
+        if fence % 6 == 0:
+            t += s.policy.estimate_ttl_ns / service.NS_PER_MS  # every estimate goes stale
+        _, _, t = run_once(s, fence, t, accepted=fence % 4)
+        inp = policy.SelectionInput(s.views(), s.graphs, s.costs, s.now_ns, s.policy, s.mode)
+        sel = policy.Selection(inp)
+        ordinary = policy.select(inp, sel)
+        if ordinary is None:
+            continue
+        kept, fresh = policy.scored(inp, sel), _uncached_rows(inp)
+        assert [(r.graph, r.score, r.signature) for r in kept] == [
+            (r.graph, r.score, r.signature) for r in fresh
+        ]
+        assert [r.build() for r in kept] == [r.build() for r in fresh]
+        got = learning.refresh_alternative(inp, ordinary, s.graphs.graphs, sel)
+        assert got == learning.refresh_alternative(inp, ordinary, s.graphs.graphs)
+        refreshed += got is not None
+    assert refreshed

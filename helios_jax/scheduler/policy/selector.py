@@ -18,15 +18,17 @@ def scored(inp: SelectionInput, sel: Selection | None = None) -> list[ScoredCand
     """Every program's best non-dominated candidate(s), scored but not yet materialised
     (`sel`: ``Selection(inp)`` when the caller built it already)."""
     sel = Selection(inp) if sel is None else sel
-    found = (
-        generation_candidates(sel)
-        + prefill_candidates(sel)
-        + batch_prefill_candidates(sel)
-        + mixed_candidates(sel)
-        + terminal_candidates(sel)
-        + prerequisite_candidates(sel)
-    )
-    return prune_dominated(found, sel.prepared)
+    if sel.scored_rows is None:  # scored once per selection (a refresh alternative rereads them)
+        found = (
+            generation_candidates(sel)
+            + prefill_candidates(sel)
+            + batch_prefill_candidates(sel)
+            + mixed_candidates(sel)
+            + terminal_candidates(sel)
+            + prerequisite_candidates(sel)
+        )
+        sel.scored_rows = tuple(prune_dominated(found, sel.prepared))
+    return list(sel.scored_rows)
 
 
 def candidates(inp: SelectionInput) -> list[Candidate]:
