@@ -72,28 +72,6 @@ def allocate_prefix_rows(joint_prob, ceilings, active, capacity: int) -> np.ndar
     return np.array(length, dtype=np.int32)
 
 
-def allocate_monotone_rows(joint_prob: np.ndarray, ceilings: np.ndarray, capacity: int) -> np.ndarray:
-    """:func:`allocate_prefix_rows` with every lane active, read off the admission order.
-
-    Where every row is non-increasing in float32 (the device's ranking precision), the greedy
-    frontier admits extension rows exactly in :func:`prefix_allocation_order`'s order (each lane's
-    frontier keys grow along it), so the admitted rows are that order's first ``capacity - B``.
-    Any other input (and every invalid one) goes to :func:`allocate_prefix_rows` itself.
-    """
-    prob = np.asarray(joint_prob, dtype=np.float32)
-    ceil = np.asarray(ceilings, dtype=np.int64)
-    if (
-        prob.ndim != 2
-        or ceil.shape != (prob.shape[0],)
-        or capacity < prob.shape[0]
-        or not np.all(prob[:, 1:] <= prob[:, :-1])
-        or np.any((ceil < 1) | (ceil > prob.shape[1] + 1))
-    ):
-        return allocate_prefix_rows(joint_prob, ceilings, np.ones(ceil.shape[0], dtype=bool), capacity)
-    lanes, _ = prefix_allocation_order(prob, ceil)
-    return (1 + np.bincount(lanes[: capacity - prob.shape[0]], minlength=prob.shape[0])).astype(np.int32)
-
-
 def prefix_allocation_order(joint_prob: np.ndarray, ceilings: np.ndarray):
     """Extension rows of monotone inputs in the device's admission order.
 

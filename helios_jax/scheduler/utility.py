@@ -315,8 +315,9 @@ def adaptive_ragged(
         if not np.isfinite(totals[i]):
             continue
         if best is None or totals[i] > best.total + REL_TIE * max(1.0, abs(best.total)):
-            alloc = np.bincount(alloc_lanes[taken[i]].astype(np.int64), minlength=n).astype(np.int64)
-            alloc[order[: ms[i]]] += 1
+            alloc = np.zeros(n, dtype=np.int64)
+            alloc[order[: ms[i]]] = 1
+            np.add.at(alloc, alloc_lanes[taken[i]], 1)
             best = AdaptiveCohort(float(totals[i]), sorted(order[: ms[i]].tolist()), alloc)
     if best is None:
         return AdaptiveCohort(0.0, [], np.zeros(n, dtype=np.int64))

@@ -288,26 +288,6 @@ def test_mixed_prompt_rows_shared_per_dominance_rule_equal_each_shapes_own():
     assert compared > 100
 
 
-def test_monotone_allocation_equals_the_greedy_frontier():
-    """rounds.allocate_monotone_rows reads the device allocation off the admission order; it
-    equals allocate_prefix_rows (every lane active) on monotone rows with many ties, and on rows
-    that are not monotone (which it hands over)."""
-    import numpy as np
-
-    from helios_jax.scheduler.rounds import allocate_monotone_rows, allocate_prefix_rows
-    from helios_jax.scheduler.speculation import monotone
-
-    rng = np.random.default_rng(5)
-    for case in range(400):
-        b, d = int(rng.integers(1, 12)), int(rng.integers(0, 8))
-        raw = rng.choice([0.1, 0.25, 0.5, 0.7, 0.9, 1.0], size=(b, d)) if case % 2 else rng.random((b, d))
-        prob = raw if case % 5 == 0 else monotone(raw) * rng.uniform(0.1, 3.0, size=(b, 1))
-        ceilings = rng.integers(1, d + 2, size=b)
-        capacity = int(rng.integers(b, b + int(ceilings.sum()) + 2))
-        want = allocate_prefix_rows(prob, ceilings, np.ones(b, dtype=bool), capacity)
-        np.testing.assert_array_equal(allocate_monotone_rows(prob, ceilings, capacity), want, strict=True)
-
-
 def test_lane_tables_of_one_decoder_equal_the_sorted_running_sum():
     """DecoderTable.table skips the sort and running sum for a single lane; its order and prefix
     sums equal the general computation's, bit for bit and dtype for dtype."""

@@ -19,7 +19,7 @@ from helios_jax.scheduler.policy.multistep import multistep_candidate
 from helios_jax.scheduler.policy.ranking import ScoredCandidate
 from helios_jax.scheduler.policy.selection import Selection
 from helios_jax.scheduler.policy.tables import LaneTable
-from helios_jax.scheduler.rounds import allocate_monotone_rows, prefix_allocation_order
+from helios_jax.scheduler.rounds import allocate_prefix_rows, prefix_allocation_order
 
 
 def is_unconstrained(g: GraphDescriptor) -> bool:
@@ -149,13 +149,12 @@ def price_ceilings(
     """
     decoders = sel.decoders
     idx = np.array(sorted(cohort, key=lambda i: decoders.slots[i]))
+    active = np.ones(idx.size, dtype=bool)
     priced_forecast = decoders.output_price[idx, None] * decoders.forecast[idx]
-    # Forecasts are monotone (padded_prefixes), and so are their positive multiples: the
-    # allocation is read off the admission order (``allocate_monotone_rows``).
-    priced = allocate_monotone_rows(priced_forecast, widths[idx], rows)
+    priced = allocate_prefix_rows(priced_forecast, widths[idx], active, rows)
     ceilings = widths.copy()
     ceilings[idx] = np.where(priced < alloc[idx], priced, widths[idx])
     if np.array_equal(ceilings[idx], widths[idx]):
         return ceilings
-    alloc[idx] = allocate_monotone_rows(decoders.forecast[idx], ceilings[idx], rows)
+    alloc[idx] = allocate_prefix_rows(decoders.forecast[idx], ceilings[idx], active, rows)
     return ceilings
