@@ -24,6 +24,7 @@ DecoderWork = tuple[int, int, bytes] | int
 # Which prompt rows a shape may use: (its prompt capacity, the largest smaller capacity serving the
 # same decoder work, or None).
 Rule = tuple[int, int | None]
+_NOT_PICKED = -1  # no prompt row index is negative
 
 
 class MixedFamily:
@@ -35,7 +36,7 @@ class MixedFamily:
         self._picks: dict[tuple[int, bytes], int | None] = {}
         self._decoder_work: dict[MixedShape, DecoderWork] = {}
         self._allowed_rows: dict[Rule, np.ndarray] = {}
-        self._rule_picks: dict[Rule, int | None] = {}
+        self._rule_picks: dict[Rule, int | None] = {}  # per rule, read through _picks
 
     def candidates(self) -> list[ScoredCandidate]:
         decoders, prompts = self.sel.decoders, self.sel.prompts
@@ -136,10 +137,16 @@ class MixedFamily:
         return hit
 
     def _pick(self, rule: Rule) -> int | None:
-        """The best undominated prompt row under `rule` (shapes sharing a rule share the pick)."""
-        if rule not in self._rule_picks:
-            self._rule_picks[rule] = self.sel.prompts.pick(self._allowed(rule), rule[0])
-        return self._rule_picks[rule]
+        """The best undominated prompt row under `rule`: shapes sharing a rule share it, and so
+        do rules that allow the same rows at the same capacity."""
+        hit = self._rule_picks.get(rule, _NOT_PICKED)
+        if hit is _NOT_PICKED:
+            allowed = self._allowed(rule)
+            pick_key = (rule[0], allowed.tobytes())
+            if pick_key not in self._picks:
+                self._picks[pick_key] = self.sel.prompts.pick(allowed, rule[0])
+            hit = self._rule_picks[rule] = self._picks[pick_key]
+        return hit
 
 
 def mixed_candidates(sel: Selection) -> list[ScoredCandidate]:
