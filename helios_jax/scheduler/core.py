@@ -311,12 +311,13 @@ class Scheduler(SchedulerReads):
         if not any(v.runnable for v in views):
             return None
         inp = policy.SelectionInput(views, self.graphs, self.costs, self.now_ns, self.policy, self.mode)
-        ordinary = policy.select(inp)
+        sel = policy.Selection(inp)  # shared by a refresh alternative and an acceptance probe
+        ordinary = policy.select(inp, sel)
         if ordinary is None:
             return None
         information = learning.aged_information(self.requests)
         chosen, reason, credit = learning.explore(
-            inp, ordinary, self.graphs.graphs, self.timing_ledger, self.acceptance_ledger, information
+            inp, ordinary, self.graphs.graphs, self.timing_ledger, self.acceptance_ledger, information, sel
         )
         return self._freeze(chosen, reason, credit, start)
 

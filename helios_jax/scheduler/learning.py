@@ -49,12 +49,14 @@ def explore(
     timing: Ledger,
     acceptance: Ledger,
     information: Callable[[int, int, int], float],
+    base: policy.Selection | None = None,
 ) -> tuple[Candidate, ExecutionClass, float]:
-    """The plan's candidate, accounting class and the credit that funds it (0 unless funded)."""
+    """The plan's candidate, accounting class and the credit that funds it (0 unless funded);
+    `base`: the ordinary selection (``Selection(inp)``), whose tables a probe shares."""
     if ordinary.indeterminate:
         return ordinary, ExecutionClass.DISCOVERY, 0.0
     if timing.can_start():
-        alternative = refresh_alternative(inp, ordinary, loaded)
+        alternative = refresh_alternative(inp, ordinary, loaded, base)
         if alternative is not None:
             return alternative, ExecutionClass.TIMING_REFRESH, timing.balance_ms
     if acceptance.can_start():
@@ -62,7 +64,7 @@ def explore(
             v if v.survival.size == 0 and v.optimistic.size == 0 else v.with_survival(v.optimistic)
             for v in inp.views
         ]
-        found = probe(inp, ordinary, optimistic, information)
+        found = probe(inp, ordinary, optimistic, information, base)
         if found is not None:
             return found, ExecutionClass.ACCEPTANCE_LEARNING, acceptance.balance_ms
     return ordinary, ExecutionClass.ORDINARY, 0.0
@@ -82,7 +84,10 @@ def aged_information(requests: Mapping[int, Request]) -> Callable[[int, int, int
 
 
 def refresh_alternative(
-    inp: policy.SelectionInput, ordinary: Candidate, loaded: Sequence[GraphDescriptor]
+    inp: policy.SelectionInput,
+    ordinary: Candidate,
+    loaded: Sequence[GraphDescriptor],
+    sel: policy.Selection | None = None,
 ) -> Candidate | None:
     """The stale alternative a full timing-refresh ledger lets displace the ordinary winner:
     oldest by the later of last valid observation and last attempt, then by value."""
@@ -91,7 +96,7 @@ def refresh_alternative(
         return None
     rows = [
         r
-        for r in policy.scored(inp)
+        for r in policy.scored(inp, sel)
         if not r.indeterminate and r.graph != ordinary.graph and costs.is_stale(r.graph.key, now)
     ]
     if not rows:
@@ -152,6 +157,7 @@ def probe(
     ordinary: Candidate,
     optimistic_views: Sequence[RequestView],
     information: Callable[[int, int, int], float],
+    base: policy.Selection | None = None,
 ) -> Candidate | None:
     """The best acceptance probe, or None.
 
@@ -160,6 +166,7 @@ def probe(
       ordinary: the ordinary winner (determinate).
       optimistic_views: the same views with optimistic survival estimates.
       information: (rid, from_width, to_width) -> aged weight of the least-informed added depth.
+      base: ``Selection(inp)``, when built: the probe's selection shares its tables.
     """
     if inp.mode is not DecodeMode.ADAPTIVE or ordinary.indeterminate:
         return None
@@ -174,7 +181,7 @@ def probe(
     opt_inp = dataclasses.replace(inp, views=list(optimistic_views), graphs=speculative, reference=prepared)
     best, best_key = None, None
     # Only rows that beat the ordinary winner are materialised (building lanes is the cost).
-    for row in policy.scored(opt_inp):
+    for row in policy.scored(opt_inp, policy.Selection(opt_inp, base)):
         if row.indeterminate or not row.score > ordinary.score:
             continue
         c = row.build()

@@ -45,16 +45,6 @@ class PricingInputs:
     max_model_len: int
 
 
-class _Common(TypedDict):
-    rid: int
-    slot: int
-    runnable: bool
-    last_selected_ns: int
-    log_prefill_price: float
-    log_output_price: float
-    log_delivery_price: float
-
-
 class _PromptFields(TypedDict):
     prompt_remaining: int
     prompt_limit: int | None
@@ -128,36 +118,54 @@ def views(inp: PricingInputs, start_ns: int) -> list[RequestView]:
     tau = inp.policy.adaptation_ms
     terms = service.price_terms(inp.policy)
     acceptance = _acceptance(inp, [r for r in residents if r.phase is Phase.DECODE])
+    advances = queued_advances(inp.frames)
     out = []
     for r in residents:
         hist = histories[r.rid]
         log_x = hist.log_x
         if log_x is None:  # service.missing_rate at start_ns
             log_x = base - max(0.0, (start_ns - r.admitted_ns) / NS_PER_MS) / tau
+        phase = r.phase
         log_z = None
         if r.delivery_bearing:  # decoding, or blocked before decoding: a delivery coordinate
             log_z = prior_z if hist.log_z is None else hist.log_z
         prefill, output, delivery = service.price_logs(terms, log_x, log_z)
-        common = _Common(
-            rid=r.rid,
-            slot=r.slot,
-            runnable=runnable(r),
-            last_selected_ns=r.last_selected_ns,
-            log_prefill_price=prefill,
-            log_output_price=output,
-            log_delivery_price=delivery,
-        )
-        if r.phase is Phase.PREFILL:
-            out.append(RequestView.make(phase=Phase.PREFILL, **_prompt_fields(r), **common))
-        elif r.phase is Phase.DECODE:
+        # Fields in the order RequestView declares them; `r` is active, so runnable(r) is this.
+        fields = {
+            "rid": r.rid,
+            "slot": r.slot,
+            "phase": phase,
+            "runnable": not (phase in _INFLIGHT_BLOCKS and r.inflight),
+            "last_selected_ns": r.last_selected_ns,
+            "log_prefill_price": prefill,
+            "log_output_price": output,
+            "log_delivery_price": delivery,
+        }
+        if phase is Phase.PREFILL:
+            fields.update(_prompt_fields(r))
+        elif phase is Phase.DECODE:
             last = delivered_at.get(r.rid, r.last_publication_ns)
-            out.append(_decode_view(inp, r, common, start_ns, last, acceptance[r.rid]))
-        elif r.phase is Phase.TERMINAL:
+            _decode_fields(inp, r, fields, start_ns, last, acceptance[r.rid], advances.get(r.handle, 0))
+        elif phase is Phase.TERMINAL:
             since = r.terminal_since_ns if r.terminal_since_ns is not None else start_ns
-            age_ms = max(0.0, (start_ns - since) / NS_PER_MS)
-            out.append(RequestView.make(phase=Phase.TERMINAL, terminal_age_ms=age_ms, **common))
+            fields["terminal_age_ms"] = max(0.0, (start_ns - since) / NS_PER_MS)
         else:
-            out.append(_blocked_view(inp, r, common, start_ns))
+            _blocked_fields(inp, r, fields, start_ns)
+        out.append(RequestView.unchecked(fields))
+    return out
+
+
+_INFLIGHT_BLOCKS = (Phase.PREFILL, Phase.BLOCKED, Phase.TERMINAL)  # runnable(): not while in flight
+
+
+def queued_advances(frames: Sequence[Frame]) -> dict[Handle, int]:
+    """:func:`queued_advance` of every request with a queued lane, keyed by handle, in one pass
+    over the frames (views() reads it for every decoder)."""
+    out: dict[Handle, int] = {}
+    for f in frames:
+        plan = f.plan
+        for lane in plan.lanes:
+            out[lane.handle] = out.get(lane.handle, 0) + plan.max_advance(lane)
     return out
 
 
@@ -181,52 +189,45 @@ def _acceptance(inp: PricingInputs, decoders: list[Request]) -> dict[int, tuple[
     return out
 
 
-def _decode_view(
+def _decode_fields(
     inp: PricingInputs,
     r: Request,
-    common: _Common,
+    fields: dict,
     start_ns: int,
     last: int | None,
     acceptance: tuple[np.ndarray, np.ndarray],
-) -> RequestView:
-    """A decoding request: output left after its queued rounds, output age and acceptance."""
-    queued = queued_advance(r, inp.frames)
+    queued: int,
+) -> None:
+    """A decoding request: output left after its queued rounds (`queued`: their committed tokens
+    at most), output age and acceptance."""
     remaining = r.max_output - len(r.output) - queued
     age = 0.0 if last is None else max(0.0, (start_ns - last) / NS_PER_MS)
     if r.last_publication_ns is None and last is None:
         age = max(0.0, (start_ns - r.admitted_ns) / NS_PER_MS)
-    common["runnable"] = common["runnable"] and remaining > 0
-    return RequestView.make(
-        phase=Phase.DECODE,
-        age_ms=age,
-        output_remaining=max(remaining, 0),
-        context_remaining=inp.max_model_len - (r.cursor + queued),
-        width_limit=r.width_limit,
-        survival=acceptance[0],
-        optimistic=acceptance[1],
-        forecast=r.forecast.means(),
-        **common,
-    )
+    fields["runnable"] = fields["runnable"] and remaining > 0
+    fields["age_ms"] = age
+    fields["output_remaining"] = max(remaining, 0)
+    fields["context_remaining"] = inp.max_model_len - (r.cursor + queued)
+    fields["width_limit"] = r.width_limit
+    fields["survival"] = acceptance[0]
+    fields["optimistic"] = acceptance[1]
+    fields["forecast"] = r.forecast.means()
 
 
-def _blocked_view(inp: PricingInputs, r: Request, common: _Common, start_ns: int) -> RequestView:
+def _blocked_fields(inp: PricingInputs, r: Request, fields: dict, start_ns: int) -> None:
     """Blocked: priced like the phase it enables, with the same logical limits, so that
     lookahead values only work the following program can really do."""
     last = r.last_publication_ns if r.last_publication_ns is not None else r.admitted_ns
     est, pool = r.acceptance.get(r.proposal_source), inp.acceptance_pools[r.proposal_source]
-    return RequestView.make(
-        phase=Phase.BLOCKED,
-        prerequisites=tuple(r.prerequisites),
-        enables=r.enables,
-        age_ms=max(0.0, (start_ns - last) / NS_PER_MS),
-        output_remaining=r.max_output - len(r.output),
-        context_remaining=inp.max_model_len - r.cursor,
-        width_limit=r.width_limit,
-        survival=est.means(pool),
-        forecast=r.forecast.means(),
-        **_prompt_fields(r),
-        **common,
-    )
+    fields.update(_prompt_fields(r))
+    fields["prerequisites"] = tuple(r.prerequisites)
+    fields["enables"] = r.enables
+    fields["age_ms"] = max(0.0, (start_ns - last) / NS_PER_MS)
+    fields["output_remaining"] = r.max_output - len(r.output)
+    fields["context_remaining"] = inp.max_model_len - r.cursor
+    fields["width_limit"] = r.width_limit
+    fields["survival"] = est.means(pool)
+    fields["forecast"] = r.forecast.means()
 
 
 def _prompt_fields(r: Request) -> _PromptFields:

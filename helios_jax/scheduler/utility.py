@@ -76,11 +76,14 @@ class Decision:
     def build(
         cls, views: list[RequestView], policy: PolicyConfig, *, sigma_decode: float, sigma_terminal: float
     ) -> Decision:
+        finite = math.isfinite
         logs = [0.0]
-        for v in views:
-            for x in (v.log_prefill_price, v.log_output_price, v.log_delivery_price):
-                if math.isfinite(x):
-                    logs.append(x)
+        logs += [
+            x
+            for v in views
+            for x in (v.log_prefill_price, v.log_output_price, v.log_delivery_price)
+            if finite(x)
+        ]
         if policy.terminal_value > 0 and any(v.phase is Phase.TERMINAL for v in views):
             logs.append(math.log(policy.terminal_value))
         log_scale = max(logs)

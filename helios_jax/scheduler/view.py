@@ -85,6 +85,19 @@ class RequestView:
         d.update(fields)
         return new
 
+    @classmethod
+    def unchecked(cls, fields: dict) -> RequestView:
+        """:meth:`make` from a dict of field values the caller guarantees are valid names with
+        every required one present (``pricing.views``): no name checks; `fields` is not kept."""
+        new = object.__new__(cls)
+        d = new.__dict__
+        d.update(_DEFAULTS)
+        for name in _FACTORIES:
+            if name not in fields:
+                d[name] = np.zeros(0)
+        d.update(fields)
+        return new
+
     def with_survival(self, survival: np.ndarray) -> RequestView:
         """This view with other survival estimates (``dataclasses.replace`` without its
         per-field dispatch: an acceptance probe copies every view of a decision)."""

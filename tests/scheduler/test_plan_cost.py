@@ -168,14 +168,15 @@ def test_request_view_make_equals_the_constructor():
         dict(rid=4, slot=2, phase=Phase.PREFILL, prompt_remaining=9, atomic_spans=((1, 4),), endpoint=7),
     ]
     for fields in cases:
-        got, want = RequestView.make(**fields), RequestView(**fields)
-        assert type(got) is RequestView
-        for f in dataclasses.fields(RequestView):
-            a, b = getattr(got, f.name), getattr(want, f.name)
-            if isinstance(b, np.ndarray):
-                np.testing.assert_array_equal(a, b, strict=True)
-            else:
-                assert a == b and type(a) is type(b), f.name
+        want = RequestView(**fields)
+        for got in (RequestView.make(**fields), RequestView.unchecked(dict(fields))):
+            assert type(got) is RequestView
+            for f in dataclasses.fields(RequestView):
+                a, b = getattr(got, f.name), getattr(want, f.name)
+                if isinstance(b, np.ndarray):
+                    np.testing.assert_array_equal(a, b, strict=True)
+                else:
+                    assert a == b and type(a) is type(b), f.name
         assert got.forecast is not RequestView.make(**fields).forecast  # a fresh default each
         with pytest.raises(dataclasses.FrozenInstanceError):
             got.rid = 9  # type: ignore[misc]
@@ -183,3 +184,181 @@ def test_request_view_make_equals_the_constructor():
         RequestView.make(rid=1, slot=0, phase=Phase.DECODE, no_such_field=1)
     with pytest.raises(TypeError):
         RequestView.make(rid=1, phase=Phase.DECODE)
+
+
+def test_views_subtract_each_requests_own_queued_advance():
+    """views() sums the queued lanes' advances once per decision (pricing.queued_advances); each
+    decoder's output and context left equal the per-request sum over the frames in flight."""
+    from helios_jax.scheduler import pricing
+
+    from .test_core import run_once, scheduler
+
+    s = scheduler(SPEC, mode=DecodeMode.ADAPTIVE)
+    for n in (8, 60, 200, 8):
+        s.admit([1] * n, max_output=300)
+    t, fence, checked = 0.0, 0, 0
+    for fence in range(1, 12):
+        _, _, t = run_once(s, fence, t, accepted=fence % 3)
+    while (plan := s.plan()) is not None and not plan.needs_empty_window and len(s.frames) < 3:
+        fence += 1
+        s.commit(plan, fence)
+        advances = pricing.queued_advances(s.frames)
+        for v in s.views():
+            r = s.requests[v.rid]
+            queued = pricing.queued_advance(r, s.frames)
+            assert advances.get(r.handle, 0) == queued
+            if v.phase.value == "decode":
+                assert v.output_remaining == max(r.max_output - len(r.output) - queued, 0)
+                assert v.context_remaining == s.max_model_len - (r.cursor + queued)
+                checked += queued > 0
+    assert checked
+
+
+def test_a_probe_selection_sharing_the_ordinary_tables_equals_a_fresh_one():
+    """learning.probe builds its selection with the ordinary one as `base` (shared decision,
+    prompt table and survival-free decoder arrays); it equals a selection built from nothing,
+    array for array and score for score, at every decision of a run."""
+    import dataclasses
+
+    import numpy as np
+
+    from helios_jax.scheduler import policy
+
+    from .test_core import run_once, scheduler
+
+    s = scheduler(SPEC, mode=DecodeMode.ADAPTIVE)
+    for n in (8, 60, 200, 8, 900):
+        s.admit([1] * n, max_output=300)
+    t, shared = 0.0, 0
+    for fence in range(1, 40):
+        if fence % 7 == 0:
+            s.admit([1] * 30, max_output=50)
+        inp = policy.SelectionInput(s.views(), s.graphs, s.costs, s.now_ns, s.policy, s.mode)
+        base = policy.Selection(inp)
+        opt = [v if v.optimistic.size == 0 else v.with_survival(v.optimistic) for v in inp.views]
+        prepared = policy.as_prepared(inp.graphs)
+        opt_inp = dataclasses.replace(inp, views=opt, graphs=prepared.drafted(), reference=prepared)
+        got, want = policy.Selection(opt_inp, base), policy.Selection(opt_inp)
+        assert got.decision == want.decision
+        own_scale = dataclasses.replace(opt_inp, reference=None)  # sigma from the drafted programs
+        assert policy.Selection(own_scale, base).decision == policy.Selection(own_scale).decision
+        for table in ("decoders", "prompts"):
+            a, b = vars(getattr(got, table)), vars(getattr(want, table))
+            for name, x in b.items():
+                if isinstance(x, np.ndarray):
+                    np.testing.assert_array_equal(a[name], x, strict=True, err_msg=name)
+        shared += got.prompts is base.prompts and got.decoders.forecast is base.decoders.forecast
+        scores = [(r.graph.name, r.score) for r in policy.scored(opt_inp, got)]
+        assert scores == [(r.graph.name, r.score) for r in policy.scored(opt_inp, want)]
+        _, _, t = run_once(s, fence, t, accepted=fence % 4)
+    assert shared > 10
+
+
+def test_mixed_prompt_rows_shared_per_dominance_rule_equal_each_shapes_own():
+    """MixedFamily keeps the undominated prompt rows and their pick per (capacity, largest
+    same-work smaller capacity); every shape's prompt-row candidate equals the one a family
+    computing only that shape finds, at every decision of a run with prompts and decoders."""
+    from helios_jax.scheduler import policy
+    from helios_jax.scheduler.policy.mixed import MixedFamily
+
+    from .test_core import run_once, scheduler
+
+    s = scheduler(SPEC, mode=DecodeMode.ADAPTIVE)
+    for n in (8, 60, 200, 8, 900, 3000):
+        s.admit([1] * n, max_output=300)
+    t, compared = 0.0, 0
+    for fence in range(1, 30):
+        if fence % 5 == 0:
+            s.admit([1] * (40 * fence), max_output=50)
+        sel = policy.Selection(
+            policy.SelectionInput(s.views(), s.graphs, s.costs, s.now_ns, s.policy, s.mode)
+        )
+        shared = MixedFamily(sel)
+        for g in sel.prepared.mixed:
+            table = sel.decoders.table(g.token_capacity, g.proposal_depth)
+            got, want = (
+                shared._prompt_row_candidate(g, table),
+                MixedFamily(sel)._prompt_row_candidate(g, table),
+            )
+            assert (got is None) == (want is None)
+            if got is not None:
+                assert (got.score, got.build().lanes) == (want.score, want.build().lanes)
+                compared += 1
+        _, _, t = run_once(s, fence, t, accepted=fence % 4)
+    assert compared > 100
+
+
+def test_lane_tables_of_one_decoder_equal_the_sorted_running_sum():
+    """DecoderTable.table skips the sort and running sum for a single lane; its order and prefix
+    sums equal the general computation's, bit for bit and dtype for dtype."""
+    import numpy as np
+
+    from helios_jax.scheduler import policy
+
+    from .test_core import run_once, scheduler
+
+    for count in (1, 3):
+        s = scheduler(SPEC, mode=DecodeMode.ADAPTIVE)
+        for _ in range(count):
+            s.admit([1] * 8, max_output=300)
+        t = 0.0
+        for fence in range(1, 12):
+            _, _, t = run_once(s, fence, t, accepted=fence % 4)
+            sel = policy.Selection(
+                policy.SelectionInput(s.views(), s.graphs, s.costs, s.now_ns, s.policy, s.mode)
+            )
+            d = sel.decoders
+            for width, depth in {(g.token_capacity, g.proposal_depth) for g in sel.prepared.generation}:
+                table = d.table(width, depth)
+                order = np.lexsort((d.slots, d.last_selected_ns, -table.values))
+                np.testing.assert_array_equal(table.order, order, strict=True)
+                prefix = np.concatenate([[0.0], np.cumsum(table.values[order])])
+                np.testing.assert_array_equal(table.prefix_values, prefix, strict=True)
+
+
+def _uncached_rows(inp):
+    """selector.scored's rows computed afresh: every family, then the dominance filter."""
+    from helios_jax.scheduler.policy import selector
+
+    sel = selector.Selection(inp)
+    families = (
+        selector.generation_candidates,
+        selector.prefill_candidates,
+        selector.batch_prefill_candidates,
+        selector.mixed_candidates,
+        selector.terminal_candidates,
+        selector.prerequisite_candidates,
+    )
+    return selector.prune_dominated([r for f in families for r in f(sel)], sel.prepared)
+
+
+def test_rows_scored_once_per_selection_equal_a_fresh_scoring():
+    """selector.scored keeps a selection's rows (select, then a refresh alternative, read them);
+    at every decision of a run, with estimates going stale, they equal a fresh selection's, and
+    the refresh alternative chosen from them is the one a fresh scoring gives."""
+    from helios_jax.scheduler import learning, policy
+
+    from .test_core import run_once, scheduler
+
+    s = scheduler(SPEC, mode=DecodeMode.ADAPTIVE)
+    for n in (8, 60, 200, 900):
+        s.admit([1] * n, max_output=200)
+    t, refreshed = 0.0, 0
+    for fence in range(1, 30):
+        if fence % 6 == 0:
+            t += s.policy.estimate_ttl_ns / service.NS_PER_MS  # every estimate goes stale
+        _, _, t = run_once(s, fence, t, accepted=fence % 4)
+        inp = policy.SelectionInput(s.views(), s.graphs, s.costs, s.now_ns, s.policy, s.mode)
+        sel = policy.Selection(inp)
+        ordinary = policy.select(inp, sel)
+        if ordinary is None:
+            continue
+        kept, fresh = policy.scored(inp, sel), _uncached_rows(inp)
+        assert [(r.graph, r.score, r.signature) for r in kept] == [
+            (r.graph, r.score, r.signature) for r in fresh
+        ]
+        assert [r.build() for r in kept] == [r.build() for r in fresh]
+        got = learning.refresh_alternative(inp, ordinary, s.graphs.graphs, sel)
+        assert got == learning.refresh_alternative(inp, ordinary, s.graphs.graphs)
+        refreshed += got is not None
+    assert refreshed

@@ -38,13 +38,14 @@ from helios_jax.scheduler.policy.prepared import (
     capacities,
 )
 from helios_jax.scheduler.policy.ranking import ScoredCandidate, best, better, recency
-from helios_jax.scheduler.policy.selection import SelectionInput
+from helios_jax.scheduler.policy.selection import Selection, SelectionInput
 from helios_jax.scheduler.policy.selector import candidates, scored, select
 
 __all__ = [
     "PREREQUISITE_KINDS",
     "PreparedGraphs",
     "ScoredCandidate",
+    "Selection",
     "SelectionInput",
     "as_prepared",
     "best",

@@ -21,6 +21,10 @@ from helios_jax.scheduler.view import Lane
 
 # The decoder work beside a prompt row: (lanes, depth, widths key), or 0 when there is none.
 DecoderWork = tuple[int, int, bytes] | int
+# Which prompt rows a shape may use: (its prompt capacity, the largest smaller capacity serving the
+# same decoder work, or None).
+Rule = tuple[int, int | None]
+_NOT_PICKED = -1  # no prompt row index is negative
 
 
 class MixedFamily:
@@ -31,6 +35,8 @@ class MixedFamily:
         self.prompt_ok = ~sel.prompts.needs_scores  # scored prompts run only scored prefill
         self._picks: dict[tuple[int, bytes], int | None] = {}
         self._decoder_work: dict[MixedShape, DecoderWork] = {}
+        self._allowed_rows: dict[Rule, np.ndarray] = {}
+        self._rule_picks: dict[Rule, int | None] = {}  # per rule, read through _picks
 
     def candidates(self) -> list[ScoredCandidate]:
         decoders, prompts = self.sel.decoders, self.sel.prompts
@@ -63,16 +69,20 @@ class MixedFamily:
         sel, decoders, prompts = self.sel, self.sel.decoders, self.sel.prompts
         cap = g.prefill_capacity
         m = min(g.batch_capacity - 1, decoders.count)
-        allowed = self._undominated_prompts(g)
-        if allowed is None:
+        rule = self._dominance_rule(g)
+        if rule is None:
             return None
-        if not sel.costs.is_known(g.key):
+        if sel.costs.is_known(g.key):
+            i = self._pick(rule)
+        else:
             smaller_capacities = [h.prefill_capacity for h in sel.prepared.smaller_mixed[g]]
-            allowed = allowed & ~prompts.excluded_from_exploration(smaller_capacities, prompts.work(cap))
-        pick_key = (cap, allowed.tobytes())
-        if pick_key not in self._picks:
-            self._picks[pick_key] = prompts.pick(allowed, cap)
-        i = self._picks[pick_key]
+            allowed = self._allowed(rule) & ~prompts.excluded_from_exploration(
+                smaller_capacities, prompts.work(cap)
+            )
+            pick_key = (cap, allowed.tobytes())
+            if pick_key not in self._picks:
+                self._picks[pick_key] = prompts.pick(allowed, cap)
+            i = self._picks[pick_key]
         if i is None:
             return None
 
@@ -93,16 +103,15 @@ class MixedFamily:
             self._decoder_work[key] = hit
         return hit
 
-    def _undominated_prompts(self, g: GraphDescriptor) -> np.ndarray | None:
-        """Prompt rows of mixed shape g that no smaller shape serves with the same work.
+    def _dominance_rule(self, g: GraphDescriptor) -> Rule | None:
+        """Which prompt rows of mixed shape g no smaller shape serves with the same work, as
+        (g's prompt capacity, the largest smaller capacity that serves the same decoder work, or
+        None); None when an equal capacity does (every row dominated).
 
         A smaller shape h carries the same candidate when it serves the same decoder lanes at the
         same widths and consumes the same prompt tokens. Prompt work grows with capacity, so
-        equality with the largest smaller capacity decides; an equal capacity decides for every
-        row (None: all dominated).
+        equality with the largest smaller capacity decides.
         """
-        prompts = self.sel.prompts
-        work = prompts.work(g.prefill_capacity)
         mine = self._decoder_work_of(g.batch_capacity, g.token_capacity, g.proposal_depth)
         largest = None
         for shape, capacity in self.sel.prepared.mixed_dominator_classes[g]:
@@ -111,10 +120,33 @@ class MixedFamily:
             if capacity == g.prefill_capacity:
                 return None
             largest = capacity if largest is None else max(largest, capacity)
-        allowed = self.prompt_ok & (work > 0)
-        if largest is not None:
-            allowed &= prompts.work(largest) != work
-        return allowed
+        return g.prefill_capacity, largest
+
+    def _allowed(self, rule: Rule) -> np.ndarray:
+        """The undominated prompt rows under `rule` (``_dominance_rule``): unscored prompts with
+        work at g's capacity that differs from the largest same-work smaller capacity's."""
+        hit = self._allowed_rows.get(rule)
+        if hit is None:
+            prompts = self.sel.prompts
+            cap, largest = rule
+            work = prompts.work(cap)
+            hit = self.prompt_ok & (work > 0)
+            if largest is not None:
+                hit &= prompts.work(largest) != work
+            self._allowed_rows[rule] = hit
+        return hit
+
+    def _pick(self, rule: Rule) -> int | None:
+        """The best undominated prompt row under `rule`: shapes sharing a rule share it, and so
+        do rules that allow the same rows at the same capacity."""
+        hit = self._rule_picks.get(rule, _NOT_PICKED)
+        if hit is _NOT_PICKED:
+            allowed = self._allowed(rule)
+            pick_key = (rule[0], allowed.tobytes())
+            if pick_key not in self._picks:
+                self._picks[pick_key] = self.sel.prompts.pick(allowed, rule[0])
+            hit = self._rule_picks[rule] = self._picks[pick_key]
+        return hit
 
 
 def mixed_candidates(sel: Selection) -> list[ScoredCandidate]:

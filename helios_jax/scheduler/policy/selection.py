@@ -43,38 +43,71 @@ class SelectionInput:
 class Selection:
     """The population of one decision, as the program families score it."""
 
-    def __init__(self, inp: SelectionInput):
+    decision: utility.Decision
+    decoders: DecoderTable
+    prompts: PromptTable
+
+    def __init__(self, inp: SelectionInput, base: Selection | None = None):
+        """`base`: the ordinary selection of the same decision when `inp.views` are its views
+        with other survival and optimistic estimates (an acceptance probe's, ``learning.probe``):
+        its decision-wide quantities, prompt table and the decoders' survival-free arrays are
+        shared rather than rebuilt."""
         if len(inp.views) > MAX_REQUEST_SLOTS:
             raise ValueError(
                 f"selection is bounded to {MAX_REQUEST_SLOTS} request slots, got {len(inp.views)}"
             )
         self.inp = inp
         self.prepared = as_prepared(inp.graphs)
-        reference = self.prepared if inp.reference is None else as_prepared(inp.reference)
-        costs = self.costs = inp.costs
+        self.reference = self.prepared if inp.reference is None else as_prepared(inp.reference)
+        self.costs = inp.costs
+        if base is not None and not base.shares_decision(inp, self.reference):
+            base = None
         # Least recently used first (never selected, -1, first of all), then earlier admitted:
         # every cohort solver sorts lanes stably, so lanes of equal value go in this order
         # (duration-estimates/tie-order), whatever order the caller listed the views in.
         views = sorted(inp.views, key=lambda v: (v.last_selected_ns, v.rid))
-        delivery_bearing = sum(1 for v in views if v.delivery_bearing)
-        terminal = sum(1 for v in views if v.phase is Phase.TERMINAL)
-        self.decision = utility.Decision.build(
-            views,
-            inp.policy,
-            sigma_decode=reference.reference_interval("delivery", delivery_bearing, costs),
-            sigma_terminal=reference.reference_interval("snapshots", terminal, costs),
-        )
+        self.decision = self._decision(views) if base is None else base.decision
         runnable = [v for v in views if v.runnable]
         self.decoders = DecoderTable(
             [v for v in runnable if v.phase is Phase.DECODE],
             self.decision,
             self.prepared.max_width,
             self.prepared.max_depth,
+            base=None if base is None else base.decoders,
         )
-        self.prompts = PromptTable([v for v in runnable if v.phase is Phase.PREFILL], self.decision)
+        prompts = [v for v in runnable if v.phase is Phase.PREFILL]
+        if base is not None and _same(prompts, base.prompts.views):
+            self.prompts = base.prompts  # prompt rows read no survival estimate
+        else:
+            self.prompts = PromptTable(prompts, self.decision)
         self.terminals = [v for v in runnable if v.phase is Phase.TERMINAL]
         self.blocked = [v for v in runnable if v.phase is Phase.BLOCKED and v.prerequisites]
-        self._durations = dict(self.prepared.durations(costs))  # a copy: duration() may add to it
+        self._durations = dict(self.prepared.durations(self.costs))  # a copy: duration() may add to it
+        # Every program's non-dominated candidates (``selector.scored``), once computed: a
+        # selection's input never changes, and building a row's lanes changes nothing.
+        self.scored_rows: tuple[ScoredCandidate, ...] | None = None
+
+    def _decision(self, views: list[RequestView]) -> utility.Decision:
+        delivery_bearing = sum(1 for v in views if v.delivery_bearing)
+        terminal = sum(1 for v in views if v.phase is Phase.TERMINAL)
+        return utility.Decision.build(
+            views,
+            self.inp.policy,
+            sigma_decode=self.reference.reference_interval("delivery", delivery_bearing, self.costs),
+            sigma_terminal=self.reference.reference_interval("snapshots", terminal, self.costs),
+        )
+
+    def shares_decision(self, inp: SelectionInput, reference: PreparedGraphs) -> bool:
+        """Whether a selection of `inp` scored against `reference` has this one's decision-wide
+        quantities, given views that differ from this one's only in survival estimates."""
+        mine = self.inp
+        return (
+            reference is self.reference
+            and inp.costs is mine.costs
+            and inp.policy is mine.policy
+            and inp.now_ns == mine.now_ns
+            and len(inp.views) == len(mine.views)
+        )
 
     @property
     def mode(self) -> DecodeMode:
@@ -135,6 +168,11 @@ class Selection:
         decoders = self.decoders
         t = self.duration(g) or 0.0
         return lambda: decoders.lanes(idx, widths, t, ceilings=widths if device else None)
+
+
+def _same(views: Sequence[RequestView], others: Sequence[RequestView]) -> bool:
+    """The same view objects in the same order."""
+    return len(views) == len(others) and all(a is b for a, b in zip(views, others))
 
 
 def free_prerequisite_rows(views: Iterable[RequestView], room: int, taken: Iterable[int]) -> list[Lane]:

@@ -14,18 +14,21 @@ from helios_jax.scheduler.policy.snapshots import terminal_candidates
 from helios_jax.scheduler.view import Candidate
 
 
-def scored(inp: SelectionInput) -> list[ScoredCandidate]:
-    """Every program's best non-dominated candidate(s), scored but not yet materialised."""
-    sel = Selection(inp)
-    found = (
-        generation_candidates(sel)
-        + prefill_candidates(sel)
-        + batch_prefill_candidates(sel)
-        + mixed_candidates(sel)
-        + terminal_candidates(sel)
-        + prerequisite_candidates(sel)
-    )
-    return prune_dominated(found, sel.prepared)
+def scored(inp: SelectionInput, sel: Selection | None = None) -> list[ScoredCandidate]:
+    """Every program's best non-dominated candidate(s), scored but not yet materialised
+    (`sel`: ``Selection(inp)`` when the caller built it already)."""
+    sel = Selection(inp) if sel is None else sel
+    if sel.scored_rows is None:  # scored once per selection (a refresh alternative rereads them)
+        found = (
+            generation_candidates(sel)
+            + prefill_candidates(sel)
+            + batch_prefill_candidates(sel)
+            + mixed_candidates(sel)
+            + terminal_candidates(sel)
+            + prerequisite_candidates(sel)
+        )
+        sel.scored_rows = tuple(prune_dominated(found, sel.prepared))
+    return list(sel.scored_rows)
 
 
 def candidates(inp: SelectionInput) -> list[Candidate]:
@@ -33,13 +36,13 @@ def candidates(inp: SelectionInput) -> list[Candidate]:
     return [r.build() for r in scored(inp)]
 
 
-def select(inp: SelectionInput) -> Candidate | None:
+def select(inp: SelectionInput, sel: Selection | None = None) -> Candidate | None:
     """The preferred candidate, or None when nothing is runnable.
 
     Only the leading candidates (all indeterminate ones, or those within the tie tolerance of
     the best score) are materialised and compared in full.
     """
-    found = scored(inp)
+    found = scored(inp, sel)
     if not found:
         return None
     pool = [r for r in found if r.indeterminate] or found

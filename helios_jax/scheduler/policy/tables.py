@@ -30,6 +30,10 @@ def padded_prefixes(prefixes: Sequence[np.ndarray], depth: int) -> np.ndarray:
     return monotone(out) if depth else out
 
 
+_ONE_LANE = np.zeros(1, dtype=np.intp)
+_ONE_LANE.setflags(write=False)
+
+
 class LaneTable(NamedTuple):
     """The decoders' lanes on programs of one width and depth, ranked for the cohort solvers."""
 
@@ -43,10 +47,54 @@ class LaneTable(NamedTuple):
 class DecoderTable:
     """Runnable decoding requests as arrays (the T-independent parts of their lane values)."""
 
-    def __init__(self, views: list[RequestView], decision: utility.Decision, max_width: int, depth: int):
+    rids: np.ndarray
+    slots: np.ndarray
+    last_selected_ns: np.ndarray
+    output_price: np.ndarray
+    delivery_price: np.ndarray
+    row_limit: np.ndarray
+    forecast: np.ndarray
+    delivery_value: np.ndarray
+    age_value_per_ms: float
+
+    def __init__(
+        self,
+        views: list[RequestView],
+        decision: utility.Decision,
+        max_width: int,
+        depth: int,
+        base: DecoderTable | None = None,
+    ):
+        """`base`: a table of the same decision whose views differ from `views` only in their
+        survival and optimistic estimates (an acceptance probe's); every part of it that does
+        not read survival is shared (it must list the same requests in the same order)."""
         self.views = views
         count = self.count = len(views)
         self.decision = decision
+        if (
+            base is not None
+            and base.forecast.shape[1] == depth
+            and base.rids.tolist() == [v.rid for v in views]
+        ):
+            self.rids, self.slots, self.last_selected_ns = base.rids, base.slots, base.last_selected_ns
+            self.output_price, self.delivery_price = base.output_price, base.delivery_price
+            self.row_limit, self.forecast = base.row_limit, base.forecast
+            self.delivery_value, self.age_value_per_ms = base.delivery_value, base.age_value_per_ms
+        else:
+            self._request_parts(views, decision, depth)
+        self.survival = padded_prefixes([v.survival for v in views], depth)  # f64[n, D]
+        # f64[n, max_width + 1]: expected committed tokens at each width
+        self.expected_output = (
+            expected_output_table(self.survival, max_width, decision.alpha)
+            if count
+            else np.zeros((0, max_width + 1))
+        )
+        # f64[n, D]: value of target row d + 1 (prefix d + 1 surviving)
+        self.extension_value = self.output_price[:, None] * self.survival**decision.alpha
+        self._tables: dict[tuple[int, int], LaneTable] = {}
+
+    def _request_parts(self, views: list[RequestView], decision: utility.Decision, depth: int) -> None:
+        """Everything but the survival-dependent arrays: identities, prices, limits, forecasts."""
         self.rids = np.array([v.rid for v in views], dtype=np.int64)
         self.slots = np.array([v.slot for v in views], dtype=np.int64)
         self.last_selected_ns = np.array([v.last_selected_ns for v in views], dtype=np.int64)
@@ -56,21 +104,11 @@ class DecoderTable:
         )
         age = np.array([v.age_ms for v in views], dtype=np.float64)
         self.row_limit = np.array([v.row_limit for v in views], dtype=np.float64)
-        self.survival = padded_prefixes([v.survival for v in views], depth)  # f64[n, D]
         self.forecast = padded_prefixes([v.forecast for v in views], depth)  # f64[n, D] joint prefix probs
-        # f64[n, max_width + 1]: expected committed tokens at each width
-        self.expected_output = (
-            expected_output_table(self.survival, max_width, decision.alpha)
-            if count
-            else np.zeros((0, max_width + 1))
-        )
-        # f64[n, D]: value of target row d + 1 (prefix d + 1 surviving)
-        self.extension_value = self.output_price[:, None] * self.survival**decision.alpha
         # f64[n]: delivery and c*sigma*A, the value a served lane earns besides its tokens at T = 0
         self.delivery_value = self.delivery_price + decision.decode_age_term(age, 0.0)
         # c*sigma: value per ms of T per served lane
         self.age_value_per_ms = decision.decode_age * decision.sigma_decode
-        self._tables: dict[tuple[int, int], LaneTable] = {}
 
     def lane_widths(self, width: int, depth: int) -> np.ndarray:
         """Per-lane target rows: program width, proposals, output limit and context."""
@@ -88,8 +126,11 @@ class DecoderTable:
         if hit is None:
             widths = self.lane_widths(width, depth)
             values = self.lane_values(widths)
-            order = np.lexsort((self.slots, self.last_selected_ns, -values))
-            prefix = np.concatenate([[0.0], np.cumsum(values[order])])
+            if self.count == 1:  # one lane: its own order and sum (no sort, no running sum)
+                order, prefix = _ONE_LANE, np.array([0.0, values[0]])
+            else:
+                order = np.lexsort((self.slots, self.last_selected_ns, -values))
+                prefix = np.concatenate([[0.0], np.cumsum(values[order])])
             hit = self._tables[(width, depth)] = LaneTable(widths, values, order, prefix, widths.tobytes())
         return hit
 
