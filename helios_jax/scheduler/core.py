@@ -311,13 +311,13 @@ class Scheduler(SchedulerReads):
         if not any(v.runnable for v in views):
             return None
         inp = policy.SelectionInput(views, self.graphs, self.costs, self.now_ns, self.policy, self.mode)
-        sel = policy.Selection(inp)  # shared by a refresh alternative and an acceptance probe
-        ordinary = policy.select(inp, sel)
+        base = policy.selection_rows(inp)  # read again by a refresh alternative and a probe
+        ordinary = policy.select(inp, rows=base[1])
         if ordinary is None:
             return None
         information = learning.aged_information(self.requests)
         chosen, reason, credit = learning.explore(
-            inp, ordinary, self.graphs.graphs, self.timing_ledger, self.acceptance_ledger, information, sel
+            inp, ordinary, self.graphs.graphs, self.timing_ledger, self.acceptance_ledger, information, base
         )
         return self._freeze(chosen, reason, credit, start)
 

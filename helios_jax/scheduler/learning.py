@@ -49,14 +49,16 @@ def explore(
     timing: Ledger,
     acceptance: Ledger,
     information: Callable[[int, int, int], float],
-    base: policy.Selection | None = None,
+    base: tuple[policy.Selection, list[policy.ScoredCandidate]] | None = None,
 ) -> tuple[Candidate, ExecutionClass, float]:
     """The plan's candidate, accounting class and the credit that funds it (0 unless funded);
-    `base`: the ordinary selection (``Selection(inp)``), whose tables a probe shares."""
+    `base`: the ordinary selection and its rows (``policy.selection_rows(inp)``), which a
+    refresh alternative rereads and whose tables a probe shares."""
+    sel, rows = (None, None) if base is None else base
     if ordinary.indeterminate:
         return ordinary, ExecutionClass.DISCOVERY, 0.0
     if timing.can_start():
-        alternative = refresh_alternative(inp, ordinary, loaded, base)
+        alternative = refresh_alternative(inp, ordinary, loaded, sel, rows)
         if alternative is not None:
             return alternative, ExecutionClass.TIMING_REFRESH, timing.balance_ms
     if acceptance.can_start():
@@ -64,7 +66,7 @@ def explore(
             v if v.survival.size == 0 and v.optimistic.size == 0 else v.with_survival(v.optimistic)
             for v in inp.views
         ]
-        found = probe(inp, ordinary, optimistic, information, base)
+        found = probe(inp, ordinary, optimistic, information, sel)
         if found is not None:
             return found, ExecutionClass.ACCEPTANCE_LEARNING, acceptance.balance_ms
     return ordinary, ExecutionClass.ORDINARY, 0.0
@@ -88,6 +90,7 @@ def refresh_alternative(
     ordinary: Candidate,
     loaded: Sequence[GraphDescriptor],
     sel: policy.Selection | None = None,
+    rows: list[policy.ScoredCandidate] | None = None,
 ) -> Candidate | None:
     """The stale alternative a full timing-refresh ledger lets displace the ordinary winner:
     oldest by the later of last valid observation and last attempt, then by value."""
@@ -96,7 +99,7 @@ def refresh_alternative(
         return None
     rows = [
         r
-        for r in policy.scored(inp, sel)
+        for r in (policy.scored(inp, sel) if rows is None else rows)
         if not r.indeterminate and r.graph != ordinary.graph and costs.is_stale(r.graph.key, now)
     ]
     if not rows:

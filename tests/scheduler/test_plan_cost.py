@@ -332,10 +332,11 @@ def _uncached_rows(inp):
     return selector.prune_dominated([r for f in families for r in f(sel)], sel.prepared)
 
 
-def test_rows_scored_once_per_selection_equal_a_fresh_scoring():
-    """selector.scored keeps a selection's rows (select, then a refresh alternative, read them);
-    at every decision of a run, with estimates going stale, they equal a fresh selection's, and
-    the refresh alternative chosen from them is the one a fresh scoring gives."""
+def test_rows_scored_once_per_decision_equal_a_fresh_scoring():
+    """plan() scores a selection's rows once (policy.selection_rows) and hands them to select
+    and the refresh alternative; at every decision of a run, with estimates going stale, they
+    equal rows computed afresh, and the refresh alternative chosen from them is the one a
+    fresh scoring gives. The rows are not kept on the selection (no reference cycle)."""
     from helios_jax.scheduler import learning, policy
 
     from .test_core import run_once, scheduler
@@ -349,16 +350,18 @@ def test_rows_scored_once_per_selection_equal_a_fresh_scoring():
             t += s.policy.estimate_ttl_ns / service.NS_PER_MS  # every estimate goes stale
         _, _, t = run_once(s, fence, t, accepted=fence % 4)
         inp = policy.SelectionInput(s.views(), s.graphs, s.costs, s.now_ns, s.policy, s.mode)
-        sel = policy.Selection(inp)
-        ordinary = policy.select(inp, sel)
+        sel, kept = policy.selection_rows(inp)
+        ordinary = policy.select(inp, rows=kept)
         if ordinary is None:
             continue
-        kept, fresh = policy.scored(inp, sel), _uncached_rows(inp)
+        assert ordinary == policy.select(inp)
+        assert not any(kept is x for x in vars(sel).values())
+        fresh = _uncached_rows(inp)
         assert [(r.graph, r.score, r.signature) for r in kept] == [
             (r.graph, r.score, r.signature) for r in fresh
         ]
         assert [r.build() for r in kept] == [r.build() for r in fresh]
-        got = learning.refresh_alternative(inp, ordinary, s.graphs.graphs, sel)
+        got = learning.refresh_alternative(inp, ordinary, s.graphs.graphs, sel, kept)
         assert got == learning.refresh_alternative(inp, ordinary, s.graphs.graphs)
         refreshed += got is not None
     assert refreshed

@@ -39,7 +39,7 @@ from helios_jax.scheduler.policy.prepared import (
 )
 from helios_jax.scheduler.policy.ranking import ScoredCandidate, best, better, recency
 from helios_jax.scheduler.policy.selection import Selection, SelectionInput
-from helios_jax.scheduler.policy.selector import candidates, scored, select
+from helios_jax.scheduler.policy.selector import candidates, scored, select, selection_rows
 
 __all__ = [
     "PREREQUISITE_KINDS",
@@ -55,4 +55,5 @@ __all__ = [
     "recency",
     "scored",
     "select",
+    "selection_rows",
 ]

@@ -83,9 +83,6 @@ class Selection:
         self.terminals = [v for v in runnable if v.phase is Phase.TERMINAL]
         self.blocked = [v for v in runnable if v.phase is Phase.BLOCKED and v.prerequisites]
         self._durations = dict(self.prepared.durations(self.costs))  # a copy: duration() may add to it
-        # Every program's non-dominated candidates (``selector.scored``), once computed: a
-        # selection's input never changes, and building a row's lanes changes nothing.
-        self.scored_rows: tuple[ScoredCandidate, ...] | None = None
 
     def _decision(self, views: list[RequestView]) -> utility.Decision:
         delivery_bearing = sum(1 for v in views if v.delivery_bearing)

@@ -18,17 +18,24 @@ def scored(inp: SelectionInput, sel: Selection | None = None) -> list[ScoredCand
     """Every program's best non-dominated candidate(s), scored but not yet materialised
     (`sel`: ``Selection(inp)`` when the caller built it already)."""
     sel = Selection(inp) if sel is None else sel
-    if sel.scored_rows is None:  # scored once per selection (a refresh alternative rereads them)
-        found = (
-            generation_candidates(sel)
-            + prefill_candidates(sel)
-            + batch_prefill_candidates(sel)
-            + mixed_candidates(sel)
-            + terminal_candidates(sel)
-            + prerequisite_candidates(sel)
-        )
-        sel.scored_rows = tuple(prune_dominated(found, sel.prepared))
-    return list(sel.scored_rows)
+    found = (
+        generation_candidates(sel)
+        + prefill_candidates(sel)
+        + batch_prefill_candidates(sel)
+        + mixed_candidates(sel)
+        + terminal_candidates(sel)
+        + prerequisite_candidates(sel)
+    )
+    return prune_dominated(found, sel.prepared)
+
+
+def selection_rows(inp: SelectionInput) -> tuple[Selection, list[ScoredCandidate]]:
+    """``Selection(inp)`` and its :func:`scored` rows, for a caller that reads them more than
+    once (``Scheduler._plan``: the ordinary choice, a refresh alternative, a probe's tables).
+    The rows are not kept on the selection: their builders refer to it, and the cycle would
+    leave every decision's tables to the cyclic garbage collector."""
+    sel = Selection(inp)
+    return sel, scored(inp, sel)
 
 
 def candidates(inp: SelectionInput) -> list[Candidate]:
@@ -36,13 +43,15 @@ def candidates(inp: SelectionInput) -> list[Candidate]:
     return [r.build() for r in scored(inp)]
 
 
-def select(inp: SelectionInput, sel: Selection | None = None) -> Candidate | None:
+def select(
+    inp: SelectionInput, sel: Selection | None = None, rows: list[ScoredCandidate] | None = None
+) -> Candidate | None:
     """The preferred candidate, or None when nothing is runnable.
 
     Only the leading candidates (all indeterminate ones, or those within the tie tolerance of
     the best score) are materialised and compared in full.
     """
-    found = scored(inp, sel)
+    found = scored(inp, sel) if rows is None else rows  # rows: scored(inp), computed already
     if not found:
         return None
     pool = [r for r in found if r.indeterminate] or found
