@@ -97,7 +97,7 @@ def serve(engine, prompts, new_tokens):
 
 
 def bare_ms(engine, graph_key, runs):
-    """Median call-to-ready time of one executable, back to back (its inputs from the last use)."""
+    """Median call-to-ready time of one executable, back to back, on `measurement_inputs`."""
     from helios_jax.prepare.measurement import measurement_inputs
 
     executor = engine.executor
