@@ -41,10 +41,13 @@ class LookupConfig:
             raise ValueError(f"need 1 <= min_match <= max_match, got {self.min_match}, {self.max_match}")
 
 
+DEFAULT_LOOKUP = LookupConfig()
+
+
 class PromptLookup:
     """The n-gram index of one request's context, updated as its tokens commit."""
 
-    def __init__(self, tokens: Iterable[int] = (), config: LookupConfig = LookupConfig()):
+    def __init__(self, tokens: Iterable[int] = (), config: LookupConfig = DEFAULT_LOOKUP):
         self.config = config
         self.tokens: list[int] = []
         # n -> {n-gram: start of the continuation after its latest occurrence}
@@ -78,7 +81,7 @@ class PromptLookup:
 
 
 def lookup_reference(
-    context: Sequence[int], limit: int, config: LookupConfig = LookupConfig()
+    context: Sequence[int], limit: int, config: LookupConfig = DEFAULT_LOOKUP
 ) -> tuple[int, ...]:
     """The proposal of :meth:`PromptLookup.propose`, by a plain scan of the whole context."""
     ctx = [int(t) for t in context]

@@ -1,6 +1,7 @@
 """The engine end to end on a tiny random model: greedy output equals offline greedy decoding,
 stop strings, cancellation and slot reuse, and the page pool matching the reservations."""
 
+import dataclasses
 import threading
 import time
 
@@ -333,3 +334,51 @@ def test_a_failed_program_fails_resident_requests_and_the_engine_recovers(engine
     while engine.scheduler.requests and time.time() < deadline:
         time.sleep(0.05)
     assert not engine.scheduler.requests and not engine.scheduler.owned_pages()  # slots and pages freed
+
+
+def _served(engine, rid, text, source, max_tokens=40):
+    """Serve one greedy request under `source`; its tokens, and what the engine counted meanwhile:
+    the wide speculative frames executed and the scheduler's draft counters (deltas)."""
+    wide = [n for n in engine.executor.graph_counts if n.startswith("speculative") and ",W=1," not in n]
+    frames = {n: engine.executor.graph_counts.get(n, 0) for n in wide}
+    drafts = dict(engine.scheduler.speculative)
+    prompt = tokenizer().encode(text)
+    request = GenerationRequest(rid, tuple(prompt), SamplingParams(max_tokens=max_tokens, temperature=0.0))
+    stream = engine.submit(dataclasses.replace(request, proposal_source=source))
+    tokens = [t for e in stream for t in e.token_ids]
+    counts = engine.executor.graph_counts
+    ran = sum(n for name, n in counts.items() if name.startswith("speculative") and ",W=1," not in name)
+    delta = {k: v - drafts.get(k, 0) for k, v in engine.scheduler.speculative.items()}
+    return prompt, tokens, ran - sum(frames.values()), delta
+
+
+COPIED_CODE = "def f(x):\n    return x + 1\n" * 3
+
+
+@spec("speculative-coverage/copy-d", "speculative-coverage/copy-no-draws")
+def test_copy_proposals_serve_plain_greedy_text(engine):
+    """Prompt lookup drafts from repeated code and the model's own looping greedy text; the wide
+    speculative frames verify the copies and the text is plain greedy decoding's."""
+    prompt, tokens, wide_frames, drafts = _served(engine, "copy", COPIED_CODE, "copy")
+    assert len(tokens) == 40 and tokens == offline_greedy(prompt, 40)
+    assert wide_frames > 0  # copy-proposal rounds ran
+    assert drafts["copy_drafts"] > 0 and drafts["copy_accepted"] > 0
+    assert drafts.get("learned_drafts", 0) == 0  # copies draw nothing
+
+
+@spec("confidence-acceptance/per-source")
+def test_a_request_allowed_both_sources_uses_and_learns_each(engine):
+    """Under "both", rounds with a full copy prefix copy (the estimates start equal, ties go to
+    copy) and the others draft with the MTP head; each source's pooled estimate observes rounds."""
+    pools = engine.scheduler.population.acceptance_pools
+    revisions = {s: pools[s].revision for s in pools}
+    prompt, tokens, wide_frames, drafts = _served(engine, "both", COPIED_CODE + "for i", "both")
+    assert tokens == offline_greedy(prompt, len(tokens))
+    assert wide_frames > 0 and drafts["copy_drafts"] > 0 and drafts["learned_drafts"] > 0
+    assert all(pools[s].revision > revisions[s] for s in pools)
+
+
+def test_a_request_naming_an_unknown_source_is_refused(engine):
+    request = GenerationRequest("bad-source", (1, 2, 3), SamplingParams(max_tokens=2), proposal_source="mtp")
+    with pytest.raises(ValueError, match="proposal_source"):
+        engine.submit(request)
