@@ -13,10 +13,14 @@ From then on:
   the tokens the previous round committed, which only its completion reveals, so no round of it
   is queued behind another of its rounds;
 - when learned proposals are also allowed (``learned=True``), the source of the next round is
-  chosen by its expected output under the request's own per-source estimates (pooled like
-  selection reads them): copy when ``1 + sum(s_copy[:k]) >= 1 + sum(s_learned[:D])`` for the
-  offered prefix of k tokens, learned otherwise (docs/spec/RESOLUTIONS.md, 33). Ties go to copy,
-  which draws nothing.
+  chosen by its expected output under the request's own per-source estimates, read as the
+  spec's bounded optimistic estimate min(1, mean + sqrt(ln 20 / (2 w))) (pooled like selection
+  reads them): copy when ``1 + sum(u_copy[:k]) >= 1 + sum(u_learned[:D])`` for the offered
+  prefix of k tokens, learned otherwise (docs/spec/RESOLUTIONS.md, 33). Ties go to copy, which
+  draws nothing. The optimism is what lets a source that has fallen behind, or never been
+  tried, be tried again: with the plain means, a request whose first rounds happened to be
+  learned would never observe its copies (measured: no copy round at all on the repetitive
+  benchmark of docs/copy-proposals.md), and aging weights bring an idle source's bonus back.
 
 A request changes source only between rounds (the engine offers after each completion, when no
 round of the request is in flight), so each round's acceptance is observed under the source that
@@ -34,12 +38,13 @@ from helios_jax.scheduler.speculation import SOURCE_COPY, SOURCE_LEARNED, expect
 
 
 def choose_source(req: Request, population: Population, length: int, depth: int, alpha: float) -> str:
-    """The source whose estimate promises more output next round (ties: copy); module docstring."""
+    """The source whose optimistic estimate promises more output next round (ties: copy);
+    module docstring."""
     if length <= 0:
         return SOURCE_LEARNED
-    pools = population.acceptance_pools
-    copy = req.acceptance.get(SOURCE_COPY).means(pools[SOURCE_COPY])
-    learned = req.acceptance.get(SOURCE_LEARNED).means(pools[SOURCE_LEARNED])
+    pools, tokens = population.acceptance_pools, len(req.output)
+    copy = req.acceptance.get(SOURCE_COPY).optimistic(tokens, pools[SOURCE_COPY])
+    learned = req.acceptance.get(SOURCE_LEARNED).optimistic(tokens, pools[SOURCE_LEARNED])
     gain_copy = expected_output(copy, min(length, depth) + 1, alpha)
     gain_learned = expected_output(learned, depth + 1, alpha)
     return SOURCE_COPY if gain_copy >= gain_learned else SOURCE_LEARNED

@@ -91,6 +91,16 @@ def test_learned_proposals_win_when_copies_promise_less():
     assert s.offer_copy(h, 7) == SOURCE_COPY  # copy only: no choice
 
 
+def test_an_untried_source_is_tried_before_a_well_known_one():
+    """D = 7. Learned drafts accepted at 0.7 over many rounds promise 1 + 7 x 0.7 = 5.9 tokens by
+    their means (6.7 optimistically); untried copies promise 1 + 0.5 + 0.25 + ... = 2.0 by the
+    prior means, but 7.6 read optimistically at weight 2, and get their round."""
+    s = scheduler(SPEC)
+    known = PrefixEstimate(np.full(7, 0.7), np.full(7, 128.0), 0)
+    h, _, _ = decoding(s, acceptance_history={SOURCE_LEARNED: known})
+    assert s.offer_copy(h, 7, learned=True) == SOURCE_COPY
+
+
 def test_bad_offers_are_refused():
     s = scheduler(SPEC)
     h, _, _ = decoding(s)
