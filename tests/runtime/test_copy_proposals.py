@@ -22,8 +22,10 @@ from helios_jax.runtime.engine import HeliosEngine
 from .helpers import model, tokenizer
 
 spec = pytest.mark.spec
+# `fixed`: every round on the D + 1 program, as wide as the copy prefix allows (under `adaptive`,
+# whether a round is wide depends on the costs a fresh engine happens to measure first).
 EC = EngineConfig(
-    request_slots=2, prefill_chunks=(64,), speculation="adaptive", draft_tokens=3, max_model_len=192
+    request_slots=2, prefill_chunks=(64,), speculation="fixed", draft_tokens=3, max_model_len=192
 )
 TEXTS = ("def f(x):\n    return x + 1\n" * 3, "for i in range(10):\n    print(i)\n" * 2 + "for i in")
 BUFFER = 192
