@@ -1,4 +1,5 @@
-"""D sequential proposals per lane from the MTP head: learned draws or supplied copy prefixes.
+"""D sequential proposals per lane from the MTP head: learned draws or supplied copy prefixes
+(a model without an MTP head proposes its copy prefixes alone: `copy_only_proposals`).
 
 This is the one production draft loop. It is the plain paged MTP proposal loop (whose
 independent copy, the oracle `helios_jax.reference.mtp.paged_proposals`, the tests hold it to:
@@ -34,7 +35,7 @@ class DraftProposals:
     probs: jax.Array  # f32[B, D, V] q_k, the distribution proposal k was drawn from
     confidence: jax.Array  # f32[B, D] draft confidence of each produced proposal; 0 when absent
     available: jax.Array  # i32[B] proposals produced: D for learned lanes, copy length for copy
-    cache: PagedKVCache  # the MTP cache with the carried entry and the provisional ones
+    cache: PagedKVCache | None  # the MTP cache with the carried and provisional entries (None: no head)
 
 
 def draft_proposals(
@@ -88,6 +89,30 @@ def draft_proposals(
         confidence=conf.T.reshape(lanes, depth),
         available=available.astype(jnp.int32),
         cache=cache,
+    )
+
+
+def copy_only_proposals(
+    *,
+    active: jax.Array,  # bool[B] lanes that propose
+    copy_tokens: jax.Array,  # i32[B, D]
+    copy_lengths: jax.Array,  # i32[B]; -1: a learned lane, which proposes nothing here
+    depth: int,
+    vocab: int,
+) -> DraftProposals:
+    """The proposals of a model without a draft head: each copy lane's supplied prefix (q its point
+    mass), nothing for the others. With no draft model, a copy's draft confidence is q's own
+    probability of it, 1 (docs/spec/RESOLUTIONS.md, 33): the device allocation then ranks copy
+    lanes by their prefix lengths within their ceilings, ties to lower slots."""
+    available = jnp.where(active & (copy_lengths >= 0), jnp.minimum(copy_lengths, depth), 0)
+    present = jnp.arange(depth, dtype=jnp.int32)[None, :] < available[:, None]  # bool[B, D]
+    tokens = jnp.where(present, copy_tokens[:, :depth], 0).astype(jnp.int32)
+    return DraftProposals(
+        tokens=tokens,
+        probs=jax.nn.one_hot(tokens, vocab, dtype=jnp.float32),
+        confidence=present.astype(jnp.float32),
+        available=available.astype(jnp.int32),
+        cache=None,
     )
 
 

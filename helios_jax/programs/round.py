@@ -48,7 +48,7 @@ from helios_jax.model.cache import packed_token_rows
 from helios_jax.programs.acceptance import sample_and_accept
 from helios_jax.programs.impls import Impl
 from helios_jax.programs.inputs import TOP_LOGPROBS, RoundOutputs
-from helios_jax.programs.proposals import draft_proposals
+from helios_jax.programs.proposals import copy_only_proposals, draft_proposals
 from helios_jax.programs.state import DeviceState, wrap_keys
 
 
@@ -274,10 +274,19 @@ def packed_round(
 def _propose(
     config, params, draft_cache, lanes: _Lanes, x: RoundInputs, plan: RoundPlan, key, attention
 ) -> _Drafts:
-    """Stage 2: D > 0 sequential MTP proposals for the decode lanes (`proposals.py`), cut to the
-    W - 1 that verification rows carry; empty proposals (and the cache untouched) when D = 0."""
+    """Stage 2: D > 0 sequential MTP proposals for the decode lanes (`proposals.py`; a model
+    without an MTP head: the copy prefixes alone), cut to the W - 1 that verification rows carry;
+    empty proposals (and the cache untouched) when D = 0."""
     b, w, d = plan.lanes, plan.width, plan.depth
-    if d > 0:
+    if d > 0 and not config.has_mtp:  # no draft head: copy lanes propose their prefixes alone
+        props = copy_only_proposals(
+            active=lanes.is_decode,
+            copy_tokens=x.copy_tokens,
+            copy_lengths=x.copy_lengths,
+            depth=d,
+            vocab=config.vocab_size,
+        )
+    elif d > 0:
         props = draft_proposals(
             config,
             params,
@@ -296,6 +305,7 @@ def _propose(
             depth=d,
             attention=attention,
         )
+    if d > 0:
         draft_cache = props.cache
         confidence = jnp.where(lanes.is_decode[:, None], props.confidence, 0.0)
         proposals, q, available = props.tokens[:, : w - 1], props.probs[:, : w - 1], props.available
