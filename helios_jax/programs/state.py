@@ -48,6 +48,8 @@ class DeviceState:
     top_p: jax.Array  # f32[R]; 1 disables nucleus filtering
     top_k: jax.Array  # i32[R]; 0 disables top-k filtering
     rng: jax.Array  # u32[R, 2] raw threefry key data, advanced by every sampling program
+    #                 (a coupled row keeps its seed's key: its draws are keyed by position)
+    coupled: jax.Array  # bool[R] seeded rows: coupled, speculation-invariant draws
     generated: jax.Array  # i32[R] output tokens emitted since initialize
 
     @property
@@ -82,6 +84,7 @@ def init_state(model: ModelConfig, engine: EngineConfig, *, fill: float = 0.0) -
         top_p=jnp.ones((rows,), jnp.float32),
         top_k=jnp.zeros((rows,), jnp.int32),
         rng=jnp.zeros((rows, 2), jnp.uint32),
+        coupled=jnp.zeros((rows,), bool),
         generated=jnp.zeros((rows,), jnp.int32),
     )
 

@@ -307,6 +307,7 @@ class HeliosEngine(FaultContainment):
                 top_p=s.top_p,
                 top_k=s.top_k if s.top_k < self.vocab_size else 0,  # k >= V keeps every token: off
                 seed=seed,
+                coupled=s.seed is not None,  # seeded text must not depend on speculation
                 stop_tokens=tuple(self.tokenizer.eos_token_ids),
             )
             if s.prompt_logprobs:

@@ -54,6 +54,7 @@ class RequestInputs:
     top_p: float = 1.0
     top_k: int = 0
     seed: int = 0
+    coupled: bool = False  # the request set its seed: draws keyed by seed and position
     stop_tokens: tuple[int, ...] = ()  # multi-step decode lanes stop after one of these
     copy: tuple[int, ...] | None = None  # the next round's copy proposals; None: learned (copying.py)
 
@@ -123,6 +124,7 @@ def pack_inputs(program, plan: ScheduledPlan, info: Mapping[int, RequestInputs])
             top_p=[r.top_p for r in req],
             top_k=[r.top_k for r in req],
             seeds=[r.seed for r in req],
+            coupled=[r.coupled for r in req],
         )
     slots = [each.slot for each in lanes]
     tables = [r.page_table for r in req]
