@@ -113,26 +113,27 @@ def views(inp: PricingInputs, start_ns: int) -> list[RequestView]:
     norm = inp.normalizers
     residents = [r for r in inp.requests.values() if r.active]
     prior_z = norm.share_log_rate(sum(1 for r in residents if r.delivery_bearing))
-    known = resident_rates(inp.requests, histories)
+    known = [histories[r.handle.rid].log_x for r in residents]  # resident_rates(), in this order
     base = service.missing_base(norm, len(known), known)  # missing_rate's, shared by all
     tau = inp.policy.adaptation_ms
     terms = service.price_terms(inp.policy)
     acceptance = _acceptance(inp, [r for r in residents if r.phase is Phase.DECODE])
     advances = queued_advances(inp.frames)
     out = []
-    for r in residents:
-        hist = histories[r.rid]
-        log_x = hist.log_x
+    for r, log_x in zip(residents, known):
+        rid = r.handle.rid
         if log_x is None:  # service.missing_rate at start_ns
             log_x = base - max(0.0, (start_ns - r.admitted_ns) / NS_PER_MS) / tau
         phase = r.phase
         log_z = None
-        if r.delivery_bearing:  # decoding, or blocked before decoding: a delivery coordinate
-            log_z = prior_z if hist.log_z is None else hist.log_z
+        if phase is Phase.DECODE or (phase is Phase.BLOCKED and r.enables is Phase.DECODE):
+            log_z = histories[rid].log_z  # delivery-bearing: a delivery coordinate
+            if log_z is None:
+                log_z = prior_z
         prefill, output, delivery = service.price_logs(terms, log_x, log_z)
-        # Fields in the order RequestView declares them; `r` is active, so runnable(r) is this.
+        # `r` is active, so runnable(r) is this.
         fields = {
-            "rid": r.rid,
+            "rid": rid,
             "slot": r.slot,
             "phase": phase,
             "runnable": not (phase in _INFLIGHT_BLOCKS and r.inflight),
@@ -141,11 +142,11 @@ def views(inp: PricingInputs, start_ns: int) -> list[RequestView]:
             "log_output_price": output,
             "log_delivery_price": delivery,
         }
-        if phase is Phase.PREFILL:
+        if phase is Phase.DECODE:
+            last = delivered_at.get(rid, r.last_publication_ns)
+            _decode_fields(inp, r, fields, start_ns, last, acceptance[rid], advances.get(r.handle, 0))
+        elif phase is Phase.PREFILL:
             fields.update(_prompt_fields(r))
-        elif phase is Phase.DECODE:
-            last = delivered_at.get(r.rid, r.last_publication_ns)
-            _decode_fields(inp, r, fields, start_ns, last, acceptance[r.rid], advances.get(r.handle, 0))
         elif phase is Phase.TERMINAL:
             since = r.terminal_since_ns if r.terminal_since_ns is not None else start_ns
             fields["terminal_age_ms"] = max(0.0, (start_ns - since) / NS_PER_MS)
