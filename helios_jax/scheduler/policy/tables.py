@@ -21,7 +21,7 @@ from helios_jax.scheduler.view import Lane, LaneRole, RequestView
 
 def padded_prefixes(prefixes: Sequence[np.ndarray], depth: int) -> np.ndarray:
     """Per-request prefix estimates as one monotone f64[len(prefixes), depth] array, zero-padded."""
-    if prefixes and depth and all(getattr(r, "shape", (0,))[-1:] == (depth,) for r in prefixes):
+    if prefixes and depth and all(type(r) is np.ndarray and r.shape == (depth,) for r in prefixes):
         return monotone(np.array(prefixes, dtype=np.float64))  # the common case: one stack
     out = np.zeros((len(prefixes), depth))
     for i, r in enumerate(prefixes):
@@ -95,15 +95,13 @@ class DecoderTable:
 
     def _request_parts(self, views: list[RequestView], decision: utility.Decision, depth: int) -> None:
         """Everything but the survival-dependent arrays: identities, prices, limits, forecasts."""
-        self.rids = np.array([v.rid for v in views], dtype=np.int64)
-        self.slots = np.array([v.slot for v in views], dtype=np.int64)
-        self.last_selected_ns = np.array([v.last_selected_ns for v in views], dtype=np.int64)
-        self.output_price = decision.scaled(np.array([v.log_output_price for v in views], dtype=np.float64))
-        self.delivery_price = decision.scaled(
-            np.array([v.log_delivery_price for v in views], dtype=np.float64)
-        )
-        age = np.array([v.age_ms for v in views], dtype=np.float64)
-        self.row_limit = np.array([v.row_limit for v in views], dtype=np.float64)
+        ints = np.array([(v.rid, v.slot, v.last_selected_ns) for v in views], dtype=np.int64).reshape(-1, 3)
+        self.rids, self.slots, self.last_selected_ns = ints.T.copy()  # three contiguous rows
+        parts = [(v.log_output_price, v.log_delivery_price, v.age_ms, v.row_limit) for v in views]
+        floats = np.array(parts, dtype=np.float64).reshape(-1, 4)
+        log_output, log_delivery, age, self.row_limit = floats.T.copy()
+        self.output_price = decision.scaled(log_output)
+        self.delivery_price = decision.scaled(log_delivery)
         self.forecast = padded_prefixes([v.forecast for v in views], depth)  # f64[n, D] joint prefix probs
         # f64[n]: delivery and c*sigma*A, the value a served lane earns besides its tokens at T = 0
         self.delivery_value = self.delivery_price + decision.decode_age_term(age, 0.0)
