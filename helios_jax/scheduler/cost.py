@@ -23,6 +23,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 from helios_jax.catalog import Catalog, CostKey
 
@@ -73,6 +74,8 @@ class CostModel:
         self.ttl_ns = int(ttl_ns)
         self._entries: dict[CostKey, CostEntry] = {}
         self.version = 0  # bumped whenever an estimate changes, and only then
+        self.observations = 0  # bumped by every valid observation (and restore): staleness moves
+        self._oldest: tuple[object, int, int | None] | None = None  # any_stale's, see there
 
     def _entry(self, key: CostKey) -> CostEntry:
         entry = self._entries.get(key)
@@ -99,6 +102,24 @@ class CostModel:
         if entry is None or entry.estimate_ns <= 0 or entry.last_valid_ns is None:
             return False
         return now_ns - entry.last_valid_ns > self.ttl_ns
+
+    def any_stale(self, programs: Sequence[Any], now_ns: int) -> bool:
+        """Whether any of `programs` (objects with a ``key``) is stale (:meth:`is_stale`): the
+        oldest last valid observation among the measured ones, kept per sequence object until
+        the next valid observation, is older than the freshness interval."""
+        kept = self._oldest
+        if kept is None or kept[0] is not programs or kept[1] != self.observations:
+            stamps = [self._valid_ns(g.key) for g in programs]
+            oldest = min((t for t in stamps if t is not None), default=None)
+            kept = self._oldest = (programs, self.observations, oldest)
+        return kept[2] is not None and now_ns - kept[2] > self.ttl_ns
+
+    def _valid_ns(self, key: CostKey) -> int | None:
+        """The last valid observation of a measured entry (None: unmeasured)."""
+        entry = self._entries.get(key)
+        if entry is None or entry.estimate_ns <= 0:
+            return None
+        return entry.last_valid_ns
 
     def is_fresh(self, key: CostKey, now_ns: int) -> bool:
         return self.is_known(key) and not self.is_stale(key, now_ns)
@@ -152,6 +173,7 @@ class CostModel:
             entry.samples.append(sample)
             entry.estimate_ns = median(entry.samples)
         entry.last_valid_ns = now_ns
+        self.observations += 1
         if entry.estimate_ns != before:  # what readers key on: an unchanged median keeps it
             self.version += 1
         return True
@@ -182,3 +204,4 @@ class CostModel:
     def restore(self, snap: dict) -> None:
         self._entries = snap
         self.version += 1
+        self.observations += 1
