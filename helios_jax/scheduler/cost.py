@@ -74,7 +74,7 @@ class CostModel:
         self.ttl_ns = int(ttl_ns)
         self._entries: dict[CostKey, CostEntry] = {}
         self.version = 0  # bumped whenever an estimate changes, and only then
-        self.observations = 0  # bumped by every valid observation (and restore): staleness moves
+        self._oldest_epoch = 0  # bumped by an observation that may move any_stale's oldest, see there
         self._oldest: tuple[object, int, int | None] | None = None  # any_stale's, see there
 
     def _entry(self, key: CostKey) -> CostEntry:
@@ -105,14 +105,24 @@ class CostModel:
 
     def any_stale(self, programs: Sequence[Any], now_ns: int) -> bool:
         """Whether any of `programs` (objects with a ``key``) is stale (:meth:`is_stale`): the
-        oldest last valid observation among the measured ones, kept per sequence object until
-        the next valid observation, is older than the freshness interval."""
+        oldest last valid observation among the measured ones is older than the freshness
+        interval. That oldest is kept for the last sequence object asked until an observation
+        may move it (:meth:`_moves_oldest`), so a decision usually reads one stamp."""
         kept = self._oldest
-        if kept is None or kept[0] is not programs or kept[1] != self.observations:
+        if kept is None or kept[0] is not programs or kept[1] != self._oldest_epoch:
             stamps = [self._valid_ns(g.key) for g in programs]
             oldest = min((t for t in stamps if t is not None), default=None)
-            kept = self._oldest = (programs, self.observations, oldest)
+            kept = self._oldest = (programs, self._oldest_epoch, oldest)
         return kept[2] is not None and now_ns - kept[2] > self.ttl_ns
+
+    def _moves_oldest(self, entry: CostEntry, now_ns: int) -> bool:
+        """Whether a valid observation of `entry` at `now_ns` may change the kept oldest: not
+        when the entry was measured after that oldest (it was not the oldest) and the new stamp
+        is no earlier than it."""
+        kept = self._oldest
+        if kept is None or kept[2] is None or entry.estimate_ns <= 0 or entry.last_valid_ns is None:
+            return True
+        return not (entry.last_valid_ns > kept[2] and now_ns >= kept[2])
 
     def _valid_ns(self, key: CostKey) -> int | None:
         """The last valid observation of a measured entry (None: unmeasured)."""
@@ -165,6 +175,8 @@ class CostModel:
             return False
         entry = self._entry(key)
         before = entry.estimate_ns
+        if self._moves_oldest(entry, now_ns):
+            self._oldest_epoch += 1
         if entry.estimate_ns <= 0 or self.is_stale(key, now_ns):
             entry.samples.clear()
             entry.samples.append(sample)
@@ -173,7 +185,6 @@ class CostModel:
             entry.samples.append(sample)
             entry.estimate_ns = median(entry.samples)
         entry.last_valid_ns = now_ns
-        self.observations += 1
         if entry.estimate_ns != before:  # what readers key on: an unchanged median keeps it
             self.version += 1
         return True
@@ -204,4 +215,4 @@ class CostModel:
     def restore(self, snap: dict) -> None:
         self._entries = snap
         self.version += 1
-        self.observations += 1
+        self._oldest_epoch += 1

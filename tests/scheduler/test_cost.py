@@ -216,6 +216,10 @@ def test_any_stale_agrees_with_is_stale_as_observations_and_time_move():
     assert not agrees(150) and agrees(151)
     costs.observe(programs[1].key, [5.0], 151)  # the same estimate: no version bump, fresh again
     assert not agrees(151) and not agrees(220) and agrees(221)
+    costs.observe(programs[1].key, [5.0], 160)  # not the oldest: the kept oldest still holds
+    assert not agrees(220) and agrees(221)
+    costs.observe(programs[2].key, [5.0], 110)  # a first measurement, older than the oldest
+    assert not agrees(210) and agrees(211)
     costs.restore(snap)
     assert agrees(101)
     assert costs.any_stale(programs[1:], 101) is False  # another sequence: its own oldest
