@@ -220,6 +220,14 @@ def test_any_stale_agrees_with_is_stale_as_observations_and_time_move():
     assert not agrees(220) and agrees(221)
     costs.observe(programs[2].key, [5.0], 110)  # a first measurement, older than the oldest
     assert not agrees(210) and agrees(211)
+    costs.observe(programs[1].key, [5.0], 100)  # a clock that moved back: an older stamp
+    assert not agrees(200) and agrees(201)
     costs.restore(snap)
     assert agrees(101)
     assert costs.any_stale(programs[1:], 101) is False  # another sequence: its own oldest
+    other = CostModel(ttl_ns=100)
+    other.observe(programs[0].key, [5.0], 0)
+    assert other.any_stale(programs[1:], 500) is False  # none of them measured
+    other.observe(programs[0].key, [5.0], 10)
+    other.observe(programs[1].key, [5.0], 20)
+    assert other.any_stale(programs[1:], 121) is True
