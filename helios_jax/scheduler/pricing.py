@@ -144,7 +144,7 @@ def views(inp: PricingInputs, start_ns: int) -> list[RequestView]:
         }
         if phase is Phase.DECODE:
             last = delivered_at.get(rid, r.last_publication_ns)
-            _decode_fields(inp, r, fields, start_ns, last, acceptance[rid], advances.get(r.handle, 0))
+            fields.update(_decode_fields(inp, r, start_ns, last, acceptance[rid], advances.get(r.handle, 0)))
         elif phase is Phase.PREFILL:
             fields.update(_prompt_fields(r))
         elif phase is Phase.TERMINAL:
@@ -193,26 +193,27 @@ def _acceptance(inp: PricingInputs, decoders: list[Request]) -> dict[int, tuple[
 def _decode_fields(
     inp: PricingInputs,
     r: Request,
-    fields: dict,
     start_ns: int,
     last: int | None,
     acceptance: tuple[np.ndarray, np.ndarray],
     queued: int,
-) -> None:
+) -> dict:
     """A decoding request: output left after its queued rounds (`queued`: their committed tokens
-    at most), output age and acceptance."""
+    at most), output age and acceptance (a decoder is runnable while output is left)."""
     remaining = r.max_output - len(r.output) - queued
     age = 0.0 if last is None else max(0.0, (start_ns - last) / NS_PER_MS)
     if r.last_publication_ns is None and last is None:
         age = max(0.0, (start_ns - r.admitted_ns) / NS_PER_MS)
-    fields["runnable"] = fields["runnable"] and remaining > 0
-    fields["age_ms"] = age
-    fields["output_remaining"] = max(remaining, 0)
-    fields["context_remaining"] = inp.max_model_len - (r.cursor + queued)
-    fields["width_limit"] = r.width_limit
-    fields["survival"] = acceptance[0]
-    fields["optimistic"] = acceptance[1]
-    fields["forecast"] = r.forecast.means()
+    return {
+        "runnable": remaining > 0,
+        "age_ms": age,
+        "output_remaining": max(remaining, 0),
+        "context_remaining": inp.max_model_len - (r.cursor + queued),
+        "width_limit": r.width_limit,
+        "survival": acceptance[0],
+        "optimistic": acceptance[1],
+        "forecast": r.forecast.means(),
+    }
 
 
 def _blocked_fields(inp: PricingInputs, r: Request, fields: dict, start_ns: int) -> None:
