@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import operator
 from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
@@ -25,6 +26,7 @@ from helios_jax.scheduler.policy.tables import DecoderTable, PromptTable
 from helios_jax.scheduler.view import Candidate, Lane, LaneRole, Phase, RequestView
 
 LaneBuilder = Callable[[], Sequence[Lane]]
+_TIE_ORDER = operator.attrgetter("last_selected_ns", "rid")  # the views' order in every solver
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,7 +67,7 @@ class Selection:
         # Least recently used first (never selected, -1, first of all), then earlier admitted:
         # every cohort solver sorts lanes stably, so lanes of equal value go in this order
         # (duration-estimates/tie-order), whatever order the caller listed the views in.
-        views = sorted(inp.views, key=lambda v: (v.last_selected_ns, v.rid))
+        views = sorted(inp.views, key=_TIE_ORDER)
         self.decision = self._decision(views) if base is None else base.decision
         by_phase: dict[Phase, list[RequestView]] = {phase: [] for phase in Phase}
         for v in views:
