@@ -394,25 +394,3 @@ def test_rows_scored_once_per_decision_equal_a_fresh_scoring():
         assert got == learning.refresh_alternative(inp, ordinary, s.graphs.graphs)
         refreshed += got is not None
     assert refreshed
-
-
-def test_decoder_table_row_limits_equal_each_views_own():
-    """DecoderTable computes every decoder's row limit at once (output and context left, a copy
-    prefix plus the pending token, a width limit); each equals RequestView.row_limit."""
-    import itertools
-
-    import numpy as np
-
-    from helios_jax.scheduler import policy
-
-    from .helpers import decoder, inputs
-
-    combos = itertools.product((1, 3, 50), (2, 40, 1 << 30), (None, 0, 2), (None, 5))
-    views = [
-        decoder(i, output_remaining=out, context_remaining=ctx, copy_limit=copy, width_limit=width)
-        for i, (out, ctx, copy, width) in enumerate(combos)
-    ]
-    table = policy.Selection(inputs(views)).decoders
-    want = {v.rid: float(v.row_limit) for v in views}
-    np.testing.assert_array_equal(table.row_limit, [want[int(r)] for r in table.rids], strict=True)
-    assert len(set(want.values())) > 5

@@ -100,26 +100,15 @@ class DecoderTable:
 
     def _request_parts(self, views: list[RequestView], decision: utility.Decision, depth: int) -> None:
         """Everything but the survival-dependent arrays: identities, prices, limits, forecasts."""
-        ints = np.array([(v.rid, v.slot, v.last_selected_ns) for v in views], dtype=np.int64).reshape(-1, 3)
-        self.rids, self.slots, self.last_selected_ns = ints.T.copy()  # three contiguous rows
-        parts = [
-            (
-                v.log_output_price,
-                v.log_delivery_price,
-                v.age_ms,
-                v.output_remaining,
-                v.context_remaining,
-                v.copy_limit,  # None: nan, which fmin passes over
-                v.width_limit,
-            )
-            for v in views
-        ]
-        floats = np.array(parts, dtype=np.float64).reshape(-1, 7)
-        log_output, log_delivery, age, output, context, copy, width = floats.T.copy()
-        # RequestView.row_limit of every view at once
-        self.row_limit = np.fmin(np.fmin(np.minimum(output, context), copy + 1), width)
-        self.output_price = decision.scaled(log_output)
-        self.delivery_price = decision.scaled(log_delivery)
+        self.rids = np.array([v.rid for v in views], dtype=np.int64)
+        self.slots = np.array([v.slot for v in views], dtype=np.int64)
+        self.last_selected_ns = np.array([v.last_selected_ns for v in views], dtype=np.int64)
+        self.output_price = decision.scaled(np.array([v.log_output_price for v in views], dtype=np.float64))
+        self.delivery_price = decision.scaled(
+            np.array([v.log_delivery_price for v in views], dtype=np.float64)
+        )
+        age = np.array([v.age_ms for v in views], dtype=np.float64)
+        self.row_limit = np.array([v.row_limit for v in views], dtype=np.float64)
         self.forecast = padded_prefixes([v.forecast for v in views], depth)  # f64[n, D] joint prefix probs
         # f64[n]: delivery and c*sigma*A, the value a served lane earns besides its tokens at T = 0
         self.delivery_value = self.delivery_price + decision.decode_age_term(age, 0.0)
