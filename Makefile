@@ -1,6 +1,7 @@
 # Two commands do all the set-up on a fresh machine:
 #   make serve   create .venv, install, serve the embedded default model on 127.0.0.1
-#   make test    create .venv, install the test extras, lint (make lint), run the suite
+#   make test    create .venv, install the test extras, lint (make lint), run the suite on
+#                PYTEST_WORKERS=2 worker processes (0: in one process)
 # `make format` applies ruff's fixes and format. And one habit (docs/mutation.md):
 #   make mutation  mutate the host scheduler and the catalog, run the jax-free scheduler tests
 #                  against every mutant, print the kill rate per module and the survivors
@@ -11,6 +12,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 PYTEST_ARGS ?=
+# Test worker processes (pytest-xdist); 0 runs the suite in this process.
+PYTEST_WORKERS ?= 2
 SERVE_ARGS ?=
 MUTATE ?=
 SAMPLE ?=
@@ -42,7 +45,7 @@ $(VENV)/.stamp-mutation: $(VENV)/.stamp-base
 install: $(VENV)/.stamp-base
 
 test: $(VENV)/.stamp-test lint
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q $(if $(filter-out 0,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS) --dist loadfile) $(PYTEST_ARGS)
 
 # ruff (lint and format, configured in pyproject.toml) over the tree, mypy over helios_jax/scheduler.
 lint: $(VENV)/.stamp-test

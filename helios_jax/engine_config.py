@@ -44,6 +44,7 @@ DECODE_MODES = {"off": DecodeMode.ORDINARY, "fixed": DecodeMode.FIXED, "adaptive
 SPECULATION_MODES = tuple(DECODE_MODES)
 DEFAULT_MAX_MODEL_LEN = 4096  # the longest context an unset --max_model_len gives, whatever the model allows
 DTYPES = ("float32", "bfloat16")
+PROPOSAL_SOURCES = ("learned", "copy", "both")  # who drafts speculative rounds (docs/copy-proposals.md)
 MAX_DECODE_STEPS = 64  # the longest scan a decode program may run
 _DEFAULT_CHUNKS = tuple(1 << i for i in range(6, 13))  # 64 .. 4096
 
@@ -84,6 +85,11 @@ class EngineConfig:
         included): B > 1 prefills B prompts' chunks in one execution, for every chunk C with
         B x C within the largest chunk and at the smallest chunk (scored prefill stays B = 1).
         `(1,)`: one prompt per prefill.
+      proposal_source: who drafts speculative rounds: "learned" (the MTP head), "copy" (prompt
+        lookup in the request's context, `runtime/lookup.py`; a model without an MTP head can
+        only copy) or "both" (each round takes the source its request's estimates favour,
+        `scheduler/sources.py`). It changes no program: every speculative program verifies
+        either source.
     """
 
     request_slots: int = 4
@@ -100,6 +106,7 @@ class EngineConfig:
     snapshot_rows: int = 1
     decode_steps: tuple[int, ...] = (1,)
     prefill_batch: tuple[int, ...] = (1,)
+    proposal_source: str = "learned"
 
     def __post_init__(self):
         def fail(field: str, message: str):
@@ -121,6 +128,8 @@ class EngineConfig:
             fail("speculation", f"must be one of {SPECULATION_MODES}, got {self.speculation!r}")
         if self.dtype not in DTYPES:
             fail("dtype", f"must be one of {DTYPES}, got {self.dtype!r}")
+        if self.proposal_source not in PROPOSAL_SOURCES:
+            fail("proposal_source", f"must be one of {PROPOSAL_SOURCES}, got {self.proposal_source!r}")
         integer("draft_tokens", self.draft_tokens, 0)
         if self.speculation != "off" and self.draft_tokens < 1:
             fail("draft_tokens", "speculation needs at least one draft token (use speculation='off')")

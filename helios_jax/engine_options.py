@@ -8,8 +8,9 @@ rows, dtype), and the scheduler policy flags that only a program running request
 `EngineOptions.from_flags` reads them once and checks their ranges (a typo fails in a second,
 before a model loads), and `EngineOptions.engine_config(model_config)` resolves what depends on
 the model into the frozen `helios_jax.engine_config.EngineConfig`: an unset `--max_model_len` is
-the model's own limit, at most 4096; an unset `--dtype` is the loaded model's; a model without an
-MTP head decodes ordinarily.
+the model's own limit, at most 4096; an unset `--dtype` is the loaded model's; an unset
+`--proposal_source` is learned proposals where the model has an MTP head and copy proposals where
+it has none (an explicit `learned` there decodes ordinarily: nothing would draft).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from helios_jax.catalog import MAX_REQUEST_SLOTS
 from helios_jax.engine_config import (
     DEFAULT_MAX_MODEL_LEN,
     DTYPES,
+    PROPOSAL_SOURCES,
     SPECULATION_MODES,
     EngineConfig,
     parse_int_list,
@@ -103,6 +105,8 @@ class EngineOptions:
         compile time) and ``(1,)`` otherwise.
       prefill_batch: row counts B of the plain prefill programs (powers of two); ``(1,)``: one
         prompt per prefill.
+      proposal_source: "learned", "copy" or "both" (`EngineConfig.proposal_source`); ``None``:
+        learned with an MTP head, copy without one.
     """
 
     model: str | None = None
@@ -124,6 +128,7 @@ class EngineOptions:
     mtp_adaptive_verification_alpha: float | None = None
     decode_steps: tuple[int, ...] = (1,)
     prefill_batch: tuple[int, ...] = (1,)
+    proposal_source: str | None = None
 
     def __post_init__(self):
         if self.model is not None and not self.model.strip():
@@ -152,6 +157,11 @@ class EngineOptions:
         _check_int("speculative_token_capacity", self.speculative_token_capacity, 0)
         if self.dtype is not None and self.dtype not in DTYPES:
             _fail("dtype", f"must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.proposal_source is not None and self.proposal_source not in PROPOSAL_SOURCES:
+            _fail(
+                "proposal_source",
+                f"must be one of {', '.join(PROPOSAL_SOURCES)}, got {self.proposal_source!r}",
+            )
         self._check_policy()
 
     def _check_lengths(self) -> None:
@@ -225,11 +235,14 @@ class EngineOptions:
 
         With `model_config` an unset `max_model_len` becomes the model's limit (at most
         `DEFAULT_MAX_MODEL_LEN`), an unset `dtype` the model's, and a model without an MTP head
-        decodes ordinarily. Without one (planning only) they keep `EngineConfig`'s defaults.
+        speculates with copy proposals (ordinarily under an explicit ``learned``: nothing would
+        draft). Without one (planning only) they keep `EngineConfig`'s defaults.
         """
-        speculation = self.speculation
+        speculation, source = self.speculation, self.proposal_source or "learned"
         if model_config is not None and not model_config.has_mtp:
-            speculation = "off"  # nothing drafts without a draft head
+            if self.proposal_source == "learned":
+                speculation = "off"  # nothing drafts without a draft head
+            source = "copy"  # the only source a model without a draft head has
         speculative = speculation != "off"
         fields = dict(
             request_slots=self.concurrency,
@@ -244,6 +257,7 @@ class EngineOptions:
             snapshot_rows=self.snapshot_rows,
             decode_steps=self.decode_steps,
             prefill_batch=self.prefill_batch,
+            proposal_source=source,
         )
         if self.max_model_len is not None:
             fields["max_model_len"] = self.max_model_len
@@ -294,6 +308,14 @@ def _define_program_shape_flags(fv: flags.FlagValues) -> None:
         "speculative_token_capacity", 64, "R: aggregate target rows of wider programs.", flag_values=fv
     )
     flags.DEFINE_bool("mixed_prefill", False, "Capture mixed prefill/verification graphs.", flag_values=fv)
+    flags.DEFINE_enum(
+        "proposal_source",
+        None,
+        list(PROPOSAL_SOURCES),
+        "Who drafts speculative rounds: learned (MTP head), copy (prompt lookup) or both (per round, "
+        "by the request's per-source acceptance); unset: learned, or copy for a model without MTP.",
+        flag_values=fv,
+    )
     flags.DEFINE_list(
         "decode_steps",
         None,

@@ -51,17 +51,8 @@ _CHECKPOINTS = (
     "(the engine builds its Scheduler without checkpoints)"
 )
 _VISION = "scheduler-only: the server refuses images and prepares no vision programs"
-_COPY = "scheduler-only: no proposal source supplies copy proposals in serving"
 
 SCHEDULER_ONLY: dict[str, str] = {
-    **{
-        rule: _COPY
-        for rule in (
-            "speculative-coverage/copy-d",
-            "speculative-coverage/copy-no-draws",
-            "confidence-acceptance/per-source",
-        )
-    },
     **{
         rule: _VISION
         for rule in (

@@ -18,6 +18,13 @@ target argmax, then emit the argmax". Copy proposals are point masses q = one-ho
 over its evaluated proposals j < L_b - 1 (0 beyond), an estimate of each prefix's survival that
 replaces binary acceptance observations on the host.
 
+Coupled lanes (seeded requests, RESOLUTIONS.md 30) replace this rule by the drafter-invariant
+coupling of Daliri et al. 2024: target row j's token is the Gumbel-max draw from p_j with noise
+keyed by (seed, its absolute position), the draft used the same noise at the same position, and
+d_j is accepted exactly when it equals that token (`accept_coupled`). Every emitted token is then
+the target's keyed draw at its position, whatever the proposals were; the acceptance rate is
+lower than rejection sampling's 1 - TV(p, q) (at least (1 - TV) / (1 + TV)).
+
 Worked example, one lane, L = 3, V = 3:
   q_0 = [0.5, 0.5, 0], d_0 = 1, p_0 = [0.2, 0.3, 0.5]: ratio 0.6; u_0 = 0.4 < 0.6: accept
   q_1 = [0.1, 0.1, 0.8], d_1 = 2, p_1 = [0.6, 0.2, 0.2]: ratio 0.25; u_1 = 0.9: reject (a = 1)
@@ -31,7 +38,14 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from helios_jax.programs.sampling import greedy_only, sample_inverse_cdf, sampling_probs
+from helios_jax.programs.sampling import (
+    greedy_only,
+    gumbel_max,
+    per_row_choice,
+    position_noise,
+    sample_inverse_cdf,
+    sampling_probs,
+)
 
 
 @struct.dataclass
@@ -92,6 +106,20 @@ def accept_greedy(
     return _result(proposals, accepted, last.astype(jnp.int32), evaluated, ratio)
 
 
+def accept_coupled(
+    target_probs: jax.Array,  # f32[B, W, V] p_j
+    noise: jax.Array,  # f32[B, W, V] Gumbel noise keyed by (seed, position of row j's token)
+    draft_probs: jax.Array,  # f32[B, W-1, V]
+    proposals: jax.Array,  # i32[B, W-1] drawn from q_j with the same noise (or supplied)
+    lengths: jax.Array,  # i32[B]
+) -> Acceptance:
+    """The coupled rule: row j's token is `gumbel_max(p_j, noise_j)`; accept d_j while it equals
+    that token; the last emitted token is the keyed draw at the first mismatch (or the bonus).
+    That is `accept_greedy` on the keyed tokens. Survival is the realised match indicator's
+    cumulative product (min(1, p/q) does not describe this rule's acceptance)."""
+    return accept_greedy(gumbel_max(target_probs, noise), draft_probs, proposals, lengths)
+
+
 def sample_and_accept(
     logits: jax.Array,  # f32[B, W, V] target logits at each lane's W rows
     temperature: jax.Array,  # f32[B, W]
@@ -103,22 +131,38 @@ def sample_and_accept(
     accept_key: jax.Array,  # typed keys [B]: test j uses fold_in(key, j)
     sample_key: jax.Array,  # typed keys [B]: the replacement/bonus draw
     live: jax.Array | None = None,  # bool[B] lanes whose results are used (None: all)
+    coupled: jax.Array | None = None,  # bool[B] lanes under the coupled rule (None: none)
+    noise_key: jax.Array | None = None,  # typed keys [B]: the seed's key of a coupled lane
+    positions: jax.Array | None = None,  # i32[B, W] absolute position of row j's token
 ) -> Acceptance:
-    """The target distributions (`sampling_probs`), their uniforms and `accept_proposals`; or,
-    when every live lane is greedy, `accept_greedy` on the argmax alone (no softmax, no sorts,
-    no cumulative sums, no uniforms). Live lanes get the same bits either way."""
-    w = logits.shape[1]
+    """The target distributions (`sampling_probs`), their uniforms and `accept_proposals` (for
+    `coupled` lanes: the keyed noise and `accept_coupled`); or, when every live lane is greedy,
+    `accept_greedy` on the argmax alone (no softmax, no sorts, no cumulative sums, no uniforms).
+    Live lanes get the same bits either way."""
+    b, w, v = logits.shape
 
     def greedy(logits):
         return accept_greedy(jnp.argmax(logits, axis=-1).astype(jnp.int32), draft_probs, proposals, lengths)
 
     def full(logits):
         p = sampling_probs(logits, temperature, top_k, top_p)
-        accept_u = jax.vmap(
-            lambda k: jax.vmap(lambda j: jax.random.uniform(jax.random.fold_in(k, j)))(jnp.arange(w - 1))
-        )(accept_key).reshape(logits.shape[0], w - 1)
-        sample_u = jax.vmap(jax.random.uniform)(sample_key)
-        return accept_proposals(p, draft_probs, proposals, lengths, accept_u, sample_u)
+
+        def rejection():
+            accept_u = jax.vmap(
+                lambda k: jax.vmap(lambda j: jax.random.uniform(jax.random.fold_in(k, j)))(jnp.arange(w - 1))
+            )(accept_key).reshape(b, w - 1)
+            sample_u = jax.vmap(jax.random.uniform)(sample_key)
+            return accept_proposals(p, draft_probs, proposals, lengths, accept_u, sample_u)
+
+        if coupled is None:
+            return rejection()
+
+        def keyed():
+            keys = jnp.broadcast_to(noise_key[:, None], (b, w))
+            noise = position_noise(keys, positions, v)
+            return accept_coupled(p, noise, draft_probs, proposals, lengths)
+
+        return per_row_choice(coupled, rejection, keyed, live)
 
     return jax.lax.cond(greedy_only(temperature, live), greedy, full, logits.astype(jnp.float32))
 

@@ -223,6 +223,7 @@ def build_initialize(config: ModelConfig, shape: ProgramShape, impl: Impl) -> Pr
             top_p=put(state.top_p, inputs.top_p),
             top_k=put(state.top_k, inputs.top_k),
             rng=put(state.rng, key_data(inputs.seed)),
+            coupled=put(state.coupled, inputs.coupled),
             generated=put(state.generated, jnp.zeros((b,), jnp.int32)),
         )
         return state, None
@@ -267,6 +268,7 @@ def build_copy(config: ModelConfig, shape: ProgramShape, impl: Impl) -> ProgramF
             top_p=move(state.top_p),
             top_k=move(state.top_k),
             rng=move(state.rng),
+            coupled=move(state.coupled),
             generated=move(state.generated),
         )
         return state, None

@@ -169,7 +169,9 @@ class MixedInputs:
 
 @struct.dataclass
 class InitializeInputs:
-    """Reset rows for new requests: cursor 0, sampling settings, a PRNG key from the seed."""
+    """Reset rows for new requests: cursor 0, sampling settings, a PRNG key from the seed, and
+    whether the row's draws are coupled (keyed by seed and position: requests that set a seed,
+    RESOLUTIONS.md 30) or advance the key every round (rejection sampling)."""
 
     slots: jax.Array  # i32[B]
     active: jax.Array  # bool[B]
@@ -177,6 +179,7 @@ class InitializeInputs:
     top_p: jax.Array  # f32[B] in (0, 1]
     top_k: jax.Array  # i32[B] (0: off)
     seed: jax.Array  # u32[B]
+    coupled: jax.Array  # bool[B]
 
 
 @struct.dataclass
@@ -272,6 +275,6 @@ def input_spec(shape: ProgramShape):
         )
     if kind is GraphKind.INITIALIZE:
         return InitializeInputs(
-            s((b,), i32), s((b,), b8), s((b,), f32), s((b,), f32), s((b,), i32), s((b,), u32)
+            s((b,), i32), s((b,), b8), s((b,), f32), s((b,), f32), s((b,), i32), s((b,), u32), s((b,), b8)
         )
     return CopyInputs(s((b,), i32), s((b,), i32), s((b,), b8), s((b, n), i32), s((b, n), i32), s((b,), i32))

@@ -2,8 +2,9 @@
 
 Each step is exactly the single-step decode program's round (`builders.build_decode`) over the
 lanes still running, so a lane's state, cache writes and randomness advance as K separate
-single-step executions would advance them: its PRNG key is split once per step it takes, and
-greedy and seeded output are identical. A lane runs at most `steps[b]` steps (the host's bound:
+single-step executions would advance them: its PRNG key is split once per step it takes (a
+coupled row keeps its seed's key and draws by position), and greedy and seeded output are
+identical. A lane runs at most `steps[b]` steps (the host's bound:
 K, the output limit and the context left) and stops after the step that emits one of its stop
 tokens; from then on it is an inactive lane, so it commits nothing and writes no state: no
 request receives a token, or a cursor, past its end.

@@ -351,11 +351,15 @@ def pack_initialize(
     top_p: Sequence[float],
     top_k: Sequence[int],
     seeds: Sequence[int],
+    coupled: Sequence[bool] | None = None,
 ) -> InitializeInputs:
+    """Rows for new requests. `coupled[i]`: lane i's draws are keyed by its seed and position
+    (requests that set a seed; RESOLUTIONS.md 30); None: no lane is."""
     _check_kind(shape, GraphKind.INITIALIZE)
     n = len(slots)
-    if not len(temperature) == len(top_p) == len(top_k) == len(seeds) == n:
-        raise InputError("one temperature, top_p, top_k and seed per lane")
+    coupled = [False] * n if coupled is None else list(coupled)
+    if not len(temperature) == len(top_p) == len(top_k) == len(seeds) == len(coupled) == n:
+        raise InputError("one temperature, top_p, top_k, seed and coupled flag per lane")
     for i in range(n):
         if not (np.isfinite(temperature[i]) and temperature[i] >= 0):
             raise InputError(f"lane {i}: temperature {temperature[i]} must be finite and >= 0")
@@ -377,6 +381,7 @@ def pack_initialize(
         top_p=column(top_p, np.float32, 1),
         top_k=column(top_k, np.int32, 0),
         seed=column(np.asarray(seeds, np.int64) % (1 << 32), np.uint32, 0),
+        coupled=column(np.asarray(coupled, bool), bool, False),
     )
 
 

@@ -137,8 +137,6 @@ def build_program(
     impl: Impl = DEFAULT_IMPL,
 ) -> Program:
     shape = ProgramShape.of(descriptor, engine_config)
-    if shape.depth and not model_config.has_mtp:
-        raise ValueError(f"graph {descriptor.name}: proposals need a model with an MTP draft head")
     fn = BUILDERS[descriptor.kind](model_config, shape, impl)
     jitted = jax.jit(fn, donate_argnums=1)
     return Program(descriptor=descriptor, shape=shape, fn=jitted, input_spec=input_spec(shape))
@@ -152,7 +150,8 @@ def build_programs(
     *,
     impl: Impl = DEFAULT_IMPL,
 ) -> ProgramSet:
-    """One program per catalog descriptor (vision graphs have no builder and are refused).
+    """One program per catalog descriptor (vision graphs have no builder and are refused). Over a
+    model without an MTP head, the speculative and mixed programs verify copy proposals only.
 
     Args:
       model_config: the model (its dtype must equal the engine's).
@@ -167,8 +166,6 @@ def build_programs(
             f"catalog request_slots {catalog.request_slots} differs from the engine's "
             f"{engine_config.request_slots}"
         )
-    if engine_config.speculative and not model_config.has_mtp:
-        raise ValueError("speculation needs a model with an MTP draft head (mtp_num_layers > 0)")
     params_spec = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params_shapes)
     programs = {g.key: build_program(model_config, engine_config, g, impl) for g in catalog.graphs}
     return ProgramSet(model_config, engine_config, catalog, params_spec, programs, impl)

@@ -1,4 +1,5 @@
-"""D sequential proposals per lane from the MTP head: learned draws or supplied copy prefixes.
+"""D sequential proposals per lane from the MTP head: learned draws or supplied copy prefixes
+(a model without an MTP head proposes its copy prefixes alone: `copy_only_proposals`).
 
 This is the one production draft loop. It is the plain paged MTP proposal loop (whose
 independent copy, the oracle `helios_jax.reference.mtp.paged_proposals`, the tests hold it to:
@@ -10,7 +11,11 @@ speculative generation needs:
   - copy lanes (copy_lengths[b] >= 0): proposal k is the supplied copy_tokens[b, k] for
     k < copy_lengths[b] (q is the point mass; the draft head is teacher-forced along the copied
     path so that its confidence and provisional entries follow it); a copy lane draws nothing;
-  - the draft confidence of every produced proposal (`sampling.confidence_probs`).
+  - the draft confidence of every produced proposal (`sampling.confidence_probs`);
+  - coupled lanes (seeded requests, RESOLUTIONS.md 30) draw proposal k from q with the Gumbel
+    noise keyed by (seed, c + k + 1), the noise the target uses for that position
+    (`sampling.position_noise`), so the proposal is accepted exactly when it is the target's
+    token there.
 
 Step k of lane b runs the pair (g_{k-1}, d_{k-1}) at position c - 1 + k (step 0: the carried pair
 (h_{c-1}, x_c) from the state) and drafts the token at c + k + 1. Entry c - 1 is final (x_c is
@@ -25,7 +30,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from helios_jax.model import ModelConfig, PackedBatch, PagedKVCache, compute_logits, draft_forward_packed
-from helios_jax.programs.sampling import confidence_probs, draw
+from helios_jax.programs.sampling import confidence_probs, draw, position_noise
 
 
 @struct.dataclass
@@ -34,7 +39,7 @@ class DraftProposals:
     probs: jax.Array  # f32[B, D, V] q_k, the distribution proposal k was drawn from
     confidence: jax.Array  # f32[B, D] draft confidence of each produced proposal; 0 when absent
     available: jax.Array  # i32[B] proposals produced: D for learned lanes, copy length for copy
-    cache: PagedKVCache  # the MTP cache with the carried entry and the provisional ones
+    cache: PagedKVCache | None  # the MTP cache with the carried and provisional entries (None: no head)
 
 
 def draft_proposals(
@@ -55,6 +60,8 @@ def draft_proposals(
     copy_lengths: jax.Array,  # i32[B]; -1 for a learned lane
     depth: int,
     attention=None,
+    coupled: jax.Array | None = None,  # bool[B] lanes drawing with keyed noise (None: none)
+    noise_key: jax.Array | None = None,  # typed keys [B]: the seed's key of a coupled lane
 ) -> DraftProposals:
     """Runs the D sequential proposal steps of every active lane (module docstring), one scan."""
     lanes = hidden.shape[0]
@@ -77,6 +84,8 @@ def draft_proposals(
             is_copy=is_copy,
             copy_tokens=copy_tokens,
             available=available,
+            coupled=coupled,
+            noise=None if coupled is None else lambda: position_noise(noise_key, cursor + k + 1, vocab),
         )
         return (cache, g.astype(hidden.dtype), token), (token, q, conf)
 
@@ -88,6 +97,30 @@ def draft_proposals(
         confidence=conf.T.reshape(lanes, depth),
         available=available.astype(jnp.int32),
         cache=cache,
+    )
+
+
+def copy_only_proposals(
+    *,
+    active: jax.Array,  # bool[B] lanes that propose
+    copy_tokens: jax.Array,  # i32[B, D]
+    copy_lengths: jax.Array,  # i32[B]; -1: a learned lane, which proposes nothing here
+    depth: int,
+    vocab: int,
+) -> DraftProposals:
+    """The proposals of a model without a draft head: each copy lane's supplied prefix (q its point
+    mass), nothing for the others. With no draft model, a copy's draft confidence is q's own
+    probability of it, 1 (docs/spec/RESOLUTIONS.md, 33): the device allocation then ranks copy
+    lanes by their prefix lengths within their ceilings, ties to lower slots."""
+    available = jnp.where(active & (copy_lengths >= 0), jnp.minimum(copy_lengths, depth), 0)
+    present = jnp.arange(depth, dtype=jnp.int32)[None, :] < available[:, None]  # bool[B, D]
+    tokens = jnp.where(present, copy_tokens[:, :depth], 0).astype(jnp.int32)
+    return DraftProposals(
+        tokens=tokens,
+        probs=jax.nn.one_hot(tokens, vocab, dtype=jnp.float32),
+        confidence=present.astype(jnp.float32),
+        available=available.astype(jnp.int32),
+        cache=None,
     )
 
 
@@ -140,7 +173,7 @@ def _pack(values: jax.Array, packed_index: jax.Array) -> jax.Array:
     return base.at[packed_index].set(values, mode="drop")
 
 
-def _proposal(logits, k, *, temperature, top_k, top_p, key, is_copy, copy_tokens, available):
+def _proposal(logits, k, *, temperature, top_k, top_p, key, is_copy, copy_tokens, available, coupled, noise):
     """Step k's proposal per lane from its draft logits f32[B, V]: a draw from the lane's filtered
     draft distribution q, or the supplied copy token with q its point mass; 0 past `available`.
 
@@ -156,6 +189,8 @@ def _proposal(logits, k, *, temperature, top_k, top_p, key, is_copy, copy_tokens
         top_p,
         lambda: jax.vmap(lambda kk: jax.random.uniform(jax.random.fold_in(kk, k)))(key),
         live=(k < available) & ~is_copy,
+        coupled=coupled,
+        noise=noise,
     )
     present = k < available  # lane b produces available[b] proposals
     token = jnp.where(present, jnp.where(is_copy, copy_tokens[:, k], drawn), 0).astype(jnp.int32)

@@ -48,7 +48,7 @@ from helios_jax.model.cache import packed_token_rows
 from helios_jax.programs.acceptance import sample_and_accept
 from helios_jax.programs.impls import Impl
 from helios_jax.programs.inputs import TOP_LOGPROBS, RoundOutputs
-from helios_jax.programs.proposals import draft_proposals
+from helios_jax.programs.proposals import copy_only_proposals, draft_proposals
 from helios_jax.programs.state import DeviceState, wrap_keys
 
 
@@ -94,6 +94,8 @@ class _Lanes:
     top_k: jax.Array  # i32[B]
     top_p: jax.Array  # f32[B]
     keys: jax.Array  # typed keys [B, 4]: kept by the row, proposals, acceptance tests, final draw
+    coupled: jax.Array  # bool[B] active lanes of seeded rows: keyed draws (RESOLUTIONS.md 30)
+    seed_key: jax.Array  # typed keys [B] the row's key as stored: a coupled row's seed key
 
 
 def _gather(state: DeviceState, x: RoundInputs, plan: RoundPlan) -> _Lanes:
@@ -106,8 +108,11 @@ def _gather(state: DeviceState, x: RoundInputs, plan: RoundPlan) -> _Lanes:
         is_prompt, is_decode = jnp.zeros_like(active), active
     # Draws are indexed by position (fold_in) under per-purpose keys, so a lane's randomness
     # depends neither on the program's width nor on the other lanes: a mixed frame samples
-    # exactly what the separate programs sample.
-    keys = jax.vmap(lambda k: jax.random.split(k, 4))(wrap_keys(state.rng[slots]))
+    # exactly what the separate programs sample. A coupled row never advances its key: its
+    # draws are keyed by (seed, absolute position) alone, so not even the number of rounds
+    # that reached a position changes its token.
+    seed_key = wrap_keys(state.rng[slots])
+    keys = jax.vmap(lambda k: jax.random.split(k, 4))(seed_key)
     return _Lanes(
         slots=slots,
         active=active,
@@ -120,6 +125,8 @@ def _gather(state: DeviceState, x: RoundInputs, plan: RoundPlan) -> _Lanes:
         top_k=state.top_k[slots],
         top_p=state.top_p[slots],
         keys=keys,
+        coupled=active & state.coupled[slots],
+        seed_key=seed_key,
     )
 
 
@@ -253,7 +260,7 @@ def packed_round(
         cursor=_scatter_rows(state.cursor, rows, lanes.cursor + committed),
         pending=_scatter_rows(state.pending, rows, new_pending),
         last_hidden=_scatter_rows(state.last_hidden, rows, new_hidden),
-        rng=_scatter_rows(state.rng, rows, jax.random.key_data(next_key)),
+        rng=_scatter_rows(state.rng, rows, _next_key_data(lanes, next_key)),
         generated=_scatter_rows(state.generated, rows, state.generated[lanes.slots] + counts),
     )
     tokens = jnp.where(column < counts[:, None], acc.tokens, 0).astype(jnp.int32)
@@ -271,13 +278,28 @@ def packed_round(
     return new_state, outputs, logprobs
 
 
+def _next_key_data(lanes: _Lanes, next_key) -> jax.Array:
+    """u32[B, 2] each row's stored key after the round: advanced, or the seed key when coupled."""
+    seed_data = jax.random.key_data(lanes.seed_key)
+    return jnp.where(lanes.coupled[:, None], seed_data, jax.random.key_data(next_key))
+
+
 def _propose(
     config, params, draft_cache, lanes: _Lanes, x: RoundInputs, plan: RoundPlan, key, attention
 ) -> _Drafts:
-    """Stage 2: D > 0 sequential MTP proposals for the decode lanes (`proposals.py`), cut to the
-    W - 1 that verification rows carry; empty proposals (and the cache untouched) when D = 0."""
+    """Stage 2: D > 0 sequential MTP proposals for the decode lanes (`proposals.py`; a model
+    without an MTP head: the copy prefixes alone), cut to the W - 1 that verification rows carry;
+    empty proposals (and the cache untouched) when D = 0."""
     b, w, d = plan.lanes, plan.width, plan.depth
-    if d > 0:
+    if d > 0 and not config.has_mtp:  # no draft head: copy lanes propose their prefixes alone
+        props = copy_only_proposals(
+            active=lanes.is_decode,
+            copy_tokens=x.copy_tokens,
+            copy_lengths=x.copy_lengths,
+            depth=d,
+            vocab=config.vocab_size,
+        )
+    elif d > 0:
         props = draft_proposals(
             config,
             params,
@@ -295,7 +317,10 @@ def _propose(
             copy_lengths=x.copy_lengths,
             depth=d,
             attention=attention,
+            coupled=lanes.coupled,
+            noise_key=lanes.seed_key,
         )
+    if d > 0:
         draft_cache = props.cache
         confidence = jnp.where(lanes.is_decode[:, None], props.confidence, 0.0)
         proposals, q, available = props.tokens[:, : w - 1], props.probs[:, : w - 1], props.available
@@ -347,9 +372,23 @@ def _accept(
 
     settings = (per_row(lanes.temperature), per_row(lanes.top_k), per_row(lanes.top_p))
     rows = jnp.where(lanes.is_decode, lens, 1)
+    # Row j samples the token at absolute position c + j + 1 (decode: after x_c and j drafts);
+    # the prompt lane samples the token after its chunk, at c + len. Coupled lanes key their
+    # noise by it, so every program kind draws the same token at a position.
+    positions = lanes.cursor[:, None] + jnp.where(lanes.is_prompt[:, None], lens[:, None], column + 1)
     # All-greedy live lanes skip the softmax/inverse-CDF work (same tokens: `sample_and_accept`).
     acc = sample_and_accept(
-        logits, *settings, drafts.q, drafts.proposals, rows, accept_key, sample_key, live=lanes.active
+        logits,
+        *settings,
+        drafts.q,
+        drafts.proposals,
+        rows,
+        accept_key,
+        sample_key,
+        live=lanes.active,
+        coupled=lanes.coupled,
+        noise_key=lanes.seed_key,
+        positions=positions.astype(jnp.int32),
     )
     counts = jnp.where(lanes.is_decode, acc.counts, 0)
     if plan.prompt_capacity:

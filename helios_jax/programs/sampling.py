@@ -22,14 +22,24 @@ every live row of a batch is greedy (`greedy_only`) the programs take the argmax
 softmax, the truncation test, the cumulative sums and the uniforms (`draw`,
 `acceptance.sample_and_accept`): one `lax.cond` whose other branch is the full path unchanged,
 so both give the same bits (tests/programs/test_sampling_greedy.py).
+
+Coupled draws (seeded requests, docs/spec/RESOLUTIONS.md 30): the token at absolute position t
+is the Gumbel-max draw argmax_v(log p_v + G_v) with G = `position_noise(key, t)`, noise keyed
+by the row's seed and t alone. It is an exact draw from p (the same filtered, tempered
+distribution as the inverse-CDF path), and a draft drawn from q with the same noise is accepted
+exactly when it equals the target's token (`acceptance.accept_coupled`): the emitted token at
+t is then a function of (seed, t, the context) whatever drafted it or whatever width verified it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TypeVar
 
 import jax
 import jax.numpy as jnp
+
+PyTree = TypeVar("PyTree")
 
 
 def greedy_only(temperature: jax.Array, live: jax.Array | None = None) -> jax.Array:
@@ -103,6 +113,61 @@ def sample_inverse_cdf(probs: jax.Array, uniform: jax.Array) -> jax.Array:
     return jnp.minimum(index, probs.shape[-1] - 1).astype(jnp.int32)
 
 
+def position_noise(key: jax.Array, position: jax.Array, vocab: int) -> jax.Array:
+    """f32[..., V] standard Gumbel noise for typed keys [...] at absolute positions i32[...]:
+    a function of (key, position) alone, so the target and the draft, and every program that
+    samples position t, see the same noise there."""
+    flat_keys, flat_pos = key.reshape(-1), position.reshape(-1)
+    noise = jax.vmap(lambda k, t: jax.random.gumbel(jax.random.fold_in(k, t), (vocab,), jnp.float32))(
+        flat_keys, flat_pos
+    )
+    return noise.reshape(position.shape + (vocab,))
+
+
+def gumbel_max(probs: jax.Array, noise: jax.Array) -> jax.Array:
+    """i32[...] argmax_v(log probs_v + noise_v): an exact draw from f32[..., V] probs (zero
+    entries are -inf, never drawn; a one-hot row gives its token)."""
+    scores = jnp.where(probs > 0, jnp.log(jnp.where(probs > 0, probs, 1.0)) + noise, -jnp.inf)
+    return jnp.argmax(scores, axis=-1).astype(jnp.int32)
+
+
+def per_row_choice(
+    coupled: jax.Array,
+    plain: Callable[[], PyTree],
+    keyed: Callable[[], PyTree],
+    live: jax.Array | None = None,
+) -> PyTree:
+    """keyed()'s rows where `coupled` (bool[B], the leading axis of every leaf), plain()'s rows
+    elsewhere. Only the branches some live row needs run (rows outside `live`, bool[B], None: all
+    rows, may take either and must be unused)."""
+    live = jnp.ones_like(coupled) if live is None else live
+
+    def both(_):
+        def pick(a, b):
+            return jnp.where(coupled.reshape(coupled.shape + (1,) * (a.ndim - 1)), b, a)
+
+        return jax.tree_util.tree_map(pick, plain(), keyed())
+
+    case = jnp.any(coupled & live).astype(jnp.int32) + jnp.all(coupled | ~live).astype(jnp.int32)
+    return jax.lax.switch(case, (lambda _: plain(), both, lambda _: keyed()), None)
+
+
+def coupled_or_inverse_cdf(
+    probs: jax.Array,
+    uniform: Callable[[], jax.Array],
+    coupled: jax.Array | None,
+    noise: Callable[[], jax.Array] | None,
+    live: jax.Array | None = None,
+) -> jax.Array:
+    """i32[B] draws from f32[B, V] probs: the Gumbel-max draw with `noise()` where coupled
+    (bool[B]), the inverse-CDF draw with `uniform()` elsewhere (`per_row_choice`)."""
+    if coupled is None or noise is None:
+        return sample_inverse_cdf(probs, uniform())
+    return per_row_choice(
+        coupled, lambda: sample_inverse_cdf(probs, uniform()), lambda: gumbel_max(probs, noise()), live
+    )
+
+
 def draw(
     logits: jax.Array,
     temperature: jax.Array,
@@ -110,11 +175,14 @@ def draw(
     top_p: jax.Array,
     uniform: Callable[[], jax.Array],
     live: jax.Array | None = None,
+    coupled: jax.Array | None = None,
+    noise: Callable[[], jax.Array] | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """(i32[...] tokens, f32[..., V] the distributions they were drawn from): the inverse-CDF draw
-    `sample_inverse_cdf(sampling_probs(...), uniform())`, or just the argmax and its one-hot when
+    `sample_inverse_cdf(sampling_probs(...), uniform())` (or, for rows in `coupled`, bool[...],
+    the Gumbel-max draw with `noise()`, f32[..., V]), or just the argmax and its one-hot when
     every live row is greedy (`greedy_only`; rows outside `live` then differ and must be unused).
-    `uniform` builds the f32[...] uniforms, inside the full branch only."""
+    `uniform` and `noise` are built inside the full branch only."""
 
     def greedy(logits):
         token = jnp.argmax(logits.astype(jnp.float32), axis=-1)
@@ -122,6 +190,6 @@ def draw(
 
     def full(logits):
         probs = sampling_probs(logits, temperature, top_k, top_p)
-        return sample_inverse_cdf(probs, uniform()), probs
+        return coupled_or_inverse_cdf(probs, uniform, coupled, noise, live), probs
 
     return jax.lax.cond(greedy_only(temperature, live), greedy, full, logits)

@@ -40,7 +40,7 @@ class DeviceState:
     """Per-engine device state (shapes with R = state rows, H = hidden size)."""
 
     target: PagedKVCache  # k, v: [num_layers, kv_heads, kv_pages, page_size, head_dim]
-    draft: PagedKVCache | None  # MTP cache [mtp_layers, ...]; None when nothing speculates
+    draft: PagedKVCache | None  # MTP cache [mtp_layers, ...]; None: nothing speculates or no MTP head
     cursor: jax.Array  # i32[R] tokens already in the cache
     pending: jax.Array  # i32[R] last sampled token, not yet in the cache
     last_hidden: jax.Array  # [R, H] model dtype: target hidden state at cursor - 1
@@ -48,6 +48,8 @@ class DeviceState:
     top_p: jax.Array  # f32[R]; 1 disables nucleus filtering
     top_k: jax.Array  # i32[R]; 0 disables top-k filtering
     rng: jax.Array  # u32[R, 2] raw threefry key data, advanced by every sampling program
+    #                 (a coupled row keeps its seed's key: its draws are keyed by position)
+    coupled: jax.Array  # bool[R] seeded rows: coupled, speculation-invariant draws
     generated: jax.Array  # i32[R] output tokens emitted since initialize
 
     @property
@@ -58,14 +60,13 @@ class DeviceState:
 def init_state(model: ModelConfig, engine: EngineConfig, *, fill: float = 0.0) -> DeviceState:
     """A fresh state; `fill` initialises the KV pools (tests poison them with NaN).
 
-    The MTP cache exists only when the engine speculates (its model must have an MTP head).
+    The MTP cache exists only when the engine speculates with a model that has an MTP head (a
+    model without one speculates with copy proposals alone: `proposals.copy_only_proposals`).
     """
-    if engine.speculative and not model.has_mtp:
-        raise ValueError("speculation needs a model with an MTP draft head (mtp_num_layers > 0)")
     rows = engine.state_rows
     target = init_paged_cache(model, total_pages=engine.kv_pages, page_size=engine.page_size, fill=fill)
     draft = None
-    if engine.speculative:
+    if engine.speculative and model.has_mtp:
         draft = init_paged_cache(
             model,
             total_pages=engine.kv_pages,
@@ -83,6 +84,7 @@ def init_state(model: ModelConfig, engine: EngineConfig, *, fill: float = 0.0) -
         top_p=jnp.ones((rows,), jnp.float32),
         top_k=jnp.zeros((rows,), jnp.int32),
         rng=jnp.zeros((rows, 2), jnp.uint32),
+        coupled=jnp.zeros((rows,), bool),
         generated=jnp.zeros((rows,), jnp.int32),
     )
 

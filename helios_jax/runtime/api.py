@@ -85,6 +85,7 @@ class GenerationRequest:
     prompt_tokens: tuple[int, ...]
     sampling: SamplingParams
     message_endpoints: tuple[int, ...] = ()  # chat template message ends (checkpoint anchors)
+    proposal_source: str | None = None  # "learned", "copy" or "both"; None: the engine's
 
 
 @dataclasses.dataclass(frozen=True)

@@ -43,6 +43,7 @@ from helios_jax.engine_options import EngineOptions
 from helios_jax.prepare import load_engine_model, prepare, warm_up
 from helios_jax.runtime.api import GenerationRequest, RequestStream, StreamEvent, program_seed
 from helios_jax.runtime.compilations import render_compilations
+from helios_jax.runtime.copying import CopySource
 from helios_jax.runtime.detokenize import TextStream
 from helios_jax.runtime.executor import Dispatch, Executor, RequestInputs, completion_records, survival_rows
 from helios_jax.runtime.faults import FaultContainment
@@ -103,6 +104,8 @@ class HeliosEngine(FaultContainment):
             draft_storage=draft,
             initialize_requests=True,
         )
+        has_mtp = model_config is None or model_config.has_mtp
+        self._copies = CopySource(self.scheduler, engine_config.proposal_source, draft, learned=has_mtp)
         if programs is None:
             prepared = prepare(model_config, params, engine_config, name=model_name, progress=progress)
             programs, params = prepared.programs, prepared.params
@@ -296,6 +299,7 @@ class HeliosEngine(FaultContainment):
             )
             seed = program_seed(s.seed) if s.seed is not None else (self._seed + handle.rid) % (1 << 31)
             active.handle = handle
+            self._copies.admit(handle, tuple(req.prompt_tokens), req.proposal_source)
             active.inputs = RequestInputs(
                 tuple(req.prompt_tokens),
                 tuple(self.scheduler.page_table(handle)),
@@ -303,6 +307,7 @@ class HeliosEngine(FaultContainment):
                 top_p=s.top_p,
                 top_k=s.top_k if s.top_k < self.vocab_size else 0,  # k >= V keeps every token: off
                 seed=seed,
+                coupled=s.seed is not None,  # seeded text must not depend on speculation
                 stop_tokens=tuple(self.tokenizer.eos_token_ids),
             )
             if s.prompt_logprobs:
@@ -365,6 +370,7 @@ class HeliosEngine(FaultContainment):
                 continue
             try:
                 self._publish(active, g, frame.fence, scores.get(g.handle.rid))
+                active.inputs = self._copies.committed(g.handle, g.tokens, active.done, active.inputs)
             except Exception as e:  # detokenizing, stop strings, scores: this request alone
                 log.exception("publishing %s failed", active.request.request_id)
                 self._fail_request(active, f"completion failed: {e}")

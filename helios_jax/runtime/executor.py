@@ -54,7 +54,9 @@ class RequestInputs:
     top_p: float = 1.0
     top_k: int = 0
     seed: int = 0
+    coupled: bool = False  # the request set its seed: draws keyed by seed and position
     stop_tokens: tuple[int, ...] = ()  # multi-step decode lanes stop after one of these
+    copy: tuple[int, ...] | None = None  # the next round's copy proposals; None: learned (copying.py)
 
 
 # Widest window between "seen pending" and "seen ready" that still counts as an observation of
@@ -122,6 +124,7 @@ def pack_inputs(program, plan: ScheduledPlan, info: Mapping[int, RequestInputs])
             top_p=[r.top_p for r in req],
             top_k=[r.top_k for r in req],
             seeds=[r.seed for r in req],
+            coupled=[r.coupled for r in req],
         )
     slots = [each.slot for each in lanes]
     tables = [r.page_table for r in req]
@@ -133,11 +136,12 @@ def pack_inputs(program, plan: ScheduledPlan, info: Mapping[int, RequestInputs])
     if kind is GraphKind.DECODE:
         return program.pack(slots=slots, page_tables=tables)
     if kind is GraphKind.SPECULATIVE:
+        copies = copy_proposals(req, plan.graph.proposal_depth)
         if plan.graph.allocation is Allocation.PREFIX_LIMIT:
-            return program.pack(slots=slots, page_tables=tables, ceilings=[each.ceiling for each in lanes])
-        return program.pack(
-            slots=slots, page_tables=tables, query_lengths=[each.query_length for each in lanes]
-        )
+            ceilings = [each.ceiling for each in lanes]
+            return program.pack(slots=slots, page_tables=tables, ceilings=ceilings, copy_proposals=copies)
+        lengths = [each.query_length for each in lanes]
+        return program.pack(slots=slots, page_tables=tables, query_lengths=lengths, copy_proposals=copies)
     if kind is GraphKind.MIXED:
         row = plan.prefill_row
         lengths = [each.prompt_tokens if i == row else each.query_length for i, each in enumerate(lanes)]
@@ -154,8 +158,17 @@ def pack_inputs(program, plan: ScheduledPlan, info: Mapping[int, RequestInputs])
             prefill_row=row,
             prompt_tokens=prompt,
             prompt_ends=ends,
+            copy_proposals=copy_proposals(req, plan.graph.token_capacity - 1, row),
         )
     raise ValueError(f"the engine does not run {kind.value} programs (checkpoints and images are off)")
+
+
+def copy_proposals(req, depth: int, prompt_row: int | None = None):
+    """Per lane its copy proposals cut to the program's `depth` (None: learned, and the prompt
+    row's); None when no lane copies."""
+    if all(r.copy is None for r in req):
+        return None
+    return [None if r.copy is None or i == prompt_row else r.copy[:depth] for i, r in enumerate(req)]
 
 
 def completion_records(plan: ScheduledPlan, outputs) -> list[CompletionRecord]:

@@ -50,6 +50,7 @@ class FaultContainment:
                 f"prompt ({len(prompt)}) plus max_tokens "
                 f"({request.sampling.max_tokens}) exceeds the context of {self.max_model_len}"
             )
+        self._copies.resolve(request.proposal_source)  # a source the model can draft
         if request.request_id in self._by_id:
             raise ValueError(f"request_id {request.request_id!r} is already in use")
 

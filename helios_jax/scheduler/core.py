@@ -23,9 +23,8 @@ image windows), ``learning.Population`` (pooled estimates) and ``stats.Counters`
 read of that state (requests, pools, counters, frames in flight) is named in ``reads.py``.
 
 The window has two frame slots. Only ordinary decode and complete speculative generation may
-occupy both; every other kind, unknown or stale costs, host stops and phase transitions need an
-empty window (completion feedback). ``frames.py`` freezes the chosen candidate into a plan,
-records a committed plan as a frame and holds the window's rules.
+occupy both; other kinds, unknown or stale costs, host stops or copies (``sources.py``) and phase
+transitions need an empty window (completion feedback); ``frames.py`` holds the window's rules.
 """
 
 from __future__ import annotations
@@ -61,6 +60,7 @@ from helios_jax.scheduler.refresh import acceptance_ledger, funding_ledger, sett
 from helios_jax.scheduler.requests import admission_fields, check_width_limit, pages_for
 from helios_jax.scheduler.residents import Residents
 from helios_jax.scheduler.service import NS_PER_MS
+from helios_jax.scheduler.sources import ProposalSources
 from helios_jax.scheduler.speculation import SOURCE_LEARNED, PrefixEstimate
 from helios_jax.scheduler.stats import Counters
 from helios_jax.scheduler.view import Candidate, RequestView
@@ -69,7 +69,7 @@ __all__ = ["NS_PER_MS", "PlanRejected", "Scheduler"]  # PlanRejected and NS_PER_
 
 
 @reuse.install
-class Scheduler(SchedulerReads):
+class Scheduler(SchedulerReads, ProposalSources):
     """Host scheduler over one loaded catalog and decode mode (its reads: ``reads.SchedulerReads``)."""
 
     def __init__(

@@ -26,7 +26,7 @@ from helios_jax.scheduler.config import PolicyConfig
 from helios_jax.scheduler.plan import Frame, Handle
 from helios_jax.scheduler.requests import Request
 from helios_jax.scheduler.service import NS_PER_MS, ServiceHistory, missing_rate, resident_rates
-from helios_jax.scheduler.speculation import PrefixEstimate, batch_estimates
+from helios_jax.scheduler.speculation import SOURCE_COPY, PrefixEstimate, batch_estimates
 from helios_jax.scheduler.view import Phase, RequestView
 
 Histories = dict[int, ServiceHistory]
@@ -210,6 +210,7 @@ def _decode_fields(
         "output_remaining": max(remaining, 0),
         "context_remaining": inp.max_model_len - (r.cursor + queued),
         "width_limit": r.width_limit,
+        "copy_limit": r.copy_limit if r.proposal_source == SOURCE_COPY else None,
         "survival": acceptance[0],
         "optimistic": acceptance[1],
         "forecast": r.forecast.means(),
@@ -228,6 +229,7 @@ def _blocked_fields(inp: PricingInputs, r: Request, fields: dict, start_ns: int)
     fields["output_remaining"] = r.max_output - len(r.output)
     fields["context_remaining"] = inp.max_model_len - r.cursor
     fields["width_limit"] = r.width_limit
+    fields["copy_limit"] = r.copy_limit if r.proposal_source == SOURCE_COPY else None
     fields["survival"] = est.means(pool)
     fields["forecast"] = r.forecast.means()
 

@@ -128,6 +128,7 @@ class Request:
     width_limit: int | None = (
         None  # grammar or stop restrictions: target rows per round, pending token included
     )
+    copy_limit: int | None = None  # host copy prefix for the next round (sources.py); None: none
 
     @property
     def rid(self) -> int:
@@ -160,8 +161,9 @@ class Request:
 
     @property
     def needs_feedback(self) -> bool:
-        """Its next round needs completion feedback of its queued rounds (host stops)."""
-        return bool(self.inflight) and self.host_stops
+        """Its next round needs completion feedback of its queued rounds (host stops, or copy
+        proposals drafted from what those rounds commit: ``sources.py``)."""
+        return bool(self.inflight) and (self.host_stops or self.copy_limit is not None)
 
     @property
     def cursor(self) -> int:

@@ -30,6 +30,7 @@ MUTATORS = (
     "seed_costs",
     "admit",
     "restrict_width",
+    "offer_copy",
     "cancel",
     "preempt",
     "finish",

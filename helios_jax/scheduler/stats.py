@@ -62,6 +62,10 @@ class Counters:
         self.speculative["drafts_accepted"] += accepted
         if learned:
             self.speculative["learned_drafts"] += offered
+            self.speculative["learned_accepted"] += accepted
+        else:
+            self.speculative["copy_drafts"] += offered
+            self.speculative["copy_accepted"] += accepted
         for d in range(offered):
             self.offered_by_position[d + 1] += 1
             if d < accepted:

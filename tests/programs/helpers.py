@@ -177,13 +177,10 @@ class Driver:
         self.state, out = program(self.params, self.state, program.pack(**host))
         return out
 
-    def initialize(self, slot, temperature=0.0, top_p=1.0, top_k=0, seed=0):
+    def initialize(self, slot, temperature=0.0, top_p=1.0, top_k=0, seed=0, coupled=False):
         init = self.programs.find(GraphKind.INITIALIZE, batch_capacity=1)
-        self.state, _ = init(
-            self.params,
-            self.state,
-            init.pack(slots=[slot], temperature=[temperature], top_p=[top_p], top_k=[top_k], seeds=[seed]),
-        )
+        host = dict(temperature=[temperature], top_p=[top_p], top_k=[top_k], seeds=[seed], coupled=[coupled])
+        self.state, _ = init(self.params, self.state, init.pack(slots=[slot], **host))
 
     def prefill(self, slot, prompt, *, scored=False):
         """Whole prompt in CHUNK-token chunks; returns (first output token, logprobs list)."""

@@ -149,7 +149,8 @@ def test_speculation_names_map_to_one_decode_mode_each():
 
 def test_options_resolve_against_the_model():
     """Unset --max_model_len: the model's limit, at most 4096; unset --dtype: the model's; a model
-    without an MTP head decodes ordinarily whatever --speculation asks."""
+    without an MTP head speculates with copy proposals, or decodes ordinarily when learned
+    proposals, which it cannot draft, are asked for."""
     long_model = tiny_config(mtp_num_layers=1, max_position_embeddings=40_960, dtype="bfloat16")
     config = EngineOptions().engine_config(long_model)
     assert (config.max_model_len, config.dtype, config.speculation) == (
@@ -160,12 +161,21 @@ def test_options_resolve_against_the_model():
     short = EngineOptions(dtype="float32").engine_config(
         tiny_config(mtp_num_layers=0, max_position_embeddings=256)
     )
-    assert (short.max_model_len, short.dtype, short.speculation, short.draft_tokens) == (
+    assert (short.max_model_len, short.dtype, short.speculation, short.proposal_source) == (
         256,
         "float32",
-        "off",
-        0,
+        "adaptive",
+        "copy",
     )
+    no_mtp = tiny_config(mtp_num_layers=0, max_position_embeddings=256)
+    assert EngineOptions(proposal_source="both").engine_config(no_mtp).proposal_source == "copy"
+    learned = EngineOptions(proposal_source="learned").engine_config(no_mtp)
+    assert (learned.speculation, learned.draft_tokens) == ("off", 0)
+    assert EngineOptions(proposal_source="both").engine_config(long_model).proposal_source == "both"
+    with pytest.raises(ValueError, match="proposal_source"):
+        EngineOptions(proposal_source="mtp")
+    with pytest.raises(ValueError, match="proposal_source"):
+        EngineConfig(proposal_source="mtp")
     assert EngineOptions(max_model_len=512).engine_config(long_model).max_model_len == 512
     assert (
         EngineOptions().engine_config() == EngineConfig()

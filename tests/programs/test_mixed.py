@@ -37,7 +37,7 @@ def _engines(programs, params, **sampling):
 
 
 def _assert_same_state(a, b):
-    for field in ("cursor", "pending", "generated", "rng", "temperature", "top_k", "top_p"):
+    for field in ("cursor", "pending", "generated", "rng", "coupled", "temperature", "top_k", "top_p"):
         np.testing.assert_array_equal(
             np.asarray(getattr(a.state, field)), np.asarray(getattr(b.state, field)), field
         )
@@ -65,9 +65,11 @@ def _assert_same_state(a, b):
     "verification/mixed-decode-rows",
     "verification/input-sampling-masks",
 )
-@pytest.mark.parametrize("case", ["w4_greedy", "w4_copy", "w4_sampled", "w1_speculative"])
+@pytest.mark.parametrize("case", ["w4_greedy", "w4_copy", "w4_sampled", "w4_coupled", "w1_speculative"])
 def test_mixed_frame_equals_separate_programs(spec_programs, params, case):
-    sampling = dict(temperature=0.8, top_p=0.9) if case == "w4_sampled" else {}
+    sampling = dict(temperature=0.8, top_p=0.9) if case in ("w4_sampled", "w4_coupled") else {}
+    if case == "w4_coupled":  # seeded requests: draws keyed by seed and position
+        sampling.update(top_k=40, coupled=True)
     mixed, separate = _engines(spec_programs, params, **sampling)
     graph, other = (MIXED_W1, WIDTH_ONE) if case == "w1_speculative" else (MIXED_W4, RECT)
     lengths = [1, 1] if case == "w1_speculative" else [4, 2]

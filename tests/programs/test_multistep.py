@@ -30,6 +30,7 @@ K = 4
 DECODE_K = dataclasses.replace(DECODE, steps=K)
 PROMPTS = {0: [5, 9, 17, 3, 3, 41, 7], 2: [11, 2, 60, 9, 1, 33, 8, 19, 4, 4, 2]}
 SAMPLED = dict(temperature=0.9, top_p=0.95, top_k=40)
+COUPLED = dict(SAMPLED, coupled=True)  # a seeded request: draws keyed by seed and position
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +74,7 @@ def _rows_equal(a: Driver, b: Driver, slots) -> None:
 
 
 @spec("useful-service/output-progress")
-@pytest.mark.parametrize("sampling", [{}, SAMPLED], ids=["greedy", "seeded"])
+@pytest.mark.parametrize("sampling", [{}, SAMPLED, COUPLED], ids=["greedy", "sampled", "coupled"])
 def test_k_steps_equal_k_single_steps(multistep_programs, params, sampling):
     slots = sorted(PROMPTS)
     multi, single = (_started(multistep_programs, params, sampling) for _ in range(2))
@@ -93,7 +94,7 @@ def test_k_steps_equal_k_single_steps(multistep_programs, params, sampling):
 
 
 @spec("useful-service/conditional-acceptance")
-@pytest.mark.parametrize("sampling", [{}, SAMPLED], ids=["greedy", "seeded"])
+@pytest.mark.parametrize("sampling", [{}, SAMPLED, COUPLED], ids=["greedy", "sampled", "coupled"])
 def test_stop_token_and_limit_mid_scan_deliver_nothing_past_the_end(multistep_programs, params, sampling):
     slots = sorted(PROMPTS)
     probe = _started(multistep_programs, params, sampling)

@@ -248,6 +248,13 @@ def test_initialize_validation():
     init = shape_of(GraphDescriptor(GraphKind.INITIALIZE, 1))
     inputs = pack_initialize(init, slots=[2], temperature=[0.5], top_p=[0.9], top_k=[5], seeds=[2**40 + 3])
     assert inputs.seed.dtype == np.uint32 and inputs.seed.tolist() == [3]
+    assert inputs.coupled.dtype == bool and not inputs.coupled.any()  # no coupled flags: rejection
+    coupled = pack_initialize(
+        init, slots=[2], temperature=[0.5], top_p=[0.9], top_k=[5], seeds=[7], coupled=[True]
+    )
+    assert coupled.coupled.tolist() == [True]
+    with pytest.raises(InputError, match="coupled"):
+        pack_initialize(init, slots=[2], temperature=[0.5], top_p=[0.9], top_k=[5], seeds=[7], coupled=[])
     for field, value in (("temperature", -1.0), ("top_p", 0.0), ("top_k", -2)):
         kwargs = dict(slots=[0], temperature=[0.0], top_p=[1.0], top_k=[0], seeds=[0])
         kwargs[field] = [value]

@@ -1,6 +1,8 @@
 """prepare compiles a small catalog ahead of time end to end, measures it and exports it."""
 
 import json
+import subprocess
+import sys
 
 import jax
 import numpy as np
@@ -114,3 +116,43 @@ def test_load_model_reads_a_checkpoint_folder(tmp_path):
     assert loaded_config == config
     for a, b in zip(jax.tree_util.tree_leaves(params), jax.tree_util.tree_leaves(loaded)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def _run(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", *argv], capture_output=True, text=True, timeout=600)
+
+
+@spec("mixed-execution/planning-same-catalog")
+def test_the_conformance_command_passes_on_the_catalog_prepare_measures(tmp_path):
+    """The two commands a deployment runs, end to end on a tiny checkpoint: `prepare --measure`
+    compiles and times the engine's own catalog, and `conformance` holds on what it exported."""
+    config, params = random_model(seed=1)
+    save_checkpoint(tmp_path / "model", config, params)
+    measured = tmp_path / "measured.json"
+    prepared = _run(
+        "helios_jax.prepare",
+        f"--model={tmp_path / 'model'}",
+        "--concurrency=1",
+        "--prefill_chunks=16",
+        "--max_model_len=32",
+        "--page_size=8",
+        "--speculation=adaptive",
+        "--draft_tokens=1",
+        "--measure",
+        "--measure_runs=1",
+        f"--catalog_out={measured}",
+    )
+    assert prepared.returncode == 0, prepared.stderr[-3000:]
+    catalog = Catalog.load(measured)
+    assert catalog.graphs and all(g.duration_ms > 0 for g in catalog.graphs)
+    report = tmp_path / "report.json"
+    # Every section but numerics, whose checks (logits against transformers, speculative against
+    # plain decoding) run on their own models in tests/model and tests/programs.
+    sections = "--sections=catalog,selection,startup,budgets,lifecycle"
+    checked = _run(
+        "helios_jax.conformance", f"--catalog={measured}", sections, "--cases=20", f"--json_out={report}"
+    )
+    assert checked.returncode == 0, checked.stdout[-3000:] + checked.stderr[-3000:]
+    counts = json.loads(report.read_text())["counts"]
+    # One request slot: the startup traces' 5 and 16 requests are "not achievable", never "fail".
+    assert counts["fail"] == 0 and counts["pass"] >= 5, counts

@@ -54,7 +54,8 @@ def test_snapshot_restore_continues_like_uninterrupted_decoding(spec_programs, p
         dst_pages=[d.pages[SNAPSHOT_ROW][:used]],
     )
     saved = {
-        k: np.array(getattr(d.state, k)[SNAPSHOT_ROW]) for k in ("cursor", "pending", "rng", "last_hidden")
+        k: np.array(getattr(d.state, k)[SNAPSHOT_ROW])
+        for k in ("cursor", "pending", "rng", "coupled", "last_hidden")
     }
     assert saved["cursor"] == cursor
     # Uninterrupted continuation in slot 0.
@@ -70,6 +71,7 @@ def test_snapshot_restore_continues_like_uninterrupted_decoding(spec_programs, p
     )
     assert d.row(2)["cursor"] == cursor
     np.testing.assert_array_equal(np.asarray(d.state.rng[2]), saved["rng"])
+    assert bool(d.state.coupled[2]) == bool(saved["coupled"])
     got_tokens, got_conf = _continue(d, 2)
     assert got_tokens == want_tokens
     np.testing.assert_allclose(got_conf, want_conf, atol=1e-6)

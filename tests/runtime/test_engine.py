@@ -1,6 +1,7 @@
 """The engine end to end on a tiny random model: greedy output equals offline greedy decoding,
 stop strings, cancellation and slot reuse, and the page pool matching the reservations."""
 
+import dataclasses
 import threading
 import time
 
@@ -9,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from helios_jax.catalog import GraphKind
 from helios_jax.engine_config import EngineConfig
 from helios_jax.model import forward_full_logits
 from helios_jax.runtime import compilations
@@ -333,3 +335,62 @@ def test_a_failed_program_fails_resident_requests_and_the_engine_recovers(engine
     while engine.scheduler.requests and time.time() < deadline:
         time.sleep(0.05)
     assert not engine.scheduler.requests and not engine.scheduler.owned_pages()  # slots and pages freed
+
+
+def _served(engine, rid, text, source, max_tokens=40):
+    """Serve one greedy request under `source` on a fresh engine that shares `engine`'s compiled
+    programs, in `fixed` speculation (every round on the D + 1 program, as wide as the copy prefix
+    allows: under `adaptive` whether a round is wide depends on the costs the engine measured so
+    far). Returns the prompt, the tokens, the wide speculative frames and the draft counters."""
+    ec = dataclasses.replace(engine.config, speculation="fixed", proposal_source=source)
+    config, _ = model()
+    params, programs = engine.executor.params, engine.executor.programs
+    fresh = HeliosEngine(
+        model_config=config, params=params, tokenizer=tokenizer(), engine_config=ec, programs=programs
+    )
+    try:
+        prompt = tokenizer().encode(text)
+        sampling = SamplingParams(max_tokens=max_tokens, temperature=0.0)
+        tokens = [
+            t for e in fresh.submit(GenerationRequest(rid, tuple(prompt), sampling)) for t in e.token_ids
+        ]
+        wide = sum(
+            1
+            for graph, _ in fresh.executor.history
+            if graph.kind is GraphKind.SPECULATIVE and graph.token_capacity > 1
+        )
+        return prompt, tokens, wide, dict(fresh.scheduler.speculative), fresh.scheduler.population
+    finally:
+        fresh.shutdown()
+
+
+COPIED_CODE = "def f(x):\n    return x + 1\n" * 3
+
+
+@spec("speculative-coverage/copy-d", "speculative-coverage/copy-no-draws")
+def test_copy_proposals_serve_plain_greedy_text(engine):
+    """Prompt lookup drafts from repeated code and the model's own looping greedy text; the wide
+    speculative frames verify the copies and the text is plain greedy decoding's."""
+    prompt, tokens, wide_frames, drafts, _ = _served(engine, "copy", COPIED_CODE, "copy")
+    assert len(tokens) == 40 and tokens == offline_greedy(prompt, 40)
+    assert wide_frames > 0  # copy-proposal rounds ran
+    assert drafts.get("copy_drafts", 0) > 0 and drafts.get("copy_accepted", 0) > 0
+    assert drafts.get("learned_drafts", 0) == 0  # copies draw nothing
+
+
+@spec("confidence-acceptance/per-source")
+def test_a_request_allowed_both_sources_uses_and_learns_each(engine):
+    """Under "both", each round takes the source whose optimistic estimate promises more (an
+    untried source is tried), so copies and MTP drafts both run; each source's pooled estimate
+    observes rounds, and the text is plain greedy decoding's."""
+    prompt, tokens, wide_frames, drafts, population = _served(engine, "both", COPIED_CODE + "for i", "both")
+    assert tokens == offline_greedy(prompt, len(tokens))
+    assert wide_frames > 0 and drafts.get("learned_drafts", 0) > 0
+    assert drafts.get("copy_drafts", 0) > 0 and drafts.get("copy_accepted", 0) > 0
+    assert all(pool.revision > 0 for pool in population.acceptance_pools.values())
+
+
+def test_a_request_naming_an_unknown_source_is_refused(engine):
+    request = GenerationRequest("bad-source", (1, 2, 3), SamplingParams(max_tokens=2), proposal_source="mtp")
+    with pytest.raises(ValueError, match="proposal_source"):
+        engine.submit(request)

@@ -103,7 +103,8 @@ def test_every_public_state_changing_method_is_a_listed_mutator():
     """A new public method of the Scheduler is either a read (pure) or listed in MUTATORS."""
     reads = {"plan", "views", "can_admit", "pages_needed", "preemption_candidate"}
     reads |= {n for n, _ in inspect.getmembers(SchedulerReads) if not n.startswith("_")}
-    public = {n for n, v in inspect.getmembers(Scheduler, callable) if not n.startswith("_")}
+    # Names with "ǁ" are the trampolines `make mutation` adds (xǁSchedulerǁadmit__mutmut_1).
+    public = {n for n, _ in inspect.getmembers(Scheduler, callable) if not n.startswith("_") and "ǁ" not in n}
     completions = {n for n in public if n.startswith("complete")}
     assert public - reads - completions <= set(reuse.MUTATORS)
     for n in completions:
