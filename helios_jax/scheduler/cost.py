@@ -23,6 +23,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 from helios_jax.catalog import Catalog, CostKey
 
@@ -73,6 +74,8 @@ class CostModel:
         self.ttl_ns = int(ttl_ns)
         self._entries: dict[CostKey, CostEntry] = {}
         self.version = 0  # bumped whenever an estimate changes, and only then
+        self._oldest_epoch = 0  # bumped by an observation that may move any_stale's oldest, see there
+        self._oldest: tuple[object, int, int | None] | None = None  # any_stale's, see there
 
     def _entry(self, key: CostKey) -> CostEntry:
         entry = self._entries.get(key)
@@ -99,6 +102,34 @@ class CostModel:
         if entry is None or entry.estimate_ns <= 0 or entry.last_valid_ns is None:
             return False
         return now_ns - entry.last_valid_ns > self.ttl_ns
+
+    def any_stale(self, programs: Sequence[Any], now_ns: int) -> bool:
+        """Whether any of `programs` (objects with a ``key``) is stale (:meth:`is_stale`): the
+        oldest last valid observation among the measured ones is older than the freshness
+        interval. That oldest is kept for the last sequence object asked until an observation
+        may move it (:meth:`_moves_oldest`), so a decision usually reads one stamp."""
+        kept = self._oldest
+        if kept is None or kept[0] is not programs or kept[1] != self._oldest_epoch:
+            stamps = [self._valid_ns(g.key) for g in programs]
+            oldest = min((t for t in stamps if t is not None), default=None)
+            kept = self._oldest = (programs, self._oldest_epoch, oldest)
+        return kept[2] is not None and now_ns - kept[2] > self.ttl_ns
+
+    def _moves_oldest(self, entry: CostEntry, now_ns: int) -> bool:
+        """Whether a valid observation of `entry` at `now_ns` may change the kept oldest: not
+        when the entry was measured after that oldest (it was not the oldest) and the new stamp
+        is no earlier than it."""
+        kept = self._oldest
+        if kept is None or kept[2] is None or entry.estimate_ns <= 0 or entry.last_valid_ns is None:
+            return True
+        return not (entry.last_valid_ns > kept[2] and now_ns >= kept[2])
+
+    def _valid_ns(self, key: CostKey) -> int | None:
+        """The last valid observation of a measured entry (None: unmeasured)."""
+        entry = self._entries.get(key)
+        if entry is None or entry.estimate_ns <= 0:
+            return None
+        return entry.last_valid_ns
 
     def is_fresh(self, key: CostKey, now_ns: int) -> bool:
         return self.is_known(key) and not self.is_stale(key, now_ns)
@@ -144,6 +175,8 @@ class CostModel:
             return False
         entry = self._entry(key)
         before = entry.estimate_ns
+        if self._moves_oldest(entry, now_ns):
+            self._oldest_epoch += 1
         if entry.estimate_ns <= 0 or self.is_stale(key, now_ns):
             entry.samples.clear()
             entry.samples.append(sample)
@@ -182,3 +215,4 @@ class CostModel:
     def restore(self, snap: dict) -> None:
         self._entries = snap
         self.version += 1
+        self._oldest_epoch += 1

@@ -95,7 +95,7 @@ def refresh_alternative(
     """The stale alternative a full timing-refresh ledger lets displace the ordinary winner:
     oldest by the later of last valid observation and last attempt, then by value."""
     costs, now = inp.costs, inp.now_ns
-    if not any(costs.is_stale(g.key, now) for g in loaded):
+    if not costs.any_stale(loaded, now):
         return None
     rows = [
         r

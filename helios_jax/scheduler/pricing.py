@@ -113,26 +113,27 @@ def views(inp: PricingInputs, start_ns: int) -> list[RequestView]:
     norm = inp.normalizers
     residents = [r for r in inp.requests.values() if r.active]
     prior_z = norm.share_log_rate(sum(1 for r in residents if r.delivery_bearing))
-    known = resident_rates(inp.requests, histories)
+    known = [histories[r.handle.rid].log_x for r in residents]  # resident_rates(), in this order
     base = service.missing_base(norm, len(known), known)  # missing_rate's, shared by all
     tau = inp.policy.adaptation_ms
     terms = service.price_terms(inp.policy)
     acceptance = _acceptance(inp, [r for r in residents if r.phase is Phase.DECODE])
     advances = queued_advances(inp.frames)
     out = []
-    for r in residents:
-        hist = histories[r.rid]
-        log_x = hist.log_x
+    for r, log_x in zip(residents, known):
+        rid = r.handle.rid
         if log_x is None:  # service.missing_rate at start_ns
             log_x = base - max(0.0, (start_ns - r.admitted_ns) / NS_PER_MS) / tau
         phase = r.phase
         log_z = None
-        if r.delivery_bearing:  # decoding, or blocked before decoding: a delivery coordinate
-            log_z = prior_z if hist.log_z is None else hist.log_z
+        if phase is Phase.DECODE or (phase is Phase.BLOCKED and r.enables is Phase.DECODE):
+            log_z = histories[rid].log_z  # delivery-bearing: a delivery coordinate
+            if log_z is None:
+                log_z = prior_z
         prefill, output, delivery = service.price_logs(terms, log_x, log_z)
-        # Fields in the order RequestView declares them; `r` is active, so runnable(r) is this.
+        # `r` is active, so runnable(r) is this.
         fields = {
-            "rid": r.rid,
+            "rid": rid,
             "slot": r.slot,
             "phase": phase,
             "runnable": not (phase in _INFLIGHT_BLOCKS and r.inflight),
@@ -141,11 +142,11 @@ def views(inp: PricingInputs, start_ns: int) -> list[RequestView]:
             "log_output_price": output,
             "log_delivery_price": delivery,
         }
-        if phase is Phase.PREFILL:
+        if phase is Phase.DECODE:
+            last = delivered_at.get(rid, r.last_publication_ns)
+            fields.update(_decode_fields(inp, r, start_ns, last, acceptance[rid], advances.get(r.handle, 0)))
+        elif phase is Phase.PREFILL:
             fields.update(_prompt_fields(r))
-        elif phase is Phase.DECODE:
-            last = delivered_at.get(r.rid, r.last_publication_ns)
-            _decode_fields(inp, r, fields, start_ns, last, acceptance[r.rid], advances.get(r.handle, 0))
         elif phase is Phase.TERMINAL:
             since = r.terminal_since_ns if r.terminal_since_ns is not None else start_ns
             fields["terminal_age_ms"] = max(0.0, (start_ns - since) / NS_PER_MS)
@@ -192,27 +193,28 @@ def _acceptance(inp: PricingInputs, decoders: list[Request]) -> dict[int, tuple[
 def _decode_fields(
     inp: PricingInputs,
     r: Request,
-    fields: dict,
     start_ns: int,
     last: int | None,
     acceptance: tuple[np.ndarray, np.ndarray],
     queued: int,
-) -> None:
+) -> dict:
     """A decoding request: output left after its queued rounds (`queued`: their committed tokens
-    at most), output age and acceptance."""
+    at most), output age and acceptance (a decoder is runnable while output is left)."""
     remaining = r.max_output - len(r.output) - queued
     age = 0.0 if last is None else max(0.0, (start_ns - last) / NS_PER_MS)
     if r.last_publication_ns is None and last is None:
         age = max(0.0, (start_ns - r.admitted_ns) / NS_PER_MS)
-    fields["runnable"] = fields["runnable"] and remaining > 0
-    fields["age_ms"] = age
-    fields["output_remaining"] = max(remaining, 0)
-    fields["context_remaining"] = inp.max_model_len - (r.cursor + queued)
-    fields["width_limit"] = r.width_limit
-    fields["copy_limit"] = r.copy_limit if r.proposal_source == SOURCE_COPY else None
-    fields["survival"] = acceptance[0]
-    fields["optimistic"] = acceptance[1]
-    fields["forecast"] = r.forecast.means()
+    return {
+        "runnable": remaining > 0,
+        "age_ms": age,
+        "output_remaining": max(remaining, 0),
+        "context_remaining": inp.max_model_len - (r.cursor + queued),
+        "width_limit": r.width_limit,
+        "copy_limit": r.copy_limit if r.proposal_source == SOURCE_COPY else None,
+        "survival": acceptance[0],
+        "optimistic": acceptance[1],
+        "forecast": r.forecast.means(),
+    }
 
 
 def _blocked_fields(inp: PricingInputs, r: Request, fields: dict, start_ns: int) -> None:

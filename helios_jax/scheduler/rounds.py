@@ -58,10 +58,28 @@ def allocate_prefix_rows(joint_prob, ceilings, active, capacity: int) -> np.ndar
     remaining = capacity - n_active
     if remaining <= 0:
         return lengths.astype(np.int32)
-    # The greedy frontier as a heap of (-frontier, length, lane): its minimum is the best
-    # frontier, ties to the shorter prefix, then the lower slot. One entry per open lane.
-    rows, length, limit = prob.tolist(), lengths.tolist(), np.where(act, ceil, 0).tolist()
-    heap = [(-rows[i][length[i] - 1], length[i], i) for i in range(b) if length[i] < limit[i]]
+    return _greedy(prob.tolist(), lengths.tolist(), np.where(act, ceil, 0).tolist(), remaining)
+
+
+def allocate_cohort_rows(joint_prob: np.ndarray, ceilings: np.ndarray, capacity: int) -> np.ndarray:
+    """:func:`allocate_prefix_rows` with every lane active, for a caller whose inputs hold its
+    checks by construction (the selector's cohorts: f[B, D] forecasts, ceilings within 1..D+1,
+    at most `capacity` lanes); NaN probabilities still raise."""
+    prob = np.asarray(joint_prob, dtype=np.float32).astype(np.float64)
+    if np.isnan(prob).any():
+        raise ValueError("joint probabilities contain NaN")
+    b = prob.shape[0]
+    remaining = capacity - b
+    if remaining <= 0:
+        return np.ones(b, dtype=np.int32)
+    return _greedy(prob.tolist(), [1] * b, np.asarray(ceilings).tolist(), remaining)
+
+
+def _greedy(rows: list[list[float]], length: list[int], limit: list[int], remaining: int) -> np.ndarray:
+    """The greedy frontier over lanes with `length` rows each, up to `limit`, for `remaining` more
+    rows: a heap of (-frontier, length, lane) whose minimum is the best frontier, ties to the
+    shorter prefix, then the lower slot; one entry per open lane."""
+    heap = [(-rows[i][length[i] - 1], length[i], i) for i in range(len(length)) if length[i] < limit[i]]
     heapq.heapify(heap)
     while remaining > 0 and heap:
         _, n, lane = heapq.heappop(heap)

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -74,22 +75,25 @@ class Decision:
 
     @classmethod
     def build(
-        cls, views: list[RequestView], policy: PolicyConfig, *, sigma_decode: float, sigma_terminal: float
+        cls,
+        views: list[RequestView],
+        policy: PolicyConfig,
+        *,
+        sigma_decode: float,
+        sigma_terminal: float,
+        counts: tuple[int, int] | None = None,
     ) -> Decision:
+        """`counts`: :func:`population` of `views`, when the caller has it."""
+        n_dec, n_term = population(views) if counts is None else counts
+        log_scale = 0.0  # the largest finite log price, and 0
         finite = math.isfinite
-        logs = [0.0]
-        logs += [
-            x
-            for v in views
-            for x in (v.log_prefill_price, v.log_output_price, v.log_delivery_price)
-            if finite(x)
-        ]
-        if policy.terminal_value > 0 and any(v.phase is Phase.TERMINAL for v in views):
-            logs.append(math.log(policy.terminal_value))
-        log_scale = max(logs)
+        for v in views:
+            for x in (v.log_prefill_price, v.log_output_price, v.log_delivery_price):
+                if x > log_scale and finite(x):
+                    log_scale = x
+        if policy.terminal_value > 0 and n_term:
+            log_scale = max(log_scale, math.log(policy.terminal_value))
         scale = math.exp(-log_scale)
-        n_dec = sum(1 for v in views if v.delivery_bearing)
-        n_term = sum(1 for v in views if v.phase is Phase.TERMINAL)
         c_dec = policy.decode_age_price * scale
         c_term = policy.terminal_age_price * scale
         return cls(
@@ -120,6 +124,18 @@ class Decision:
     def terminal_lane(self, age_ms: float | np.ndarray, until_ms: float) -> np.ndarray:
         """terminal_value + c * sigma * (A + T) for terminal rows."""
         return self.terminal_value + self.terminal_age * self.sigma_terminal * (np.asarray(age_ms) + until_ms)
+
+
+def population(views: Sequence[RequestView]) -> tuple[int, int]:
+    """(delivery-bearing views, terminal views): the decision's K and its terminal rows."""
+    n_dec = n_term = 0
+    for v in views:
+        phase = v.phase
+        if phase is Phase.DECODE or (phase is Phase.BLOCKED and v.enables is Phase.DECODE):
+            n_dec += 1
+        elif phase is Phase.TERMINAL:
+            n_term += 1
+    return n_dec, n_term
 
 
 class WeightClass(NamedTuple):

@@ -91,10 +91,7 @@ class RequestView:
         every required one present (``pricing.views``): no name checks; `fields` is not kept."""
         new = object.__new__(cls)
         d = new.__dict__
-        d.update(_DEFAULTS)
-        for name in _FACTORIES:
-            if name not in fields:
-                d[name] = np.zeros(0)
+        d.update(_UNCHECKED_DEFAULTS)
         d.update(fields)
         return new
 
@@ -146,6 +143,10 @@ _DEFAULTS = {
 _FACTORIES = tuple(
     f.name for f in dataclasses.fields(RequestView) if f.default_factory is not dataclasses.MISSING
 )
+_EMPTY = np.zeros(0)
+_EMPTY.setflags(write=False)
+# unchecked()'s defaults: the factories' empty arrays are one shared read-only array.
+_UNCHECKED_DEFAULTS = {**_DEFAULTS, **{name: _EMPTY for name in _FACTORIES}}
 
 
 @dataclasses.dataclass(frozen=True)

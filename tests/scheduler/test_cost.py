@@ -192,3 +192,42 @@ def test_an_unchanged_estimate_keeps_the_version():
     assert costs.estimate_ns(KEY) == 15.0 and costs.version == version
     costs.observe(KEY, [30.0], 0)  # median of four: 17.5
     assert costs.estimate_ns(KEY) == 17.5 and costs.version > version
+
+
+def test_any_stale_agrees_with_is_stale_as_observations_and_time_move():
+    """any_stale keeps the oldest valid observation per program sequence; a new observation, a
+    restore or the clock must still move it exactly as is_stale over every program would."""
+    programs = shipped_catalog().graphs[:3]
+    costs = CostModel(ttl_ns=100)
+
+    def agrees(now):
+        want = any(costs.is_stale(g.key, now) for g in programs)
+        assert costs.any_stale(programs, now) is want
+        return want
+
+    assert not agrees(10**6)  # nothing measured: never stale
+    costs.note_attempt(programs[0].key, 0)  # an attempt measures nothing
+    assert not agrees(10**6)
+    costs.observe(programs[0].key, [5.0], 0)
+    costs.observe(programs[1].key, [5.0], 50)
+    assert not agrees(100) and agrees(101)  # strictly older than the interval
+    snap = costs.snapshot()
+    costs.observe(programs[0].key, [6.0], 120)  # the oldest is renewed: programs[1]'s decides
+    assert not agrees(150) and agrees(151)
+    costs.observe(programs[1].key, [5.0], 151)  # the same estimate: no version bump, fresh again
+    assert not agrees(151) and not agrees(220) and agrees(221)
+    costs.observe(programs[1].key, [5.0], 160)  # not the oldest: the kept oldest still holds
+    assert not agrees(220) and agrees(221)
+    costs.observe(programs[2].key, [5.0], 110)  # a first measurement, older than the oldest
+    assert not agrees(210) and agrees(211)
+    costs.observe(programs[1].key, [5.0], 100)  # a clock that moved back: an older stamp
+    assert not agrees(200) and agrees(201)
+    costs.restore(snap)
+    assert agrees(101)
+    assert costs.any_stale(programs[1:], 101) is False  # another sequence: its own oldest
+    other = CostModel(ttl_ns=100)
+    other.observe(programs[0].key, [5.0], 0)
+    assert other.any_stale(programs[1:], 500) is False  # none of them measured
+    other.observe(programs[0].key, [5.0], 10)
+    other.observe(programs[1].key, [5.0], 20)
+    assert other.any_stale(programs[1:], 121) is True

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from helios_jax.catalog import DecodeMode
+from helios_jax.catalog import DecodeMode, GraphKind
 from helios_jax.scheduler import service
 from helios_jax.scheduler.core import Scheduler
 
@@ -286,6 +286,35 @@ def test_mixed_prompt_rows_shared_per_dominance_rule_equal_each_shapes_own():
                 compared += 1
         _, _, t = run_once(s, fence, t, accepted=fence % 4)
     assert compared > 100
+
+
+def test_mixed_dominance_rules_kept_across_decisions_equal_each_decisions_own():
+    """MixedFamily.rules keeps every shape's dominance rule on the prepared programs under the
+    decoder count and lane widths. With a narrower mixed shape of the same depth (W = 4 beside
+    W = 8, D = 7), one decoder near its output limit has the same widths on both and one far from
+    it does not; at every population the kept rules equal the ones computed afresh."""
+    import dataclasses
+
+    from helios_jax.scheduler import policy
+    from helios_jax.scheduler.policy.mixed import MixedFamily
+
+    from .helpers import decoder, geometric, inputs, prompt
+
+    wide = next(
+        g for g in SPEC.graphs if g.kind is GraphKind.MIXED and (g.batch_capacity, g.token_capacity) == (2, 8)
+    )
+    narrow = dataclasses.replace(wide, token_capacity=4)
+    prepared = policy.PreparedGraphs([*SPEC.eligible(DecodeMode.ADAPTIVE), narrow])
+    seen = []
+    for count, remaining in ((1, 3), (1, 100), (1, 3), (2, 3), (2, 100), (1, 100)):
+        views = [decoder(i, survival=geometric(0.7), output_remaining=remaining) for i in range(count)]
+        views.append(prompt(9, 700))
+        sel = policy.Selection(dataclasses.replace(inputs(views), graphs=prepared))
+        kept = MixedFamily(sel).rules()
+        fresh = MixedFamily(sel)
+        assert kept == {id(g): fresh._dominance_rule(g) for g in prepared.mixed}
+        seen.append(kept)
+    assert seen[0] != seen[1] and seen[2] == seen[0] and len(prepared.mixed_rules) == 4
 
 
 def test_lane_tables_of_one_decoder_equal_the_sorted_running_sum():

@@ -9,7 +9,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from helios_jax.reference.prefix_allocation import prefix_allocation_naive
-from helios_jax.scheduler.rounds import allocate_prefix_rows, forecast_observations, prefix_allocation_order
+from helios_jax.scheduler.rounds import (
+    allocate_cohort_rows,
+    allocate_prefix_rows,
+    forecast_observations,
+    prefix_allocation_order,
+)
 
 spec = pytest.mark.spec
 GOLDEN = json.loads((pathlib.Path(__file__).parents[1] / "golden" / "prefix_allocation.json").read_text())
@@ -57,6 +62,20 @@ def test_host_allocation_equals_the_naive_oracle(p):
         and (got[~active] == 0).all()
         and (got <= np.where(active, ceilings, 0)).all()
     )
+
+
+@settings(max_examples=200, deadline=None)
+@given(problems())
+def test_cohort_allocation_equals_the_naive_oracle(p):
+    """The selector's unchecked entry (every lane active) allocates as the device does."""
+    prob, ceilings, _, capacity = p
+    b = prob.shape[0]
+    capacity = max(capacity, b)
+    got = allocate_cohort_rows(prob, ceilings, capacity)
+    assert got.dtype == np.int32
+    np.testing.assert_array_equal(got, prefix_allocation_naive(prob, ceilings, np.ones(b, bool), capacity))
+    with pytest.raises(ValueError, match="NaN"):
+        allocate_cohort_rows(np.full_like(prob, np.nan), ceilings, capacity)
 
 
 @settings(max_examples=300, deadline=None)

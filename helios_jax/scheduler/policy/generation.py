@@ -19,7 +19,7 @@ from helios_jax.scheduler.policy.multistep import multistep_candidate
 from helios_jax.scheduler.policy.ranking import ScoredCandidate
 from helios_jax.scheduler.policy.selection import Selection
 from helios_jax.scheduler.policy.tables import LaneTable
-from helios_jax.scheduler.rounds import allocate_prefix_rows, prefix_allocation_order
+from helios_jax.scheduler.rounds import allocate_cohort_rows, prefix_allocation_order
 
 
 def is_unconstrained(g: GraphDescriptor) -> bool:
@@ -116,12 +116,12 @@ def _adaptive_ragged_candidate(
     if not cohort:
         return None
     ceilings = price_ceilings(sel, cohort, widths, alloc, g.target_capacity) if device else None
-    value = float(
-        sum(
-            decoders.output_price[i] * decoders.expected_output[i, alloc[i]] + decoders.delivery_value[i]
-            for i in cohort
-        )
+    members = np.array(cohort, dtype=np.intp)
+    lane_values = (
+        decoders.output_price[members] * decoders.expected_output[members, alloc[members]]
+        + decoders.delivery_value[members]
     )
+    value = float(np.cumsum(lane_values)[-1])  # summed in cohort order, one lane after another
     served_rows = alloc if ceilings is None else ceilings  # device lanes: their work is the ceiling
     work = tuple((int(decoders.rids[i]), int(served_rows[i])) for i in cohort)
     signature = (g.kind, device, g.proposal_depth, work)
@@ -148,13 +148,13 @@ def price_ceilings(
     lowest slot, every round.)
     """
     decoders = sel.decoders
-    idx = np.array(sorted(cohort, key=lambda i: decoders.slots[i]))
-    active = np.ones(idx.size, dtype=bool)
+    members = np.array(cohort, dtype=np.intp)
+    idx = members[np.argsort(decoders.slots[members], kind="stable")]
     priced_forecast = decoders.output_price[idx, None] * decoders.forecast[idx]
-    priced = allocate_prefix_rows(priced_forecast, widths[idx], active, rows)
+    priced = allocate_cohort_rows(priced_forecast, widths[idx], rows)
     ceilings = widths.copy()
     ceilings[idx] = np.where(priced < alloc[idx], priced, widths[idx])
     if np.array_equal(ceilings[idx], widths[idx]):
         return ceilings
-    alloc[idx] = allocate_prefix_rows(decoders.forecast[idx], ceilings[idx], active, rows)
+    alloc[idx] = allocate_cohort_rows(decoders.forecast[idx], ceilings[idx], rows)
     return ceilings

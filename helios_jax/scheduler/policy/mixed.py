@@ -25,6 +25,7 @@ DecoderWork = tuple[int, int, bytes] | int
 # same decoder work, or None).
 Rule = tuple[int, int | None]
 _NOT_PICKED = -1  # no prompt row index is negative
+RULE_MEMO = 64  # dominance-rule sets kept per prepared catalog (``MixedFamily.rules``)
 
 
 class MixedFamily:
@@ -37,6 +38,7 @@ class MixedFamily:
         self._decoder_work: dict[MixedShape, DecoderWork] = {}
         self._allowed_rows: dict[Rule, np.ndarray] = {}
         self._rule_picks: dict[Rule, int | None] = {}  # per rule, read through _picks
+        self._rules: dict[int, Rule | None] | None = None
 
     def candidates(self) -> list[ScoredCandidate]:
         decoders, prompts = self.sel.decoders, self.sel.prompts
@@ -69,7 +71,7 @@ class MixedFamily:
         sel, decoders, prompts = self.sel, self.sel.decoders, self.sel.prompts
         cap = g.prefill_capacity
         m = min(g.batch_capacity - 1, decoders.count)
-        rule = self._dominance_rule(g)
+        rule = self.rules()[id(g)]
         if rule is None:
             return None
         if sel.costs.is_known(g.key):
@@ -92,6 +94,22 @@ class MixedFamily:
 
         value = float(prompts.values(cap)[i] + table.prefix_values[m])
         return sel.score(g, value, m * decoders.age_value_per_ms, None, lanes)
+
+    def rules(self) -> dict[int, Rule | None]:
+        """Every mixed shape's :meth:`_dominance_rule`, by ``id``. A rule reads only the number
+        of decoders and their lane widths at each (W, D), so the rules are kept across decisions
+        under that key (on the prepared programs; at most ``RULE_MEMO`` keys)."""
+        if self._rules is None:
+            prepared, decoders = self.sel.prepared, self.sel.decoders
+            widths = tuple(decoders.table(w, d).work_key for w, d in prepared.mixed_table_shapes)
+            key = (decoders.count, widths)
+            hit = prepared.mixed_rules.get(key)
+            if hit is None:
+                if len(prepared.mixed_rules) >= RULE_MEMO:
+                    prepared.mixed_rules.clear()
+                hit = prepared.mixed_rules[key] = {id(g): self._dominance_rule(g) for g in prepared.mixed}
+            self._rules = hit
+        return self._rules
 
     def _decoder_work_of(self, batch: int, width: int, depth: int) -> DecoderWork:
         """The decoder work beside a prompt row in a (B, W, D) shape: lanes and widths (0: none)."""

@@ -81,6 +81,10 @@ class PreparedGraphs:
             for g in self.mixed
         }
         self.mixed_dominator_classes = {g: self._mixed_dominator_classes(g) for g in self.mixed}
+        # The (W, D) of every mixed shape: their decoder lane widths key the dominance rules,
+        # which are kept across decisions (``mixed.MixedFamily.rules``; bounded).
+        self.mixed_table_shapes = tuple(sorted({(g.token_capacity, g.proposal_depth) for g in self.mixed}))
+        self.mixed_rules: dict[tuple, dict[int, tuple[int, int | None] | None]] = {}
         self.max_width = max([g.token_capacity for g in self.delivery] + [1])
         self.max_depth = max([g.proposal_depth for g in self.delivery] + [0])
         self._durations: tuple[CostModel, int, dict[int, float | None]] | None = None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import operator
 from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
@@ -25,6 +26,7 @@ from helios_jax.scheduler.policy.tables import DecoderTable, PromptTable
 from helios_jax.scheduler.view import Candidate, Lane, LaneRole, Phase, RequestView
 
 LaneBuilder = Callable[[], Sequence[Lane]]
+_TIE_ORDER = operator.attrgetter("last_selected_ns", "rid")  # the views' order in every solver
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,33 +67,36 @@ class Selection:
         # Least recently used first (never selected, -1, first of all), then earlier admitted:
         # every cohort solver sorts lanes stably, so lanes of equal value go in this order
         # (duration-estimates/tie-order), whatever order the caller listed the views in.
-        views = sorted(inp.views, key=lambda v: (v.last_selected_ns, v.rid))
+        views = sorted(inp.views, key=_TIE_ORDER)
         self.decision = self._decision(views) if base is None else base.decision
-        runnable = [v for v in views if v.runnable]
+        by_phase: dict[Phase, list[RequestView]] = {phase: [] for phase in Phase}
+        for v in views:
+            if v.runnable:
+                by_phase[v.phase].append(v)
         self.decoders = DecoderTable(
-            [v for v in runnable if v.phase is Phase.DECODE],
+            by_phase[Phase.DECODE],
             self.decision,
             self.prepared.max_width,
             self.prepared.max_depth,
             base=None if base is None else base.decoders,
         )
-        prompts = [v for v in runnable if v.phase is Phase.PREFILL]
+        prompts = by_phase[Phase.PREFILL]
         if base is not None and _same(prompts, base.prompts.views):
             self.prompts = base.prompts  # prompt rows read no survival estimate
         else:
             self.prompts = PromptTable(prompts, self.decision)
-        self.terminals = [v for v in runnable if v.phase is Phase.TERMINAL]
-        self.blocked = [v for v in runnable if v.phase is Phase.BLOCKED and v.prerequisites]
+        self.terminals = by_phase[Phase.TERMINAL]
+        self.blocked = [v for v in by_phase[Phase.BLOCKED] if v.prerequisites]
         self._durations = dict(self.prepared.durations(self.costs))  # a copy: duration() may add to it
 
     def _decision(self, views: list[RequestView]) -> utility.Decision:
-        delivery_bearing = sum(1 for v in views if v.delivery_bearing)
-        terminal = sum(1 for v in views if v.phase is Phase.TERMINAL)
+        delivery_bearing, terminal = counts = utility.population(views)
         return utility.Decision.build(
             views,
             self.inp.policy,
             sigma_decode=self.reference.reference_interval("delivery", delivery_bearing, self.costs),
             sigma_terminal=self.reference.reference_interval("snapshots", terminal, self.costs),
+            counts=counts,
         )
 
     def shares_decision(self, inp: SelectionInput, reference: PreparedGraphs) -> bool:

@@ -21,8 +21,13 @@ from helios_jax.scheduler.view import Lane, LaneRole, RequestView
 
 def padded_prefixes(prefixes: Sequence[np.ndarray], depth: int) -> np.ndarray:
     """Per-request prefix estimates as one monotone f64[len(prefixes), depth] array, zero-padded."""
-    if prefixes and depth and all(getattr(r, "shape", (0,))[-1:] == (depth,) for r in prefixes):
-        return monotone(np.array(prefixes, dtype=np.float64))  # the common case: one stack
+    if prefixes and depth:  # the common case: rows of one length, stacked at once
+        try:
+            stacked = np.array(prefixes, dtype=np.float64)
+        except ValueError:  # rows of different lengths
+            stacked = None
+        if stacked is not None and stacked.shape == (len(prefixes), depth):
+            return monotone(stacked)
     out = np.zeros((len(prefixes), depth))
     for i, r in enumerate(prefixes):
         r = np.asarray(r, dtype=np.float64).reshape(-1)[:depth]
