@@ -5,7 +5,9 @@ A request's life here (numbers match ARCHITECTURE.md, "A request's life"):
 1. ``submit`` (any thread) queues a :class:`GenerationRequest` and returns its stream.
 2. The loop admits waiting requests in arrival order while a request slot and the KV pages of
    their whole execution ceiling are free (the scheduler reserves them). Every request starts
-   with an ``initialize`` program that loads its sampling settings into its state row.
+   with an ``initialize`` program that loads its sampling settings into its state row, or with a
+   ``restore`` of a stored checkpoint its prompt extends (``runtime/state_copies.py``). A head of
+   the queue refused long enough preempts a decoding request (``runtime/preemption.py``).
 3. ``advance_to(now)``, ``plan()``, ``commit(plan, fence)``, then the executor packs the frame's
    inputs and dispatches the prepared program. Up to two frames are in flight: ordinary decode
    and complete speculative generation may be queued behind another; everything else, and every
