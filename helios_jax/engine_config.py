@@ -77,7 +77,10 @@ class EngineConfig:
         every state row at full context.
       dtype: parameter, activation and cache dtype ("float32" or "bfloat16").
       snapshot_rows: extra state rows (after the request slots) that snapshots write and
-        restores read.
+        restores read; `None` means one per request slot, the rows the scheduler's checkpoint
+        store assumes. Each owns a fixed run of `pages_per_row` pages at the end of the pool
+        (`snapshot_pages`), so a checkpoint of any length fits its row; requests draw from the
+        rest (`request_pages`).
       decode_steps: the step counts K of the ordinary decode programs (speculation off): one
         `decode` program per request bucket and K; K > 1 runs K steps in one execution
         (`programs/multistep.py`). `(1,)` is the single-step catalog.
@@ -103,7 +106,7 @@ class EngineConfig:
     page_size: int = 16
     kv_pages: int | None = None
     dtype: str = "float32"
-    snapshot_rows: int = 1
+    snapshot_rows: int | None = None
     decode_steps: tuple[int, ...] = (1,)
     prefill_batch: tuple[int, ...] = (1,)
     proposal_source: str = "learned"
@@ -123,6 +126,8 @@ class EngineConfig:
         integer("max_model_len", self.max_model_len, 1)
         integer("page_size", self.page_size, 1)
         integer("speculative_token_capacity", self.speculative_token_capacity, 0)
+        if self.snapshot_rows is None:
+            object.__setattr__(self, "snapshot_rows", self.request_slots)
         integer("snapshot_rows", self.snapshot_rows, 0)
         if self.speculation not in SPECULATION_MODES:
             fail("speculation", f"must be one of {SPECULATION_MODES}, got {self.speculation!r}")
@@ -162,7 +167,8 @@ class EngineConfig:
         if self.kv_pages is None:
             object.__setattr__(self, "kv_pages", self.state_rows * self.pages_per_row)
         else:
-            integer("kv_pages", self.kv_pages, self.pages_per_row)
+            # One full-context request beside the snapshot rows' fixed pages.
+            integer("kv_pages", self.kv_pages, self.pages_per_row * (1 + self.snapshot_rows))
 
     def _check_steps_and_rows(self, fail, integer) -> None:
         """decode_steps (K per decode program) and prefill_batch (rows per prefill program)."""
@@ -200,6 +206,18 @@ class EngineConfig:
     def pages_per_row(self) -> int:
         """Page-table width of every program input: ceil(max_model_len / page_size)."""
         return -(-self.max_model_len // self.page_size)
+
+    @property
+    def request_pages(self) -> int:
+        """The pages requests draw from (the scheduler's pool): the pool before the snapshot rows'."""
+        return self.kv_pages - self.snapshot_rows * self.pages_per_row
+
+    def snapshot_pages(self, row: int) -> range:
+        """The fixed pages of snapshot row `row` (0-based among the snapshot rows)."""
+        if not 0 <= row < self.snapshot_rows:
+            raise ValueError(f"snapshot row {row} outside 0..{self.snapshot_rows - 1}")
+        start = self.request_pages + row * self.pages_per_row
+        return range(start, start + self.pages_per_row)
 
     @property
     def draft_capacity(self) -> int:
@@ -284,7 +302,7 @@ class EngineConfig:
 
         Order: prefill and scored prefill per chunk (B = 1); ordinary decode per bucket or the
         speculative programs; mixed graphs (`mixed_shapes`) when `mixed_prefill`; then the state
-        operations initialize, snapshot and restore at B = 1.
+        operations: initialize and snapshot at every request bucket, restore at B = 1.
         """
         graphs: list[GraphDescriptor] = []
         for c in self.prefill_chunks:
@@ -309,10 +327,12 @@ class EngineConfig:
             )
             graphs.extend(s.descriptor() for s in shapes)
         # Requests often start together: initialize at every request bucket, so a burst of
-        # arrivals loads its sampling state in one program instead of one program each.
-        graphs.extend(GraphDescriptor(GraphKind.INITIALIZE, b) for b in batch_buckets(self.request_slots))
-        for kind in (GraphKind.SNAPSHOT, GraphKind.RESTORE):
-            graphs.append(GraphDescriptor(kind, 1))
+        # arrivals loads its sampling state in one program instead of one program each. Their
+        # prompt-end anchors then come due together: snapshots too (RESOLUTIONS.md, 31: with
+        # single-row snapshots the sixteen-request startup trace breaks its gap bound).
+        for kind in (GraphKind.INITIALIZE, GraphKind.SNAPSHOT):
+            graphs.extend(GraphDescriptor(kind, b) for b in batch_buckets(self.request_slots))
+        graphs.append(GraphDescriptor(GraphKind.RESTORE, 1))
         return Catalog(
             name=name,
             mode="speculative" if self.speculative else "ordinary",

@@ -92,7 +92,8 @@ class EngineOptions:
       max_model_len: longest context (prompt + output); ``None``: the model's own limit, at most
         `DEFAULT_MAX_MODEL_LEN` (4096).
       page_size, kv_pages, snapshot_rows: the KV pool (``kv_pages`` ``None``: every state row at
-        full context) and the state rows that snapshots write.
+        full context) and the checkpoint rows that snapshots write (``None``: one per request
+        slot; 0: no checkpoint retention).
       dtype: "float32" or "bfloat16"; ``None``: float32 on a CPU (no bfloat16 arithmetic there),
         bfloat16 on a GPU (tensor cores; `helios_jax.prepare.default_dtype`).
       scheduler_policy: "balanced" or "throughput" (the spec's policy presets).
@@ -120,7 +121,7 @@ class EngineOptions:
     max_model_len: int | None = None
     page_size: int = 16
     kv_pages: int | None = None
-    snapshot_rows: int = 1
+    snapshot_rows: int | None = None
     dtype: str | None = None
     scheduler_policy: str = "balanced"
     scheduler_terminal_value: float | None = None
@@ -183,7 +184,8 @@ class EngineOptions:
         _check_int("page_size", self.page_size, 1)
         if self.kv_pages is not None:
             _check_int("kv_pages", self.kv_pages, 1)
-        _check_int("snapshot_rows", self.snapshot_rows, 0)
+        if self.snapshot_rows is not None:
+            _check_int("snapshot_rows", self.snapshot_rows, 0)
 
     def _check_policy(self) -> None:
         if self.scheduler_policy not in SCHEDULER_POLICIES:
@@ -345,7 +347,13 @@ def _define_context_and_memory_flags(fv: flags.FlagValues) -> None:
     flags.DEFINE_integer(
         "kv_pages", None, "KV pool pages (default: every state row at full context).", flag_values=fv
     )
-    flags.DEFINE_integer("snapshot_rows", 1, "State rows that snapshots write.", flag_values=fv)
+    flags.DEFINE_integer(
+        "snapshot_rows",
+        None,
+        "Checkpoint rows that snapshots write and restores read, each with full-context pages "
+        "(default: one per request slot; 0 turns checkpoint retention and prefix reuse off).",
+        flag_values=fv,
+    )
     flags.DEFINE_enum(
         "dtype",
         None,

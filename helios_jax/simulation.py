@@ -62,6 +62,9 @@ class SimConfig:
     seed: int = 0
     fixed_width: int | None = None
     host_overhead_ms: float = 0.0  # wall time an isolated frame adds to its device interval
+    # Serving's scheduler: checkpoint retention (an anchor at each prompt end; prompts made
+    # distinct so that every request captures its own) and an initialize before each request.
+    serving: bool = False
 
 
 class FakeExecutor:
@@ -203,12 +206,14 @@ def _start_scheduler(config: SimConfig, scheduler_factory: Callable[..., Schedul
     """The scheduler in the configured decode mode, its costs seeded from the catalog's
     measurements ("measured") or left indeterminate ("cold")."""
     mode = config.mode or (DecodeMode.ORDINARY if config.catalog.mode == "ordinary" else DecodeMode.ADAPTIVE)
+    serving = dict(checkpoints=True, initialize_requests=True) if config.serving else {}
     sched = scheduler_factory(
         config.catalog,
         mode=mode,
         policy_config=config.policy,
         fixed_width=config.fixed_width,
         max_model_len=1 << 19,
+        **serving,
     )
     if config.costs == "measured":
         sched.seed_costs(0)
@@ -306,8 +311,9 @@ class _Simulation:
             if not self.sched.can_admit(work.prompts[i], work.outputs[i]):
                 return
             self.waiting.popleft()
+            distinct = [TOKEN + 1 + i] if self.config.serving else []  # its own checkpoint
             h = self.sched.admit(
-                [TOKEN] * work.prompts[i],
+                distinct + [TOKEN] * (work.prompts[i] - len(distinct)),
                 max_output=work.outputs[i],
                 stop_token_ids=(EOS,),
                 acceptance_history=work.history,

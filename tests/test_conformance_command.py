@@ -60,7 +60,7 @@ def test_more_requests_than_slots_are_not_achievable_rather_than_failed(monkeypa
     monkeypatch.setattr(
         checks,
         "startup_trace",
-        lambda catalog, policy, n, *args: ran.append(n) or checks.Result("startup", "run", "pass", ""),
+        lambda catalog, policy, n, *args, **kw: ran.append(n) or checks.Result("startup", "run", "pass", ""),
     )
     rows = {
         r.check: r for r in checks.startup_checks(eight, PolicyConfig()) if r.check.startswith("16 requests")

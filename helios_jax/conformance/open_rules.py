@@ -46,10 +46,6 @@ OPEN: dict[str, str] = {
 }
 
 
-_CHECKPOINTS = (
-    "scheduler-only: checkpoint retention, snapshot/restore and preemption are off in serving "
-    "(the engine builds its Scheduler without checkpoints)"
-)
 _VISION = "scheduler-only: the server refuses images and prepares no vision programs"
 
 SCHEDULER_ONLY: dict[str, str] = {
@@ -68,44 +64,7 @@ SCHEDULER_ONLY: dict[str, str] = {
             "prerequisites/logical-request-kept",
             "prerequisites/private-no-prefix-cache",
             "prerequisites/private-no-host-cache",
-        )
-    },
-    **{
-        rule: _CHECKPOINTS
-        for rule in (
-            "prerequisites/first-finishes-terminal",
-            "prerequisites/terminal-age-stops",
-            "prerequisites/snapshot-preserves",
-            "prerequisites/terminal-snapshot",
-            "prerequisites/terminal-own-value",
-            "prerequisites/terminal-age-start",
-            "prerequisites/terminal-clock-no-reset",
-            "prerequisites/preemption-no-complete",
-            "prerequisites/terminal-lane-value",
-            "prerequisites/terminal-waiting-cost",
-            "prerequisites/terminal-two-stage",
-            "prerequisites/nonterminal-utility",
-            "prerequisites/terminal-same-rules",
-            "prerequisites/terminal-no-priority",
-            "prerequisites/snapshot-discovery",
-            "prerequisites/snapshot-no-credit",
-            "prerequisites/terminal-both-policies",
-            "prerequisites/snapshot-before-continuation",
-            "planning-queue/exact-endpoints",
-            "planning-queue/anchor-last-message",
-            "planning-queue/anchor-prompt-end",
-            "planning-queue/earlier-reverse",
-            "planning-queue/extra-allowance",
-            "planning-queue/unknown-no-extras",
-            "planning-queue/decode-terminal-capture",
-            "planning-queue/no-fixed-captures",
-            "planning-queue/cut-needs-destination",
-            "planning-queue/expired-copy-skip",
-            "planning-queue/guard-protects",
-            "planning-queue/mandatory-revokes",
-            "planning-queue/armed-retained",
-            "planning-queue/victim-ranking",
-            "verification/snapshot-cost-sweep",
+            "planning-queue/mandatory-revokes",  # mandatory execution: a multi-window image request
         )
     },
 }

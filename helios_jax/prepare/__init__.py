@@ -3,7 +3,7 @@
     python -m helios_jax.prepare [--model=FOLDER] [--concurrency=4] [--prefill_chunks=64,128]
         [--speculation=adaptive] [--draft_tokens=3] [--proposal_depths=1,3]
         [--speculative_token_capacity=64] [--mixed_prefill] [--max_model_len=N]
-        [--page_size=16] [--kv_pages=N] [--snapshot_rows=1] [--dtype=float32] [--measure]
+        [--page_size=16] [--kv_pages=N] [--snapshot_rows=N] [--dtype=float32] [--measure]
         [--measure_runs=5] [--catalog_out=FILE] [--compilation_cache_dir=DIR]
 
 Steps (each an importable function; the command line, `helios_jax.prepare.command`, only parses

@@ -255,21 +255,29 @@ def build_copy(config: ModelConfig, shape: ProgramShape, impl: Impl) -> ProgramF
         src = inputs.src_pages.reshape(-1)
         dst = jnp.where(valid, inputs.dst_pages, total).reshape(-1)
 
-        def move(array):
-            return array.at[dst_rows].set(array[src_rows], mode="drop")
+        def move(array, values=None):
+            values = array[src_rows] if values is None else values.astype(array.dtype)
+            return array.at[dst_rows].set(values, mode="drop")
 
+        load = inputs.load_settings.astype(bool)
+
+        def setting(array, loaded):  # the destination request's own setting, or the source's
+            mask = load.reshape(load.shape + (1,) * (array.ndim - 1))
+            return move(array, jnp.where(mask, loaded.astype(array.dtype), array[src_rows]))
+
+        cursor = jnp.where(inputs.cursor >= 0, inputs.cursor, state.cursor[src_rows])
         state = state.replace(
             target=copy_pages(state.target, src, dst),
             draft=None if state.draft is None else copy_pages(state.draft, src, dst),
-            cursor=move(state.cursor),
+            cursor=move(state.cursor, cursor),
             pending=move(state.pending),
             last_hidden=move(state.last_hidden),
-            temperature=move(state.temperature),
-            top_p=move(state.top_p),
-            top_k=move(state.top_k),
-            rng=move(state.rng),
-            coupled=move(state.coupled),
-            generated=move(state.generated),
+            temperature=setting(state.temperature, inputs.temperature),
+            top_p=setting(state.top_p, inputs.top_p),
+            top_k=setting(state.top_k, inputs.top_k),
+            rng=setting(state.rng, key_data(inputs.seed)),
+            coupled=setting(state.coupled, inputs.coupled),
+            generated=setting(state.generated, jnp.zeros_like(inputs.top_k)),
         )
         return state, None
 

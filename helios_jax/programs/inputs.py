@@ -189,6 +189,13 @@ class CopyInputs:
     Page j of lane b copies src_pages[b, j] -> dst_pages[b, j] for j < page_counts[b] in both
     KV pools (whole pages, so a partial last page is preserved); the row's small state
     (cursor, pending token, draft context, sampling settings, PRNG key, counters) follows.
+
+    Two per-lane overrides serve a restore into another request (prefix reuse): `cursor` >= 0
+    sets the destination's cursor to the checkpoint's exact token count (a row snapshotted after
+    a queued frame ran past its end holds later positions too: validity is only the cursor), and
+    `load_settings` loads the destination request's own sampling settings, a key from its seed
+    and whether its draws are keyed by that seed (generated count 0) instead of copying the
+    source's, as `initialize` would.
     """
 
     src_rows: jax.Array  # i32[B]
@@ -197,6 +204,13 @@ class CopyInputs:
     src_pages: jax.Array  # i32[B, N]
     dst_pages: jax.Array  # i32[B, N]
     page_counts: jax.Array  # i32[B]
+    cursor: jax.Array  # i32[B]; -1 copies the source row's cursor
+    load_settings: jax.Array  # bool[B]
+    temperature: jax.Array  # f32[B] (load_settings lanes)
+    top_p: jax.Array  # f32[B]
+    top_k: jax.Array  # i32[B]
+    seed: jax.Array  # u32[B]
+    coupled: jax.Array  # bool[B] (load_settings lanes): the request's draws are keyed by seed
 
 
 # -- outputs -----------------------------------------------------------------------------------
@@ -277,4 +291,17 @@ def input_spec(shape: ProgramShape):
         return InitializeInputs(
             s((b,), i32), s((b,), b8), s((b,), f32), s((b,), f32), s((b,), i32), s((b,), u32), s((b,), b8)
         )
-    return CopyInputs(s((b,), i32), s((b,), i32), s((b,), b8), s((b, n), i32), s((b, n), i32), s((b,), i32))
+    return CopyInputs(
+        s((b,), i32),
+        s((b,), i32),
+        s((b,), b8),
+        s((b, n), i32),
+        s((b, n), i32),
+        s((b,), i32),
+        s((b,), i32),
+        s((b,), b8),
+        s((b,), f32),
+        s((b,), f32),
+        s((b,), i32),
+        s((b,), u32),
+    )

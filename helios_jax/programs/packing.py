@@ -361,12 +361,7 @@ def pack_initialize(
     if not len(temperature) == len(top_p) == len(top_k) == len(seeds) == len(coupled) == n:
         raise InputError("one temperature, top_p, top_k, seed and coupled flag per lane")
     for i in range(n):
-        if not (np.isfinite(temperature[i]) and temperature[i] >= 0):
-            raise InputError(f"lane {i}: temperature {temperature[i]} must be finite and >= 0")
-        if not 0 < top_p[i] <= 1:
-            raise InputError(f"lane {i}: top_p {top_p[i]} outside (0, 1]")
-        if top_k[i] < 0:
-            raise InputError(f"lane {i}: top_k {top_k[i]} must be >= 0")
+        _check_sampling(i, temperature[i], top_p[i], top_k[i])
     lane_slots, active = _lanes(shape, slots)
 
     def column(values, dtype, fill):
@@ -393,10 +388,17 @@ def pack_copy(
     src_pages: Sequence[Sequence[int]],
     dst_pages: Sequence[Sequence[int]],
     role: str = "copy",
+    cursors: Sequence[int] | None = None,
+    settings: Sequence[Settings | None] | None = None,
 ) -> CopyInputs:
     """Row-and-page copies. Roles: "snapshot" (request slot -> snapshot row), "restore"
     (snapshot row -> request slot), "copy" (any rows). Each lane copies whole pages, the
-    partial last page included; destination pages must be distinct and not read by any lane."""
+    partial last page included; destination pages must be distinct and not read by any lane.
+
+    `cursors` (per lane, None: copy the source's) sets the destination cursor; `settings` (per
+    lane, None: copy the source's) loads (temperature, top_p, top_k, seed, coupled) like
+    `initialize`:
+    a restore into another request reuses the prefix, not the sampling of its owner."""
     _check_kind(shape, GraphKind.SNAPSHOT, GraphKind.RESTORE)
     n = len(src_rows)
     if not len(dst_rows) == len(src_pages) == len(dst_pages) == n:
@@ -431,7 +433,58 @@ def pack_copy(
         src_pages=page_table_array(shape, src_pages),
         dst_pages=page_table_array(shape, dst_pages),
         page_counts=np.array([len(p) for p in src_pages] + [0] * (shape.lanes - n), np.int32),
+        **_copy_overrides(shape, n, cursors, settings),
     )
+
+
+Settings = tuple[float, float, int, int, bool]  # temperature, top_p, top_k, seed, coupled
+
+
+def _copy_overrides(shape: ProgramShape, n: int, cursors, settings) -> dict[str, np.ndarray]:
+    """CopyInputs' per-lane cursor and settings overrides (-1 and unloaded: copy the source)."""
+    b = shape.lanes
+    cursor = np.full((b,), -1, np.int32)
+    if cursors is not None:
+        if len(cursors) != n:
+            raise InputError("one cursor (or None) per lane")
+        for i, c in enumerate(cursors):
+            if c is None:
+                continue
+            if int(c) < 0:
+                raise InputError(f"lane {i}: cursor {c} must be >= 0")
+            cursor[i] = int(c)
+    out = dict(
+        cursor=cursor,
+        load_settings=np.zeros((b,), bool),
+        temperature=np.zeros((b,), np.float32),
+        top_p=np.ones((b,), np.float32),
+        top_k=np.zeros((b,), np.int32),
+        seed=np.zeros((b,), np.uint32),
+        coupled=np.zeros((b,), bool),
+    )
+    if settings is None:
+        return out
+    if len(settings) != n:
+        raise InputError("one settings tuple (or None) per lane")
+    for i, each in enumerate(settings):
+        if each is None:
+            continue
+        temperature, top_p, top_k, seed, coupled = each
+        _check_sampling(i, temperature, top_p, top_k)
+        out["load_settings"][i] = True
+        out["temperature"][i], out["top_p"][i], out["top_k"][i] = temperature, top_p, top_k
+        out["seed"][i] = int(seed) % (1 << 32)
+        out["coupled"][i] = bool(coupled)
+    return out
+
+
+def _check_sampling(i: int, temperature: float, top_p: float, top_k: int) -> None:
+    if not (np.isfinite(temperature) and temperature >= 0):
+        raise InputError(f"lane {i}: temperature {temperature} must be finite and >= 0")
+    if not 0 < top_p <= 1:
+        raise InputError(f"lane {i}: top_p {top_p} outside (0, 1]")
+    if top_k < 0:
+        raise InputError(f"lane {i}: top_k {top_k} must be >= 0")
 
 
 def pack_snapshot(shape: ProgramShape, **kwargs) -> CopyInputs:

@@ -5,7 +5,9 @@ A request's life here (numbers match ARCHITECTURE.md, "A request's life"):
 1. ``submit`` (any thread) queues a :class:`GenerationRequest` and returns its stream.
 2. The loop admits waiting requests in arrival order while a request slot and the KV pages of
    their whole execution ceiling are free (the scheduler reserves them). Every request starts
-   with an ``initialize`` program that loads its sampling settings into its state row.
+   with an ``initialize`` program that loads its sampling settings into its state row, or with a
+   ``restore`` of a stored checkpoint its prompt extends (``runtime/state_copies.py``). A head of
+   the queue refused long enough preempts a decoding request (``runtime/preemption.py``).
 3. ``advance_to(now)``, ``plan()``, ``commit(plan, fence)``, then the executor packs the frame's
    inputs and dispatches the prepared program. Up to two frames are in flight: ordinary decode
    and complete speculative generation may be queued behind another; everything else, and every
@@ -42,15 +44,16 @@ from helios_jax.engine_config import EngineConfig
 from helios_jax.engine_options import EngineOptions
 from helios_jax.prepare import load_engine_model, prepare, warm_up
 from helios_jax.runtime.api import GenerationRequest, RequestStream, StreamEvent, program_seed
-from helios_jax.runtime.compilations import render_compilations
 from helios_jax.runtime.copying import CopySource
 from helios_jax.runtime.detokenize import TextStream
 from helios_jax.runtime.executor import Dispatch, Executor, RequestInputs, completion_records, survival_rows
 from helios_jax.runtime.faults import FaultContainment
 from helios_jax.runtime.logprobs import lane_logprobs
+from helios_jax.runtime.preemption import Preemptions, continuation
+from helios_jax.runtime.scheduling import build_scheduler
+from helios_jax.runtime.state_copies import CheckpointStats, StateCopies
 from helios_jax.runtime.tokenizer import HFTokenizer
 from helios_jax.scheduler.config import PolicyConfig
-from helios_jax.scheduler.core import Scheduler
 
 log = logging.getLogger("helios_jax.engine")
 
@@ -66,6 +69,9 @@ class _Active:
     prompt_logprobs: list | None = None
     prompt_logprobs_sent: bool = False
     done: bool = False
+    output: list[int] = dataclasses.field(default_factory=list)  # every token produced so far
+    admission: GenerationRequest | None = None  # a preempted request's continuation, once queued
+    queued_ns: int = 0  # when it joined the admission queue (the preemption delay counts from here)
 
 
 class HeliosEngine(FaultContainment):
@@ -89,21 +95,12 @@ class HeliosEngine(FaultContainment):
         self.tokenizer = tokenizer
         self.config = engine_config
         self.catalog = engine_config.catalog(model_name)
-        draft = max(engine_config.proposal_depths, default=0) if engine_config.speculative else 0
+        self.scheduler = build_scheduler(self.catalog, engine_config, policy_config)
         # The scheduler's context leaves room for the draft storage a speculative round writes.
-        self.max_model_len = engine_config.max_model_len - draft
-        fixed_width = max(engine_config.proposal_depths) + 1 if engine_config.speculation == "fixed" else None
-        self.scheduler = Scheduler(
-            self.catalog,
-            mode=engine_config.decode_mode,
-            policy_config=policy_config or PolicyConfig(),
-            fixed_width=fixed_width,
-            page_size=engine_config.page_size,
-            kv_pages=engine_config.kv_pages,
-            max_model_len=self.max_model_len,
-            draft_storage=draft,
-            initialize_requests=True,
-        )
+        self.max_model_len = self.scheduler.max_model_len
+        self.checkpoint_stats = CheckpointStats()
+        self.preemptions = Preemptions(self.scheduler)
+        draft = max(engine_config.proposal_depths, default=0) if engine_config.speculative else 0
         has_mtp = model_config is None or model_config.has_mtp
         self._copies = CopySource(self.scheduler, engine_config.proposal_source, draft, learned=has_mtp)
         if programs is None:
@@ -114,7 +111,8 @@ class HeliosEngine(FaultContainment):
         # built without a model, take the tokenizer's).
         self.vocab_size = model_config.vocab_size if model_config is not None else tokenizer.vocab_size
         self._programs = programs
-        self.executor = Executor(programs, params, programs.init_state())
+        copies = StateCopies(engine_config, self.scheduler.captures.checkpoints)
+        self.executor = Executor(programs, params, programs.init_state(), copies=copies.pack)
         self._degraded = False  # rebuilding the device state after a failed program
         self._events: queue.Queue = queue.Queue()
         self._waiting: list[_Active] = []
@@ -155,37 +153,14 @@ class HeliosEngine(FaultContainment):
         return stream
 
     def metrics_text(self) -> str:
-        from helios_jax.serve.metrics import render_scheduler_stats
+        from helios_jax.serve.engine_metrics import render_engine
 
-        lines = [
-            render_scheduler_stats(self.scheduler.stats()),
-            "# HELP helios_graph_executions_total Completed executions per prepared program.",
-            "# TYPE helios_graph_executions_total counter",
-        ]
-        for name, n in sorted(self.executor.graph_counts.items()):
-            lines.append(f'helios_graph_executions_total{{graph="{name}"}} {n}')
-        lines += [
-            "# HELP helios_graph_device_seconds_total Device time per prepared program.",
-            "# TYPE helios_graph_device_seconds_total counter",
-        ]
-        for name, ns in sorted(self.executor.graph_ns.items()):
-            lines.append(f'helios_graph_device_seconds_total{{graph="{name}"}} {ns / 1e9:.6f}')
-        lines += [
-            "# HELP helios_frame_observations_total How the engine loop observed completed frames: "
-            "waited (stamped on wake-up), polled (between host tasks), late (found finished when the "
-            "wait began), missing_interval (stamped too late to exclude host time: no cost sample).",
-            "# TYPE helios_frame_observations_total counter",
-        ]
-        for kind, n in sorted(self.executor.observations.items()):
-            lines.append(f'helios_frame_observations_total{{observation="{kind}"}} {n}')
-        lines.append(render_compilations().rstrip("\n"))
-        lines += [
-            "# TYPE helios_engine_waiting_requests gauge",
-            f"helios_engine_waiting_requests {len(self._waiting)}",
-            "# TYPE helios_engine_resident_requests gauge",
-            f"helios_engine_resident_requests {len(self.scheduler.requests)}",
-        ]
-        return "\n".join(lines) + "\n"
+        return render_engine(self)
+
+    @property
+    def waiting(self) -> int:
+        """Requests queued for admission (preempted ones awaiting their continuation included)."""
+        return len(self._waiting)
 
     def shutdown(self) -> None:
         self._stop.set()
@@ -231,6 +206,7 @@ class HeliosEngine(FaultContainment):
         kind, payload = event
         if kind == "submit":
             self._by_id[payload.request.request_id] = payload
+            payload.queued_ns = self._now()
             self._waiting.append(payload)
         elif kind == "cancel":
             self._cancel(payload)
@@ -283,8 +259,9 @@ class HeliosEngine(FaultContainment):
     def _admit(self) -> None:
         while self._waiting:
             active = self._waiting[0]
-            req = active.request
+            req = active.admission or active.request
             if not self.scheduler.can_admit(len(req.prompt_tokens), req.sampling.max_tokens):
+                self._consider_preemption(active, req)
                 return
             self._waiting.pop(0)
             s = req.sampling
@@ -313,6 +290,25 @@ class HeliosEngine(FaultContainment):
             if s.prompt_logprobs:
                 active.prompt_logprobs = [None] * len(req.prompt_tokens)
             self._by_rid[handle.rid] = active
+
+    def _consider_preemption(self, active: _Active, request: GenerationRequest) -> None:
+        """Preempt for the refused head of the queue (``runtime/preemption.py``); a victim whose
+        state is not captured continues at once, a captured one when its capture completes."""
+        victim, capturing = self.preemptions.consider(request, (self._now() - active.queued_ns) / 1e6)
+        if victim is not None:
+            self.checkpoint_stats.preemptions += 1
+            if not capturing:
+                self._resume(self._by_rid[victim.rid])
+
+    def _resume(self, active: _Active) -> None:
+        """A preempted request continues as a new admission, behind the requests waiting now."""
+        request = continuation(active.request, active.output)
+        if request is None:
+            self._finish(active, "length")
+            return
+        active.admission, active.queued_ns = request, self._now()
+        self.checkpoint_stats.continuations += 1
+        self._waiting.append(active)
 
     def _cancel(self, request_id: str) -> None:
         active = self._by_id.pop(request_id, None)
@@ -350,6 +346,7 @@ class HeliosEngine(FaultContainment):
             return
         timing = frame.timing()
         graph = plan.graph
+        self.checkpoint_stats.observe(plan, self.scheduler.captures.checkpoints)
         depth = graph.proposal_depth if graph.kind in (GraphKind.SPECULATIVE, GraphKind.MIXED) else 0
         if depth > 0:
             sidecar = np.asarray(outputs.sidecar)
@@ -387,6 +384,9 @@ class HeliosEngine(FaultContainment):
                 active.prompt_logprobs[pos] = float(v)
 
     def _publish(self, active: _Active, generated, fence: int, scores=None) -> None:
+        if generated.finish_reason == "preempted":  # its terminal capture completed: no tokens
+            self._resume(active)  # the continuation restores it; the text stream stays open
+            return
         tokens = generated.tokens
         sampling = active.request.sampling
         fields = {}
@@ -395,6 +395,7 @@ class HeliosEngine(FaultContainment):
                 raise ValueError(f"no log-probabilities for {active.request.request_id}")
             fields = scores.event_fields(len(tokens), sampling.top_logprobs)
         active.completion_tokens += len(tokens)
+        active.output.extend(tokens)
         text = active.text.feed(tokens, final=generated.finished)
         first = None
         if active.prompt_logprobs is not None and not active.prompt_logprobs_sent:

@@ -160,7 +160,7 @@ def pack_inputs(program, plan: ScheduledPlan, info: Mapping[int, RequestInputs])
             prompt_ends=ends,
             copy_proposals=copy_proposals(req, plan.graph.token_capacity - 1, row),
         )
-    raise ValueError(f"the engine does not run {kind.value} programs (checkpoints and images are off)")
+    raise ValueError(f"{kind.value} programs need the executor's state copies (images are not served)")
 
 
 def copy_proposals(req, depth: int, prompt_row: int | None = None):
@@ -253,8 +253,19 @@ class Executor:
     ``is_ready`` are observed only by blocking waits.
     """
 
-    def __init__(self, programs: Mapping, params, state, *, clock: Callable[[], int] = time.perf_counter_ns):
+    def __init__(
+        self,
+        programs: Mapping,
+        params,
+        state,
+        *,
+        clock: Callable[[], int] = time.perf_counter_ns,
+        copies: Callable | None = None,
+    ):
         self.programs = programs
+        # Snapshot and restore inputs: (program, plan, request inputs) -> the copy's inputs
+        # (``runtime.state_copies.StateCopies.pack``: they need the checkpoint rows' geometry).
+        self.copies = copies
         self.params = params
         self.state = state
         self.clock = clock
@@ -271,6 +282,8 @@ class Executor:
         query lengths or ceilings) depend only on the lanes and their requests' fixed host data,
         so while the same lanes run the same program (every step of a steady batch) the packed
         inputs of the last call are reused: nothing is packed or transferred again."""
+        if plan.graph.kind in (GraphKind.SNAPSHOT, GraphKind.RESTORE) and self.copies is not None:
+            return self.copies(program, plan, info)
         if plan.graph.kind not in (GraphKind.DECODE, GraphKind.SPECULATIVE):
             return pack_inputs(program, plan, info)
         key = tuple(

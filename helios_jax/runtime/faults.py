@@ -20,6 +20,7 @@ import dataclasses
 import logging
 
 from helios_jax.runtime.api import GenerationRequest, SamplingParams, StreamEvent
+from helios_jax.runtime.state_copies import forget_stored
 from helios_jax.scheduler.plan import CompletionRecord, ExecutionTiming
 from helios_jax.scheduler.view import LaneRole
 
@@ -122,6 +123,7 @@ class FaultContainment:
             if undispatched is not None:
                 self._complete_empty(*undispatched)
             self.executor.reset(self._programs.init_state())
+            forget_stored(self.scheduler.captures.checkpoints)  # the fresh state holds none
         finally:
             self._degraded = False
 

@@ -112,3 +112,47 @@ def test_initialize_resets_the_row(spec_programs, params):
     d.initialize(3, temperature=0.0, seed=1)
     assert d.row(3) == dict(cursor=0, pending=0, generated=0)
     assert float(d.state.temperature[3]) == 0.0 and int(d.state.top_k[3]) == 0
+
+
+@spec("prerequisites/snapshot-preserves")
+def test_a_restore_into_another_request_loads_its_settings_at_the_exact_cursor(spec_programs, params):
+    """Prefix reuse: a snapshot of the first 8 prompt tokens (the row ran on to 13: the cursor is
+    set, not copied), restored into a request with other sampling settings, then the rest of the
+    prompt prefilled there, samples what a cold prefill of the whole prompt samples and keeps
+    decoding alike; the restored row carries the new request's settings, a key from its seed and
+    a zero generated count."""
+    from helios_jax.programs.state import key_data
+
+    d = Driver(spec_programs, params, seed=6)
+    d.initialize(0, temperature=1.0, top_k=20, seed=123)
+    d.prefill(0, PROMPT)
+    keep = 8
+    pages = -(-keep // PAGE_SIZE)
+    d.run(
+        _snapshot(d),
+        src_rows=[0],
+        dst_rows=[SNAPSHOT_ROW],
+        src_pages=[d.pages[0][:pages]],
+        dst_pages=[d.pages[SNAPSHOT_ROW][:pages]],
+        cursors=[keep],
+    )
+    assert d.row(SNAPSHOT_ROW)["cursor"] == keep
+    d.initialize(2, temperature=0.7, seed=5)
+    d.run(
+        _restore(d),
+        src_rows=[SNAPSHOT_ROW],
+        dst_rows=[2],
+        src_pages=[d.pages[SNAPSHOT_ROW][:pages]],
+        dst_pages=[d.pages[2][:pages]],
+        cursors=[keep],
+        settings=[(0.0, 0.9, 3, 77, True)],
+    )
+    assert d.row(2)["cursor"] == keep and d.row(2)["generated"] == 0
+    assert float(d.state.temperature[2]) == 0.0 and int(d.state.top_k[2]) == 3
+    assert float(d.state.top_p[2]) == pytest.approx(0.9) and bool(d.state.coupled[2])
+    np.testing.assert_array_equal(np.asarray(d.state.rng[2]), np.asarray(key_data(np.uint32(77))))
+    restored, _ = d.prefill(2, PROMPT[keep:])
+    d.initialize(3, temperature=0.0)
+    cold, _ = d.prefill(3, PROMPT)
+    assert restored == cold
+    assert _continue(d, 2)[0] == _continue(d, 3)[0]

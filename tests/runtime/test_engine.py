@@ -22,11 +22,19 @@ from .helpers import model, tokenizer
 spec = pytest.mark.spec
 
 
+REQUEST_PAGES = 80  # fewer than four full-context requests: page pressure before slot pressure
+
+
 @pytest.fixture(scope="module")
 def engine():
     config, params = model()
     ec = EngineConfig(
-        request_slots=4, prefill_chunks=(64, 256), speculation="adaptive", draft_tokens=3, max_model_len=512
+        request_slots=4,
+        prefill_chunks=(64, 256),
+        speculation="adaptive",
+        draft_tokens=3,
+        max_model_len=512,
+        kv_pages=4 * 32 + REQUEST_PAGES,  # four snapshot rows at full context, then the requests'
     )
     eng = HeliosEngine(
         model_config=config, params=params, tokenizer=tokenizer(), engine_config=ec, check_invariants=True
@@ -394,3 +402,124 @@ def test_a_request_naming_an_unknown_source_is_refused(engine):
     request = GenerationRequest("bad-source", (1, 2, 3), SamplingParams(max_tokens=2), proposal_source="mtp")
     with pytest.raises(ValueError, match="proposal_source"):
         engine.submit(request)
+
+
+# == checkpoints in serving ===================================================================
+def _checkpoint_counts(engine) -> dict:
+    stats = engine.checkpoint_stats
+    return dict(
+        restores=stats.restores,
+        restored=stats.restored_tokens,
+        snapshots=sum(stats.snapshots.values()),
+        preemptions=stats.preemptions,
+        continuations=stats.continuations,
+    )
+
+
+def _settle(engine) -> None:
+    """Wait until every request retired (terminal captures included)."""
+    deadline = time.time() + 60
+    while engine.scheduler.requests and time.time() < deadline:
+        time.sleep(0.02)
+    assert not engine.scheduler.requests
+
+
+@spec(
+    "planning-queue/anchor-prompt-end",
+    "prerequisites/snapshot-preserves",
+    "verification/runtime-phase-coverage",
+)
+def test_a_snapshot_and_a_restore_serve_plain_greedy_text(engine):
+    """The first request captures its prompt end (an anchor snapshot) and keeps decoding; the
+    second, whose prompt extends it, restores it and prefills only the rest. Both texts equal
+    plain greedy decoding of their whole prompts (a cold run)."""
+    tok = tokenizer()
+    first = tok.encode("import os\nimport sys\nprint(os.getcwd(), sys.argv)\n")
+    before = _checkpoint_counts(engine)
+    _, tokens = run(engine, "ck0", first, max_tokens=12, temperature=0.0)
+    assert tokens == offline_greedy(first, len(tokens))
+    _settle(engine)
+    assert _checkpoint_counts(engine)["snapshots"] > before["snapshots"]
+    second = first + tok.encode("for i in range(10):\n    print(i)\n")
+    restored = _checkpoint_counts(engine)
+    events, tokens = run(engine, "ck1", second, max_tokens=12, temperature=0.0)
+    assert tokens == offline_greedy(second, len(tokens))
+    after = _checkpoint_counts(engine)
+    assert after["restores"] == restored["restores"] + 1
+    assert after["restored"] - restored["restored"] >= len(first)  # only the rest was prefilled
+    assert events[-1].prompt_tokens == len(second)
+    text = engine.metrics_text()
+    assert f"helios_checkpoint_restores_total {after['restores']}" in text
+    assert 'helios_checkpoint_snapshots_total{role="anchor"}' in text
+
+
+def _chat(tok, turns: list[tuple[str, str]]) -> tuple[list[int], tuple[int, ...]]:
+    """A chat-template prompt (im_start/im_end) and its message endpoints, ending with the
+    assistant's header (as the server's template does)."""
+    ids, ends = [], []
+    for role, text in turns:
+        ids += tok.encode(f"<|im_start|>{role}\n{text}<|im_end|>\n")
+        ends.append(len(ids))
+    ids += tok.encode("<|im_start|>assistant\n")
+    return ids, tuple(ends)
+
+
+@spec("planning-queue/anchor-last-message", "planning-queue/exact-endpoints")
+def test_the_second_turn_of_a_chat_restores_the_first(engine):
+    """Turn two's prompt repeats turn one's conversation: it restores a checkpoint of at least
+    turn one's messages and prefills only the rest; its text is plain greedy decoding."""
+    tok = tokenizer()
+    history = [("system", "You write short python."), ("user", "def f(x):\n    return x + 1\n")]
+    prompt, ends = _chat(tok, history)
+    request = GenerationRequest("chat0", tuple(prompt), SamplingParams(max_tokens=10, temperature=0.0), ends)
+    reply = [t for e in engine.submit(request) for t in e.token_ids]
+    assert reply == offline_greedy(prompt, len(reply))
+    _settle(engine)
+    history += [("assistant", tok.decode(reply)), ("user", "hello world, the quick brown fox")]
+    prompt2, ends2 = _chat(tok, history)
+    before = _checkpoint_counts(engine)
+    request = GenerationRequest(
+        "chat1", tuple(prompt2), SamplingParams(max_tokens=10, temperature=0.0), ends2
+    )
+    second = [t for e in engine.submit(request) for t in e.token_ids]
+    after = _checkpoint_counts(engine)
+    assert second == offline_greedy(prompt2, len(second))
+    assert after["restores"] == before["restores"] + 1
+    assert after["restored"] - before["restored"] >= ends[-1]  # turn one's messages at least
+
+
+@spec("prerequisites/preemption-no-complete", "prerequisites/terminal-age-start")
+def test_preemption_under_page_pressure_still_serves_plain_greedy_text(engine):
+    """Three long requests, two of which fill the pool's pages while two slots stay free: the
+    third preempts a decoding request (no delay); the victim continues as its prompt plus its
+    output (restoring its captured state, or recomputing it) and every text equals plain greedy
+    decoding."""
+    tok = tokenizer()
+    base = tok.encode("hello world, the quick brown fox jumps over the lazy dog\n")
+    prompts = [tok.encode(f"# task {i}\n") + base * 13 for i in range(3)]
+    need = -(-(len(prompts[0]) + 8) // engine.config.page_size)
+    assert 2 * need <= REQUEST_PAGES < 3 * need  # two fit, the third waits for pages
+    before = _checkpoint_counts(engine)
+    delay = engine.preemptions.delay_ms
+    engine.preemptions.delay_ms = 0.0
+    try:
+        streams = [
+            engine.submit(
+                GenerationRequest(f"pre{i}", tuple(p), SamplingParams(max_tokens=8, temperature=0.0))
+            )
+            for i, p in enumerate(prompts)
+        ]
+        results = [list(s) for s in streams]
+    finally:
+        engine.preemptions.delay_ms = delay
+    after = _checkpoint_counts(engine)
+    assert after["preemptions"] > before["preemptions"]
+    assert after["continuations"] > before["continuations"]
+    for p, events in zip(prompts, results):
+        tokens = [t for e in events for t in e.token_ids]
+        assert events[-1].finish_reason in ("length", "stop")
+        assert events[-1].completion_tokens == len(tokens) and events[-1].prompt_tokens == len(p)
+        assert tokens == offline_greedy(p, len(tokens))
+    assert f"helios_preemptions_total {after['preemptions']}" in engine.metrics_text()
+    print("preemption", {k: after[k] - before[k] for k in after})
+    _settle(engine)

@@ -46,7 +46,7 @@ def test_the_sample_covers_the_kinds_the_docstring_names():
 @pytest.mark.exhaustive
 def test_startup_bounds_hold_on_generated_catalogs(index):
     member = MEMBERS[index]
-    results = checks.startup_checks(member.catalog, PolicyConfig())
+    results = checks.startup_checks(member.catalog, PolicyConfig(), serving=False)
     counts = checks.tally(results)
     assert counts["runnable"] >= 2
     if member.catalog.request_slots < 16:

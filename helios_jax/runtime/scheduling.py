@@ -1,0 +1,37 @@
+"""The scheduler an engine serves with, built from its `EngineConfig`.
+
+- the context the scheduler plans for leaves room for the draft storage a speculative round
+  writes past the committed tokens (the deepest proposal depth);
+- ``speculation="fixed"`` binds every round to the widest captured width;
+- requests draw KV pages from ``EngineConfig.request_pages``: the snapshot rows' fixed pages at
+  the end of the pool are never a request's (``runtime/state_copies.py``);
+- checkpoint retention (conversation anchors from chat message endpoints, prompt ends, extras and
+  terminal captures, the prefix cache and the snapshots preemption takes) is on whenever the
+  engine has snapshot rows, one per request slot by default (docs/checkpoints.md);
+- every request starts with an ``initialize`` (or a ``restore``, which loads its settings too).
+"""
+
+from __future__ import annotations
+
+from helios_jax.catalog import Catalog
+from helios_jax.engine_config import EngineConfig
+from helios_jax.scheduler.config import PolicyConfig
+from helios_jax.scheduler.core import Scheduler
+
+
+def build_scheduler(catalog: Catalog, config: EngineConfig, policy_config: PolicyConfig | None) -> Scheduler:
+    draft = max(config.proposal_depths, default=0) if config.speculative else 0
+    fixed_width = max(config.proposal_depths) + 1 if config.speculation == "fixed" else None
+    return Scheduler(
+        catalog,
+        mode=config.decode_mode,
+        policy_config=policy_config or PolicyConfig(),
+        fixed_width=fixed_width,
+        page_size=config.page_size,
+        kv_pages=config.request_pages,
+        max_model_len=config.max_model_len - draft,
+        draft_storage=draft,
+        initialize_requests=True,
+        snapshot_rows=config.snapshot_rows,
+        checkpoints=config.snapshot_rows > 0,
+    )

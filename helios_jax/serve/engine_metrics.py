@@ -1,0 +1,82 @@
+"""The real engine's Prometheus text: scheduler series, per-program executions and device time,
+frame observations, compilations, queue gauges, and checkpoint work (snapshots by role,
+restores and the prompt tokens they supplied, preemptions and continuations).
+
+The engine keeps plain counters (``executor.graph_counts``, ``runtime.state_copies.CheckpointStats``);
+this module is the only place that formats them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from helios_jax.runtime.compilations import render_compilations
+from helios_jax.serve.metrics import render_scheduler_stats
+
+if TYPE_CHECKING:
+    from helios_jax.runtime.engine import HeliosEngine
+    from helios_jax.runtime.state_copies import CheckpointStats
+
+
+def _family(name: str, kind: str, help_text: str) -> list[str]:
+    return [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
+
+
+def render_checkpoint_stats(stats: CheckpointStats) -> list[str]:
+    """Snapshots by role, restores, restored prompt tokens, preemptions and continuations."""
+    lines = _family(
+        "helios_checkpoint_snapshots_total",
+        "counter",
+        "Completed snapshots into checkpoint rows, by the capture's role (anchor, extra, terminal).",
+    )
+    for role in sorted(set(stats.snapshots) | {"anchor", "extra", "terminal"}):
+        lines.append(f'helios_checkpoint_snapshots_total{{role="{role}"}} {stats.snapshots.get(role, 0)}')
+    lines += _family(
+        "helios_checkpoint_restores_total", "counter", "Completed restores of a stored checkpoint."
+    )
+    lines.append(f"helios_checkpoint_restores_total {stats.restores}")
+    lines += _family(
+        "helios_checkpoint_restored_tokens_total",
+        "counter",
+        "Prompt tokens supplied by restores instead of prefill (prefix reuse).",
+    )
+    lines.append(f"helios_checkpoint_restored_tokens_total {stats.restored_tokens}")
+    lines += _family("helios_preemptions_total", "counter", "Requests preempted for a waiting request.")
+    lines.append(f"helios_preemptions_total {stats.preemptions}")
+    lines += _family(
+        "helios_preemption_continuations_total",
+        "counter",
+        "Preempted requests resumed (restoring their captured state or recomputing it).",
+    )
+    lines.append(f"helios_preemption_continuations_total {stats.continuations}")
+    return lines
+
+
+def render_engine(engine: HeliosEngine) -> str:
+    """Every series of one engine, as Prometheus text."""
+    executor = engine.executor
+    lines = [render_scheduler_stats(engine.scheduler.stats())]
+    lines += _family("helios_graph_executions_total", "counter", "Completed executions per prepared program.")
+    for name, n in sorted(executor.graph_counts.items()):
+        lines.append(f'helios_graph_executions_total{{graph="{name}"}} {n}')
+    lines += _family("helios_graph_device_seconds_total", "counter", "Device time per prepared program.")
+    for name, ns in sorted(executor.graph_ns.items()):
+        lines.append(f'helios_graph_device_seconds_total{{graph="{name}"}} {ns / 1e9:.6f}')
+    lines += _family(
+        "helios_frame_observations_total",
+        "counter",
+        "How the engine loop observed completed frames: "
+        "waited (stamped on wake-up), polled (between host tasks), late (found finished when the "
+        "wait began), missing_interval (stamped too late to exclude host time: no cost sample).",
+    )
+    for kind, n in sorted(executor.observations.items()):
+        lines.append(f'helios_frame_observations_total{{observation="{kind}"}} {n}')
+    lines.append(render_compilations().rstrip("\n"))
+    lines += render_checkpoint_stats(engine.checkpoint_stats)
+    lines += [
+        "# TYPE helios_engine_waiting_requests gauge",
+        f"helios_engine_waiting_requests {engine.waiting}",
+        "# TYPE helios_engine_resident_requests gauge",
+        f"helios_engine_resident_requests {len(engine.scheduler.requests)}",
+    ]
+    return "\n".join(lines) + "\n"
