@@ -304,4 +304,5 @@ def input_spec(shape: ProgramShape):
         s((b,), f32),
         s((b,), i32),
         s((b,), u32),
+        s((b,), b8),
     )
