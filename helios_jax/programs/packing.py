@@ -352,14 +352,17 @@ def pack_initialize(
     top_k: Sequence[int],
     seeds: Sequence[int],
     coupled: Sequence[bool] | None = None,
+    logprobs: Sequence[bool] | None = None,
 ) -> InitializeInputs:
     """Rows for new requests. `coupled[i]`: lane i's draws are keyed by its seed and position
-    (requests that set a seed; RESOLUTIONS.md 30); None: no lane is."""
+    (requests that set a seed; RESOLUTIONS.md 30); `logprobs[i]`: lane i's programs score the
+    tokens they emit (`scores.py`); None: no lane is / does."""
     _check_kind(shape, GraphKind.INITIALIZE)
     n = len(slots)
     coupled = [False] * n if coupled is None else list(coupled)
-    if not len(temperature) == len(top_p) == len(top_k) == len(seeds) == len(coupled) == n:
-        raise InputError("one temperature, top_p, top_k, seed and coupled flag per lane")
+    logprobs = [False] * n if logprobs is None else list(logprobs)
+    if not len(temperature) == len(top_p) == len(top_k) == len(seeds) == len(coupled) == len(logprobs) == n:
+        raise InputError("one temperature, top_p, top_k, seed, coupled and logprobs flag per lane")
     for i in range(n):
         if not (np.isfinite(temperature[i]) and temperature[i] >= 0):
             raise InputError(f"lane {i}: temperature {temperature[i]} must be finite and >= 0")
@@ -382,6 +385,7 @@ def pack_initialize(
         top_k=column(top_k, np.int32, 0),
         seed=column(np.asarray(seeds, np.int64) % (1 << 32), np.uint32, 0),
         coupled=column(np.asarray(coupled, bool), bool, False),
+        logprobs=column(np.asarray(logprobs, bool), bool, False),
     )
 
 

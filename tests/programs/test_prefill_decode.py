@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from helios_jax.model import forward_full_logits
+from helios_jax.programs.inputs import TOP_LOGPROBS
 
 from .helpers import DECODE, MODEL, Driver, emitted, greedy_reference, reliable_prefix
 
@@ -23,16 +24,25 @@ PROMPTS = {
 
 
 def test_scored_prefill_returns_prompt_logprobs(spec_programs, params):
+    """Each prompt token's score and its TOP_LOGPROBS most probable alternatives (ids and
+    values, most probable first) are log_softmax of the full forward's logits one position
+    earlier, across the chunk boundary too."""
     d = Driver(spec_programs, params, seed=2)
     prompt = PROMPTS[0]
     d.initialize(0)
-    first, logprobs = d.prefill(0, prompt, scored=True)
+    tops = []
+    first, logprobs = d.prefill(0, prompt, scored=True, tops=tops)
     logits = np.asarray(forward_full_logits(MODEL, params, np.asarray(prompt, np.int32)), np.float64)
-    want = jax.nn.log_softmax(logits, axis=-1)
-    assert np.isnan(logprobs[0])  # nothing predicts a request's first token
+    want = np.asarray(jax.nn.log_softmax(logits, axis=-1))
+    assert np.isnan(logprobs[0]) and np.isnan(tops[0][0]).all()  # nothing predicts the first token
     np.testing.assert_allclose(
         logprobs[1:], [want[i - 1, prompt[i]] for i in range(1, len(prompt))], atol=1e-4
     )
+    assert len(tops) == len(prompt) and tops[1][0].shape == (TOP_LOGPROBS,)
+    for i in range(1, len(prompt)):
+        values, ids = tops[i]
+        np.testing.assert_allclose(values, np.sort(want[i - 1])[::-1][:TOP_LOGPROBS], atol=1e-4)
+        np.testing.assert_allclose(values, want[i - 1][ids], atol=1e-4)  # the ids match the values
     assert first == int(np.argmax(logits[-1]))
     assert d.row(0)["cursor"] == len(prompt)
 

@@ -36,7 +36,7 @@ def _continue(d, slot, rounds=4):
 )
 def test_snapshot_restore_continues_like_uninterrupted_decoding(spec_programs, params):
     d = Driver(spec_programs, params, seed=3)
-    d.initialize(0, temperature=1.0, top_k=20, seed=123)
+    d.initialize(0, temperature=1.0, top_k=20, seed=123, logprobs=True)
     d.prefill(0, PROMPT)
     for _ in range(2):
         d.run(RECT, slots=[0], page_tables=d.tables([0]), query_lengths=[3])
@@ -72,6 +72,7 @@ def test_snapshot_restore_continues_like_uninterrupted_decoding(spec_programs, p
     assert d.row(2)["cursor"] == cursor
     np.testing.assert_array_equal(np.asarray(d.state.rng[2]), saved["rng"])
     assert bool(d.state.coupled[2]) == bool(saved["coupled"])
+    assert bool(d.state.logprobs[2])  # the log-probability gate's flag travels with the row
     got_tokens, got_conf = _continue(d, 2)
     assert got_tokens == want_tokens
     np.testing.assert_allclose(got_conf, want_conf, atol=1e-6)
