@@ -1,7 +1,7 @@
 """Generated tokens' log-probabilities, from a program's outputs to a request's stream events.
 
 Every generation program reports, per output token, its log-probability and the TOP_LOGPROBS
-most probable alternatives under the raw model distribution (``round.token_logprobs``;
+most probable alternatives under the raw model distribution (``scores.token_logprobs``;
 docs/programs.md, "Log-probabilities"). A lane's values are aligned with its completion
 record's tokens; the scheduler publishes a prefix of them (a stop token or the output limit may
 cut the rest), so an event takes the first ``len(tokens)`` entries.
@@ -32,6 +32,8 @@ class LaneLogprobs:
         """StreamEvent fields for the first `n` tokens, with `top` alternatives each."""
         if n > len(self.logprobs):
             raise ValueError(f"{n} tokens published, {len(self.logprobs)} scored")
+        if not np.isfinite(self.logprobs[:n]).all():  # NaN: the frame skipped scoring (scores.py)
+            raise ValueError("tokens published unscored: the request's row has no logprobs flag")
         values = tuple(float(v) for v in self.logprobs[:n])
         if top <= 0:
             return dict(token_logprobs=values)
