@@ -7,7 +7,7 @@ adaptive speculation, so prefill, decode and speculative programs all score toke
 value is compared with log_softmax of Qwen3ForCausalLM's logits over the whole sequence; prints
 the largest absolute errors and exits 1 above 1e-3.
 
-    PYTHONPATH=. python scripts/logprobs_vs_transformers.py   # measured: largest error 4.2e-06
+    PYTHONPATH=. python scripts/logprobs_vs_transformers.py   # measured: largest error 8.8e-06
 """
 
 from __future__ import annotations
