@@ -74,16 +74,16 @@ def build_prefill(config: ModelConfig, shape: ProgramShape, impl: Impl) -> Progr
             copy_tokens=copy_tokens,
             copy_lengths=copy_lengths,
         )
-        state, out, logprobs = packed_round(
+        state, out, prompt_scores = packed_round(
             config, params, state, x, plan, impl, sidecar_shape=_sidecar_shape(shape)
         )
         return state, PrefillOutputs(
             tokens=out.tokens[:, 0],
             counts=out.counts,
-            prompt_logprobs=logprobs,
             logprobs=out.logprobs[:, 0],
             top_logprobs=out.top_logprobs[:, 0],
             top_tokens=out.top_tokens[:, 0],
+            **(prompt_scores or dict(prompt_logprobs=None)),
         )
 
     return prefill
@@ -224,6 +224,7 @@ def build_initialize(config: ModelConfig, shape: ProgramShape, impl: Impl) -> Pr
             top_k=put(state.top_k, inputs.top_k),
             rng=put(state.rng, key_data(inputs.seed)),
             coupled=put(state.coupled, inputs.coupled),
+            logprobs=put(state.logprobs, inputs.logprobs),
             generated=put(state.generated, jnp.zeros((b,), jnp.int32)),
         )
         return state, None
@@ -277,6 +278,7 @@ def build_copy(config: ModelConfig, shape: ProgramShape, impl: Impl) -> ProgramF
             top_k=setting(state.top_k, inputs.top_k),
             rng=setting(state.rng, key_data(inputs.seed)),
             coupled=setting(state.coupled, inputs.coupled),
+            logprobs=setting(state.logprobs, inputs.logprobs),
             generated=setting(state.generated, jnp.zeros_like(inputs.top_k)),
         )
         return state, None

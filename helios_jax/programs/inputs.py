@@ -171,7 +171,8 @@ class MixedInputs:
 class InitializeInputs:
     """Reset rows for new requests: cursor 0, sampling settings, a PRNG key from the seed, and
     whether the row's draws are coupled (keyed by seed and position: requests that set a seed,
-    RESOLUTIONS.md 30) or advance the key every round (rejection sampling)."""
+    RESOLUTIONS.md 30) or advance the key every round (rejection sampling), and whether its
+    programs score the tokens they emit (the log-probability gate, `scores.py`)."""
 
     slots: jax.Array  # i32[B]
     active: jax.Array  # bool[B]
@@ -180,6 +181,7 @@ class InitializeInputs:
     top_k: jax.Array  # i32[B] (0: off)
     seed: jax.Array  # u32[B]
     coupled: jax.Array  # bool[B]
+    logprobs: jax.Array  # bool[B] the request asked for its generated tokens' scores
 
 
 @struct.dataclass
@@ -193,9 +195,9 @@ class CopyInputs:
     Two per-lane overrides serve a restore into another request (prefix reuse): `cursor` >= 0
     sets the destination's cursor to the checkpoint's exact token count (a row snapshotted after
     a queued frame ran past its end holds later positions too: validity is only the cursor), and
-    `load_settings` loads the destination request's own sampling settings, a key from its seed
-    and whether its draws are keyed by that seed (generated count 0) instead of copying the
-    source's, as `initialize` would.
+    `load_settings` loads the destination request's own sampling settings, a key from its seed,
+    whether its draws are keyed by that seed and whether it asked for scores (generated count 0)
+    instead of copying the source's, as `initialize` would.
     """
 
     src_rows: jax.Array  # i32[B]
@@ -211,6 +213,7 @@ class CopyInputs:
     top_k: jax.Array  # i32[B]
     seed: jax.Array  # u32[B]
     coupled: jax.Array  # bool[B] (load_settings lanes): the request's draws are keyed by seed
+    logprobs: jax.Array  # bool[B] (load_settings lanes): the request asked for scores
 
 
 # -- outputs -----------------------------------------------------------------------------------
@@ -233,6 +236,8 @@ class RoundOutputs:
     `logprobs[b, j]`, `top_logprobs[b, j]` and `top_tokens[b, j]` score output token j (valid for
     j < counts[b]) under log_softmax of the target logits that produced it: the raw model
     distribution, before temperature, top-k and top-p (docs/programs.md, "Log-probabilities").
+    They are computed only when some live lane's row asked (its `logprobs` flag); otherwise the
+    values are NaN and the tokens 0 (`scores.token_logprobs`).
     """
 
     tokens: jax.Array  # i32[B, W]
@@ -251,9 +256,12 @@ class PrefillOutputs:
     counts: jax.Array  # i32[B] 1 or 0
     prompt_logprobs: jax.Array | None  # f32[C] scored prefill: log p(token j | prefix); NaN for
     #                                    the request's first token and past the chunk length
-    logprobs: jax.Array | None = None  # f32[1] the first output token's (RoundOutputs.logprobs)
-    top_logprobs: jax.Array | None = None  # f32[1, N]
-    top_tokens: jax.Array | None = None  # i32[1, N]
+    logprobs: jax.Array | None = None  # f32[B] the first output token's (RoundOutputs.logprobs)
+    top_logprobs: jax.Array | None = None  # f32[B, N]
+    top_tokens: jax.Array | None = None  # i32[B, N]
+    prompt_top_logprobs: jax.Array | None = None  # f32[C, N] scored prefill: the N most probable
+    #                                    tokens' log p at each prompt token (NaN where undefined)
+    prompt_top_tokens: jax.Array | None = None  # i32[C, N] those tokens, most probable first
 
 
 def input_spec(shape: ProgramShape):
@@ -289,7 +297,14 @@ def input_spec(shape: ProgramShape):
         )
     if kind is GraphKind.INITIALIZE:
         return InitializeInputs(
-            s((b,), i32), s((b,), b8), s((b,), f32), s((b,), f32), s((b,), i32), s((b,), u32), s((b,), b8)
+            s((b,), i32),
+            s((b,), b8),
+            s((b,), f32),
+            s((b,), f32),
+            s((b,), i32),
+            s((b,), u32),
+            s((b,), b8),
+            s((b,), b8),
         )
     return CopyInputs(
         s((b,), i32),
@@ -304,5 +319,6 @@ def input_spec(shape: ProgramShape):
         s((b,), f32),
         s((b,), i32),
         s((b,), u32),
+        s((b,), b8),
         s((b,), b8),
     )

@@ -352,14 +352,17 @@ def pack_initialize(
     top_k: Sequence[int],
     seeds: Sequence[int],
     coupled: Sequence[bool] | None = None,
+    logprobs: Sequence[bool] | None = None,
 ) -> InitializeInputs:
     """Rows for new requests. `coupled[i]`: lane i's draws are keyed by its seed and position
-    (requests that set a seed; RESOLUTIONS.md 30); None: no lane is."""
+    (requests that set a seed; RESOLUTIONS.md 30); `logprobs[i]`: lane i's programs score the
+    tokens they emit (`scores.py`); None: no lane is / does."""
     _check_kind(shape, GraphKind.INITIALIZE)
     n = len(slots)
     coupled = [False] * n if coupled is None else list(coupled)
-    if not len(temperature) == len(top_p) == len(top_k) == len(seeds) == len(coupled) == n:
-        raise InputError("one temperature, top_p, top_k, seed and coupled flag per lane")
+    logprobs = [False] * n if logprobs is None else list(logprobs)
+    if not len(temperature) == len(top_p) == len(top_k) == len(seeds) == len(coupled) == len(logprobs) == n:
+        raise InputError("one temperature, top_p, top_k, seed, coupled and logprobs flag per lane")
     for i in range(n):
         _check_sampling(i, temperature[i], top_p[i], top_k[i])
     lane_slots, active = _lanes(shape, slots)
@@ -377,6 +380,7 @@ def pack_initialize(
         top_k=column(top_k, np.int32, 0),
         seed=column(np.asarray(seeds, np.int64) % (1 << 32), np.uint32, 0),
         coupled=column(np.asarray(coupled, bool), bool, False),
+        logprobs=column(np.asarray(logprobs, bool), bool, False),
     )
 
 
@@ -396,7 +400,7 @@ def pack_copy(
     partial last page included; destination pages must be distinct and not read by any lane.
 
     `cursors` (per lane, None: copy the source's) sets the destination cursor; `settings` (per
-    lane, None: copy the source's) loads (temperature, top_p, top_k, seed, coupled) like
+    lane, None: copy the source's) loads (temperature, top_p, top_k, seed, coupled, logprobs) like
     `initialize`:
     a restore into another request reuses the prefix, not the sampling of its owner."""
     _check_kind(shape, GraphKind.SNAPSHOT, GraphKind.RESTORE)
@@ -437,7 +441,7 @@ def pack_copy(
     )
 
 
-Settings = tuple[float, float, int, int, bool]  # temperature, top_p, top_k, seed, coupled
+Settings = tuple[float, float, int, int, bool, bool]  # temperature, top_p, top_k, seed, coupled, logprobs
 
 
 def _copy_overrides(shape: ProgramShape, n: int, cursors, settings) -> dict[str, np.ndarray]:
@@ -447,9 +451,7 @@ def _copy_overrides(shape: ProgramShape, n: int, cursors, settings) -> dict[str,
     if cursors is not None:
         if len(cursors) != n:
             raise InputError("one cursor (or None) per lane")
-        for i, c in enumerate(cursors):
-            if c is None:
-                continue
+        for i, c in ((i, c) for i, c in enumerate(cursors) if c is not None):
             if int(c) < 0:
                 raise InputError(f"lane {i}: cursor {c} must be >= 0")
             cursor[i] = int(c)
@@ -461,6 +463,7 @@ def _copy_overrides(shape: ProgramShape, n: int, cursors, settings) -> dict[str,
         top_k=np.zeros((b,), np.int32),
         seed=np.zeros((b,), np.uint32),
         coupled=np.zeros((b,), bool),
+        logprobs=np.zeros((b,), bool),
     )
     if settings is None:
         return out
@@ -469,12 +472,13 @@ def _copy_overrides(shape: ProgramShape, n: int, cursors, settings) -> dict[str,
     for i, each in enumerate(settings):
         if each is None:
             continue
-        temperature, top_p, top_k, seed, coupled = each
+        temperature, top_p, top_k, seed, coupled, logprobs = each
         _check_sampling(i, temperature, top_p, top_k)
         out["load_settings"][i] = True
         out["temperature"][i], out["top_p"][i], out["top_k"][i] = temperature, top_p, top_k
         out["seed"][i] = int(seed) % (1 << 32)
         out["coupled"][i] = bool(coupled)
+        out["logprobs"][i] = bool(logprobs)
     return out
 
 

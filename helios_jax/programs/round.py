@@ -47,8 +47,9 @@ from helios_jax.model import (
 from helios_jax.model.cache import packed_token_rows
 from helios_jax.programs.acceptance import sample_and_accept
 from helios_jax.programs.impls import Impl
-from helios_jax.programs.inputs import TOP_LOGPROBS, RoundOutputs
+from helios_jax.programs.inputs import RoundOutputs
 from helios_jax.programs.proposals import copy_only_proposals, draft_proposals
+from helios_jax.programs.scores import prompt_logprobs, token_logprobs
 from helios_jax.programs.state import DeviceState, wrap_keys
 
 
@@ -63,7 +64,7 @@ class RoundPlan:
     prompt_capacity: int  # C, 0 when no lane can carry a prompt
     maintain_draft: bool
     device_allocation: bool
-    scored: bool = False  # also return the prompt tokens' log-probabilities
+    scored: bool = False  # also return the prompt tokens' log-probabilities and alternatives
 
 
 @struct.dataclass
@@ -96,6 +97,7 @@ class _Lanes:
     keys: jax.Array  # typed keys [B, 4]: kept by the row, proposals, acceptance tests, final draw
     coupled: jax.Array  # bool[B] active lanes of seeded rows: keyed draws (RESOLUTIONS.md 30)
     seed_key: jax.Array  # typed keys [B] the row's key as stored: a coupled row's seed key
+    logprobs: jax.Array  # bool[B] the row's request asked for generated tokens' scores (scores.py)
 
 
 def _gather(state: DeviceState, x: RoundInputs, plan: RoundPlan) -> _Lanes:
@@ -127,6 +129,7 @@ def _gather(state: DeviceState, x: RoundInputs, plan: RoundPlan) -> _Lanes:
         keys=keys,
         coupled=active & state.coupled[slots],
         seed_key=seed_key,
+        logprobs=state.logprobs[slots],
     )
 
 
@@ -233,7 +236,8 @@ def packed_round(
     """Runs one round (module docstring).
 
     Returns:
-      (state, RoundOutputs, prompt log-probabilities f32[T] when plan.scored else None).
+      (state, RoundOutputs, the prompt scores when plan.scored else None: a dict of
+      `scores.prompt_logprobs`' PrefillOutputs fields).
     """
     attention = impl.attention_kernel()
     lanes = _gather(state, x, plan)  # 1
@@ -270,12 +274,17 @@ def packed_round(
         query_lengths=lens,
         sidecar=_sidecar(lanes, drafts.confidence, drafts.joint, sidecar_shape),
         survival=jnp.where(lanes.is_decode[:, None], acc.survival, 0.0),
-        **token_logprobs(logits, tokens),
+        **token_logprobs(logits, tokens, lanes.active & lanes.logprobs),
     )
-    logprobs = None
-    if plan.scored:
-        logprobs = _prompt_logprobs(config, params, hidden, batch, lanes, lens)
-    return new_state, outputs, logprobs
+    prompt_scores = _prompt_scores(config, params, hidden, batch, lanes) if plan.scored else None
+    return new_state, outputs, prompt_scores
+
+
+def _prompt_scores(config, params, hidden, batch: PackedBatch, lanes: _Lanes) -> dict:
+    """The scored prefill's prompt fields (`scores.prompt_logprobs`) for its prompt lane."""
+    lane = jnp.argmax(lanes.is_prompt)
+    present, first = jnp.any(lanes.is_prompt), lanes.cursor[lane] == 0
+    return prompt_logprobs(config, params, hidden, batch, lanes.last_hidden[lane], lane, present, first)
 
 
 def _next_key_data(lanes: _Lanes, next_key) -> jax.Array:
@@ -396,23 +405,6 @@ def _accept(
     return acc, counts.astype(jnp.int32), logits
 
 
-def token_logprobs(logits: jax.Array, tokens: jax.Array) -> dict:
-    """Each output token's log-probability and the TOP_LOGPROBS most probable alternatives under
-    the raw model distribution log_softmax(logits) (temperature 1, untruncated): the same numbers
-    on the greedy fast path and the sampled path, and for every program kind.
-
-    Args:
-      logits: f32[B, W, V] the target logits at each lane's sample rows.
-      tokens: i32[B, W] the tokens emitted at those rows.
-    Returns:
-      RoundOutputs' logprobs f32[B, W], top_logprobs f32[B, W, N], top_tokens i32[B, W, N].
-    """
-    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-    picked = jnp.take_along_axis(log_probs, tokens[..., None], axis=-1)[..., 0]
-    top, ids = jax.lax.top_k(log_probs, min(TOP_LOGPROBS, log_probs.shape[-1]))
-    return dict(logprobs=picked, top_logprobs=top, top_tokens=ids.astype(jnp.int32))
-
-
 def _commit(lanes: _Lanes, hidden, batch: PackedBatch, acc, counts, plan: RoundPlan):
     """Stage 6: m committed tokens per lane (a + 1 for a decode lane, the chunk for the prompt
     lane); the lane's new pending token and carried hidden state h_{c+m-1}.
@@ -429,23 +421,3 @@ def _commit(lanes: _Lanes, hidden, batch: PackedBatch, acc, counts, plan: RoundP
     last_token = jnp.take_along_axis(acc.tokens, jnp.clip(counts - 1, 0, w - 1)[:, None], axis=1)[:, 0]
     new_pending = jnp.where(counts > 0, last_token, lanes.pending)
     return committed, new_hidden, new_pending
-
-
-def _prompt_logprobs(config, params, hidden, batch: PackedBatch, lanes: _Lanes, lens):
-    """f32[T]: log p(tokens[t] | prefix) for the prompt lane's packed tokens, NaN elsewhere and for
-    a request's very first token (nothing predicts it). Raw logits (temperature 1)."""
-    tokens, starts = batch.tokens, batch.query_starts
-    last_hidden, cursor, is_prompt = lanes.last_hidden, lanes.cursor, lanes.is_prompt
-    t_cap = hidden.shape[0]
-    lane = jnp.argmax(is_prompt)
-    start, length, has_prompt = starts[lane], lens[lane], jnp.any(is_prompt)
-    previous = jnp.concatenate([last_hidden[lane][None].astype(hidden.dtype), hidden[:-1]], axis=0)
-    t_index = jnp.arange(t_cap)
-    # Packed token t is predicted by the hidden state one position earlier: the carried
-    # h_{c-1} for the lane's first token, hidden[t - 1] otherwise.
-    predictor = jnp.where((t_index == start)[:, None], previous[0], previous)
-    log_probs = jax.nn.log_softmax(compute_logits(config, params, predictor), axis=-1)
-    picked = jnp.take_along_axis(log_probs, tokens[:, None], axis=-1)[:, 0]
-    inside = has_prompt & (t_index >= start) & (t_index < start + length)
-    defined = inside & ~((t_index == start) & (cursor[lane] == 0))
-    return jnp.where(defined, picked, jnp.nan)

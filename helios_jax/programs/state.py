@@ -50,6 +50,7 @@ class DeviceState:
     rng: jax.Array  # u32[R, 2] raw threefry key data, advanced by every sampling program
     #                 (a coupled row keeps its seed's key: its draws are keyed by position)
     coupled: jax.Array  # bool[R] seeded rows: coupled, speculation-invariant draws
+    logprobs: jax.Array  # bool[R] the row's request wants its tokens' scores (programs/scores.py)
     generated: jax.Array  # i32[R] output tokens emitted since initialize
 
     @property
@@ -85,6 +86,7 @@ def init_state(model: ModelConfig, engine: EngineConfig, *, fill: float = 0.0) -
         top_k=jnp.zeros((rows,), jnp.int32),
         rng=jnp.zeros((rows, 2), jnp.uint32),
         coupled=jnp.zeros((rows,), bool),
+        logprobs=jnp.zeros((rows,), bool),
         generated=jnp.zeros((rows,), jnp.int32),
     )
 

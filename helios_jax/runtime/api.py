@@ -101,6 +101,9 @@ class StreamEvent:
     # with top_logprobs: per token, the most probable (token id, log-probability) pairs
     top_logprobs: tuple[tuple[tuple[int, float], ...], ...] | None = None
     prompt_logprobs: tuple[float | None, ...] | None = None  # first event only, when requested
+    # first event only, with prompt_logprobs and top_logprobs: per prompt token, its most
+    # probable (token id, log-probability) pairs (None for the first token, which has no score)
+    prompt_top_logprobs: tuple[tuple[tuple[int, float], ...] | None, ...] | None = None
     error: str | None = None
 
 

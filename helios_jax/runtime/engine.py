@@ -48,7 +48,7 @@ from helios_jax.runtime.copying import CopySource
 from helios_jax.runtime.detokenize import TextStream
 from helios_jax.runtime.executor import Dispatch, Executor, RequestInputs, completion_records, survival_rows
 from helios_jax.runtime.faults import FaultContainment
-from helios_jax.runtime.logprobs import lane_logprobs
+from helios_jax.runtime.logprobs import PromptScores, lane_logprobs
 from helios_jax.runtime.preemption import Preemptions, continuation
 from helios_jax.runtime.scheduling import build_scheduler
 from helios_jax.runtime.state_copies import CheckpointStats, StateCopies
@@ -66,8 +66,7 @@ class _Active:
     handle: object = None
     inputs: RequestInputs | None = None
     completion_tokens: int = 0
-    prompt_logprobs: list | None = None
-    prompt_logprobs_sent: bool = False
+    prompt_scores: PromptScores | None = None
     done: bool = False
     output: list[int] = dataclasses.field(default_factory=list)  # every token produced so far
     admission: GenerationRequest | None = None  # a preempted request's continuation, once queued
@@ -286,9 +285,10 @@ class HeliosEngine(FaultContainment):
                 seed=seed,
                 coupled=s.seed is not None,  # seeded text must not depend on speculation
                 stop_tokens=tuple(self.tokenizer.eos_token_ids),
+                logprobs=s.logprobs or s.top_logprobs > 0,  # gates the programs' scoring
             )
             if s.prompt_logprobs:
-                active.prompt_logprobs = [None] * len(req.prompt_tokens)
+                active.prompt_scores = PromptScores(len(req.prompt_tokens), s.top_logprobs)
             self._by_rid[handle.rid] = active
 
     def _consider_preemption(self, active: _Active, request: GenerationRequest) -> None:
@@ -375,13 +375,9 @@ class HeliosEngine(FaultContainment):
     def _collect_prompt_logprobs(self, plan, outputs) -> None:
         lane = plan.lanes[0]
         active = self._by_rid.get(lane.handle.rid)
-        if active is None or active.prompt_logprobs is None or outputs.prompt_logprobs is None:
+        if active is None or active.prompt_scores is None or outputs.prompt_logprobs is None:
             return
-        values = np.asarray(outputs.prompt_logprobs)[: lane.prompt_tokens]
-        for i, v in enumerate(values):
-            pos = lane.prompt_start + i
-            if 0 < pos < len(active.prompt_logprobs) and np.isfinite(v):
-                active.prompt_logprobs[pos] = float(v)
+        active.prompt_scores.collect(lane.prompt_start, lane.prompt_tokens, outputs)
 
     def _publish(self, active: _Active, generated, fence: int, scores=None) -> None:
         if generated.finish_reason == "preempted":  # its terminal capture completed: no tokens
@@ -397,10 +393,8 @@ class HeliosEngine(FaultContainment):
         active.completion_tokens += len(tokens)
         active.output.extend(tokens)
         text = active.text.feed(tokens, final=generated.finished)
-        first = None
-        if active.prompt_logprobs is not None and not active.prompt_logprobs_sent:
-            first = tuple(active.prompt_logprobs)
-            active.prompt_logprobs_sent = True
+        if active.prompt_scores is not None and (text or tokens):
+            fields.update(active.prompt_scores.first_event_fields())
         if text or tokens:
             # A visible burst (or tokens swallowed by a stop string) is reported before the
             # next completion is processed; an entirely buffered burst publishes nothing.
@@ -413,7 +407,6 @@ class HeliosEngine(FaultContainment):
                     None,
                     len(active.request.prompt_tokens),
                     active.completion_tokens,
-                    prompt_logprobs=first,
                     **fields,
                 )
             )

@@ -55,6 +55,7 @@ class RequestInputs:
     top_k: int = 0
     seed: int = 0
     coupled: bool = False  # the request set its seed: draws keyed by seed and position
+    logprobs: bool = False  # the request wants its generated tokens' scores (programs/scores.py)
     stop_tokens: tuple[int, ...] = ()  # multi-step decode lanes stop after one of these
     copy: tuple[int, ...] | None = None  # the next round's copy proposals; None: learned (copying.py)
 
@@ -125,6 +126,7 @@ def pack_inputs(program, plan: ScheduledPlan, info: Mapping[int, RequestInputs])
             top_k=[r.top_k for r in req],
             seeds=[r.seed for r in req],
             coupled=[r.coupled for r in req],
+            logprobs=[r.logprobs for r in req],
         )
     slots = [each.slot for each in lanes]
     tables = [r.page_table for r in req]

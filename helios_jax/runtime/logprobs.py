@@ -1,10 +1,14 @@
 """Generated tokens' log-probabilities, from a program's outputs to a request's stream events.
 
 Every generation program reports, per output token, its log-probability and the TOP_LOGPROBS
-most probable alternatives under the raw model distribution (``round.token_logprobs``;
+most probable alternatives under the raw model distribution (``scores.token_logprobs``;
 docs/programs.md, "Log-probabilities"). A lane's values are aligned with its completion
 record's tokens; the scheduler publishes a prefix of them (a stop token or the output limit may
 cut the rest), so an event takes the first ``len(tokens)`` entries.
+
+A request that asked for prompt scores (echo with logprobs) is prefilled by the scored prefill
+program, chunk by chunk; :class:`PromptScores` collects each chunk's values and alternatives by
+prompt position and hands them to the request's first event.
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ class LaneLogprobs:
         """StreamEvent fields for the first `n` tokens, with `top` alternatives each."""
         if n > len(self.logprobs):
             raise ValueError(f"{n} tokens published, {len(self.logprobs)} scored")
+        if not np.isfinite(self.logprobs[:n]).all():  # NaN: the frame skipped scoring (scores.py)
+            raise ValueError("tokens published unscored: the request's row has no logprobs flag")
         values = tuple(float(v) for v in self.logprobs[:n])
         if top <= 0:
             return dict(token_logprobs=values)
@@ -36,6 +42,50 @@ class LaneLogprobs:
             for j in range(n)
         )
         return dict(token_logprobs=values, top_logprobs=alternatives)
+
+
+@dataclasses.dataclass
+class PromptScores:
+    """A request's prompt scores, filled chunk by chunk: position i's log-probability and its
+    `top` most probable alternatives (None until scored; position 0 never is)."""
+
+    length: int
+    top: int = 0
+    values: list = dataclasses.field(init=False)
+    alternatives: list = dataclasses.field(init=False)
+    sent: bool = False
+
+    def __post_init__(self):
+        self.values = [None] * self.length
+        self.alternatives = [None] * self.length
+
+    def collect(self, start: int, count: int, outputs) -> None:
+        """Records a scored prefill chunk of `count` tokens at prompt position `start` from its
+        outputs (`PrefillOutputs`: prompt_logprobs f32[C], prompt_top_* [C, N])."""
+        values = np.asarray(outputs.prompt_logprobs)[:count]
+        top_values = top_ids = None
+        if self.top > 0 and outputs.prompt_top_logprobs is not None:
+            top_values = np.asarray(outputs.prompt_top_logprobs)[:count, : self.top]
+            top_ids = np.asarray(outputs.prompt_top_tokens)[:count, : self.top]
+        for i, v in enumerate(values):
+            pos = start + i
+            if not (0 < pos < self.length and np.isfinite(v)):
+                continue
+            self.values[pos] = float(v)
+            if top_values is not None:
+                self.alternatives[pos] = tuple(
+                    (int(t), float(a)) for t, a in zip(top_ids[i], top_values[i], strict=True)
+                )
+
+    def first_event_fields(self) -> dict:
+        """StreamEvent fields for the request's first event; nothing after it."""
+        if self.sent:
+            return {}
+        self.sent = True
+        fields = dict(prompt_logprobs=tuple(self.values))
+        if self.top > 0:
+            fields["prompt_top_logprobs"] = tuple(self.alternatives)
+        return fields
 
 
 def lane_logprobs(plan: ScheduledPlan, outputs) -> dict[int, LaneLogprobs]:

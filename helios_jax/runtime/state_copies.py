@@ -72,7 +72,14 @@ class StateCopies:
                 raise ValueError(f"{lane.handle} reserves {len(own)} pages, the checkpoint needs {n}")
             state_row = self.config.request_slots + row
             if restore:
-                settings = (request.temperature, request.top_p, request.top_k, request.seed, request.coupled)
+                settings = (
+                    request.temperature,
+                    request.top_p,
+                    request.top_k,
+                    request.seed,
+                    request.coupled,
+                    request.logprobs,
+                )
                 out.append(CopyLane(state_row, lane.slot, held, own, tokens, settings))
             else:
                 out.append(CopyLane(lane.slot, state_row, own, held, tokens))

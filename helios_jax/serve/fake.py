@@ -30,6 +30,7 @@ Generation (:class:`FakeEngine`), for a request with ``max_tokens = M``:
    :data:`TOKEN_LOGPROB` (-0.5); prompt tokens have ``None`` for the first and
    :data:`PROMPT_LOGPROB` (-1.0) after it, on the first event only; with ``top_logprobs = k``
    a token t's alternatives are t, t + 1, .., t + k - 1 with log-probabilities -0.5, -1.5, ...
+   (a prompt token's, but the first's: the same ids with -1.0, -2.0, ...)
 5. ``token_delay_s`` is waited before each token; ``RequestStream.cancel()`` records the request
    id in :attr:`FakeEngine.cancelled` immediately and the worker then ends the stream with
    ``finish_reason="cancelled"``.
@@ -226,9 +227,7 @@ class FakeEngine:
             if error is not None:
                 stream.put(StreamEvent("", (), "error", error=error, **counts))
                 return
-            prompt_logprobs = None
-            if sampling.prompt_logprobs:
-                prompt_logprobs = (None,) + (PROMPT_LOGPROB,) * (n_prompt - 1)
+            prompt_logprobs = _prompt_scores(request)
             source = self._source(request)
             generated, emitted, pending = "", 0, []
 
@@ -242,11 +241,11 @@ class FakeEngine:
                         completion_tokens=len(generated),
                         token_logprobs=((TOKEN_LOGPROB,) * len(pending) if sampling.logprobs else None),
                         top_logprobs=_alternatives(pending, sampling.top_logprobs),
-                        prompt_logprobs=prompt_logprobs,
+                        **prompt_logprobs,
                         **counts,
                     )
                 )
-                emitted, pending, prompt_logprobs = text_end, [], None
+                emitted, pending, prompt_logprobs = text_end, [], {}
 
             for i, char in zip(range(sampling.max_tokens), itertools.cycle(source or " ")):
                 stopped = cancel.wait(self.token_delay_s) if self.token_delay_s else cancel.is_set()
@@ -269,6 +268,21 @@ class FakeEngine:
         finally:
             with self._lock:
                 self._cancel_events.pop(request.request_id, None)
+
+
+def _prompt_scores(request: GenerationRequest) -> dict:
+    """The first event's prompt fields (module docstring, item 4); empty when not asked for."""
+    sampling, n = request.sampling, len(request.prompt_tokens)
+    if not sampling.prompt_logprobs:
+        return {}
+    fields: dict = dict(prompt_logprobs=(None,) + (PROMPT_LOGPROB,) * (n - 1))
+    if sampling.top_logprobs > 0:
+        k = sampling.top_logprobs
+        alternatives = tuple(
+            tuple((t + j, PROMPT_LOGPROB - j) for j in range(k)) for t in request.prompt_tokens[1:]
+        )
+        fields["prompt_top_logprobs"] = (None,) + alternatives
+    return fields
 
 
 def _alternatives(tokens, k: int):

@@ -111,10 +111,10 @@ class GenerationResponse:
     def full_response(self, stream: RequestStream) -> None:
         request = self.request
         echo_text = self.tokenizer.decode(request.prompt_tokens) if request.echo else ""
-        text, ids, values, top, prompt_values = [], [], [], [], None
+        text, ids, values, top, prompt_values, prompt_top = [], [], [], [], None, None
         for event in self._events(stream):
             if event.prompt_logprobs is not None:
-                prompt_values = event.prompt_logprobs
+                prompt_values, prompt_top = event.prompt_logprobs, event.prompt_top_logprobs
             text.append(event.text)
             ids.extend(event.token_ids)
             values.extend(event.token_logprobs or [None] * len(event.token_ids))
@@ -127,7 +127,7 @@ class GenerationResponse:
         if request.logprobs:
             if request.echo:  # prompt tokens first, then the generated ones, as one object
                 prompt_values = list(prompt_values or [None] * len(request.prompt_tokens))
-                top = [None] * len(request.prompt_tokens) + top
+                top = list(prompt_top or [None] * len(request.prompt_tokens)) + top
                 logprobs = self._logprobs(
                     list(request.prompt_tokens) + ids, prompt_values + values, 0, True, top
                 )
@@ -183,7 +183,9 @@ class GenerationResponse:
             if first and request.echo:
                 echo = self.tokenizer.decode(request.prompt_tokens)
                 prompt_values = event.prompt_logprobs or [None] * len(request.prompt_tokens)
-                lp = self._logprobs(request.prompt_tokens, prompt_values, offset, True)
+                lp = self._logprobs(
+                    request.prompt_tokens, prompt_values, offset, True, event.prompt_top_logprobs
+                )
                 self._write(stream, self._chunk(echo, logprobs=lp))
                 offset += len(echo)
             first = False

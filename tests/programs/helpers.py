@@ -177,13 +177,15 @@ class Driver:
         self.state, out = program(self.params, self.state, program.pack(**host))
         return out
 
-    def initialize(self, slot, temperature=0.0, top_p=1.0, top_k=0, seed=0, coupled=False):
+    def initialize(self, slot, temperature=0.0, top_p=1.0, top_k=0, seed=0, coupled=False, logprobs=False):
         init = self.programs.find(GraphKind.INITIALIZE, batch_capacity=1)
         host = dict(temperature=[temperature], top_p=[top_p], top_k=[top_k], seeds=[seed], coupled=[coupled])
+        host["logprobs"] = [logprobs]
         self.state, _ = init(self.params, self.state, init.pack(slots=[slot], **host))
 
-    def prefill(self, slot, prompt, *, scored=False):
-        """Whole prompt in CHUNK-token chunks; returns (first output token, logprobs list)."""
+    def prefill(self, slot, prompt, *, scored=False, tops=None):
+        """Whole prompt in CHUNK-token chunks; returns (first output token, logprobs list).
+        `tops` (scored): a list that receives each prompt token's (top log p, top ids) rows."""
         graph = PREFILLS[1] if scored else PREFILLS[0]
         logprobs, token = [], None
         for start in range(0, len(prompt), CHUNK):
@@ -192,6 +194,9 @@ class Driver:
             out = self.run(graph, slot=slot, tokens=chunk, page_table=self.pages[slot], prompt_ends=ends)
             if scored:
                 logprobs.extend(np.asarray(out.prompt_logprobs)[: len(chunk)].tolist())
+                if tops is not None:
+                    values, ids = np.asarray(out.prompt_top_logprobs), np.asarray(out.prompt_top_tokens)
+                    tops.extend(zip(values[: len(chunk)], ids[: len(chunk)]))
             if ends:
                 assert int(out.counts[0]) == 1
                 token = int(out.tokens[0])

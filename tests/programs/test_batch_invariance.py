@@ -53,7 +53,7 @@ def _decode(programs, params, batch: int, graph=None) -> tuple[dict, dict]:
     groups of `batch` (shuffled, so that each request sits in another lane)."""
     d = Driver(programs, params, seed=batch)
     for slot, prompt in _prompts().items():
-        d.initialize(slot)
+        d.initialize(slot, logprobs=True)  # every row asks: the programs score every token
         d.prefill(slot, prompt)
     order = [int(s) for s in np.random.default_rng(batch).permutation(SLOTS)]
     tokens = {s: [] for s in range(SLOTS)}
@@ -75,6 +75,7 @@ def test_a_requests_numbers_do_not_depend_on_its_batch(programs, params):
     assert all(len(t) == STEPS for t in want_tokens.values())
     runs = {f"B={b}": _decode(programs, params, b) for b in BATCHES[1:]}
     runs[f"B={SLOTS}, {MULTI} steps"] = _decode(programs, params, SLOTS, MULTI_STEP)
+    assert np.isfinite(np.concatenate([np.ravel(v) for v in want_top.values()])).all()
     for name, (tokens, top) in runs.items():
         assert tokens == want_tokens, name
         for slot in range(SLOTS):

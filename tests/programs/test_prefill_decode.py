@@ -1,17 +1,19 @@
-"""Prefill, scored prefill and ordinary decode against the cache-free full forward.
+"""Prefill, scored prefill and ordinary decode against the cache-free full forward (scored
+prefill's scores against transformers' own forward of the saved model).
 
 A 27-token prompt is prefilled in 16-token chunks (the second chunk starts at cursor 16, so its
 first token's log-probability comes from the carried hidden state h_15). Scored prefill must
-return log_softmax(full-forward logits)[next token] for every prompt token but the first (NaN),
-within 1e-4; the first output token and ordinary greedy decoding must equal the full-forward
-greedy continuation on its reliable prefix (margins > 1e-4).
+return log_softmax(transformers' logits)[next token], and the 20 most probable alternatives,
+for every prompt token but the first (NaN), within 1e-4; the first output token and ordinary
+greedy decoding must equal the full-forward greedy continuation on its reliable prefix
+(margins > 1e-4).
 """
 
-import jax
 import numpy as np
 import pytest
 
-from helios_jax.model import forward_full_logits
+from helios_jax.model import save_checkpoint
+from helios_jax.programs.inputs import TOP_LOGPROBS
 
 from .helpers import DECODE, MODEL, Driver, emitted, greedy_reference, reliable_prefix
 
@@ -22,17 +24,37 @@ PROMPTS = {
 }
 
 
-def test_scored_prefill_returns_prompt_logprobs(spec_programs, params):
+def _transformers_logits(params, prompt, folder) -> np.ndarray:
+    """float64 logits of transformers' Qwen3ForCausalLM on the saved tiny model (float32)."""
+    import torch
+    import transformers
+
+    save_checkpoint(folder, MODEL, params)
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
+    with torch.no_grad():
+        return model(torch.tensor([prompt])).logits[0].double().numpy()
+
+
+def test_scored_prefill_returns_prompt_logprobs(spec_programs, params, tmp_path):
+    """Each prompt token's score and its TOP_LOGPROBS most probable alternatives (ids and
+    values, most probable first) are log_softmax of transformers' logits one position earlier,
+    across the chunk boundary too."""
     d = Driver(spec_programs, params, seed=2)
     prompt = PROMPTS[0]
     d.initialize(0)
-    first, logprobs = d.prefill(0, prompt, scored=True)
-    logits = np.asarray(forward_full_logits(MODEL, params, np.asarray(prompt, np.int32)), np.float64)
-    want = jax.nn.log_softmax(logits, axis=-1)
-    assert np.isnan(logprobs[0])  # nothing predicts a request's first token
+    tops = []
+    first, logprobs = d.prefill(0, prompt, scored=True, tops=tops)
+    logits = _transformers_logits(params, prompt, tmp_path)
+    want = logits - np.logaddexp.reduce(logits, axis=-1, keepdims=True)
+    assert np.isnan(logprobs[0]) and np.isnan(tops[0][0]).all()  # nothing predicts the first token
     np.testing.assert_allclose(
         logprobs[1:], [want[i - 1, prompt[i]] for i in range(1, len(prompt))], atol=1e-4
     )
+    assert len(tops) == len(prompt) and tops[1][0].shape == (TOP_LOGPROBS,)
+    for i in range(1, len(prompt)):
+        values, ids = tops[i]
+        np.testing.assert_allclose(values, np.sort(want[i - 1])[::-1][:TOP_LOGPROBS], atol=1e-4)
+        np.testing.assert_allclose(values, want[i - 1][ids], atol=1e-4)  # the ids match the values
     assert first == int(np.argmax(logits[-1]))
     assert d.row(0)["cursor"] == len(prompt)
 

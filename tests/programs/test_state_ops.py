@@ -36,7 +36,7 @@ def _continue(d, slot, rounds=4):
 )
 def test_snapshot_restore_continues_like_uninterrupted_decoding(spec_programs, params):
     d = Driver(spec_programs, params, seed=3)
-    d.initialize(0, temperature=1.0, top_k=20, seed=123)
+    d.initialize(0, temperature=1.0, top_k=20, seed=123, logprobs=True)
     d.prefill(0, PROMPT)
     for _ in range(2):
         d.run(RECT, slots=[0], page_tables=d.tables([0]), query_lengths=[3])
@@ -72,6 +72,7 @@ def test_snapshot_restore_continues_like_uninterrupted_decoding(spec_programs, p
     assert d.row(2)["cursor"] == cursor
     np.testing.assert_array_equal(np.asarray(d.state.rng[2]), saved["rng"])
     assert bool(d.state.coupled[2]) == bool(saved["coupled"])
+    assert bool(d.state.logprobs[2])  # the log-probability gate's flag travels with the row
     got_tokens, got_conf = _continue(d, 2)
     assert got_tokens == want_tokens
     np.testing.assert_allclose(got_conf, want_conf, atol=1e-6)
@@ -145,11 +146,12 @@ def test_a_restore_into_another_request_loads_its_settings_at_the_exact_cursor(s
         src_pages=[d.pages[SNAPSHOT_ROW][:pages]],
         dst_pages=[d.pages[2][:pages]],
         cursors=[keep],
-        settings=[(0.0, 0.9, 3, 77, True)],
+        settings=[(0.0, 0.9, 3, 77, True, True)],
     )
     assert d.row(2)["cursor"] == keep and d.row(2)["generated"] == 0
     assert float(d.state.temperature[2]) == 0.0 and int(d.state.top_k[2]) == 3
     assert float(d.state.top_p[2]) == pytest.approx(0.9) and bool(d.state.coupled[2])
+    assert bool(d.state.logprobs[2])
     np.testing.assert_array_equal(np.asarray(d.state.rng[2]), np.asarray(key_data(np.uint32(77))))
     restored, _ = d.prefill(2, PROMPT[keep:])
     d.initialize(3, temperature=0.0)

@@ -126,15 +126,16 @@ def test_cancellation_frees_the_slot_and_reservations_match_the_pool(engine):
 @spec("prerequisites/all-shape-pairs")
 def test_a_request_for_prompt_scores_runs_behind_initialize(engine):
     """Echo + logprobs: the engine initializes every request, and the pair search must pair
-    INITIALIZE with scored prefill, or the request never runs. Its prompt log-probabilities
-    equal log-softmax of the full forward's logits (the first token has none), and its output
-    is plain greedy decoding."""
+    INITIALIZE with scored prefill, or the request never runs. Its prompt log-probabilities and
+    their 5 most probable alternatives equal log-softmax of the full forward's logits (the first
+    token has none), and its output is plain greedy decoding."""
     tok = tokenizer()
     prompt = tok.encode("def add(a, b):\n    return a + b\n")
     done = []
 
     def consume():
-        done.append(run(engine, "p0", prompt, max_tokens=4, temperature=0.0, prompt_logprobs=True))
+        sampling = dict(max_tokens=4, temperature=0.0, prompt_logprobs=True, logprobs=True, top_logprobs=5)
+        done.append(run(engine, "p0", prompt, **sampling))
 
     import threading
 
@@ -151,6 +152,13 @@ def test_a_request_for_prompt_scores_runs_behind_initialize(engine):
     logp = np.asarray(jax.nn.log_softmax(_logits(jnp.asarray(buf)), axis=-1))
     want = [float(logp[i - 1, prompt[i]]) for i in range(1, len(prompt))]
     np.testing.assert_allclose(scores[1:], want, atol=1e-4)
+    tops = events[0].prompt_top_logprobs
+    assert len(tops) == len(prompt) and tops[0] is None
+    for i in range(1, len(prompt)):
+        ids, values = [t for t, _ in tops[i]], [v for _, v in tops[i]]
+        np.testing.assert_allclose(values, np.sort(logp[i - 1])[::-1][:5], atol=1e-4)
+        np.testing.assert_allclose(values, logp[i - 1, ids], atol=1e-4)
+    assert all(e.prompt_top_logprobs is None for e in events[1:])
 
 
 def _workload(tok) -> list[GenerationRequest]:
@@ -402,6 +410,38 @@ def test_a_request_naming_an_unknown_source_is_refused(engine):
     request = GenerationRequest("bad-source", (1, 2, 3), SamplingParams(max_tokens=2), proposal_source="mtp")
     with pytest.raises(ValueError, match="proposal_source"):
         engine.submit(request)
+
+
+def test_echo_with_top_logprobs_over_http_with_the_openai_client(engine):
+    """A completions request with echo and logprobs: 3 answers, in the OpenAI format, every
+    prompt token but the first with its log-probability and a top_logprobs dict of its 3 most
+    probable alternatives (plus the token itself), equal to the full forward's log-softmax."""
+    import openai
+
+    from ..serve.helpers import live_server
+
+    tok = tokenizer()
+    prompt = "def add(a, b):\n    return a + b\n"
+    ids = tok.encode(prompt)
+    with live_server(engine, shutdown_engine=False) as server:
+        with openai.OpenAI(
+            base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=120
+        ) as client:
+            r = client.completions.create(
+                model=engine.model_name, prompt=prompt, max_tokens=3, temperature=0, echo=True, logprobs=3
+            )
+    lp = r.choices[0].logprobs
+    assert r.choices[0].text.startswith(prompt) and lp.tokens[: len(ids)] == [tok.decode([t]) for t in ids]
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    logp = _offline_scores(ids)
+    for i in range(1, len(ids)):
+        row = logp[i - 1]
+        assert abs(lp.token_logprobs[i] - row[ids[i]]) < 1e-4
+        best = np.argsort(row)[::-1][:3]
+        want = {tok.decode([int(t)]): float(row[t]) for t in best}
+        want.setdefault(tok.decode([ids[i]]), float(row[ids[i]]))
+        got = lp.top_logprobs[i]
+        assert got.keys() == want.keys() and all(abs(got[k] - want[k]) < 1e-4 for k in want), (i, got, want)
 
 
 # == checkpoints in serving ===================================================================

@@ -37,7 +37,9 @@ def _store(tokens):
 
 
 INFO = {
-    1: RequestInputs((1,) * 40, (5, 2, 7), temperature=0.5, top_p=0.8, top_k=4, seed=9, coupled=True),
+    1: RequestInputs(
+        (1,) * 40, (5, 2, 7), temperature=0.5, top_p=0.8, top_k=4, seed=9, coupled=True, logprobs=True
+    ),
 }
 
 
@@ -65,7 +67,7 @@ def test_a_restore_loads_the_new_requests_settings():
     store, row = _store((3,) * 20)
     (lane,) = StateCopies(ENGINE, store).lanes(_plan(GraphKind.RESTORE, [_lane(1, 0, row)]), INFO)
     assert (lane.src_row, lane.dst_row, lane.dst_pages) == (2 + row, 0, (5, 2))
-    assert lane.tokens == 20 and lane.settings == (0.5, 0.8, 4, 9, True)  # a seeded request stays coupled
+    assert lane.tokens == 20 and lane.settings == (0.5, 0.8, 4, 9, True, True)  # seeded, scored: both kept
 
 
 def test_a_checkpoint_longer_than_the_reservation_is_refused():

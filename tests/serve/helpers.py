@@ -20,8 +20,9 @@ from helios_jax.serve.flags import ServerConfig
 
 
 @contextlib.contextmanager
-def live_server(engine: FakeEngine | None, **config) -> Iterator[HeliosServer]:
-    """A serving HeliosServer (engine None: still starting); shut down on exit."""
+def live_server(engine: FakeEngine | None, shutdown_engine: bool = True, **config) -> Iterator[HeliosServer]:
+    """A serving HeliosServer (engine None: still starting); shut down on exit, and the engine
+    with it unless `shutdown_engine` is False (a module's engine that other tests share)."""
     server = make_server(ServerConfig(port=0, engine="fake", **config), engine)
     thread = threading.Thread(target=server.serve_forever, kwargs=dict(poll_interval=0.05), daemon=True)
     thread.start()
@@ -30,7 +31,7 @@ def live_server(engine: FakeEngine | None, **config) -> Iterator[HeliosServer]:
     finally:
         server.shutdown()
         server.server_close()
-        if engine is not None:
+        if engine is not None and shutdown_engine:
             engine.shutdown()
         thread.join(timeout=5)
 

@@ -114,6 +114,20 @@ def test_completion_logprobs_with_echo(client, engine):
     assert sampling.logprobs and sampling.prompt_logprobs
 
 
+def test_completion_echo_with_top_logprobs(client, engine):
+    """echo with logprobs: 2 gives every prompt token but the first its 2 alternatives (the fake's
+    ids t, t + 1 at -1.0, -2.0), as OpenAI and vLLM do, streaming or not."""
+    r = client.completions.create(model=MODEL, prompt="Hi", max_tokens=1, logprobs=2, echo=True)
+    lp = r.choices[0].logprobs
+    assert lp.tokens == ["H", "i", "T"] and lp.token_logprobs == [None, -1.0, -0.5]
+    assert lp.top_logprobs == [None, {"i": -1.0, "j": -2.0}, {"T": -0.5, "U": -1.5}]
+    chunks = list(
+        client.completions.create(model=MODEL, prompt="Hi", max_tokens=1, logprobs=2, echo=True, stream=True)
+    )
+    tops = [t for c in chunks if c.choices[0].logprobs for t in c.choices[0].logprobs.top_logprobs]
+    assert tops == lp.top_logprobs
+
+
 def test_echo_without_logprobs_asks_for_no_prompt_scores(client, engine):
     r = client.completions.create(model=MODEL, prompt="Hi", max_tokens=2, echo=True)
     assert r.choices[0].text == "HiTh" and r.choices[0].logprobs is None
