@@ -164,3 +164,18 @@ def test_k_step_cohorts_match_enumeration(largest_single, outputs, age_price, ti
         assert production[key] == pytest.approx(score, rel=1e-9, abs=1e-12)
     if largest_single == 4:  # six lanes: only a K-step program of B = 8 holds them all
         assert any(key.batch_capacity == 8 for key in reference)
+
+
+@spec("useful-service/dominance-prune", "useful-service/score-formula")
+def test_a_lane_worth_nothing_measurable_still_rides_along():
+    """Single steps only up to B = 4: the B = 8 K-step program's cohorts of five and six lanes
+    are both legal. A sixth lane whose value vanishes beside the others' (prices some 1e20 times
+    smaller) leaves the total unchanged; equal values take more lanes."""
+    cat = _largest_single_step(with_decode_steps(ORDINARY, (K,), 0.5), 4)
+    views = [decoder(i, x=1e-20, z=1e-20) for i in range(5)] + [decoder(5)]
+    (c,) = [
+        c
+        for c in policy.candidates(inputs(views, catalog=cat, mode="ordinary"))
+        if c.graph.steps == K and c.graph.batch_capacity == 8
+    ]
+    assert sorted(c.rids) == [0, 1, 2, 3, 4, 5]
