@@ -238,6 +238,7 @@ def best_for_graph(obj: Objective, g: GraphDescriptor, mode: DecodeMode) -> floa
 
     def consider(numerator: float, prompt=None, lanes=(), terminals=0, rows=()):
         nonlocal best
+        lanes = list(lanes)  # once: every smaller program is asked about the same cohort
         for h in smaller:
             if g.kind is GraphKind.SNAPSHOT:
                 if h.kind is g.kind and terminals <= h.batch_capacity:
@@ -245,7 +246,7 @@ def best_for_graph(obj: Objective, g: GraphDescriptor, mode: DecodeMode) -> floa
             elif g.kind.is_prefill:
                 if _carries_rows(h, g, rows):
                     return
-            elif _carries(h, g, mode, prompt, list(lanes)):
+            elif _carries(h, g, mode, prompt, lanes):
                 return
         score = obj.rate(numerator, t)
         if best is None or score > best:

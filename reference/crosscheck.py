@@ -127,7 +127,7 @@ class Report:
     def record(self, case: int, mode: DecodeMode, graph, prod: float, ref: float) -> None:
         """Counts one program's comparison (module docstring): exact or bounded, and a mismatch
         or, for a bounded one, a shortfall that may be the worst so far."""
-        scale = max(1.0, abs(ref))
+        scale = max(1.0, abs(ref)) if math.isfinite(ref) else 1.0  # a program only one side offers
         exact = _exact(graph, mode)
         if exact:
             self.exact_cases += 1

@@ -6,6 +6,7 @@ smaller prefill runs with the same work is discarded, and the production selecto
 exhaustive reference, program by program, including which programs have a legal cohort at all.
 """
 
+import dataclasses
 import math
 
 import numpy as np
@@ -103,3 +104,106 @@ def test_production_matches_enumeration_including_which_programs_compete():
             assert production[key] == pytest.approx(score, rel=1e-9, abs=1e-12)
         compared += sum(1 for k in reference if k.batch_capacity > 1)
     assert compared > 25
+
+
+def _without_one_row_chunk(catalog, chunk: int):
+    """`catalog` without its one-row prefill program of `chunk` tokens."""
+    graphs = tuple(
+        g
+        for g in catalog.graphs
+        if not (g.kind is GraphKind.PREFILL and g.batch_capacity == 1 and g.token_capacity == chunk)
+    )
+    return dataclasses.replace(catalog, graphs=graphs)
+
+
+def _multi_row(cands, b: int, c: int):
+    found = [
+        x
+        for x in cands
+        if x.kind is GraphKind.PREFILL and x.graph.batch_capacity == b and x.graph.token_capacity == c
+    ]
+    assert len(found) <= 1
+    return found[0] if found else None
+
+
+@spec(
+    "useful-service/dominance-prune",
+    "useful-service/all-capacities-compete",
+    "useful-service/prefill-actual-tokens",
+    "verification/mixed-exhaustive",
+)
+@pytest.mark.parametrize(
+    "views, two_rows",
+    [
+        ([prompt(0, 100)], [0]),
+        ([prompt(0, 64, x=0.01), prompt(1, 64, x=0.02), prompt(2, 100), prompt(3, 100, x=4.0)], [0, 2]),
+        ([prompt(0, 100), prompt(1, 500, prompt_limit=0)], [0]),
+        ([prompt(0, 100, log_x=-50.0), prompt(1, 100)], [0, 1]),
+    ],
+    ids=["one-prompt", "cheap-rows-need-the-chunk", "one-row-consumes-nothing", "one-row-worth-nothing"],
+)
+def test_a_chunk_no_one_row_program_has_matches_enumeration(views, two_rows):
+    """With no one-row 128-token prefill, the B-row 128-token programs do work no smaller
+    program does for a row of more than 64 tokens, even alone. Against exhaustive enumeration
+    (which programs compete, and their best scores) and by rows: when the most valuable rows are
+    64-token prompts that the two-row 64-token program runs the same way, the two-row 128-token
+    cohort is the best of them plus the best row that needs the larger chunk, and a row whose
+    chunk consumes nothing (a prompt at its limit) is never one of its rows; a row whose value
+    vanishes beside the others' (a price e^-50 of theirs) still rides along: equal values, more
+    rows."""
+    cat = _without_one_row_chunk(_catalog(0.6, rows=(2, 4)), 128)
+    graphs = cat.eligible(DecodeMode.ADAPTIVE)
+    costs = CostModel(PolicyConfig().estimate_ttl_ns)
+    costs.seed_from_catalog(cat, 0)
+    inp = policy.SelectionInput(views, graphs, costs, 0, PolicyConfig(), DecodeMode.ADAPTIVE)
+    production = {}
+    for r in policy.scored(inp):
+        if r.graph.kind.is_prefill:
+            production[r.graph.key] = max(production.get(r.graph.key, -math.inf), r.score)
+    reference = {
+        k: v
+        for k, v in cohorts.exhaustive_best(views, graphs, costs, PolicyConfig(), DecodeMode.ADAPTIVE).items()
+        if k.kind.is_prefill
+    }
+    assert production.keys() == reference.keys()
+    for key, score in reference.items():
+        assert production[key] == pytest.approx(score, rel=1e-9, abs=1e-12)
+    cands = policy.candidates(inp)
+    offered = [c.graph.key for c in cands if c.kind.is_prefill]
+    assert len(offered) == len(set(offered))  # each program offers its one best cohort
+    two = _multi_row(cands, 2, 128)
+    assert two is not None and sorted(two.rids) == two_rows  # a 100-token row needs the 128 chunk
+    assert all(lane.prompt_tokens > 0 for c in cands if c.kind.is_prefill for lane in c.lanes)
+    if len(views) == 4:  # four rows: no smaller program holds them
+        assert sorted(_multi_row(cands, 4, 128).rids) == [0, 1, 2, 3]
+
+
+@spec("duration-estimates/prefill-explore-smaller", "useful-service/unknown-optimistic")
+def test_an_unmeasured_multi_row_prefill_explores_only_rows_a_smaller_chunk_would_not_serve():
+    """Every B-row prefill unmeasured, the one-row programs measured: a 128-token cohort leaves
+    out the 64-token prompt (the 64-token chunk consumes it the same way) but takes the prompt
+    whose first message ends at token 100 and the 100-token one (with two such rows the
+    four-row program does the two-row one's work); a prompt needing scores runs only scored
+    prefill, however valuable."""
+    cat = _catalog(0.6, rows=(2, 4))
+    views = [
+        prompt(0, 1000, endpoint=100),
+        prompt(1, 64, x=0.01),
+        prompt(2, 100),
+        prompt(3, 100, x=0.01, needs_scores=True),
+    ]
+    costs = CostModel(PolicyConfig().estimate_ttl_ns)
+    for g in cat.graphs:
+        if g.duration_ms is not None and g.batch_capacity == 1:
+            costs.observe(g.key, [g.duration_ms * 1e6], 0)
+    cands = policy.candidates(inputs(views, catalog=cat, costs=costs))
+    cohort = _multi_row(cands, 2, 128)
+    assert cohort is not None and cohort.indeterminate
+    assert sorted(cohort.rids) == [0, 2]
+    assert _multi_row(cands, 4, 128) is None  # two rows: the two-row program's work
+    assert all(
+        lane.rid != 3
+        for c in cands
+        if c.kind is GraphKind.PREFILL and c.graph.batch_capacity > 1
+        for lane in c.lanes
+    )

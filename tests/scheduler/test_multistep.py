@@ -6,16 +6,21 @@ more value per time than single steps, and the completion path commits up to K t
 stopping at a stop token or the output limit exactly as single steps do.
 """
 
+import dataclasses
+import math
+
 import pytest
 
-from helios_jax.catalog import GraphKind
+from helios_jax.catalog import DecodeMode, GraphKind
+from helios_jax.reference import cohorts
 from helios_jax.reference.crosscheck import with_decode_steps
 from helios_jax.scheduler import policy
 from helios_jax.scheduler.core import NS_PER_MS, Scheduler
+from helios_jax.scheduler.cost import CostModel
 from helios_jax.scheduler.plan import CompletionRecord, ExecutionTiming
 from helios_jax.scheduler.view import LaneRole
 
-from .helpers import ORDINARY, choose, decoder, inputs
+from .helpers import ORDINARY, POLICY, choose, decoder, inputs
 
 spec = pytest.mark.spec
 K = 8
@@ -110,3 +115,67 @@ def test_completion_commits_k_tokens_per_lane_and_stops_at_the_end():
     s.commit(plan, fence)
     (gen,) = s.complete(fence, _records(plan, (1, 7)), TIMING)
     assert gen.tokens == (1, 7) and gen.finish_reason == "stop"
+
+
+def _largest_single_step(catalog, batch: int):
+    """`catalog` without its single-step decode programs above `batch` rows."""
+    graphs = tuple(
+        g
+        for g in catalog.graphs
+        if not (g.kind is GraphKind.DECODE and g.steps == 1 and g.batch_capacity > batch)
+    )
+    return dataclasses.replace(catalog, graphs=graphs)
+
+
+@spec(
+    "useful-service/score-formula",
+    "useful-service/dominance-prune",
+    "useful-service/burst-one-delivery",
+    "verification/mixed-exhaustive",
+)
+@pytest.mark.parametrize("largest_single", [16, 4])
+@pytest.mark.parametrize("outputs", [(1, 1, 1, 3, 50, 1), (1,) * 6], ids=["mixed", "last-tokens"])
+@pytest.mark.parametrize("age_price, time_factor", [(0.1, 1.0), (100.0, 1.0), (100.0, 0.02)])
+def test_k_step_cohorts_match_enumeration(largest_single, outputs, age_price, time_factor):
+    """Every K-step program's best cohort against exhaustive enumeration (reference/cohorts.py),
+    including which programs have a legal cohort: with single steps only up to B = 4, a K-step
+    program holding more lanes does work no smaller program can, even one step per lane; and with
+    an age price that outweighs the lanes' tokens (and programs under and over a millisecond) the
+    age terms decide between cohort sizes."""
+    pc = dataclasses.replace(POLICY, decode_age_price=age_price)
+    cat = _largest_single_step(with_decode_steps(ORDINARY, (4, K), 0.5), largest_single)
+    graphs = cat.eligible(DecodeMode.ORDINARY)
+    costs = CostModel(pc.estimate_ttl_ns)
+    for g in graphs:
+        costs.observe(g.key, [g.duration_ms * 1e6 * time_factor], 0)
+    views = [decoder(i, age_ms=float(i), output_remaining=n, policy_config=pc) for i, n in enumerate(outputs)]
+    inp = policy.SelectionInput(views, graphs, costs, 0, pc, DecodeMode.ORDINARY)
+    production: dict = {}
+    for row in policy.scored(inp):
+        if row.graph.steps > 1:
+            production[row.graph.key] = max(production.get(row.graph.key, -math.inf), row.score)
+    reference = {
+        key: score
+        for key, score in cohorts.exhaustive_best(views, graphs, costs, pc, DecodeMode.ORDINARY).items()
+        if key.steps > 1
+    }
+    assert production.keys() == reference.keys()
+    for key, score in reference.items():
+        assert production[key] == pytest.approx(score, rel=1e-9, abs=1e-12)
+    if largest_single == 4:  # six lanes: only a K-step program of B = 8 holds them all
+        assert any(key.batch_capacity == 8 for key in reference)
+
+
+@spec("useful-service/dominance-prune", "useful-service/score-formula")
+def test_a_lane_worth_nothing_measurable_still_rides_along():
+    """Single steps only up to B = 4: the B = 8 K-step program's cohorts of five and six lanes
+    are both legal. A sixth lane whose value vanishes beside the others' (prices some 1e20 times
+    smaller) leaves the total unchanged; equal values take more lanes."""
+    cat = _largest_single_step(with_decode_steps(ORDINARY, (K,), 0.5), 4)
+    views = [decoder(i, x=1e-20, z=1e-20) for i in range(5)] + [decoder(5)]
+    (c,) = [
+        c
+        for c in policy.candidates(inputs(views, catalog=cat, mode="ordinary"))
+        if c.graph.steps == K and c.graph.batch_capacity == 8
+    ]
+    assert sorted(c.rids) == [0, 1, 2, 3, 4, 5]
