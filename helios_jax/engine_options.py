@@ -10,7 +10,9 @@ before a model loads), and `EngineOptions.engine_config(model_config)` resolves 
 the model into the frozen `helios_jax.engine_config.EngineConfig`: an unset `--max_model_len` is
 the model's own limit, at most 4096; an unset `--dtype` is the loaded model's; an unset
 `--proposal_source` is learned proposals where the model has an MTP head and copy proposals where
-it has none (an explicit `learned` there decodes ordinarily: nothing would draft).
+it has none (an explicit `learned` there decodes ordinarily: nothing would draft); an unset
+`--mixed_prefill` is the measured choice for the resolved speculation mode on this platform
+(`mixed_prefill_default`).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 from absl import flags
 
-from helios_jax.catalog import MAX_REQUEST_SLOTS
+from helios_jax.catalog import MAX_REQUEST_SLOTS, PROMPT_ALIGNMENT
 from helios_jax.engine_config import (
     DEFAULT_MAX_MODEL_LEN,
     DTYPES,
@@ -42,6 +44,23 @@ SCHEDULER_POLICIES = ("balanced", "throughput")
 # embedded model on a 2-core CPU they took the engine from 0.44x to 1.40x the naive loop at one
 # stream (docs/benchmarks-engine.md).
 MULTI_STEP_DEFAULT = (1, 4, 8)
+
+# Where an unset --mixed_prefill prepares mixed prefill/verification programs: (platform as
+# `jax.default_backend()` names it, resolved speculation mode) -> True where the arrivals-during-
+# decode benchmark (`scripts/bench/mixed_prefill.py`; docs/benchmarks-engine.md, "Mixed programs
+# by default?") showed them to pay. Empty: none has yet, so every platform and mode keeps them off
+# (docs/serving.md says why); an explicit flag always wins.
+MIXED_PREFILL_DEFAULT: dict[tuple[str, str], bool] = {}
+
+
+def mixed_prefill_default(speculation: str, platform: str | None = None) -> bool:
+    """What an unset ``--mixed_prefill`` means for `speculation` (``"off"``, ``"fixed"`` or
+    ``"adaptive"``) on `platform` (``None``: the platform JAX computes on)."""
+    if platform is None:
+        import jax  # here: the fake server and flag parsing never load jax
+
+        platform = jax.default_backend()
+    return MIXED_PREFILL_DEFAULT.get((platform, speculation), False)
 
 
 def _fail(flag: str, message: str) -> NoReturn:
@@ -88,7 +107,9 @@ class EngineOptions:
       draft_tokens: D, the deepest proposal depth (at least one unless speculation is off).
       proposal_depths: every captured proposal depth; ``None``: ``(draft_tokens,)``.
       speculative_token_capacity: R, the aggregate target-row envelope of wider programs.
-      mixed_prefill: capture mixed prefill/verification graphs.
+      mixed_prefill: capture mixed prefill/verification graphs; ``None``: `mixed_prefill_default`
+        for the resolved speculation mode and the platform (`MIXED_PREFILL_DEFAULT`), and off
+        where no prefill chunk is a multiple of 64 (a mixed prompt row needs one).
       max_model_len: longest context (prompt + output); ``None``: the model's own limit, at most
         `DEFAULT_MAX_MODEL_LEN` (4096).
       page_size, kv_pages, snapshot_rows: the KV pool (``kv_pages`` ``None``: every state row at
@@ -117,7 +138,7 @@ class EngineOptions:
     draft_tokens: int = 3
     proposal_depths: tuple[int, ...] | None = None
     speculative_token_capacity: int = 64
-    mixed_prefill: bool = False
+    mixed_prefill: bool | None = None
     max_model_len: int | None = None
     page_size: int = 16
     kv_pages: int | None = None
@@ -156,6 +177,8 @@ class EngineOptions:
         for b in self.prefill_batch:
             _check_int("prefill_batch", b, 1)
         _check_int("speculative_token_capacity", self.speculative_token_capacity, 0)
+        if self.mixed_prefill is not None and not isinstance(self.mixed_prefill, bool):
+            _fail("mixed_prefill", f"must be true or false, got {self.mixed_prefill!r}")
         if self.dtype is not None and self.dtype not in DTYPES:
             _fail("dtype", f"must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.proposal_source is not None and self.proposal_source not in PROPOSAL_SOURCES:
@@ -269,7 +292,13 @@ class EngineOptions:
         if dtype is not None:
             fields["dtype"] = dtype
         fields.update(overrides)
-        return EngineConfig(**fields)
+        if fields["mixed_prefill"] is not None:
+            return EngineConfig(**fields)
+        config = EngineConfig(**{**fields, "mixed_prefill": False})
+        aligned = any(c % PROMPT_ALIGNMENT == 0 for c in config.prefill_chunks)
+        if aligned and mixed_prefill_default(config.speculation):
+            return config.replace(mixed_prefill=True)
+        return config
 
     def policy_config(self) -> PolicyConfig:
         """The scheduler's ``PolicyConfig``: the named preset, then the terminal and alpha overrides."""
@@ -309,7 +338,13 @@ def _define_program_shape_flags(fv: flags.FlagValues) -> None:
     flags.DEFINE_integer(
         "speculative_token_capacity", 64, "R: aggregate target rows of wider programs.", flag_values=fv
     )
-    flags.DEFINE_bool("mixed_prefill", False, "Capture mixed prefill/verification graphs.", flag_values=fv)
+    flags.DEFINE_bool(
+        "mixed_prefill",
+        None,
+        "Capture mixed prefill/verification graphs (unset: as measured per platform and speculation "
+        "mode, MIXED_PREFILL_DEFAULT).",
+        flag_values=fv,
+    )
     flags.DEFINE_enum(
         "proposal_source",
         None,

@@ -2,11 +2,14 @@
 
 import dataclasses
 import importlib.util
+import types
 
+import jax
 import pytest
 from absl import flags
 
-from helios_jax.engine_options import EngineOptions
+from helios_jax import engine_options
+from helios_jax.engine_options import EngineOptions, mixed_prefill_default
 from helios_jax.scheduler.config import PolicyConfig
 from helios_jax.serve.engines import engine_factory
 from helios_jax.serve.fake import FakeEngine
@@ -157,3 +160,64 @@ def test_unset_decode_steps_prepare_multi_step_programs_only_without_speculation
         "--speculation=off", "--draft_tokens=0", "--max_model_len=512"
     ).engine_options.engine_config()
     assert config.decode_steps == (1, 4, 8)
+
+
+def test_mixed_prefill_flag_unset_is_none_and_explicit_values_pass_through():
+    assert parse().engine_options.mixed_prefill is None
+    assert parse("--mixed_prefill").engine_options.mixed_prefill is True
+    assert parse("--nomixed_prefill").engine_options.mixed_prefill is False
+    with pytest.raises(ValueError, match="--mixed_prefill must be true or false"):
+        EngineOptions(mixed_prefill=1)
+
+
+# A measured table that turns mixed programs on for one (platform, mode): the resolution must follow
+# whatever the table says, for the resolved mode on the current platform.
+MEASURED = {("cpu", "off"): True, ("cpu", "adaptive"): False}
+
+
+def test_the_shipped_table_is_what_docs_serving_md_states():
+    assert engine_options.MIXED_PREFILL_DEFAULT == {}  # no platform or mode shown to pay yet
+
+
+def test_mixed_prefill_default_reads_the_table_and_leaves_unmeasured_platforms_off(monkeypatch):
+    monkeypatch.setattr(engine_options, "MIXED_PREFILL_DEFAULT", MEASURED)
+    assert mixed_prefill_default("off", "cpu") is True
+    assert mixed_prefill_default("adaptive", "cpu") is False
+    assert mixed_prefill_default("fixed", "cpu") is False  # not in the table
+    assert mixed_prefill_default("off", "gpu") is False  # not measured
+    monkeypatch.setattr(jax, "default_backend", lambda: "cpu")
+    assert mixed_prefill_default("off") is True  # the platform JAX computes on
+
+
+def resolved_mixed(monkeypatch, platform, *args, model_config=None, **overrides):
+    monkeypatch.setattr(engine_options, "MIXED_PREFILL_DEFAULT", MEASURED)
+    monkeypatch.setattr(jax, "default_backend", lambda: platform)
+    return parse(*args).engine_options.engine_config(model_config, **overrides).mixed_prefill
+
+
+def test_unset_mixed_prefill_resolves_per_speculation_and_platform(monkeypatch):
+    assert resolved_mixed(monkeypatch, "cpu", "--speculation=off") is True
+    assert resolved_mixed(monkeypatch, "cpu", "--speculation=adaptive") is False
+    assert resolved_mixed(monkeypatch, "gpu", "--speculation=off") is False
+    # an explicit flag wins over the measured choice, either way
+    assert resolved_mixed(monkeypatch, "cpu", "--speculation=off", "--nomixed_prefill") is False
+    assert resolved_mixed(monkeypatch, "cpu", "--speculation=adaptive", "--mixed_prefill") is True
+    assert resolved_mixed(monkeypatch, "cpu", "--speculation=off", mixed_prefill=False) is False
+
+
+def test_unset_mixed_prefill_follows_the_speculation_the_model_allows(monkeypatch):
+    # what engine_config reads of a model without a draft head (the real ModelConfig costs imports)
+    no_head = types.SimpleNamespace(has_mtp=False, max_position_embeddings=256, dtype="float32")
+    learned = ("--proposal_source=learned",)  # nothing drafts: decodes ordinarily
+    assert parse(*learned).engine_options.engine_config(no_head).speculation == "off"
+    assert resolved_mixed(monkeypatch, "cpu", *learned, model_config=no_head) is True
+    assert resolved_mixed(monkeypatch, "cpu", model_config=no_head) is False  # copy proposals: adaptive
+
+
+def test_unset_mixed_prefill_stays_off_without_an_aligned_prefill_chunk(monkeypatch):
+    # a mixed prompt row needs a chunk that is a multiple of 64; the default must not break a config
+    args = ("--speculation=off", "--prefill_chunks=48", "--max_model_len=256")
+    assert resolved_mixed(monkeypatch, "cpu", *args) is False
+    assert resolved_mixed(monkeypatch, "cpu", "--speculation=off", "--prefill_chunks=48,64") is True
+    with pytest.raises(ValueError, match="mixed_prefill"):
+        parse(*args, "--mixed_prefill").engine_options.engine_config()
