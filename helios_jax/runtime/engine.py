@@ -264,15 +264,19 @@ class HeliosEngine(FaultContainment):
                 return
             self._waiting.pop(0)
             s = req.sampling
-            handle = self.scheduler.admit(
-                req.prompt_tokens,
-                max_output=s.max_tokens,
-                message_endpoints=req.message_endpoints,
-                stop_token_ids=self.tokenizer.eos_token_ids,
-                needs_scores=s.prompt_logprobs,
-                host_stops=bool(s.stop),
-                sampling=s,
-            )
+            try:
+                handle = self.scheduler.admit(
+                    req.prompt_tokens,
+                    max_output=s.max_tokens,
+                    message_endpoints=req.message_endpoints,
+                    stop_token_ids=self.tokenizer.eos_token_ids,
+                    needs_scores=s.prompt_logprobs,
+                    host_stops=bool(s.stop),
+                    sampling=s,
+                )
+            except ValueError as e:  # a request no program can serve: it alone fails
+                self._fail_request(active, f"not admitted: {e}")
+                continue
             seed = program_seed(s.seed) if s.seed is not None else (self._seed + handle.rid) % (1 << 31)
             active.handle = handle
             self._copies.admit(handle, tuple(req.prompt_tokens), req.proposal_source)

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike
 
-from helios_jax.catalog import Catalog, DecodeMode
+from helios_jax.catalog import Catalog, DecodeMode, GraphKind
 from helios_jax.scheduler import learning, policy, pricing, reuse, service
 from helios_jax.scheduler.captures import Captures
 from helios_jax.scheduler.config import PolicyConfig
@@ -99,6 +99,8 @@ class Scheduler(SchedulerReads, ProposalSources):
         self.max_model_len = max_model_len
         self.depth = max(1, self.graphs.max_depth)
         self.draft_storage = self.graphs.max_depth if draft_storage is None else draft_storage
+        if initialize_requests:
+            self.graphs.require(GraphKind.INITIALIZE, "initialize_requests")
         self.initialize_requests = initialize_requests
         self.captures = Captures(
             self.graphs,
@@ -174,14 +176,12 @@ class Scheduler(SchedulerReads, ProposalSources):
           host_stops: stop strings or parsers on the host: rounds need completion feedback.
           sampling: the engine's sampling settings (opaque here).
           proposal_source: "learned" or "copy".
-          acceptance_history: optional preseeded estimates per source.
+          acceptance_history, forecast_history: optional preseeded estimates (copied).
           width_limit: grammar or stop restrictions on one round: at most this many target rows
             (pending token included); None for none. :meth:`restrict_width` changes it later.
-          forecast_history: an optional preseeded confidence forecast (copied).
 
         A prompt that extends a stored checkpoint starts with a RESTORE of it and is charged only
-        its uncached tokens.
-        """
+        its uncached tokens. A request no eligible program can serve raises ValueError."""
         admission = admission_fields(
             prompt,
             max_output,
@@ -195,6 +195,8 @@ class Scheduler(SchedulerReads, ProposalSources):
             proposal_source=proposal_source,
             width_limit=width_limit,
         )
+        if needs_scores:
+            self.graphs.require(GraphKind.SCORED_PREFILL, "a request for prompt scores")
         windows = self.captures.admission_windows(admission["image_spans"], len(admission["prompt"]))
         pages_needed = self.pages_needed(len(admission["prompt"]), max_output)
         req = self.residents.new_request(
@@ -226,8 +228,7 @@ class Scheduler(SchedulerReads, ProposalSources):
 
         Its terminal age starts now; when a destination row is obtainable its state is captured
         first, so that a continuation (the same prompt plus the output so far) restores it and is
-        charged only what it did not have. The engine decides when to preempt; see
-        :meth:`preemption_candidate` for the trigger it uses.
+        charged only what it did not have. The engine decides when (:meth:`preemption_candidate`).
         """
         req = self.residents.lookup(handle)
         if req.active:
@@ -236,10 +237,9 @@ class Scheduler(SchedulerReads, ProposalSources):
     def preemption_candidate(self, prompt_len: int, max_output: int) -> Handle | None:
         """The resident decoding request to preempt so that a waiting request fits, or None.
 
-        Trigger (used by the engine when the head of its admission queue has waited longer than
-        its preemption delay): admission is refused for lack of a slot or KV pages, and retiring
-        one active decoding request would make it fit. Among those, the best-served one (highest
-        token rate: the lowest fairness price) is chosen.
+        Trigger (the engine's, once the head of its admission queue has waited its preemption
+        delay): admission is refused for lack of a slot or KV pages, and retiring one active
+        decoding request would make it fit; the best-served one (lowest fairness price) is chosen.
         """
         if self.can_admit(prompt_len, max_output):
             return None

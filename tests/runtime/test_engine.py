@@ -303,6 +303,27 @@ def test_a_request_that_fails_to_pack_fails_alone(engine, monkeypatch):
     assert later == offline_greedy(good, 4)
 
 
+def test_a_request_the_scheduler_refuses_fails_alone(engine, monkeypatch):
+    """The scheduler refuses one admission with ValueError (a request no prepared program can
+    serve): that request ends with an error naming why; a concurrent one is served."""
+    real = engine.scheduler.admit
+
+    def admit(prompt, **kw):
+        if tuple(prompt) == POISON:
+            raise ValueError("injected admission refusal")
+        return real(prompt, **kw)
+
+    monkeypatch.setattr(engine.scheduler, "admit", admit)
+    good = tokenizer().encode("import os\n")
+    streams = [
+        engine.submit(GenerationRequest(r, tuple(p), SamplingParams(max_tokens=6, temperature=0.0)))
+        for r, p in (("poison", POISON), ("ok", good))
+    ]
+    poison, ok = (list(s) for s in streams)
+    assert poison[-1].finish_reason == "error" and "injected admission refusal" in poison[-1].error
+    assert [t for e in ok for t in e.token_ids] == offline_greedy(good, 6) and engine.ready()
+
+
 class _FailingProgram:
     def __init__(self, program, failures):
         self.program, self.failures = program, failures

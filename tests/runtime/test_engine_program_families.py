@@ -34,10 +34,6 @@ def _engine(decode_steps, prefill_batch):
         max_model_len=128,
         decode_steps=decode_steps,
         prefill_batch=prefill_batch,
-        # Checkpoint retention off: with it on, an engine whose only decode programs run K
-        # steps and that prepares four-row prefills has left a request unserved (the engine
-        # idle, its stream open); docs/checkpoints.md, "Known faults".
-        snapshot_rows=0,
     )
     return HeliosEngine(
         model_config=config, params=params, tokenizer=tokenizer(), engine_config=ec, check_invariants=True

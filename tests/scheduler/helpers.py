@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import pathlib
 
@@ -17,6 +18,17 @@ SPEC = shipped_catalog("synthetic-h200")
 ORDINARY = shipped_catalog("synthetic-h200-ordinary")
 RAGGED = Catalog.load(pathlib.Path(__file__).parents[1] / "data" / "ragged-small.json")
 POLICY = PolicyConfig()
+
+
+def k_step_only(catalog: Catalog) -> Catalog:
+    """`catalog` whose decode programs all run K steps (`--decode_steps=K`: no single step) and
+    that has no mixed programs (the engine's default, `--mixed_prefill` off)."""
+    graphs = tuple(
+        g
+        for g in catalog.graphs
+        if not (g.kind is GraphKind.DECODE and g.steps == 1) and g.kind is not GraphKind.MIXED
+    )
+    return dataclasses.replace(catalog, graphs=graphs)
 
 
 def measured(catalog: Catalog, now_ns: int = 0, **overrides_ms) -> CostModel:

@@ -20,7 +20,7 @@ from helios_jax.scheduler.cost import CostModel
 from helios_jax.scheduler.plan import CompletionRecord, ExecutionTiming
 from helios_jax.scheduler.view import LaneRole
 
-from .helpers import ORDINARY, POLICY, choose, decoder, inputs
+from .helpers import ORDINARY, POLICY, choose, decoder, inputs, k_step_only
 
 spec = pytest.mark.spec
 K = 8
@@ -179,3 +179,39 @@ def test_a_lane_worth_nothing_measurable_still_rides_along():
         if c.graph.steps == K and c.graph.batch_capacity == 8
     ]
     assert sorted(c.rids) == [0, 1, 2, 3, 4, 5]
+
+
+@spec("prerequisites/all-shape-pairs", "prerequisites/enabling-kinds")
+def test_a_prompt_end_capture_is_scheduled_when_every_decode_program_runs_k_steps():
+    """With checkpoint retention, a request whose prompt ends at an anchor waits for its SNAPSHOT
+    before decoding. The snapshot is valued by the inference that follows it; with no single-step
+    decode program in the catalog the follower search must still find one, or the request waits
+    forever (the engine found idle with every request blocked on its capture)."""
+    s = Scheduler(k_step_only(_catalog(0.3)), kv_pages=96, page_size=16, checkpoints=True, snapshot_rows=4)
+    s.seed_costs(0)
+    handles = [s.admit([1 + i, 2, 3], max_output=6) for i in range(4)]
+    now, snapshots = 0, 0
+    for fence in range(1, 40):
+        if not s.requests:
+            break
+        s.advance_to(now * NS_PER_MS)
+        plan = s.plan()
+        assert plan is not None, {
+            h.rid: (s.requests[h.rid].phase, s.requests[h.rid].prerequisites)
+            for h in handles
+            if h.rid in s.requests
+        }
+        if plan.kind is GraphKind.SNAPSHOT:  # valued by a K-step follower: 5 tokens left, 1 delivery
+            follower = plan.following
+            assert follower.graph.steps == K, follower.graph.name
+            assert [lane.expected_tokens for lane in follower.lanes] == [5] * len(follower.lanes)
+            snapshots += 1
+        s.commit(plan, fence)
+        now += 10
+        s.advance_to(now * NS_PER_MS)
+        recs = [
+            dataclasses.replace(r, tokens=(1,) * lane.ceiling) if lane.role is LaneRole.DECODE else r
+            for lane, r in zip(plan.lanes, _records(plan), strict=True)
+        ]
+        s.complete(fence, recs, TIMING)
+    assert not s.requests and snapshots

@@ -36,18 +36,28 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from helios_jax.catalog import Allocation, GraphKind
+from helios_jax.reference.crosscheck import with_decode_steps
 from helios_jax.scheduler.checkpoints import Role
 from helios_jax.scheduler.core import NS_PER_MS, PlanRejected, Scheduler
 from helios_jax.scheduler.plan import CompletionRecord, ExecutionClass, ExecutionTiming
+from helios_jax.scheduler.pricing import runnable
 from helios_jax.scheduler.refresh import CREDIT_CAP_MS
 from helios_jax.scheduler.requests import ResourceError
 from helios_jax.scheduler.rounds import allocate_prefix_rows
 from helios_jax.scheduler.view import LaneRole, Phase
 
-from .helpers import ORDINARY, RAGGED, SPEC
+from .helpers import ORDINARY, RAGGED, SPEC, k_step_only
 
 TOKEN, STOP = 3, 0
-CATALOGS = {"speculative": SPEC, "ordinary": ORDINARY, "ragged": RAGGED}
+CATALOGS = {
+    "speculative": SPEC,
+    "ordinary": ORDINARY,
+    "ragged": RAGGED,
+    # `--decode_steps=4` without mixed programs: every decode frame runs K steps, so a capture's
+    # follower is a K-step program (a catalog with no single-step follower once left every
+    # request blocked on its snapshot).
+    "k-step": k_step_only(with_decode_steps(ORDINARY, (4,), 0.5)),
+}
 EPS = 1e-9
 REQUEST = st.fixed_dictionaries(
     {
@@ -99,7 +109,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             page_size=16,
             checkpoints=checkpoints,
             snapshot_rows=snapshot_rows,
-            initialize_requests=initialize_requests,
+            initialize_requests=initialize_requests and bool(CATALOGS[catalog].of_kind(GraphKind.INITIALIZE)),
             vision_window_tokens=vision_window_tokens,
         )
         self.s.seed_costs(0)
@@ -200,6 +210,10 @@ class SchedulerMachine(RuleBasedStateMachine):
                 break
             spans.append((start, start + size))
             start += size + 10
+        # Prompt scores on a catalog without a scored prefill could never be served: refused.
+        scored = any(g.kind is GraphKind.SCORED_PREFILL for g in self.s.graphs.graphs)
+        unservable = needs_scores and not scored
+        before = self._state() if unservable else None
         try:
             h = self.s.admit(
                 [TOKEN] * prompt,
@@ -218,6 +232,10 @@ class SchedulerMachine(RuleBasedStateMachine):
                 assert r is not None and r.active and r.phase is Phase.DECODE
                 assert self.s.pages.available + len(r.pages) >= self.s.pages_needed(prompt, out)
             return
+        except ValueError:
+            assert unservable and self._state() == before
+            return
+        assert not unservable
         self.handles.append(h)
         self.limits[h.rid] = out
         assert h.rid not in self.returned
@@ -301,6 +319,8 @@ class SchedulerMachine(RuleBasedStateMachine):
                 assert plan == self.s.plan()
                 assert self._state() == before
             if plan is None:
+                # Liveness: with nothing in flight, a request that can be served is served.
+                assert self.s.in_flight or not any(runnable(r) for r in self.s.requests.values())
                 return
             self._check_plan(plan)
             if plan.needs_empty_window and self.s.in_flight:
@@ -417,6 +437,11 @@ class SchedulerMachine(RuleBasedStateMachine):
                         tokens=((STOP if stop else TOKEN),) if lane.finishes_prompt else (),
                     )
                 )
+            elif lane.role is LaneRole.DECODE and graph.steps > 1:  # K-step: its steps, or to a stop
+                tokens = [TOKEN] * lane.ceiling
+                if stop:
+                    tokens = tokens[: data.draw(st.integers(0, lane.ceiling - 1), label="stop at")] + [STOP]
+                records.append(CompletionRecord(lane.handle, lane.epoch, tokens=tuple(tokens)))
             elif lane.role is LaneRole.DECODE:
                 n = rows.get(lane.handle, lane.query_length)
                 assert n >= 1

@@ -23,6 +23,7 @@ import numpy as np
 
 from helios_jax.catalog import Allocation, DecodeMode, GraphDescriptor, GraphKind
 from helios_jax.scheduler import utility
+from helios_jax.scheduler.policy.multistep import k_step_lanes
 from helios_jax.scheduler.policy.selection import Selection
 from helios_jax.scheduler.policy.tables import DecoderTable, padded_prefixes
 from helios_jax.scheduler.rounds import prefix_allocation_order
@@ -97,11 +98,13 @@ class Population:
 
 def following_graphs(sel: Selection, enables: Phase) -> list[GraphDescriptor]:
     """Every prepared inference shape that can follow: prefill, scored prefill and mixed
-    programs for an enabled prompt; every generation program, ragged ones included, for an
-    enabled decoder."""
+    programs for an enabled prompt; every single-step generation program, ragged ones included,
+    for an enabled decoder, or every K-step one where the catalog has no single-step program
+    (RESOLUTIONS.md, 25: without one, a decoder's capture would have no follower and no value)."""
     if enables is Phase.PREFILL:
         return [g for g in sel.prepared.graphs if g.kind.is_prefill or g.kind is GraphKind.MIXED]
-    return [g for g in sel.prepared.delivery if g.steps == 1]  # lookahead: single-step followers
+    single = [g for g in sel.prepared.delivery if g.steps == 1]
+    return single or list(sel.prepared.delivery)
 
 
 def is_ragged(g: GraphDescriptor) -> bool:
@@ -115,12 +118,17 @@ def new_decoder(sel: Selection, v: RequestView, g2: GraphDescriptor, until_ms: f
     length of the sequence that delivers to it.
     """
     decision = sel.decision
+    output_price = float(decision.scaled(v.log_output_price))
+    delivery_price = float(decision.scaled(v.log_delivery_price))
+    age = decision.decode_age * until_ms * (v.age_ms + until_ms)
+    if g2.steps > 1:  # K-step: min(K, limits) certain tokens, one delivery
+        steps = max(1, min(g2.steps, v.output_remaining, v.context_remaining, v.width_limit or g2.steps))
+        value = output_price * steps + delivery_price + age
+        return value, Lane(v.rid, v.slot, LaneRole.DECODE, ceiling=steps, expected_tokens=steps, value=value)
     survival = padded_prefixes([v.survival], sel.prepared.max_depth)
     w = int(max(1, min(v.row_limit, g2.token_capacity, g2.proposal_depth + 1)))
     expected = float(expected_output_table(survival, w, decision.alpha)[0, w])
-    output_price = float(decision.scaled(v.log_output_price))
-    delivery_price = float(decision.scaled(v.log_delivery_price))
-    value = output_price * expected + delivery_price + decision.decode_age * until_ms * (v.age_ms + until_ms)
+    value = output_price * expected + delivery_price + age
     return value, Lane(v.rid, v.slot, LaneRole.DECODE, query_length=w, expected_tokens=expected, value=value)
 
 
@@ -165,7 +173,9 @@ def populations(
     b2 = g2.batch_capacity
     new_dec = [new_decoder(sel, v, g2, u) for v in new_views if v.enables is Phase.DECODE]
     ready_dec: list[tuple[float, Lane]] = []
-    if decoders.count:
+    if decoders.count and g2.steps > 1:
+        ready_dec = k_step_lanes(decoders, g2.steps, u)
+    elif decoders.count:
         table = decoders.table(g2.token_capacity, g2.proposal_depth)
         ready_dec = list(
             zip(

@@ -35,6 +35,27 @@ def lane_steps(decoders: DecoderTable, steps: int) -> np.ndarray:
     return out
 
 
+def k_step_lanes(decoders: DecoderTable, steps: int, until_ms: float) -> list[tuple[float, Lane]]:
+    """(value, lane) of every decoder on a K-step program that completes `until_ms` from now:
+    its steps' tokens, one delivery and its age term (a prerequisite's follower)."""
+    counts = lane_steps(decoders, steps)
+    values = decoders.output_price * counts + decoders.delivery_value + decoders.age_value_per_ms * until_ms
+    return [
+        (
+            float(values[i]),
+            Lane(
+                int(decoders.rids[i]),
+                int(decoders.slots[i]),
+                LaneRole.DECODE,
+                ceiling=int(counts[i]),
+                expected_tokens=float(counts[i]),
+                value=float(values[i]),
+            ),
+        )
+        for i in range(decoders.count)
+    ]
+
+
 def multistep_candidate(sel: Selection, g: GraphDescriptor) -> ScoredCandidate | None:
     """The best non-dominated cohort of a K-step decode program (None: every cohort is).
 

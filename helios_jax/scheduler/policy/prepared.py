@@ -90,6 +90,12 @@ class PreparedGraphs:
         self._durations: tuple[CostModel, int, dict[int, float | None]] | None = None
         self._sigmas: dict[tuple[str, int], float] = {}
 
+    def require(self, kind: GraphKind, what: str) -> None:
+        """Raises ValueError when no eligible program of `kind` exists: `what` would wait for
+        work no program can run."""
+        if not any(g.kind is kind for g in self.graphs):
+            raise ValueError(f"{what} needs an eligible {kind.value} program; the catalog has none")
+
     def durations(self, costs: CostModel) -> dict[int, float | None]:
         """Every program's duration estimate (ms; None: unmeasured) by ``id``, kept while the
         cost model's version holds (every changed estimate bumps it). Read-only to callers."""
