@@ -1,0 +1,103 @@
+"""Token ids of a rendered chat: control tokens from the template, plain text from the user.
+
+`encode_plain` encodes text with no added token recognized (special or not): the normalizer,
+the pre-tokenizer and the model of the ``tokenizers`` pipeline, without its added-token
+extraction (the same path as transformers' ``_encode_without_added_tokens``). It reads the
+tokenizer and mutates nothing, so server threads can share one tokenizer.
+
+`encode_marked` encodes a rendering produced from marked messages
+(`helios_jax.runtime.chat_template.mark_control_tokens`): piece by piece, as transformers'
+``encode_marked_chat`` does, so the ids equal ``apply_chat_template(..., tokenize=True,
+sanitize_control_tokens=True)``.
+
+`prefix_endpoints` gives the scheduler's checkpoint anchors: the token count of the rendering
+up to and including each message, kept only where those ids are a prefix of the prompt.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+
+import tokenizers
+
+
+def encode_plain(tokenizer: tokenizers.Tokenizer, text: str) -> list[int]:
+    """`text` as plain text: ``<|im_start|>`` becomes ``<``, ``|``, ``im``..., never its id."""
+    if tokenizer.normalizer is not None:
+        text = tokenizer.normalizer.normalize_str(text)
+    splits = [text]
+    if tokenizer.pre_tokenizer is not None:
+        splits = [split for split, _ in tokenizer.pre_tokenizer.pre_tokenize_str(text)]
+    return [token.id for split in splits for token in tokenizer.model.tokenize(split)]
+
+
+def encode_parsed(tokenizer: tokenizers.Tokenizer, text: str) -> list[int]:
+    """`text` with added tokens recognized (the template's markup), no BOS/EOS added."""
+    return tokenizer.encode(text, add_special_tokens=False).ids
+
+
+def _encode_piece(
+    tokenizer: tokenizers.Tokenizer, piece: str, as_text: bool, newline: list[int]
+) -> list[int]:
+    """A piece from the middle of a chat. It is encoded after a newline that is then removed,
+    so a SentencePiece tokenizer does not add the prefix space it adds at a string's start."""
+    encode = encode_plain if as_text else encode_parsed
+    ids = encode(tokenizer, "\n" + piece)
+    if ids[: len(newline)] == newline:
+        return ids[len(newline) :]
+    return encode(tokenizer, piece)
+
+
+def encode_marked(tokenizer: tokenizers.Tokenizer, text: str, markers_re: re.Pattern) -> list[int]:
+    """Token ids of a rendering whose user-side control tokens are marked.
+
+    ``markers_re.split`` gives [text, marked token, text, ..., text] (None in place of the
+    token for a lone marker, which is dropped but still separates the text around it).
+
+    Raises:
+      ValueError: the tokenizer produces a control token's id from its plain text, so the token
+        cannot be kept out of user text.
+    """
+    pieces = markers_re.split(text)
+    newline = encode_parsed(tokenizer, "\n")
+    ids = encode_parsed(tokenizer, pieces[0])
+    for i, piece in enumerate(pieces[1:], start=1):
+        if not piece:
+            continue
+        as_text = i % 2 == 1
+        piece_ids = _encode_piece(tokenizer, piece, as_text, newline)
+        if as_text and tokenizer.token_to_id(piece) in piece_ids:
+            raise ValueError(
+                f"cannot keep {piece!r} out of user text: the tokenizer produces it from plain text"
+            )
+        ids += piece_ids
+    return ids
+
+
+def prefix_endpoints(
+    messages: Sequence[dict],
+    full_text: str,
+    full_ids: Sequence[int],
+    render_prefix: Callable[[Sequence[dict]], str],
+    encode: Callable[[str], list[int]],
+) -> tuple[int, ...]:
+    """The exact token endpoint of each message whose rendering is a prefix of the prompt.
+
+    Message i's endpoint is ``len(encode(render_prefix(messages[:i + 1])))``, the conversation
+    up to and including message i rendered without a generation prompt. It is kept only when
+    that rendering is a text prefix of `full_text` and its ids are a prefix of `full_ids`; a
+    template that renders a message differently once later turns follow (Qwen3 drops an
+    earlier assistant turn's thinking) loses that endpoint rather than getting a false one.
+    The cost is one render and at most one encode per message.
+    """
+    endpoints: list[int] = []
+    for i in range(len(messages)):
+        text = render_prefix(messages[: i + 1])
+        if not text or not full_text.startswith(text):
+            continue
+        ids = encode(text)
+        end = len(ids)
+        if 0 < end <= len(full_ids) and list(full_ids[:end]) == ids and end not in endpoints:
+            endpoints.append(end)
+    return tuple(sorted(endpoints))
