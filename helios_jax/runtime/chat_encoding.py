@@ -16,6 +16,7 @@ up to and including each message, kept only where those ids are a prefix of the 
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Sequence
 
@@ -37,36 +38,92 @@ def encode_parsed(tokenizer: tokenizers.Tokenizer, text: str) -> list[int]:
     return tokenizer.encode(text, add_special_tokens=False).ids
 
 
-def _encode_piece(
-    tokenizer: tokenizers.Tokenizer, piece: str, as_text: bool, newline: list[int]
-) -> list[int]:
+def independent_segments_pattern(tokenizer: tokenizers.Tokenizer) -> re.Pattern | None:
+    """A regex capturing the tokenizer's added tokens when its encoding of a text is the
+    concatenation of its segments' encodings, the text split at those tokens; else None.
+
+    ``tokenizers`` splits a text at its added tokens before normalizing and pre-tokenizing, and
+    encodes each segment on its own; a token that strips the whitespace beside it, matches only
+    whole words or only after normalization, or a Metaspace pre-tokenizer (which prefixes only
+    the first segment) or Prepend normalizer breaks that, and such a tokenizer gets None.
+    The regex tries longer tokens first: the leftmost-longest match ``tokenizers`` makes.
+    """
+    added = list(tokenizer.get_added_tokens_decoder().values())
+    if not added or any(t.lstrip or t.rstrip or t.single_word or t.normalized for t in added):
+        return None
+    config = json.loads(tokenizer.to_str())
+    pipeline = json.dumps([config.get("normalizer"), config.get("pre_tokenizer")])
+    if '"Metaspace"' in pipeline or '"Prepend"' in pipeline:
+        return None
+    longest_first = sorted({t.content for t in added}, key=len, reverse=True)
+    return re.compile("(" + "|".join(map(re.escape, longest_first)) + ")")
+
+
+class SegmentEncoder:
+    """Encodes rendered chats with added tokens recognized, remembering each segment's ids.
+
+    With an independent-segments pattern (`independent_segments_pattern`), a text is split at
+    added tokens and each segment is encoded once per encoder: the renderings of a
+    conversation's prefixes share their segments with the full rendering, so computing every
+    message endpoint costs little more than one encode. Without one, every text is encoded
+    whole (exact for any tokenizer, quadratic in the number of messages).
+    """
+
+    def __init__(self, tokenizer: tokenizers.Tokenizer, added_re: re.Pattern | None):
+        self._tok = tokenizer
+        self._added_re = added_re
+        self._memo: dict[str, list[int]] = {}
+
+    def parsed(self, text: str) -> list[int]:
+        if self._added_re is None:
+            return encode_parsed(self._tok, text)
+        ids: list[int] = []
+        for j, segment in enumerate(self._added_re.split(text)):
+            if j % 2 == 1:
+                ids.append(self._tok.token_to_id(segment))
+            elif segment:
+                cached = self._memo.get(segment)
+                if cached is None:
+                    cached = self._memo[segment] = encode_parsed(self._tok, segment)
+                ids += cached
+        return ids
+
+    def plain(self, text: str) -> list[int]:
+        return encode_plain(self._tok, text)
+
+
+def _encode_piece(encoder: SegmentEncoder, piece: str, as_text: bool, newline: list[int]) -> list[int]:
     """A piece from the middle of a chat. It is encoded after a newline that is then removed,
     so a SentencePiece tokenizer does not add the prefix space it adds at a string's start."""
-    encode = encode_plain if as_text else encode_parsed
-    ids = encode(tokenizer, "\n" + piece)
+    encode = encoder.plain if as_text else encoder.parsed
+    ids = encode("\n" + piece)
     if ids[: len(newline)] == newline:
         return ids[len(newline) :]
-    return encode(tokenizer, piece)
+    return encode(piece)
 
 
-def encode_marked(tokenizer: tokenizers.Tokenizer, text: str, markers_re: re.Pattern) -> list[int]:
+def encode_marked(
+    tokenizer: tokenizers.Tokenizer, text: str, markers_re: re.Pattern, encoder=None
+) -> list[int]:
     """Token ids of a rendering whose user-side control tokens are marked.
 
     ``markers_re.split`` gives [text, marked token, text, ..., text] (None in place of the
     token for a lone marker, which is dropped but still separates the text around it).
+    `encoder` (a `SegmentEncoder`) defaults to one that encodes every text whole.
 
     Raises:
       ValueError: the tokenizer produces a control token's id from its plain text, so the token
         cannot be kept out of user text.
     """
+    encoder = encoder or SegmentEncoder(tokenizer, None)
     pieces = markers_re.split(text)
     newline = encode_parsed(tokenizer, "\n")
-    ids = encode_parsed(tokenizer, pieces[0])
+    ids = encoder.parsed(pieces[0])
     for i, piece in enumerate(pieces[1:], start=1):
         if not piece:
             continue
         as_text = i % 2 == 1
-        piece_ids = _encode_piece(tokenizer, piece, as_text, newline)
+        piece_ids = _encode_piece(encoder, piece, as_text, newline)
         if as_text and tokenizer.token_to_id(piece) in piece_ids:
             raise ValueError(
                 f"cannot keep {piece!r} out of user text: the tokenizer produces it from plain text"
@@ -89,7 +146,8 @@ def prefix_endpoints(
     that rendering is a text prefix of `full_text` and its ids are a prefix of `full_ids`; a
     template that renders a message differently once later turns follow (Qwen3 drops an
     earlier assistant turn's thinking) loses that endpoint rather than getting a false one.
-    The cost is one render and at most one encode per message.
+    The cost is one render and at most one `encode` per message (cheap with a `SegmentEncoder`
+    that remembers segments: the prefixes share them).
     """
     endpoints: list[int] = []
     for i in range(len(messages)):

@@ -112,6 +112,7 @@ class HFTokenizer:
         controls = control_tokens(tokenizer, self.chat_template, files.chat_control_tokens)
         self.control_tokens = controls
         self._tokens_re, self._markers_re = control_token_patterns(controls)
+        self._segments_re = chat_encoding.independent_segments_pattern(tokenizer)
 
     @classmethod
     def from_file(cls, path, eos_token_ids: Sequence[int] | None = None) -> HFTokenizer:
@@ -189,14 +190,16 @@ class HFTokenizer:
         kwargs = mark_control_tokens(dict(template_kwargs or {}), self._tokens_re)
         marked = mark_control_tokens(normalize_messages(messages), self._tokens_re)
         text = self._render(marked, add_generation_prompt, kwargs)
-        ids = self._encode_marked(text)
+        encoder = chat_encoding.SegmentEncoder(self._tok, self._segments_re)
+
+        def encode(rendered: str) -> list[int]:
+            return chat_encoding.encode_marked(self._tok, rendered, self._markers_re, encoder)
+
+        ids = encode(text)
         endpoints = chat_encoding.prefix_endpoints(
-            marked, text, ids, lambda prefix: self._render(list(prefix), False, kwargs), self._encode_marked
+            marked, text, ids, lambda prefix: self._render(list(prefix), False, kwargs), encode
         )
         return ids, endpoints
-
-    def _encode_marked(self, text: str) -> list[int]:
-        return chat_encoding.encode_marked(self._tok, text, self._markers_re)
 
     def apply_chat_template(self, messages: Sequence[dict]) -> tuple[list[int], tuple[int, ...]]:
         """`render_chat` with the assistant turn's opening and no template kwargs."""

@@ -9,13 +9,17 @@ is the reference for what a template renders and for the ids of a sanitized rend
 import dataclasses
 import json
 import pathlib
+import random
 import shutil
 
 import jinja2
 import pytest
+import tokenizers
 
 from helios_jax.model import load_checkpoint
 from helios_jax.model.default import default_model_path
+from helios_jax.model.tokenizer_files import read_tokenizer_files
+from helios_jax.runtime import chat_encoding
 from helios_jax.runtime.tokenizer import HFTokenizer
 
 from . import helpers
@@ -60,7 +64,7 @@ def _copy_tokenizer_folder(tmp_path, *, template_in_config=None, jinja=None, gen
 
 def test_qwen3_template_renders_and_encodes_as_transformers(qwen3):
     transformers = pytest.importorskip("transformers")
-    ref = transformers.AutoTokenizer.from_pretrained(str(QWEN3))
+    ref = transformers.PreTrainedTokenizerFast.from_pretrained(str(QWEN3))
     for messages in CONVERSATIONS:
         for kwargs in ({}, {"enable_thinking": False}):
             for prompt in (True, False):
@@ -203,3 +207,56 @@ def test_checkpoint_folder_carries_its_template_and_eos_to_the_engine_tokenizer(
     )
     with pytest.raises(ValueError, match="no tokenizer.json"):
         HFTokenizer.from_model(dataclasses.replace(model, tokenizer=None))
+
+
+@pytest.mark.parametrize("name", ["qwen3", "chatml", "default"])
+def test_segment_encoding_equals_whole_text_encoding(name):
+    """The endpoint computation's shortcut (encode the segments between added tokens once) gives
+    the ids `tokenizers` gives the whole text, on random texts full of token-like fragments."""
+    tok = {
+        "qwen3": lambda: tokenizers.Tokenizer.from_file(str(QWEN3 / "tokenizer.json")),
+        "chatml": lambda: helpers.tokenizer()._tok,
+        "default": lambda: tokenizers.Tokenizer.from_file(str(default_model_path() / "tokenizer.json")),
+    }[name]()
+    pattern = chat_encoding.independent_segments_pattern(tok)
+    assert pattern is not None
+    encoder = chat_encoding.SegmentEncoder(tok, pattern)
+    fragments = ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<think>", "</think>", "<|im", "|>", "<"]
+    fragments += [
+        "\n",
+        "\n\n",
+        " ",
+        "  ",
+        "\t",
+        "a",
+        "hello",
+        " world",
+        "é",
+        "e\u0301",
+        "漢字",
+        "'s",
+        "42",
+        "!",
+    ]
+    rng = random.Random(0)
+    for _ in range(300):
+        text = "".join(rng.choice(fragments) for _ in range(rng.randint(0, 12)))
+        assert encoder.parsed(text) == tok.encode(text, add_special_tokens=False).ids, text
+
+
+def test_tokenizers_without_independent_segments_encode_whole_texts(tmp_path):
+    """A token that strips the space beside it joins its neighbours: no shortcut, still exact.
+    Here the newline ending each message joins the next turn's <|im_start|>, so no message's
+    rendering is a token prefix of the prompt: every endpoint is dropped, none is faked."""
+    config = json.loads((QWEN3 / "tokenizer.json").read_text())
+    for token in config["added_tokens"]:
+        token["lstrip"] = token["content"] == "<|im_start|>"
+    tok = tokenizers.Tokenizer.from_str(json.dumps(config))
+    assert chat_encoding.independent_segments_pattern(tok) is None
+    assert tok.encode("a <|im_start|>", add_special_tokens=False).ids == tok.encode("a<|im_start|>").ids
+    wrapped = HFTokenizer(tok, files=read_tokenizer_files(QWEN3))
+    ids, endpoints = wrapped.render_chat(CONVERSATIONS[0])
+    assert ids == tok.encode(wrapped.render_chat_text(CONVERSATIONS[0]), add_special_tokens=False).ids
+    assert endpoints == ()
+    ids, endpoints = wrapped.render_chat(CONVERSATIONS[0], add_generation_prompt=False)
+    assert _assert_endpoints_are_message_prefixes(wrapped, CONVERSATIONS[0], ids, endpoints) == [1]
