@@ -16,11 +16,14 @@ up to and including each message, kept only where those ids are a prefix of the 
 
 from __future__ import annotations
 
+import bisect
 import json
 import re
 from collections.abc import Callable, Sequence
 
 import tokenizers
+
+from helios_jax.runtime.chat_template import MARK_END, MARK_START
 
 
 def encode_plain(tokenizer: tokenizers.Tokenizer, text: str) -> list[int]:
@@ -60,32 +63,52 @@ def independent_segments_pattern(tokenizer: tokenizers.Tokenizer) -> re.Pattern 
 
 
 class SegmentEncoder:
-    """Encodes rendered chats with added tokens recognized, remembering each segment's ids.
+    """Encodes rendered chats with added tokens recognized, reusing the full rendering's ids.
 
     With an independent-segments pattern (`independent_segments_pattern`), a text is split at
-    added tokens and each segment is encoded once per encoder: the renderings of a
-    conversation's prefixes share their segments with the full rendering, so computing every
-    message endpoint costs little more than one encode. Without one, every text is encoded
-    whole (exact for any tokenizer, quadratic in the number of messages).
+    added tokens and each segment encoded on its own, as ``tokenizers`` does. The first text
+    encoded (the full rendering) is indexed: the token count after each of its added tokens.
+    A later text that is a prefix of it (a conversation prefix's rendering) takes the indexed
+    ids up to its last added token that the full text also has ending there, and encodes only
+    the rest: literal tokens matched leftmost-longest split a prefix exactly where they split
+    the whole. So every message endpoint costs about one encode of the prompt. Without a
+    pattern, every text is encoded whole (exact for any tokenizer, quadratic in the messages).
     """
 
     def __init__(self, tokenizer: tokenizers.Tokenizer, added_re: re.Pattern | None):
         self._tok = tokenizer
         self._added_re = added_re
-        self._memo: dict[str, list[int]] = {}
+        self._text: str | None = None  # the indexed text
+        self._ids: list[int] = []
+        self._token_ends: list[int] = []  # character end of each added token in the indexed text
+        self._token_counts: list[int] = []  # ids up to and including that token
 
     def parsed(self, text: str) -> list[int]:
         if self._added_re is None:
             return encode_parsed(self._tok, text)
+        if self._text is None:
+            self._text = text
+            self._ids = self._split_encode(text, self._token_ends, self._token_counts)
+            return list(self._ids)
+        if self._text.startswith(text):
+            i = bisect.bisect_right(self._token_ends, len(text)) - 1
+            if i >= 0:
+                end = self._token_ends[i]
+                return self._ids[: self._token_counts[i]] + self._split_encode(text[end:])
+        return self._split_encode(text)
+
+    def _split_encode(self, text: str, token_ends: list | None = None, token_counts: list | None = None):
         ids: list[int] = []
+        position = 0
         for j, segment in enumerate(self._added_re.split(text)):
+            position += len(segment)
             if j % 2 == 1:
                 ids.append(self._tok.token_to_id(segment))
+                if token_ends is not None and token_counts is not None:
+                    token_ends.append(position)
+                    token_counts.append(len(ids))
             elif segment:
-                cached = self._memo.get(segment)
-                if cached is None:
-                    cached = self._memo[segment] = encode_parsed(self._tok, segment)
-                ids += cached
+                ids += encode_parsed(self._tok, segment)
         return ids
 
     def plain(self, text: str) -> list[int]:
@@ -116,7 +139,7 @@ def encode_marked(
         cannot be kept out of user text.
     """
     encoder = encoder or SegmentEncoder(tokenizer, None)
-    pieces = markers_re.split(text)
+    pieces = markers_re.split(text) if MARK_START in text or MARK_END in text else [text]
     newline = encode_parsed(tokenizer, "\n")
     ids = encoder.parsed(pieces[0])
     for i, piece in enumerate(pieces[1:], start=1):
@@ -146,8 +169,8 @@ def prefix_endpoints(
     that rendering is a text prefix of `full_text` and its ids are a prefix of `full_ids`; a
     template that renders a message differently once later turns follow (Qwen3 drops an
     earlier assistant turn's thinking) loses that endpoint rather than getting a false one.
-    The cost is one render and at most one `encode` per message (cheap with a `SegmentEncoder`
-    that remembers segments: the prefixes share them).
+    The cost is one render and at most one `encode` per message (little more than the prompt's
+    own encode with a `SegmentEncoder` that reuses the full rendering's ids).
     """
     endpoints: list[int] = []
     for i in range(len(messages)):

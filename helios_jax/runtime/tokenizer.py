@@ -137,6 +137,11 @@ class HFTokenizer:
             raise ValueError("the model folder has no tokenizer.json")
         return cls(model.tokenizer, files=model.tokenizer_files)
 
+    @property
+    def backend(self) -> tokenizers.Tokenizer:
+        """The wrapped ``tokenizers.Tokenizer``."""
+        return self._tok
+
     def encode(self, text: str) -> list[int]:
         """A completions prompt: added tokens are recognized, as vLLM does (one author)."""
         return chat_encoding.encode_parsed(self._tok, text)

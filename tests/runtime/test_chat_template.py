@@ -141,6 +141,14 @@ def test_user_content_never_becomes_control_tokens(tok):
         tok.render_chat([{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}])
 
 
+def test_template_kwargs_are_user_text_too(tmp_path):
+    folder = _copy_tokenizer_folder(tmp_path, jinja="<|im_start|>{{ hint }}{{ messages[0].content }}")
+    tok = HFTokenizer.from_folder(folder)
+    ids, _ = tok.render_chat([{"role": "user", "content": "hi"}], template_kwargs={"hint": "<|im_start|>"})
+    assert ids.count(tok.encode("<|im_start|>")[0]) == 1
+    assert tok.decode(ids) == "<|im_start|>hi"  # the template's own token is skipped, the hint's is text
+
+
 def test_eos_ids_come_from_generation_and_tokenizer_config(tmp_path, qwen3):
     im_end, eot = qwen3.encode("<|im_end|>")[0], qwen3.encode("<|endoftext|>")[0]
     assert qwen3.eos_token_ids == (im_end, eot)  # eos_token, then generation_config's list
@@ -186,6 +194,11 @@ def test_templates_run_sandboxed_with_transformers_globals(tmp_path):
     assert render("{{ messages | tojson }}") == '[{"role": "user", "content": "<b>"}]'
     assert render("{% for i in [1, 2, 3] %}{% if i == 2 %}{% break %}{% endif %}{{ i }}{% endfor %}") == "1"
     assert render("{% generation %}{{ messages[0].content }}{% endgeneration %}") == "<b>"
+    # trim_blocks and lstrip_blocks, as transformers sets them: block lines leave no whitespace.
+    assert (
+        render("{% for m in messages %}\n  {% if m %}\n{{ m.content }}\n  {% endif %}\n{% endfor %}")
+        == "<b>\n"
+    )
     assert len(render("{{ strftime_now('%Y') }}")) == 4
     assert render("{% if x is defined %}{{ x }}{% endif %}", template_kwargs={"x": "on"}) == "on"
     with pytest.raises(jinja2.TemplateError, match="no system"):
@@ -211,16 +224,16 @@ def test_checkpoint_folder_carries_its_template_and_eos_to_the_engine_tokenizer(
 
 @pytest.mark.parametrize("name", ["qwen3", "chatml", "default"])
 def test_segment_encoding_equals_whole_text_encoding(name):
-    """The endpoint computation's shortcut (encode the segments between added tokens once) gives
-    the ids `tokenizers` gives the whole text, on random texts full of token-like fragments."""
+    """The endpoint computation's shortcut (split at added tokens, encode each segment, and reuse
+    the full text's ids for its prefixes) gives the ids `tokenizers` gives each text whole, on
+    random texts full of token-like fragments and every prefix of them."""
     tok = {
         "qwen3": lambda: tokenizers.Tokenizer.from_file(str(QWEN3 / "tokenizer.json")),
-        "chatml": lambda: helpers.tokenizer()._tok,
+        "chatml": lambda: helpers.tokenizer().backend,
         "default": lambda: tokenizers.Tokenizer.from_file(str(default_model_path() / "tokenizer.json")),
     }[name]()
     pattern = chat_encoding.independent_segments_pattern(tok)
     assert pattern is not None
-    encoder = chat_encoding.SegmentEncoder(tok, pattern)
     fragments = ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<think>", "</think>", "<|im", "|>", "<"]
     fragments += [
         "\n",
@@ -239,9 +252,14 @@ def test_segment_encoding_equals_whole_text_encoding(name):
         "!",
     ]
     rng = random.Random(0)
-    for _ in range(300):
+    for _ in range(150):
         text = "".join(rng.choice(fragments) for _ in range(rng.randint(0, 12)))
+        encoder = chat_encoding.SegmentEncoder(tok, pattern)
         assert encoder.parsed(text) == tok.encode(text, add_special_tokens=False).ids, text
+        for end in range(len(text)):
+            assert encoder.parsed(text[:end]) == tok.encode(text[:end], add_special_tokens=False).ids, text[
+                :end
+            ]
 
 
 def test_tokenizers_without_independent_segments_encode_whole_texts(tmp_path):
