@@ -38,6 +38,9 @@ from helios_jax.runtime.chat_template import (
 
 CHATML_START, CHATML_END = "<|im_start|>", "<|im_end|>"
 EOS_CANDIDATES = ("<|endoftext|>", "<|im_end|>", "</s>", "<eos>")
+# The names a message's reasoning comes under (vLLM answers with `reasoning_content`, newer
+# clients send `reasoning`); the first is the one chat templates read.
+REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 
 
 def resolve_eos_token_ids(tokenizer: tokenizers.Tokenizer, files: TokenizerFiles) -> tuple[int, ...]:
@@ -78,13 +81,18 @@ def _text_content(content: object) -> object:
 
 
 def normalize_messages(messages: Sequence[Mapping]) -> list[dict]:
-    """Plain dicts with content as a string: keys whose value is None are dropped (as
-    transformers does: templates test for a missing key, not for None)."""
+    """Plain dicts with content as a string, as transformers prepares them: keys whose value is
+    None are dropped (templates test for a missing key, not for None), and a message's
+    reasoning under any of `REASONING_FIELDS` is also given as ``reasoning_content`` (what
+    templates read) and ``thinking`` (what gpt-oss templates read)."""
     out = []
     for message in messages:
         message = {key: value for key, value in message.items() if value is not None}
         if "content" in message:
             message["content"] = _text_content(message["content"])
+        reasoning = next((message[k] for k in REASONING_FIELDS if k in message), None)
+        if reasoning is not None:
+            message = {"thinking": reasoning, **message, "reasoning_content": reasoning}
         out.append(message)
     return out
 

@@ -38,6 +38,10 @@ CONVERSATIONS = [
         {"role": "user", "content": "hi"},
         {"role": "assistant", "content": "Paris.", "reasoning_content": "hmm"},
     ],
+    [
+        {"role": "user", "content": "hi", "name": None},
+        {"role": "assistant", "content": "Paris.", "reasoning": "<think>hmm"},
+    ],
 ]
 
 
