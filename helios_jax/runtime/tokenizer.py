@@ -41,6 +41,8 @@ EOS_CANDIDATES = ("<|endoftext|>", "<|im_end|>", "</s>", "<eos>")
 # The names a message's reasoning comes under (vLLM answers with `reasoning_content`, newer
 # clients send `reasoning`); the first is the one chat templates read.
 REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
+# Variables the renderer sets itself; template kwargs naming them are refused.
+RESERVED_TEMPLATE_VARIABLES = frozenset({"messages", "add_generation_prompt"})
 
 
 def resolve_eos_token_ids(tokenizer: tokenizers.Tokenizer, files: TokenizerFiles) -> tuple[int, ...]:
@@ -163,7 +165,10 @@ class HFTokenizer:
 
     def _render(self, messages: list[dict], add_generation_prompt: bool, kwargs: Mapping) -> str:
         """The rendering of already normalized and marked messages."""
-        variables = {**self._special_tokens, **kwargs}
+        reserved = sorted(RESERVED_TEMPLATE_VARIABLES & set(kwargs))
+        if reserved:
+            raise ValueError(f"template kwargs cannot set {', '.join(reserved)}")
+        variables = {**self._special_tokens, **kwargs}  # kwargs override special token names
         return self._template.render(
             messages=messages, add_generation_prompt=add_generation_prompt, **variables
         )
@@ -197,7 +202,8 @@ class HFTokenizer:
           (ids, endpoints): endpoints sorted, each the token count of the rendering up to and
           including one message, for the messages whose rendering is a prefix of the prompt.
         Raises:
-          ValueError: a non-text content part; jinja2.TemplateError: the template refused the
+          ValueError: a non-text content part, or template kwargs naming ``messages`` or
+            ``add_generation_prompt``; jinja2.TemplateError: the template refused the
             conversation (its ``raise_exception``) or failed.
         """
         kwargs = mark_control_tokens(dict(template_kwargs or {}), self._tokens_re)

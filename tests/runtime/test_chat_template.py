@@ -151,6 +151,8 @@ def test_template_kwargs_are_user_text_too(tmp_path):
     ids, _ = tok.render_chat([{"role": "user", "content": "hi"}], template_kwargs={"hint": "<|im_start|>"})
     assert ids.count(tok.encode("<|im_start|>")[0]) == 1
     assert tok.decode(ids) == "<|im_start|>hi"  # the template's own token is skipped, the hint's is text
+    with pytest.raises(ValueError, match="cannot set messages"):
+        tok.render_chat([{"role": "user", "content": "hi"}], template_kwargs={"messages": []})
 
 
 def test_eos_ids_come_from_generation_and_tokenizer_config(tmp_path, qwen3):
