@@ -159,7 +159,7 @@ def prefix_endpoints(
     messages: Sequence[dict],
     full_text: str,
     full_ids: Sequence[int],
-    render_prefix: Callable[[Sequence[dict]], str],
+    render_prefix: Callable[[Sequence[dict]], str | None],
     encode: Callable[[str], list[int]],
 ) -> tuple[int, ...]:
     """The exact token endpoint of each message whose rendering is a prefix of the prompt.
@@ -168,14 +168,16 @@ def prefix_endpoints(
     up to and including message i rendered without a generation prompt. It is kept only when
     that rendering is a text prefix of `full_text` and its ids are a prefix of `full_ids`; a
     template that renders a message differently once later turns follow (Qwen3 drops an
-    earlier assistant turn's thinking) loses that endpoint rather than getting a false one.
+    earlier assistant turn's thinking) loses that endpoint rather than getting a false one, and
+    so does a prefix the template refuses to render (`render_prefix` returns None: Qwen3.5's
+    template raises on a conversation without a user message, such as a lone system message).
     The cost is one render and at most one `encode` per message (little more than the prompt's
     own encode with a `SegmentEncoder` that reuses the full rendering's ids).
     """
     endpoints: list[int] = []
     for i in range(len(messages)):
         text = render_prefix(messages[: i + 1])
-        if not text or not full_text.startswith(text):
+        if text is None or not text or not full_text.startswith(text):
             continue
         ids = encode(text)
         end = len(ids)

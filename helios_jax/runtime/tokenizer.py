@@ -22,6 +22,7 @@ import os
 import pathlib
 from collections.abc import Mapping, Sequence
 
+import jinja2
 import tokenizers
 
 from helios_jax.model.checkpoint import TOKENIZER_FILE, LoadedModel
@@ -214,11 +215,14 @@ class HFTokenizer:
         def encode(rendered: str) -> list[int]:
             return chat_encoding.encode_marked(self._tok, rendered, self._markers_re, encoder)
 
+        def render_prefix(prefix: Sequence[dict]) -> str | None:
+            try:
+                return self._render(list(prefix), False, kwargs)
+            except jinja2.TemplateError:  # the conversation renders; this prefix has no endpoint
+                return None
+
         ids = encode(text)
-        endpoints = chat_encoding.prefix_endpoints(
-            marked, text, ids, lambda prefix: self._render(list(prefix), False, kwargs), encode
-        )
-        return ids, endpoints
+        return ids, chat_encoding.prefix_endpoints(marked, text, ids, render_prefix, encode)
 
     def apply_chat_template(self, messages: Sequence[dict]) -> tuple[list[int], tuple[int, ...]]:
         """`render_chat` with the assistant turn's opening and no template kwargs."""

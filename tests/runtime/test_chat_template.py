@@ -145,6 +145,21 @@ def test_user_content_never_becomes_control_tokens(tok):
         tok.render_chat([{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}])
 
 
+def test_a_prefix_the_template_refuses_only_loses_its_endpoint(tmp_path):
+    """As Qwen3.5's template does, this one raises on a conversation without a user message: the
+    lone system message cannot be rendered as a prefix, the conversation still can."""
+    jinja = (
+        "{% if messages | selectattr('role', 'equalto', 'user') | list | length == 0 %}"
+        "{{ raise_exception('No user query found in messages.') }}{% endif %}"
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    )
+    tok = HFTokenizer.from_folder(_copy_tokenizer_folder(tmp_path, jinja=jinja))
+    ids, endpoints = tok.render_chat(CONVERSATIONS[0], add_generation_prompt=False)
+    assert endpoints == (len(ids),)
+    with pytest.raises(jinja2.TemplateError, match="No user query"):
+        tok.render_chat(CONVERSATIONS[0][:1])
+
+
 def test_template_kwargs_are_user_text_too(tmp_path):
     folder = _copy_tokenizer_folder(tmp_path, jinja="<|im_start|>{{ hint }}{{ messages[0].content }}")
     tok = HFTokenizer.from_folder(folder)
