@@ -4,6 +4,9 @@
       config.json                      ModelConfig.from_hf_dict / to_hf_dict
       model.safetensors                or model.safetensors.index.json + model-0000i-of-0000n
       tokenizer.json                   optional; read with the `tokenizers` library
+      chat_template.jinja, tokenizer_config.json, generation_config.json
+                                       optional; the chat template and EOS ids
+                                       (`tokenizer_files.read_tokenizer_files`)
 
 `load_checkpoint` returns a `LoadedModel`: config, params, tokenizer and a jitted full-sequence
 `forward_logits` for verification. The serving programs take `config` and `params` from it and
@@ -25,6 +28,7 @@ from tokenizers import Tokenizer
 from helios_jax.model.config import ModelConfig
 from helios_jax.model.forward import forward_full, forward_full_logits
 from helios_jax.model.qwen3 import Params
+from helios_jax.model.tokenizer_files import TokenizerFiles, read_tokenizer_files
 from helios_jax.model.weights import checkpoint_tensor_files, load_params, mtp_layers_in, save_params
 
 CONFIG_FILE = "config.json"
@@ -41,6 +45,8 @@ class LoadedModel:
     config: ModelConfig
     params: Params
     tokenizer: Tokenizer | None = None
+    # The folder's chat template, special token names and generation_config.json EOS ids.
+    tokenizer_files: TokenizerFiles | None = None
 
     @property
     def has_mtp(self) -> bool:
@@ -70,7 +76,8 @@ def load_checkpoint(folder: str | os.PathLike, *, dtype: str | None = None) -> L
       dtype: "float32" or "bfloat16" to override config.json's dtype.
     Raises:
       FileNotFoundError: config.json or the weights are missing.
-      ValueError: a missing/unexpected tensor or a shape mismatch (named in the message).
+      ValueError: a missing/unexpected tensor or a shape mismatch (named in the message), or a
+        malformed tokenizer_config.json or generation_config.json.
     """
     folder = pathlib.Path(folder)
     config_path = folder / CONFIG_FILE
@@ -84,7 +91,8 @@ def load_checkpoint(folder: str | os.PathLike, *, dtype: str | None = None) -> L
     params = load_params(folder, config)
     tokenizer_path = folder / TOKENIZER_FILE
     tokenizer = Tokenizer.from_file(str(tokenizer_path)) if tokenizer_path.exists() else None
-    return LoadedModel(config=config, params=params, tokenizer=tokenizer)
+    files = read_tokenizer_files(folder) if tokenizer is not None else None
+    return LoadedModel(config=config, params=params, tokenizer=tokenizer, tokenizer_files=files)
 
 
 def save_checkpoint(

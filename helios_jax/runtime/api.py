@@ -13,7 +13,7 @@ import dataclasses
 import math
 import queue
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 SEED_RANGE = (-(2**63), 2**64)  # seeds: any signed or unsigned 64-bit integer
@@ -153,6 +153,18 @@ class Tokenizer(Protocol):
     def apply_chat_template(self, messages: Sequence[dict]) -> tuple[list[int], tuple[int, ...]]:
         """Token ids of the rendered conversation (ending with the assistant prompt) and the
         exact token endpoint of each message."""
+        ...
+
+    def render_chat(
+        self,
+        messages: Sequence[Mapping],
+        add_generation_prompt: bool = True,
+        template_kwargs: Mapping | None = None,
+    ) -> tuple[list[int], tuple[int, ...]]:
+        """The model's chat template over `messages` (content a string or text parts) with
+        `template_kwargs` (``chat_template_kwargs``): token ids, in which no message text is a
+        control token, and the exact endpoints of the messages whose rendering is a prefix of the
+        prompt (docs/chat-templates.md)."""
         ...
 
 

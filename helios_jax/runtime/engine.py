@@ -468,7 +468,7 @@ def build_real_engine(options: EngineOptions, progress: Callable[[str], None] | 
     return HeliosEngine(
         model_config=model.config,
         params=model.params,
-        tokenizer=HFTokenizer(model.tokenizer),
+        tokenizer=HFTokenizer.from_model(model),
         engine_config=options.engine_config(model.config),
         policy_config=options.policy_config(),
         model_name=name,
