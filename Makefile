@@ -3,6 +3,7 @@
 #   make test    create .venv, install the test extras, lint (make lint), run the suite on
 #                PYTEST_WORKERS=2 worker processes (0: in one process), slow tests left out
 #   make test-slow runs the tests marked slow (engines compiled for one check each)
+#   make test-durations records per-file times (tests/durations.json): longest files run first
 # `make format` applies ruff's fixes and format. And one habit (docs/mutation.md):
 #   make mutation  mutate the host scheduler and the catalog, run the jax-free scheduler tests
 #                  against every mutant, print the kill rate per module and the survivors
@@ -15,7 +16,7 @@ PIP := $(PY) -m pip
 PYTEST_ARGS ?=
 # Test worker processes (pytest-xdist); 0 runs the suite in this process.
 PYTEST_WORKERS ?= 2
-XDIST = $(if $(filter-out 0,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS) --dist loadfile)
+XDIST = $(if $(filter-out 0,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 SERVE_ARGS ?=
 MUTATE ?=
 SAMPLE ?=
@@ -28,7 +29,7 @@ MUTATED = helios_jax/scheduler/ helios_jax/catalog.py helios_jax/catalog_descrip
 	helios_jax/catalog_contracts.py helios_jax/catalog_planning.py
 MUTANT_GLOBS = $(foreach p,$(or $(MUTATE),$(if $(SAMPLE),$(MUTATED))),'$(subst /,.,$(patsubst %.py,%,$(patsubst %/,%,$(p)))).*$(MUTANT_SUFFIX)')
 
-.PHONY: test test-slow lint format serve install bench mutation clean
+.PHONY: test test-slow test-durations lint format serve install bench mutation clean
 
 $(VENV)/.stamp-base: pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -52,6 +53,11 @@ test: $(VENV)/.stamp-test lint
 # The tests marked slow (each compiles engines of its own: a minute or more), outside CI's budget.
 test-slow: $(VENV)/.stamp-test
 	$(PY) -m pytest -q $(XDIST) -m slow $(PYTEST_ARGS)
+
+# Record per-file test times (tests/durations.json): `make test` runs the longest files first.
+test-durations: $(VENV)/.stamp-test
+	$(PY) -m pytest -q $(XDIST) -m "not slow" --durations=0 $(PYTEST_ARGS) | tee .test-durations.txt
+	$(PY) scripts/test_durations.py .test-durations.txt
 
 # ruff (lint and format, configured in pyproject.toml) over the tree, mypy over helios_jax/scheduler.
 lint: $(VENV)/.stamp-test

@@ -61,6 +61,14 @@ def _mutmut_durations() -> dict[str, float]:
         return {}
 
 
+def _file_times() -> dict[str, float]:
+    """Recorded seconds per test file (tests/durations.json, scripts/test_durations.py)."""
+    try:
+        return json.loads((ROOT / "tests" / "durations.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
 def pytest_collection_modifyitems(config, items):
     unknown = []
     for item in items:
@@ -73,3 +81,9 @@ def pytest_collection_modifyitems(config, items):
     if config.getoption("--fastest-first"):
         durations = _mutmut_durations()
         items.sort(key=lambda item: durations.get(item.nodeid, 0.0))
+    else:
+        # Longest files first, so that two xdist workers taking whole files finish together
+        # (`make test`: --dist loadfile --no-loadscope-reorder); a stable sort keeps each
+        # file's own order.
+        times = _file_times()
+        items.sort(key=lambda item: -times.get(item.nodeid.split("::")[0], 0.0))
