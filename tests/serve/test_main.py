@@ -7,7 +7,10 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
+
+import pytest
 
 
 def start(*args: str) -> subprocess.Popen:
@@ -33,9 +36,22 @@ def read_until(proc: subprocess.Popen, pattern: str, timeout: float = 30.0) -> t
     raise AssertionError(f"{pattern!r} not in output:\n{seen}")
 
 
+def wait_for_draining(url: str, timeout: float = 5.0) -> bool:
+    """Whether /health says "draining" within `timeout` (the signal is handled asynchronously)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            urllib.request.urlopen(f"{url}/health", timeout=1).close()
+        except urllib.error.HTTPError as e:
+            if json.load(e) == {"status": "draining"}:
+                return True
+        time.sleep(0.01)
+    return False
+
+
 def test_serves_the_fake_engine_and_drains_on_sigterm():
     """SIGTERM lets a stream in flight finish (the drain), then the process exits with 0."""
-    proc = start("--engine=fake", "--port=0", "--served_model_name=tiny", "--fake_token_delay_ms=10")
+    proc = start("--engine=fake", "--port=0", "--served_model_name=tiny", "--fake_token_delay_ms=20")
     try:
         match, _ = read_until(proc, r"\[1/3\] listening on (http://127\.0\.0\.1:\d+)")
         url = match.group(1)
@@ -48,11 +64,16 @@ def test_serves_the_fake_engine_and_drains_on_sigterm():
         req = urllib.request.Request(f"{url}/v1/completions", data=body, headers=headers)
         with urllib.request.urlopen(req, timeout=5) as r:
             assert json.load(r)["choices"][0]["text"] == "The"
-        stream = json.dumps({"prompt": "a", "max_tokens": 40, "stream": True}).encode()
+        stream = json.dumps({"prompt": "a", "max_tokens": 100, "stream": True}).encode()  # 2 s
         req = urllib.request.Request(f"{url}/v1/completions", data=stream, headers=headers)
         with urllib.request.urlopen(req, timeout=10) as r:
             first = r.readline()
             proc.send_signal(signal.SIGTERM)
+            assert wait_for_draining(url)
+            req = urllib.request.Request(f"{url}/v1/completions", data=body, headers=headers)
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(req, timeout=5)
+            assert refused.value.code == 503
             rest = r.read().decode()
         assert first.startswith(b"data: ") and rest.rstrip().endswith("data: [DONE]")
         assert '"finish_reason":"length"' in rest
