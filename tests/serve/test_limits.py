@@ -8,6 +8,7 @@ import time
 import pytest
 
 from helios_jax.serve.fake import CharTokenizer, FakeEngine
+from helios_jax.serve.generation import INLINE_PARSE_BYTES
 
 from .helpers import get, live_server, post
 
@@ -149,12 +150,14 @@ def test_the_default_prompt_limit_is_64_characters_per_token_of_context():
         assert r.json()["error"]["code"] == "context_length_exceeded" and engine.tokenizer.calls == 1
 
 
-def test_tokenizing_runs_off_the_event_loop():
-    """A prompt that takes 1 s to tokenize does not hold up /health on the same server."""
+def test_tokenizing_a_large_body_runs_off_the_event_loop():
+    """A prompt that takes 1 s to tokenize does not hold up /health on the same server (bodies
+    over INLINE_PARSE_BYTES are parsed in a worker thread)."""
     engine = FakeEngine(max_model_len=64)
     engine.tokenizer = CountingTokenizer(delay_s=1.0)
-    with live_server(engine) as server:
-        slow = threading.Thread(target=post, args=(server, COMPLETIONS, {"prompt": "a", "max_tokens": 1}))
+    prompt = "a" * (INLINE_PARSE_BYTES + 1)
+    with live_server(engine, max_prompt_chars=len(prompt)) as server:
+        slow = threading.Thread(target=post, args=(server, COMPLETIONS, {"prompt": prompt, "max_tokens": 1}))
         slow.start()
         while engine.tokenizer.calls == 0:
             time.sleep(0.01)
