@@ -9,8 +9,10 @@ of the server in one run, with the same client and machine state), then measures
 
 1. **Reused connection**: the median (and p90) latency of a tiny non-streaming completion
    (``max_tokens=1``) through the ``openai`` client, which keeps its connection alive, over
-   --requests requests after 20 warm-up ones. The fake engine's own part (submit to final
-   event, measured in this process) is printed beside it: the rest is HTTP, JSON and the client.
+   --requests requests after 20 warm-up ones; the same completion and ``GET /health`` with a
+   bare ``http.client`` connection (no client library to speak of). The fake engine's own part
+   (submit to final event, measured in this process) is printed too: the rest of the bare
+   completion's latency is what the HTTP layer adds.
 2. **A burst of clients**: --clients asyncio connections opened at once, each sending a
    streaming completion (16 tokens, ``Connection: close``) and reading to the end; a connection
    that is reset or refused, or ends without ``data: [DONE]``, counts as failed.
@@ -22,6 +24,7 @@ of the server in one run, with the same client and machine state), then measures
 from __future__ import annotations
 
 import asyncio
+import http.client
 import json
 import os
 import re
@@ -77,9 +80,29 @@ def engine_latency_ms(n: int = 200) -> float:
     return statistics.median(times) * 1e3
 
 
+def raw_median_ms(url: str, method: str, path: str, body: bytes | None, n: int) -> float:
+    """Median latency of one request on a reused http.client connection (no client library)."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    times = []
+    for i in range(n + 20):
+        start = time.perf_counter()
+        conn.request(method, path, body=body, headers={"Content-Type": "application/json"})
+        conn.getresponse().read()
+        if i >= 20:
+            times.append(time.perf_counter() - start)
+    conn.close()
+    return statistics.median(times) * 1e3
+
+
 def reused_connection(url: str, n: int) -> dict:
     import openai
 
+    tiny = json.dumps({"prompt": "a", "max_tokens": 1}).encode()
+    raw = {
+        "raw_health_ms": raw_median_ms(url, "GET", "/health", None, n),
+        "raw_completion_ms": raw_median_ms(url, "POST", "/v1/completions", tiny, n),
+    }
     with openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0) as client:
         times = []
         for i in range(n + 20):
@@ -88,7 +111,7 @@ def reused_connection(url: str, n: int) -> dict:
             if i >= 20:
                 times.append(time.perf_counter() - start)
     times.sort()
-    return {"median_ms": statistics.median(times) * 1e3, "p90_ms": times[int(0.9 * len(times))] * 1e3}
+    return {"median_ms": statistics.median(times) * 1e3, "p90_ms": times[int(0.9 * len(times))] * 1e3, **raw}
 
 
 async def one_client(host: str, port: int, request: bytes) -> bool:
@@ -165,8 +188,9 @@ def main(argv) -> None:
         reused, b = r["reused"], r["burst"]
         print(
             f"{r['label']:>8}: reused connection median {reused['median_ms']:.2f} ms "
-            f"(p90 {reused['p90_ms']:.2f}); burst: {b['failed']} of {b['of']} connections failed "
-            f"({b['seconds']:.1f} s)"
+            f"(p90 {reused['p90_ms']:.2f}); http.client: completion {reused['raw_completion_ms']:.2f} ms, "
+            f"/health {reused['raw_health_ms']:.2f} ms; burst: {b['failed']} of {b['of']} connections "
+            f"failed ({b['seconds']:.1f} s)"
         )
         if "big_prompt" in r:
             big = r["big_prompt"]
