@@ -3,6 +3,7 @@ requests in flight finish, and past the timeout each open stream ends with an er
 
 import json
 import threading
+import time
 
 from helios_jax.serve.fake import CYCLE_TEXT, FakeEngine
 
@@ -25,7 +26,7 @@ def start_drain(server, timeout_s: float) -> tuple[threading.Thread, dict]:
     thread = threading.Thread(target=lambda: out.update(drained=server.drain(timeout_s)))
     thread.start()
     while not server.draining:
-        pass
+        time.sleep(0.001)
     return thread, out
 
 
@@ -64,7 +65,7 @@ def test_past_the_timeout_open_streams_end_with_an_error_event_and_done():
         )
         plain.start()
         while len(engine.submitted) < 2:
-            pass
+            time.sleep(0.001)
         drain, out = start_drain(server, timeout_s=0.2)
         data = read_rest(sock, received)
         plain.join()
