@@ -132,7 +132,9 @@ class HeliosServer:
             time.sleep(0.005)
 
     def _run(self) -> None:
-        factory = self._uvicorn.config.get_loop_factory()
+        # uvicorn >= 0.36 names its loop (uvloop when installed); older ones: asyncio's default.
+        get_factory = getattr(self._uvicorn.config, "get_loop_factory", None)
+        factory = get_factory() if get_factory is not None else None
         with asyncio.Runner(loop_factory=factory) as runner:
             self._loop = runner.get_loop()
             runner.run(self._uvicorn.serve(sockets=[self.socket]))
