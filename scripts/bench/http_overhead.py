@@ -16,7 +16,12 @@ of the server in one run, with the same client and machine state), then measures
 2. **A burst of clients**: --clients asyncio connections opened at once, each sending a
    streaming completion (16 tokens, ``Connection: close``) and reading to the end; a connection
    that is reset or refused, or ends without ``data: [DONE]``, counts as failed.
-3. **A huge prompt**: a --big_prompt_mb MB prompt is posted while ``/health`` is polled every
+3. **The HTTP layer alone** (checkouts whose ``HeliosServer`` has ``start()``): the same bare
+   ``http.client`` completion against a server whose engine answers inside ``submit`` (no
+   thread, no waiting: :data:`INSTANT_SERVER`), so the latency is the HTTP layer's and the
+   client's only. The fake engine starts a thread per request, which costs about 0.5 ms more
+   inside a busy server process than it does alone.
+4. **A huge prompt**: a --big_prompt_mb MB prompt is posted while ``/health`` is polled every
    5 ms; the largest ``/health`` latency during it says how long the huge request stalled
    everything else, and its status how it was answered.
 """
@@ -78,6 +83,55 @@ def engine_latency_ms(n: int = 200) -> float:
         times.append(time.perf_counter() - start)
     engine.shutdown()
     return statistics.median(times) * 1e3
+
+
+INSTANT_SERVER = """
+import sys, time
+from helios_jax.runtime.api import RequestStream, StreamEvent
+from helios_jax.serve.app import HeliosServer, make_server
+from helios_jax.serve.fake import FakeEngine
+from helios_jax.serve.flags import ServerConfig
+
+class Instant(FakeEngine):
+    def submit(self, request):
+        stream = RequestStream(request.request_id)
+        stream.put(StreamEvent("T", (84,), "length", len(request.prompt_tokens), 1))
+        return stream
+
+if not hasattr(HeliosServer, "start"):
+    print("unsupported", flush=True)
+    sys.exit(0)
+server = make_server(ServerConfig(port=0, engine="fake"), Instant())
+server.start()
+print(server.url, flush=True)
+sys.stdin.read()
+server.stop()
+"""
+
+
+def instant_engine(path: str, n: int) -> dict | None:
+    """Bare http.client latencies against INSTANT_SERVER run from `path` (None: unsupported)."""
+    env = {**os.environ, "PYTHONPATH": os.path.abspath(path)}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", INSTANT_SERVER],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=os.path.abspath(path),  # `-c` puts the working directory first on sys.path
+    )
+    try:
+        url = proc.stdout.readline().strip()
+        if not url.startswith("http://"):
+            return None
+        tiny = json.dumps({"prompt": "a", "max_tokens": 1}).encode()
+        return {
+            "raw_health_ms": raw_median_ms(url, "GET", "/health", None, n),
+            "raw_completion_ms": raw_median_ms(url, "POST", "/v1/completions", tiny, n),
+        }
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=60)
 
 
 def raw_median_ms(url: str, method: str, path: str, body: bytes | None, n: int) -> float:
@@ -177,6 +231,7 @@ def measure(label: str, path: str) -> dict:
     finally:
         proc.terminate()
         proc.wait(timeout=60)
+    result["instant"] = instant_engine(path, FLAGS.requests)
     return result
 
 
@@ -192,6 +247,12 @@ def main(argv) -> None:
             f"/health {reused['raw_health_ms']:.2f} ms; burst: {b['failed']} of {b['of']} connections "
             f"failed ({b['seconds']:.1f} s)"
         )
+        if r["instant"] is not None:
+            i = r["instant"]
+            print(
+                f"          engine answering in submit: completion {i['raw_completion_ms']:.2f} ms, "
+                f"/health {i['raw_health_ms']:.2f} ms"
+            )
         if "big_prompt" in r:
             big = r["big_prompt"]
             print(
