@@ -15,22 +15,37 @@ from helios_jax import engine_options
 from helios_jax.serve import flags as serve_flags
 
 serve_flags.define_flags(flags.FLAGS)
-# --help lists the flags of the main module: the server's and the engine's are defined elsewhere.
+# --help lists the key flags of the main module (absl names it by sys.argv[0]): the server's and
+# the engine's are defined elsewhere, so they are adopted here, and again under the console
+# command's name by run().
 flags.adopt_module_key_flags(serve_flags)
 flags.adopt_module_key_flags(engine_options)
+
+
+def _adopt_for_help(module_name: str) -> None:
+    for module in (serve_flags, engine_options):
+        for flag in flags.FLAGS.get_key_flags_for_module(module):
+            flags.FLAGS.register_key_flag_for_module(module_name, flag)
 
 
 def main(argv) -> int:
     if len(argv) > 1:
         raise absl_app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-    try:
-        config = serve_flags.config_from_flags(flags.FLAGS)
-    except ValueError as e:
-        raise absl_app.UsageError(str(e)) from None
     from helios_jax.serve import app, engines
 
-    return app.serve(config, engines.engine_factory(config))
+    try:
+        config = serve_flags.config_from_flags(flags.FLAGS)
+        factory = engines.engine_factory(config)
+    except ValueError as e:
+        raise absl_app.UsageError(str(e)) from None
+    return app.serve(config, factory)
+
+
+def run() -> None:
+    """The ``helios-serve`` console command."""
+    _adopt_for_help(sys.argv[0])
+    sys.exit(absl_app.run(main))
 
 
 if __name__ == "__main__":
-    sys.exit(absl_app.run(main))
+    run()

@@ -3,7 +3,10 @@
 Two groups:
 
 * server flags (``--host``, ``--port``, ``--api_key``, ``--engine``, ``--served_model_name``,
-  ``--fake_token_delay_ms``) that only the HTTP layer reads;
+  ``--fake_token_delay_ms``, ``--allowed_origins``, ``--drain_timeout_s``,
+  ``--max_prompt_chars``, ``--max_body_bytes``) that only the HTTP layer reads; the API key may
+  come from the environment instead (``HELIOS_API_KEY``, or vLLM's ``VLLM_API_KEY``), so that
+  it need not appear in the process list;
 * engine flags (``--model``, ``--concurrency``, ``--prefill_chunks``, ``--speculation``,
   ``--draft_tokens``, ``--proposal_depths``, ``--speculative_token_capacity``,
   ``--mixed_prefill``, ``--max_model_len``, ``--page_size``, ``--kv_pages``, ``--snapshot_rows``,
@@ -23,12 +26,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
+from collections.abc import Mapping
 
 from absl import flags
 
 from helios_jax.engine_options import EngineOptions
 
 ENGINES = ("real", "fake")
+API_KEY_VARIABLES = ("HELIOS_API_KEY", "VLLM_API_KEY")  # read in this order when --api_key is unset
+MAX_BODY_BYTES = 16 * 1024 * 1024
 
 
 def _fail(flag: str, message: str):
@@ -45,6 +52,11 @@ class ServerConfig:
       engine: "real" (``helios_jax.runtime.engine``) or "fake" (``helios_jax.serve.fake``).
       served_model_name: the name clients send as ``model``; ``None``: the engine's model name.
       fake_token_delay_ms: per-token delay of the fake engine (ignored by the real one).
+      allowed_origins: CORS: the origins browsers may call from ("*": any); empty: no CORS.
+      drain_timeout_s: on SIGTERM/SIGINT, how long requests in flight may still run.
+      max_prompt_chars: longest prompt, in characters, that is tokenized at all; None: 64 per
+        token of the engine's context.
+      max_body_bytes: longest request body.
       engine_options: the engine flags, handed to the engine factory.
     """
 
@@ -54,6 +66,10 @@ class ServerConfig:
     engine: str = "real"
     served_model_name: str | None = None
     fake_token_delay_ms: float = 0.0
+    allowed_origins: tuple[str, ...] = ()
+    drain_timeout_s: float = 20.0
+    max_prompt_chars: int | None = None
+    max_body_bytes: int = MAX_BODY_BYTES
     engine_options: EngineOptions = EngineOptions()
 
     def __post_init__(self):
@@ -75,6 +91,18 @@ class ServerConfig:
             or delay < 0
         ):
             _fail("fake_token_delay_ms", f"must be finite and nonnegative, got {delay!r}")
+        self._check_http_limits()
+
+    def _check_http_limits(self) -> None:
+        drain = self.drain_timeout_s
+        if isinstance(drain, bool) or not isinstance(drain, (int, float)) or not 0 <= drain < math.inf:
+            _fail("drain_timeout_s", f"must be finite and nonnegative, got {drain!r}")
+        if self.max_prompt_chars is not None and self.max_prompt_chars < 1:
+            _fail("max_prompt_chars", f"must be at least 1, got {self.max_prompt_chars}")
+        if self.max_body_bytes < 1024:
+            _fail("max_body_bytes", f"must be at least 1024, got {self.max_body_bytes}")
+        if any(not origin.strip() for origin in self.allowed_origins):
+            _fail("allowed_origins", "must not contain empty origins")
 
 
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
@@ -85,7 +113,11 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
         "port", 8000, "Port to listen on (0: a free port, logged at startup).", flag_values=fv
     )
     flags.DEFINE_string(
-        "api_key", None, "Require 'Authorization: Bearer <key>' on /v1/* when set.", flag_values=fv
+        "api_key",
+        None,
+        "Require 'Authorization: Bearer <key>' on /v1/*, /tokenize and /detokenize when set "
+        "(default: $HELIOS_API_KEY, else $VLLM_API_KEY, else no key).",
+        flag_values=fv,
     )
     flags.DEFINE_enum(
         "engine",
@@ -98,18 +130,70 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
         "served_model_name", None, "Model name clients use (default: the engine's).", flag_values=fv
     )
     flags.DEFINE_float("fake_token_delay_ms", 0.0, "Per-token delay of --engine=fake, in ms.", flag_values=fv)
+    _define_http_flags(fv)
     EngineOptions.define_flags(flag_values)
 
 
-def config_from_flags(flag_values: flags.FlagValues = flags.FLAGS) -> ServerConfig:
-    """The parsed flags as a validated :class:`ServerConfig` (ValueError names the bad flag)."""
+def _define_http_flags(fv: flags.FlagValues) -> None:
+    flags.DEFINE_list(
+        "allowed_origins",
+        [],
+        "CORS: origins browsers may call the API from, comma-separated ('*': any); empty: CORS off.",
+        flag_values=fv,
+    )
+    flags.DEFINE_float(
+        "drain_timeout_s",
+        20.0,
+        "On SIGTERM/SIGINT: stop admitting, let requests in flight run this long, then end them.",
+        flag_values=fv,
+    )
+    flags.DEFINE_integer(
+        "max_prompt_chars",
+        None,
+        "Longest prompt in characters that is tokenized at all (default: 64 per token of context).",
+        flag_values=fv,
+    )
+    flags.DEFINE_integer("max_body_bytes", MAX_BODY_BYTES, "Longest request body, in bytes.", flag_values=fv)
+
+
+def api_key_from(flag_value: str | None, environ: Mapping[str, str]) -> str | None:
+    """--api_key, else the first nonempty variable of API_KEY_VARIABLES, else None."""
+    if flag_value is not None:
+        return flag_value
+    return next((environ[v] for v in API_KEY_VARIABLES if environ.get(v, "").strip()), None)
+
+
+def check_model_folder(model: str | None) -> None:
+    """--model must be a folder with a config.json (None: the embedded model): a Hub id or a
+    typo fails here, in one line, before the port is bound."""
+    if model is None or os.path.isfile(os.path.join(model, "config.json")):
+        return
+    if os.path.isdir(model):
+        _fail("model", f"must be a model folder with config.json; {model!r} has none")
+    _fail(
+        "model",
+        f"must be a local model folder (config.json, *.safetensors, tokenizer.json); {model!r} is "
+        "not a folder (Hub ids are not downloaded: fetch the folder first, e.g. with "
+        "`huggingface-cli download`)",
+    )
+
+
+def config_from_flags(
+    flag_values: flags.FlagValues = flags.FLAGS, environ: Mapping[str, str] = os.environ
+) -> ServerConfig:
+    """The parsed flags as a validated :class:`ServerConfig` (ValueError names the bad flag);
+    `environ` supplies the API key when --api_key is unset."""
     f = flag_values
     return ServerConfig(
         host=f.host,
         port=f.port,
-        api_key=f.api_key,
+        api_key=api_key_from(f.api_key, environ),
         engine=f.engine,
         served_model_name=f.served_model_name,
         fake_token_delay_ms=f.fake_token_delay_ms,
+        allowed_origins=tuple(o.strip() for o in f.allowed_origins),
+        drain_timeout_s=f.drain_timeout_s,
+        max_prompt_chars=f.max_prompt_chars,
+        max_body_bytes=f.max_body_bytes,
         engine_options=EngineOptions.from_flags(f),
     )

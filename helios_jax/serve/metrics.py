@@ -1,18 +1,9 @@
-"""A small Prometheus text-exposition registry: counters, gauges and histograms with labels.
+"""The HTTP layer's Prometheus series (``prometheus_client``, one registry per server) and the
+text of the scheduler's series.
 
-The server needs a handful of series and no client library, so this module writes the text
-format (version 0.0.4) itself. Each metric family owns one lock; ``Registry.render()`` emits the
-families in registration order, each with its ``# HELP`` and ``# TYPE`` lines. Label values are
-escaped as the format requires (backslash, double quote, newline).
-
-Worked example: ``Histogram("x_seconds", "...", buckets=(0.1, 1.0))`` after ``observe(0.5)``
-renders cumulative buckets::
-
-    x_seconds_bucket{le="0.1"} 0
-    x_seconds_bucket{le="1"} 1
-    x_seconds_bucket{le="+Inf"} 1
-    x_seconds_sum 0.5
-    x_seconds_count 1
+:class:`ServerMetrics` owns a ``CollectorRegistry`` of its own, so two servers in one process
+(the tests run several) never share or collide; ``/metrics`` renders it in the text format
+0.0.4 and appends the engine's own ``metrics_text()``.
 
 :func:`render_scheduler_stats` writes the scheduler's series (the spec's ``flare_*`` counters as
 ``helios_*``) from a ``Scheduler.stats()`` snapshot; the engine's ``metrics_text()`` uses it.
@@ -20,263 +11,26 @@ renders cumulative buckets::
 
 from __future__ import annotations
 
-import bisect
-import math
-import re
-import threading
-from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 if TYPE_CHECKING:
     from helios_jax.scheduler.stats import SchedulerStats
 
-_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
-_LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
-
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-
-
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-
-def _format_value(value: float) -> str:
-    """Integers without a trailing '.0'; infinities in Prometheus spelling."""
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    if math.isnan(value):
-        return "NaN"
-    if float(value).is_integer() and abs(value) < 2**53:
-        return str(int(value))
-    return repr(float(value))
-
-
-def _label_text(names: Sequence[str], values: Sequence[str], extra: str = "") -> str:
-    parts = [f'{n}="{_escape(v)}"' for n, v in zip(names, values)]
-    if extra:
-        parts.append(extra)
-    return "{" + ",".join(parts) + "}" if parts else ""
-
-
-class _Family:
-    """Shared label handling: one child state per tuple of label values."""
-
-    kind = ""
-
-    def __init__(self, name: str, help_text: str, labels: Sequence[str] = ()):
-        if not _NAME.match(name):
-            raise ValueError(f"invalid metric name {name!r}")
-        for label in labels:
-            if not _LABEL.match(label) or label == "le":
-                raise ValueError(f"invalid label name {label!r} for {name}")
-        self.name = name
-        self.help = help_text
-        self.labels = tuple(labels)
-        self._lock = threading.Lock()
-        self._children: dict[tuple[str, ...], object] = {}
-
-    def _key(self, labels: dict[str, str]) -> tuple[str, ...]:
-        if set(labels) != set(self.labels):
-            raise ValueError(f"{self.name} takes labels {self.labels}, got {tuple(labels)}")
-        return tuple(str(labels[n]) for n in self.labels)
-
-    def header(self) -> list[str]:
-        return [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} {self.kind}"]
-
-
-class Counter(_Family):
-    """A monotonically increasing total (by convention named ``*_total``)."""
-
-    kind = "counter"
-
-    def inc(self, amount: float = 1.0, **labels: str) -> None:
-        if amount < 0:
-            raise ValueError(f"{self.name}: a counter only increases (got {amount})")
-        key = self._key(labels)
-        with self._lock:
-            self._children[key] = self._children.get(key, 0.0) + amount
-
-    def value(self, **labels: str) -> float:
-        with self._lock:
-            return self._children.get(self._key(labels), 0.0)
-
-    def render(self) -> list[str]:
-        with self._lock:
-            items = sorted(self._children.items())
-        if not items and not self.labels:
-            items = [((), 0.0)]
-        return self.header() + [
-            f"{self.name}{_label_text(self.labels, k)} {_format_value(v)}" for k, v in items
-        ]
-
-
-class Gauge(Counter):
-    """A value that goes up and down (requests in flight)."""
-
-    kind = "gauge"
-
-    def inc(self, amount: float = 1.0, **labels: str) -> None:
-        key = self._key(labels)
-        with self._lock:
-            self._children[key] = self._children.get(key, 0.0) + amount
-
-    def dec(self, amount: float = 1.0, **labels: str) -> None:
-        self.inc(-amount, **labels)
-
-    def set(self, value: float, **labels: str) -> None:
-        key = self._key(labels)
-        with self._lock:
-            self._children[key] = float(value)
-
-
-class Histogram(_Family):
-    """Cumulative buckets (upper bounds inclusive, as Prometheus' ``le``), a sum and a count."""
-
-    kind = "histogram"
-
-    def __init__(self, name: str, help_text: str, buckets: Iterable[float], labels: Sequence[str] = ()):
-        super().__init__(name, help_text, labels)
-        bounds = sorted(float(b) for b in buckets)
-        if not bounds or any(not math.isfinite(b) for b in bounds) or len(set(bounds)) != len(bounds):
-            raise ValueError(f"{name}: buckets must be distinct finite numbers")
-        self.buckets = tuple(bounds)
-
-    def observe(self, value: float, count: int = 1, **labels: str) -> None:
-        """Record `value` `count` times (a burst of k tokens observes its per-token gap k times)."""
-        if count <= 0:
-            return
-        key = self._key(labels)
-        index = bisect.bisect_left(self.buckets, value)  # first bound >= value: `le` is inclusive
-        with self._lock:
-            state = self._children.get(key)
-            if state is None:
-                state = self._children[key] = [[0] * (len(self.buckets) + 1), 0.0, 0]
-            state[0][index] += count
-            state[1] += value * count
-            state[2] += count
-
-    def count(self, **labels: str) -> int:
-        with self._lock:
-            state = self._children.get(self._key(labels))
-            return 0 if state is None else state[2]
-
-    def render(self) -> list[str]:
-        with self._lock:
-            items = sorted((k, ([*s[0]], s[1], s[2])) for k, s in self._children.items())
-        if not items and not self.labels:
-            items = [((), ([0] * (len(self.buckets) + 1), 0.0, 0))]
-        lines = self.header()
-        for key, (per_bucket, total, count) in items:
-            running = 0
-            for bound, n in zip((*self.buckets, math.inf), per_bucket):
-                running += n
-                le = f'le="{_format_value(bound)}"'
-                lines.append(f"{self.name}_bucket{_label_text(self.labels, key, le)} {running}")
-            lines.append(f"{self.name}_sum{_label_text(self.labels, key)} {_format_value(total)}")
-            lines.append(f"{self.name}_count{_label_text(self.labels, key)} {count}")
-        return lines
-
-
-class Registry:
-    """Metric families in registration order; names are unique."""
-
-    def __init__(self):
-        self._families: dict[str, _Family] = {}
-        self._lock = threading.Lock()
-
-    def _add(self, family: _Family):
-        with self._lock:
-            if family.name in self._families:
-                raise ValueError(f"metric {family.name} is already registered")
-            self._families[family.name] = family
-        return family
-
-    def counter(self, name: str, help_text: str, labels: Sequence[str] = ()) -> Counter:
-        return self._add(Counter(name, help_text, labels))
-
-    def gauge(self, name: str, help_text: str, labels: Sequence[str] = ()) -> Gauge:
-        return self._add(Gauge(name, help_text, labels))
-
-    def histogram(
-        self, name: str, help_text: str, buckets: Iterable[float], labels: Sequence[str] = ()
-    ) -> Histogram:
-        return self._add(Histogram(name, help_text, buckets, labels))
-
-    def render(self) -> str:
-        with self._lock:
-            families = list(self._families.values())
-        lines: list[str] = []
-        for family in families:
-            lines.extend(family.render())
-        return "\n".join(lines) + "\n"
-
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"  # what generate_latest writes
 
 # Latency buckets in seconds: sub-millisecond CPU fakes up to minute-long generations.
-TTFT_BUCKETS = (
-    0.001,
-    0.005,
-    0.01,
-    0.02,
-    0.04,
-    0.06,
-    0.08,
-    0.1,
-    0.25,
-    0.5,
-    0.75,
-    1.0,
-    2.5,
-    5.0,
-    7.5,
-    10.0,
-    20.0,
-    40.0,
-    80.0,
-)
-ITL_BUCKETS = (
-    0.0005,
-    0.001,
-    0.0025,
-    0.005,
-    0.01,
-    0.015,
-    0.02,
-    0.025,
-    0.03,
-    0.04,
-    0.05,
-    0.075,
-    0.1,
-    0.15,
-    0.2,
-    0.3,
-    0.4,
-    0.5,
-    0.75,
-    1.0,
-    2.5,
-)
-E2E_BUCKETS = (
-    0.01,
-    0.025,
-    0.05,
-    0.1,
-    0.25,
-    0.5,
-    1.0,
-    2.5,
-    5.0,
-    10.0,
-    15.0,
-    20.0,
-    30.0,
-    40.0,
-    50.0,
-    60.0,
-    120.0,
-    240.0,
-    480.0,
-)
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
+TTFT_BUCKETS += (20.0, 40.0, 80.0)
+ITL_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1)
+ITL_BUCKETS += (0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
+E2E_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0)
+E2E_BUCKETS += (60.0, 120.0, 240.0, 480.0)
+HTTP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+HTTP_BUCKETS += (30.0, 60.0, 120.0, 300.0)
+# Token counts per request: 1, 2, 5, 10, 20, 50, ... (vLLM's 1-2-5 buckets).
+TOKEN_BUCKETS = tuple(m * 10**e for e in range(6) for m in (1, 2, 5))
 
 
 class ServerMetrics:
@@ -285,50 +39,112 @@ class ServerMetrics:
     Series:
       helios_http_requests_total{endpoint,status}: responses by endpoint and HTTP status (a
         stream counts its status once, when its headers go out).
+      helios_http_request_duration_seconds{endpoint}: request arrival to the response's end.
       helios_requests_finished_total{reason}: generation requests by finish reason (stop,
-        length, cancelled: the client went away or the engine cancelled, error).
+        length, cancelled: the client went away, the engine or a shutdown cancelled, error).
       helios_requests_running: generation requests submitted and not yet finished.
       helios_prompt_tokens_total, helios_completion_tokens_total: usage of finished requests.
+      helios_request_prompt_tokens, helios_request_generation_tokens,
+        helios_request_params_max_tokens: per finished request (vLLM's request_* histograms).
       helios_time_to_first_token_seconds: request arrival to the first visible token.
       helios_inter_token_latency_seconds: gap between visible bursts, per token (a burst of k
         tokens after a gap g observes g / k, k times).
       helios_e2e_request_latency_seconds: request arrival to the final event.
+      helios_server_draining: 1 while the server drains for shutdown.
     """
 
-    ENDPOINTS = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics")
+    ENDPOINTS = (
+        "/v1/completions",
+        "/v1/chat/completions",
+        "/v1/models",
+        "/health",
+        "/metrics",
+        "/tokenize",
+        "/detokenize",
+        "/version",
+    )
 
     def __init__(self):
-        self.registry = Registry()
-        r = self.registry
-        self.http_requests = r.counter(
-            "helios_http_requests_total", "HTTP responses by endpoint and status.", ("endpoint", "status")
+        self.registry = r = CollectorRegistry()
+        self.http_requests = Counter(
+            "helios_http_requests",
+            "HTTP responses by endpoint and status.",
+            ("endpoint", "status"),
+            registry=r,
         )
-        self.finished = r.counter(
-            "helios_requests_finished_total", "Generation requests by finish reason.", ("reason",)
+        self.http_duration = Histogram(
+            "helios_http_request_duration_seconds",
+            "Request arrival to the end of its response, by endpoint.",
+            ("endpoint",),
+            buckets=HTTP_BUCKETS,
+            registry=r,
         )
-        self.running = r.gauge("helios_requests_running", "Generation requests submitted and not finished.")
-        self.prompt_tokens = r.counter("helios_prompt_tokens_total", "Prompt tokens of finished requests.")
-        self.completion_tokens = r.counter(
-            "helios_completion_tokens_total", "Completion tokens of finished requests."
+        self.finished = Counter(
+            "helios_requests_finished", "Generation requests by finish reason.", ("reason",), registry=r
         )
-        self.ttft = r.histogram(
-            "helios_time_to_first_token_seconds", "Request arrival to the first visible token.", TTFT_BUCKETS
+        self.running = Gauge(
+            "helios_requests_running", "Generation requests submitted and not finished.", registry=r
         )
-        self.itl = r.histogram(
+        self.prompt_tokens = Counter(
+            "helios_prompt_tokens", "Prompt tokens of finished requests.", registry=r
+        )
+        self.completion_tokens = Counter(
+            "helios_completion_tokens", "Completion tokens of finished requests.", registry=r
+        )
+        self._token_histograms(r)
+        self.ttft = Histogram(
+            "helios_time_to_first_token_seconds",
+            "Request arrival to the first visible token.",
+            buckets=TTFT_BUCKETS,
+            registry=r,
+        )
+        self.itl = Histogram(
             "helios_inter_token_latency_seconds",
             "Time between visible bursts, per output token.",
-            ITL_BUCKETS,
+            buckets=ITL_BUCKETS,
+            registry=r,
         )
-        self.e2e = r.histogram(
-            "helios_e2e_request_latency_seconds", "Request arrival to the final event.", E2E_BUCKETS
+        self.e2e = Histogram(
+            "helios_e2e_request_latency_seconds",
+            "Request arrival to the final event.",
+            buckets=E2E_BUCKETS,
+            registry=r,
         )
+        self.draining = Gauge("helios_server_draining", "1 while the server drains for shutdown.", registry=r)
+
+    def _token_histograms(self, r: CollectorRegistry) -> None:
+        def histogram(name: str, help_text: str) -> Histogram:
+            return Histogram(name, help_text, buckets=TOKEN_BUCKETS, registry=r)
+
+        self.request_prompt_tokens = histogram(
+            "helios_request_prompt_tokens", "Prompt tokens per finished request."
+        )
+        self.request_generation_tokens = histogram(
+            "helios_request_generation_tokens", "Generated tokens per finished request."
+        )
+        self.request_max_tokens = histogram(
+            "helios_request_params_max_tokens", "The max_tokens of each finished request."
+        )
+
+    def endpoint(self, path: str) -> str:
+        return path if path in self.ENDPOINTS else "other"  # bounded label cardinality
 
     def record_response(self, path: str, status: int) -> None:
-        endpoint = path if path in self.ENDPOINTS else "other"  # bounded label cardinality
-        self.http_requests.inc(endpoint=endpoint, status=str(status))
+        self.http_requests.labels(endpoint=self.endpoint(path), status=str(status)).inc()
+
+    def observe_itl(self, gap: float, tokens: int) -> None:
+        for _ in range(tokens):
+            self.itl.observe(gap)
+
+    def record_usage(self, prompt_tokens: int, completion_tokens: int, max_tokens: int) -> None:
+        self.prompt_tokens.inc(prompt_tokens)
+        self.completion_tokens.inc(completion_tokens)
+        self.request_prompt_tokens.observe(prompt_tokens)
+        self.request_generation_tokens.observe(completion_tokens)
+        self.request_max_tokens.observe(max_tokens)
 
     def render(self) -> str:
-        return self.registry.render()
+        return generate_latest(self.registry).decode("utf-8")
 
 
 def render_scheduler_stats(stats: SchedulerStats) -> str:

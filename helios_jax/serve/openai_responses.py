@@ -181,11 +181,18 @@ def usage_chunk(*, id: str, created: int, model: str, chat: bool, usage_: dict) 
     }
 
 
-def models_response(model: str, created: int) -> dict:
-    return {
-        "object": "list",
-        "data": [{"id": model, "object": "model", "created": created, "owned_by": "helios_jax"}],
+def models_response(model: str, created: int, max_model_len: int) -> dict:
+    """The model list: the served model, with vLLM's ``root``, ``parent`` and ``max_model_len``."""
+    entry = {
+        "id": model,
+        "object": "model",
+        "created": created,
+        "owned_by": "helios_jax",
+        "root": model,
+        "parent": None,
+        "max_model_len": max_model_len,
     }
+    return {"object": "list", "data": [entry]}
 
 
 def sse(payload: dict | str) -> bytes:

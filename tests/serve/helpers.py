@@ -11,7 +11,6 @@ import contextlib
 import http.client
 import json
 import socket
-import threading
 from collections.abc import Iterator
 
 from helios_jax.serve.app import HeliosServer, make_server
@@ -24,16 +23,13 @@ def live_server(engine: FakeEngine | None, shutdown_engine: bool = True, **confi
     """A serving HeliosServer (engine None: still starting); shut down on exit, and the engine
     with it unless `shutdown_engine` is False (a module's engine that other tests share)."""
     server = make_server(ServerConfig(port=0, engine="fake", **config), engine)
-    thread = threading.Thread(target=server.serve_forever, kwargs=dict(poll_interval=0.05), daemon=True)
-    thread.start()
+    server.start()
     try:
         yield server
     finally:
-        server.shutdown()
-        server.server_close()
+        server.stop()
         if engine is not None and shutdown_engine:
             engine.shutdown()
-        thread.join(timeout=5)
 
 
 class Response:

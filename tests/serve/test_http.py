@@ -179,8 +179,6 @@ BAD_REQUESTS = [
     (COMPLETIONS, {"prompt": "a", "guided_json": {}}, 400, "guided_json", "unsupported_parameter"),
     (COMPLETIONS, {"prompt": "a", "grammar": "root ::= x"}, 400, "grammar", "unsupported_parameter"),
     (COMPLETIONS, {"prompt": "a", "stream_options": {"include_usage": True}}, 400, "stream_options", None),
-    (COMPLETIONS, {"prompt": "a", "frobnicate": 1}, 400, "frobnicate", "unrecognized_argument"),
-    (COMPLETIONS, {"prompt": "a", "messages": CHAT}, 400, "messages", "unrecognized_argument"),
     (CHAT_PATH, {"max_tokens": 1}, 400, "messages", "missing_field"),
     (CHAT_PATH, {"messages": []}, 400, "messages", None),
     (CHAT_PATH, {"messages": "hi"}, 400, "messages", "invalid_type"),
@@ -242,7 +240,6 @@ BAD_REQUESTS = [
         "context_length_exceeded",
     ),
     (CHAT_PATH, {"messages": CHAT, "model": "other"}, 404, "model", "model_not_found"),
-    (CHAT_PATH, {"messages": CHAT, "prompt": "a"}, 400, "prompt", "unrecognized_argument"),
 ]
 
 
@@ -274,35 +271,40 @@ def test_unknown_paths_and_methods(server):
 
 
 @pytest.mark.parametrize(
-    "raw, status",
+    "raw, status, error_object",
     [
-        (b"BOGUS / HTTP/1.1\r\nHost: x\r\n\r\n", 501),
-        (b"this is not http\r\n\r\n", 400),
-        (b"GET / HTTP/9.9\r\n\r\n", 505),
+        (b"BOGUS / HTTP/1.1\r\nHost: x\r\n\r\n", 404, True),  # a method token: routed, no such path
+        (b"BOGUS /health HTTP/1.1\r\nHost: x\r\n\r\n", 405, True),
+        (b"this is not http\r\n\r\n", 400, False),  # uvicorn's own plain-text 400
+        (b"GET / HTTP/9.9\r\n\r\n", 404, True),  # h11 takes any 1-digit version: routed
     ],
 )
-def test_malformed_http_gets_an_error_object_too(server, raw, status):
+def test_malformed_http_is_refused_and_the_server_keeps_serving(server, raw, status, error_object):
     sock = socket.create_connection(("127.0.0.1", server.port), timeout=10)
     sock.sendall(raw)
     received = b""
     while chunk := sock.recv(4096):
         received += chunk
+        if b"\r\n\r\n" in received and not error_object:
+            break
+        if error_object and received.endswith(b"}}"):
+            break
     sock.close()
     head, _, body = received.partition(b"\r\n\r\n")
     assert head.split(b" ")[1] == str(status).encode()
-    assert set(json.loads(body)["error"]) == {"message", "type", "param", "code"}
+    if error_object:
+        assert set(json.loads(body)["error"]) == {"message", "type", "param", "code"}
     assert_still_serving(server)
 
 
-def test_oversized_and_chunked_bodies_are_refused(server):
-    from helios_jax.serve.handler import MAX_BODY_BYTES
+def test_oversized_bodies_are_refused_and_chunked_ones_read(server):
+    from helios_jax.serve.flags import MAX_BODY_BYTES
 
     r = post(server, "/v1/completions", raw=b"{}", headers={"Content-Length": str(MAX_BODY_BYTES + 1)})
     assert (r.status, r.json()["error"]["code"]) == (413, "request_too_large")
-    r = post(
-        server, "/v1/completions", raw=b"{}", headers={"Content-Length": "", "Transfer-Encoding": "chunked"}
-    )
-    assert r.status == 411
+    body = json.dumps({"prompt": "a", "max_tokens": 2}).encode()
+    r = post(server, "/v1/completions", raw=iter([body[:5], body[5:]]))  # http.client: chunked
+    assert (r.status, r.json()["choices"][0]["text"]) == (200, "Th")
     assert_still_serving(server)
 
 
@@ -311,12 +313,12 @@ def test_engine_errors_are_500s(server, engine):
     r = post(server, "/v1/completions", {"prompt": "a", "max_tokens": 2})
     assert r.status == 500
     error = r.json()["error"]
-    assert (error["type"], error["code"]) == ("server_error", "engine_error") and "out of pages" in error[
-        "message"
-    ]
+    assert (error["type"], error["code"]) == ("server_error", "engine_error")
+    assert "out of pages" not in r.body.decode()  # the engine's text stays in the server's log
     engine.inject_failure("stream", "device lost")
     r = post(server, "/v1/chat/completions", {"messages": CHAT, "max_tokens": 2})
-    assert r.status == 500 and "device lost" in r.json()["error"]["message"]
+    assert r.status == 500 and r.json()["error"]["code"] == "engine_error"
+    assert "device lost" not in r.body.decode()
     assert_still_serving(server)
 
 
@@ -326,7 +328,7 @@ def test_an_engine_error_mid_stream_is_an_error_event_then_done(server, engine):
     assert r.status == 200
     data = r.sse_data()
     assert json.loads(data[0])["choices"][0]["delta"]["role"] == "assistant"
-    assert json.loads(data[1])["error"]["code"] == "engine_error" and "device lost" in data[1]
+    assert json.loads(data[1])["error"]["code"] == "engine_error" and "device lost" not in data[1]
     assert data[2:] == ["[DONE]"]
     assert_still_serving(server)
 

@@ -1,0 +1,250 @@
+"""A generation request on the event loop: parse off the loop, submit, answer, cancel.
+
+A request's life (``/v1/completions`` and ``/v1/chat/completions``):
+
+1. The body is read under the size cap (``body.read_body``), then parsed, validated and
+   tokenized (``openai_protocol``): in a worker thread (its own ``CapacityLimiter``) when the
+   body is over :data:`INLINE_PARSE_BYTES`, so a long prompt never stalls the streams the event
+   loop is writing; a small body is parsed on the loop, where it costs less than the hop to a
+   thread (about 0.2 ms).
+2. ``engine.submit`` returns a :class:`RequestStream`. Its events are read without blocking the
+   loop (:func:`next_event`: a queued event at once, otherwise a wait in a worker thread).
+3. While the request waits and streams, two watchers run beside it (:func:`run_watched`): one
+   reads the ASGI ``receive`` channel, which yields ``http.disconnect`` when the client hangs
+   up; the other waits for the server's abort event (a shutdown past its drain timeout).
+   Either cancels the work: the engine request is cancelled (``RequestStream.cancel()``), a
+   departed client is counted as cancelled, and an aborted stream ends with an error event and
+   ``data: [DONE]`` (a non-streaming request answers 503).
+4. :class:`~helios_jax.serve.streaming.GenerationRun` renders the answer and records metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import queue
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+import anyio
+import anyio.to_thread
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.types import Receive, Scope, Send
+
+from helios_jax.runtime.api import Engine, GenerationRequest, RequestStream, StreamEvent
+from helios_jax.serve import openai_protocol as proto
+from helios_jax.serve.body import parse_json_body, read_body
+from helios_jax.serve.openai_errors import ApiError, bad_request
+from helios_jax.serve.streaming import GenerationRun
+
+if TYPE_CHECKING:
+    from helios_jax.serve.app import HeliosServer
+
+log = logging.getLogger(__name__)
+
+INLINE_PARSE_BYTES = 8192  # bodies up to this size are parsed and tokenized on the event loop
+EVENT_WAIT_S = 5.0  # a waiting worker thread re-checks this often (engines end cancelled streams)
+SHUTTING_DOWN = ApiError(503, "the server is shutting down", code="server_shutting_down")
+
+
+async def next_event(stream: RequestStream, limiter: anyio.CapacityLimiter) -> StreamEvent:
+    """The stream's next event without blocking the event loop: a queued one at once, else a
+    wait in a worker thread (abandoned, not blocked on, when the caller is cancelled)."""
+    try:
+        return stream.get(timeout=0)
+    except queue.Empty:
+        pass
+    while True:
+        try:
+            return await anyio.to_thread.run_sync(
+                stream.get, EVENT_WAIT_S, limiter=limiter, abandon_on_cancel=True
+            )
+        except queue.Empty:
+            continue
+
+
+async def wait_for_disconnect(receive: Receive) -> None:
+    """Returns when the client has gone (the request body has been read already)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def run_watched(work: Callable[[], Awaitable[None]], receive: Receive, abort: asyncio.Event) -> str:
+    """Run `work` until it returns ("done"), the client disconnects ("gone") or `abort` is set
+    ("aborted"); whichever comes first cancels the others."""
+    outcome = "done"
+    async with anyio.create_task_group() as group:
+
+        async def watch(wait: Callable[[], Awaitable], why: str) -> None:
+            nonlocal outcome
+            await wait()
+            outcome = why
+            group.cancel_scope.cancel()
+
+        group.start_soon(watch, functools.partial(wait_for_disconnect, receive), "gone")
+        group.start_soon(watch, abort.wait, "aborted")
+        await work()
+        group.cancel_scope.cancel()
+    return outcome
+
+
+def _parse(raw: bytes, chat: bool, engine: Engine, limits: proto.Limits) -> proto.ParsedRequest:
+    """The worker thread's part: JSON, validation, tokenization."""
+    body = parse_json_body(raw)
+    parse = proto.parse_chat_request if chat else proto.parse_completion_request
+    try:
+        return parse(body, tokenizer=engine.tokenizer, limits=limits)
+    except ValueError as e:  # SamplingParams' own checks, should the protocol layer miss one
+        raise bad_request(str(e)) from None
+
+
+def require_engine(server: HeliosServer, ready: bool = True) -> Engine:
+    engine = server.engine
+    if engine is None:
+        raise ApiError(503, "the engine is starting", code="engine_not_ready")
+    if ready and not engine.ready():
+        raise ApiError(503, "the engine is not ready", code="engine_not_ready")
+    return engine
+
+
+async def generate(request: Request, server: HeliosServer, chat: bool) -> Response:
+    """The endpoint of both generation APIs."""
+    arrival = time.monotonic()
+    engine = require_engine(server)
+    raw = await read_body(request, server.config.max_body_bytes)
+    parse = functools.partial(_parse, raw, chat, engine, server.limits())
+    if len(raw) <= INLINE_PARSE_BYTES:
+        parsed = parse()
+    else:
+        parsed = await anyio.to_thread.run_sync(parse, limiter=server.parse_limiter)
+    request_id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+    generation = GenerationRequest(
+        request_id=request_id,
+        prompt_tokens=parsed.prompt_tokens,
+        sampling=parsed.sampling,
+        message_endpoints=parsed.message_endpoints,
+    )
+    metrics = server.metrics
+    try:
+        stream = engine.submit(generation)
+    except ValueError as e:  # the engine's own request checks (HeliosEngine.submit)
+        metrics.finished.labels(reason="error").inc()
+        raise bad_request(str(e)) from None
+    except Exception:
+        log.exception("engine.submit failed for %s", request_id)
+        metrics.finished.labels(reason="error").inc()
+        raise ApiError(500, "the engine failed to accept the request", code="engine_error") from None
+    run = GenerationRun(engine.tokenizer, parsed, request_id, metrics, arrival)
+    if parsed.stream:
+        return EventStreamResponse(server, run, stream)
+    return await _full_response(request, server, run, stream)
+
+
+def _log_failure(run: GenerationRun, event: StreamEvent) -> None:
+    if event.finish_reason == "error":
+        log.error("request %s failed in the engine: %s", run.id, event.error or "no reason given")
+
+
+def _take_ready(stream: RequestStream, run: GenerationRun, events: list[StreamEvent]) -> bool:
+    """Collect the events already queued; True when the finishing one is among them (then no
+    watcher needs to start: a fast engine's answer is sent at once)."""
+    while True:
+        try:
+            event = stream.get(timeout=0)
+        except queue.Empty:
+            return False
+        run.observe(event)
+        events.append(event)
+        if event.finish_reason is not None:
+            return True
+
+
+async def _full_response(
+    request: Request, server: HeliosServer, run: GenerationRun, stream: RequestStream
+) -> Response:
+    events: list[StreamEvent] = []
+
+    async def collect() -> None:
+        while True:
+            event = await next_event(stream, server.event_limiter)
+            run.observe(event)
+            events.append(event)
+            if event.finish_reason is not None:
+                return
+
+    server.metrics.running.inc()
+    try:
+        done = _take_ready(stream, run, events)
+        outcome = "done" if done else await run_watched(collect, request.receive, server.abort)
+    finally:
+        server.metrics.running.dec()
+        if not stream.finished:  # whatever happened, free the engine's slot
+            stream.cancel()
+    if outcome != "done":
+        run.finish("cancelled")
+        if outcome == "gone":
+            return NoResponse()
+        raise SHUTTING_DOWN
+    _log_failure(run, events[-1])
+    return JSONResponse(run.full_body(events))
+
+
+class NoResponse(Response):
+    """For a client that has gone: nothing is sent."""
+
+    def __init__(self):
+        super().__init__(status_code=499)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        return None
+
+
+class EventStreamResponse(Response):
+    """``200 text/event-stream``: one SSE event per visible burst, until ``data: [DONE]``
+    (HTTP/1.1 chunked transfer encoding: no Content-Length)."""
+
+    def __init__(self, server: HeliosServer, run: GenerationRun, stream: RequestStream):
+        self.status_code = 200
+        self.background = None
+        self.raw_headers = [
+            (b"content-type", b"text/event-stream; charset=utf-8"),
+            (b"cache-control", b"no-cache"),
+            (b"x-accel-buffering", b"no"),
+        ]
+        self.server, self.run, self.stream = server, run, stream
+
+    async def _write(self, send: Send, chunks: list[bytes]) -> None:
+        if chunks:
+            await send({"type": "http.response.body", "body": b"".join(chunks), "more_body": True})
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        run, stream, server = self.run, self.stream, self.server
+        await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+
+        async def body() -> None:
+            await self._write(send, run.opening_chunks())
+            while True:
+                event = await next_event(stream, server.event_limiter)
+                chunks = run.event_chunks(event)
+                if event.finish_reason is not None:
+                    _log_failure(run, event)
+                    await self._write(send, chunks + run.closing_chunks(event))
+                    return
+                await self._write(send, chunks)
+
+        server.metrics.running.inc()
+        try:
+            outcome = await run_watched(body, receive, server.abort)
+            if outcome == "aborted":
+                await self._write(send, run.aborted_chunks(SHUTTING_DOWN))
+            elif outcome == "gone":
+                run.finish("cancelled")
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            server.metrics.running.dec()
+            if not stream.finished:
+                stream.cancel()
