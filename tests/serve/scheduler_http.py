@@ -4,6 +4,10 @@ An idle server with four request slots and a 4096-token prefill capacity serves 
 Qwen3 model (with an MTP head) under ordinary, fixed-width and adaptive speculative execution.
 Each scenario asserts complete responses and prints the prompt/output token counts, the client's
 SSE arrival gaps and the server's per-program execution deltas (these are not GPU timings).
+
+The scenarios live here; each mode runs them from its own test module
+(``test_scheduler_http_{off,fixed,adaptive}.py``, whose module fixture ``server`` compiles that
+mode's engine), so that the two test workers of ``make test`` can build two engines at once.
 """
 
 import http.client
@@ -21,13 +25,11 @@ from ..runtime.helpers import model, tokenizer
 from .helpers import get, live_server, open_stream, post
 
 spec = pytest.mark.spec
-MODES = ["off", "fixed", "adaptive"]
 
 
-@pytest.fixture(scope="module", params=MODES)
-def server(request):
+def serve(mode: str):
+    """The module fixture of one mode's test module: a live server over that mode's engine."""
     config, params = model()
-    mode = request.param
     engine = HeliosEngine(
         model_config=config,
         params=params,
