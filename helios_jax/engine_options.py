@@ -46,11 +46,16 @@ SCHEDULER_POLICIES = ("balanced", "throughput")
 MULTI_STEP_DEFAULT = (1, 4, 8)
 
 # Where an unset --mixed_prefill prepares mixed prefill/verification programs: (platform as
-# `jax.default_backend()` names it, resolved speculation mode) -> True where the arrivals-during-
-# decode benchmark (`scripts/bench/mixed_prefill.py`; docs/benchmarks-engine.md, "Mixed programs
-# by default?") showed them to pay. Empty: none has yet, so every platform and mode keeps them off
-# (docs/serving.md says why); an explicit flag always wins.
-MIXED_PREFILL_DEFAULT: dict[tuple[str, str], bool] = {}
+# `jax.default_backend()` names it, resolved speculation mode) -> the measured choice. On a CPU,
+# `prepare --measure` shows every mixed program slower than the prefill and generation programs it
+# replaces (1.5-3.0x, `scripts/bench/mixed_pays.py`; docs/benchmarks-engine.md, "Mixed programs by
+# default?"): off. Platforms not listed (GPU: not yet measured) keep them off; an explicit flag
+# always wins.
+MIXED_PREFILL_DEFAULT: dict[tuple[str, str], bool] = {
+    ("cpu", "off"): False,
+    ("cpu", "fixed"): False,
+    ("cpu", "adaptive"): False,
+}
 
 
 def mixed_prefill_default(speculation: str, platform: str | None = None) -> bool:
