@@ -292,7 +292,7 @@ class Captures:
             or self.checkpoints.holds(tokens)
         ):
             return False
-        if not self.checkpoints.obtainable(req.rid):
+        if not self.checkpoints.obtainable(req.rid, role=Role.TERMINAL):
             return False
         req.capture.row = self.checkpoints.arm(req.rid, tokens, Role.TERMINAL, now_ns)
         req.phase, req.prerequisites, req.enables = Phase.TERMINAL, [], None

@@ -95,11 +95,15 @@ class CheckpointStore:
     def obtainable(self, owner: int, *, mandatory: bool = False, role: Role | None = None) -> bool:
         return self._pick(owner, mandatory, role) is not None
 
-    def victims(self, owner: int, *, mandatory: bool = False) -> list[int]:
-        """Eligible victim rows in eviction order."""
+    def victims(self, owner: int, *, mandatory: bool = False, role: Role | None = None) -> list[int]:
+        """Eligible victim rows in eviction order. A terminal capture never evicts its own
+        request's anchors: a chat's next turn extends the anchor, not the terminal state
+        (RESOLUTIONS.md, 34)."""
         out = []
         for cp in self.entries.values():
             if cp.pins or cp.role is Role.WINDOW or not cp.ready:
+                continue
+            if role is Role.TERMINAL and cp.role is Role.ANCHOR and cp.owner == owner:
                 continue
             guarded_by = self.guards.get(cp.row)
             if guarded_by is not None and guarded_by != owner and not mandatory:
@@ -122,7 +126,7 @@ class CheckpointStore:
             revocable = [r for r in self._free if r in self.guards]  # an unused guard
             if revocable:
                 return revocable[-1]
-        victims = self.victims(owner, mandatory=mandatory)
+        victims = self.victims(owner, mandatory=mandatory, role=role)
         return victims[0] if victims else None
 
     # -- updates ---------------------------------------------------------------------------

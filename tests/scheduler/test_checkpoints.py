@@ -73,6 +73,11 @@ def test_store_victims_guards_and_pins():
     store.pin(e, now_ns=30)  # an in-flight restore reads it
     assert store.victims(4) == [a, t]
     store.unpin(e)
+    # A terminal capture keeps its own request's anchor (the next turn extends it) and evicts
+    # another's; other roles rank as before.
+    assert store.victims(1, role=Role.TERMINAL) == [e, t]
+    assert store.victims(4, role=Role.TERMINAL) == [e, a, t]
+    assert store.victims(1, role=Role.EXTRA) == [e, a, t]
     # Guards: a free row reserved for a later anchor is not taken by an optional capture.
     store2 = CheckpointStore(1)
     assert store2.guard(owner=7) is not None

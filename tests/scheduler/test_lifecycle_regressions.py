@@ -209,3 +209,44 @@ def test_a_prompt_with_images_publishes_no_checkpoint():
     assert h.rid not in s.requests
     text = s.admit(prompt + [7], max_output=3)
     assert s.requests[text.rid].phase is Phase.PREFILL and s.requests[text.rid].cached == 0
+
+
+@pytest.mark.spec("planning-queue/victim-ranking")
+def test_a_terminal_capture_keeps_its_own_requests_anchor():
+    """One snapshot row, held by the request's own prompt-end anchor: its terminal capture must
+    not evict it (the next turn of a chat extends the anchor; RESOLUTIONS.md, 34), and must not
+    be armed without a row either: the request simply ends uncaptured. (A preemption funds the
+    terminal capture whatever the request's allowance.)"""
+    s = _checkpointing()
+    h = s.admit([TOKEN] * 8, max_output=20)
+    t, fence = 0.0, 0
+    while s.requests:
+        if fence == 4:
+            assert s.requests[h.rid].phase is Phase.DECODE
+            s.preempt(h)
+            fence += 1
+            continue
+        fence += 1
+        s.advance_to(int(t * NS_PER_MS))
+        plan = s.plan()
+        s.commit(plan, fence)
+        t += 1.0
+        s.advance_to(int(t * NS_PER_MS))
+        recs = [
+            CompletionRecord(lane.handle, lane.epoch, tokens=(TOKEN,))
+            if lane.role is LaneRole.DECODE
+            else CompletionRecord(
+                lane.handle,
+                lane.epoch,
+                prompt_tokens=lane.prompt_tokens,
+                tokens=(TOKEN,) if lane.finishes_prompt else (),
+            )
+            if lane.role is LaneRole.PROMPT
+            else CompletionRecord(lane.handle, lane.epoch)
+            for lane in plan.lanes
+        ]
+        s.complete(fence, recs, ExecutionTiming((NS_PER_MS,), NS_PER_MS))
+        assert fence < 50
+    (cp,) = s.checkpoints.entries.values()
+    assert cp.tokens == (TOKEN,) * 8 and cp.owner == h.rid
+    _assert_no_armed_rows(s)
