@@ -1,0 +1,238 @@
+"""Replay a production trace through the utility scheduler and the classic baselines.
+
+    python scripts/scheduling_sim/replay.py --trace=../shared/data/azure-llm-inference-2023-conv.csv \\
+        --requests=200 --rate_scales=1,2,3,4 --json_out=/tmp/replay.json
+
+The trace (Azure LLM inference trace format: TIMESTAMP, ContextTokens, GeneratedTokens; the 2023
+conversation sample is by Patel et al., "Splitwise: Efficient generative LLM inference using phase
+splitting", ISCA 2024, AzurePublicDataset, CC-BY 4.0) gives each request's arrival, prompt length
+and output length. ``--start``/``--requests`` pick a window of consecutive rows; each rate scale
+divides its arrival gaps (``helios_jax.traces``), and every scheduler runs the identical requests
+at each scale with the given outputs forced (no stop token), prompts clipped to the slot context
+(``--context_limit``). Speculative acceptance follows ``--acceptance_probs`` (untrained history).
+
+Schedulers (``baselines.py``): the utility scheduler under each ``--preferences`` setting (a
+preset name, or ``key=value`` overrides of the balanced preset joined by ``;``; keys ``beta``,
+``f``, ``g``, ``c``, ``tv``, ``tc``, ``alpha``, ``tau``), and the baseline families ``fcfs``,
+``sarathi`` and ``fcfs_fixed`` at each of ``--budgets``. Measures and goodput: ``helios_jax.slo``;
+the report, the preference study and the plots: ``replay_report.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import multiprocessing
+import os
+import sys
+import time
+
+from absl import app, flags
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import baselines  # noqa: E402  (a sibling script module)
+import replay_report  # noqa: E402
+
+from helios_jax import simulation, slo, traces  # noqa: E402
+from helios_jax.catalog import Catalog, shipped_catalog  # noqa: E402
+from helios_jax.scheduler.config import PolicyConfig  # noqa: E402
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("trace", "../shared/data/azure-llm-inference-2023-conv.csv", "Azure-format trace CSV")
+flags.DEFINE_integer("start", 0, "first trace row of the window")
+flags.DEFINE_integer("requests", 200, "rows in the window")
+flags.DEFINE_list("rate_scales", ["1", "2", "3", "4"], "arrival-rate multipliers of the window")
+flags.DEFINE_integer("context_limit", traces.CONTEXT_LIMIT, "prompt + output tokens a slot holds")
+flags.DEFINE_string("catalog", "synthetic-h200", "shipped catalog name or catalog JSON path")
+flags.DEFINE_list(
+    "acceptance_probs",
+    ["0.8", "0.7", "0.6", "0.5", "0.4", "0.3", "0.2"],
+    "per-position conditional acceptance probabilities",
+)
+flags.DEFINE_list("preferences", ["balanced", "throughput"], "utility settings (module docstring)")
+flags.DEFINE_list("baselines", ["fcfs", "sarathi", "fcfs_fixed"], "baseline families")
+flags.DEFINE_list("budgets", [str(b) for b in baselines.BUDGETS], "baseline token budgets")
+flags.DEFINE_integer("fixed_width", 4, "speculative width of fcfs_fixed")
+flags.DEFINE_float("ttft_base_ms", slo.SloTargets.ttft_base_ms, "TTFT target: a in a + b*prompt_tokens")
+flags.DEFINE_float(
+    "ttft_per_token_ms", slo.SloTargets.ttft_per_prompt_token_ms, "TTFT target: b in a + b*prompt_tokens"
+)
+flags.DEFINE_float("gap_ms", slo.SloTargets.gap_ms, "largest allowed gap between a stream's outputs")
+flags.DEFINE_float("attainment_target", slo.SloTargets.target, "attainment that counts as good service")
+flags.DEFINE_float("reference_scale", None, "rate scale of the latency columns (default: the median scale)")
+flags.DEFINE_integer("seed", 0, "acceptance sampling seed")
+flags.DEFINE_float("horizon_ms", 1e8, "virtual time limit per run")
+flags.DEFINE_integer("workers", 1, "worker processes")
+flags.DEFINE_string("json_out", None, "write every number here")
+flags.DEFINE_string(
+    "plot_out", None, "attainment against rate for every scheduler (.svg: built in; else matplotlib)"
+)
+flags.DEFINE_string(
+    "pareto_plot_out", None, "the preference study's Pareto front (.svg or a matplotlib format)"
+)
+flags.DEFINE_string("markdown_out", None, "write the tables as Markdown here")
+flags.DEFINE_string("from_json", None, "re-report and re-plot an earlier --json_out without simulating")
+
+PREFERENCE_KEYS = {
+    "beta": "output_token_value",
+    "f": "token_fairness",
+    "g": "delivery_fairness",
+    "c": "decode_age_price",
+    "tv": "terminal_value",
+    "tc": "terminal_age_price",
+    "alpha": "adaptive_verification_alpha",
+    "tau": "adaptation_ms",
+}
+
+
+def policy_of(setting: str) -> PolicyConfig:
+    """A preset name (``balanced``, ``throughput``) or ``key=value;...`` over balanced."""
+    if "=" not in setting:
+        return PolicyConfig.preset(setting)
+    changes = {}
+    for part in setting.split(";"):
+        key, _, value = part.partition("=")
+        if key.strip() not in PREFERENCE_KEYS:
+            raise ValueError(f"unknown preference {key!r} in {setting!r}; keys: {sorted(PREFERENCE_KEYS)}")
+        changes[PREFERENCE_KEYS[key.strip()]] = float(value)
+    return dataclasses.replace(PolicyConfig.preset("balanced"), **changes)
+
+
+def scheduler_specs(preferences, families, budgets, width) -> list[baselines.SchedulerSpec]:
+    out = [baselines.SchedulerSpec(p, "utility", policy=p) for p in preferences]
+    for fam in families:
+        kind = {"fcfs": "fcfs", "sarathi": "sarathi", "fcfs_fixed": "fcfs_fixed"}[fam]
+        prefix = f"fcfs_w{width}" if fam == "fcfs_fixed" else fam
+        out += [
+            baselines.SchedulerSpec(
+                f"{prefix}@{b}", kind, token_budget=b, fixed_width=width if kind == "fcfs_fixed" else None
+            )
+            for b in budgets
+        ]
+    return out
+
+
+@functools.lru_cache(maxsize=2)
+def load_trace(path: str) -> tuple:
+    return tuple(traces.read_azure_trace(path))
+
+
+def load_catalog(name: str) -> Catalog:
+    return Catalog.load(name) if name.endswith(".json") else shipped_catalog(name)
+
+
+def run_one(task: dict) -> dict:
+    """One scheduler at one rate scale: the SLO summary and what the scheduler committed."""
+    spec = baselines.SchedulerSpec(**task["spec"])
+    replay = traces.replay_requests(
+        load_trace(task["trace"]),
+        start=task["start"],
+        count=task["requests"],
+        rate_scale=task["scale"],
+        context_limit=task["context_limit"],
+    )
+    config = simulation.SimConfig(
+        catalog=load_catalog(task["catalog"]),
+        scenario="trace",
+        requests=replay.requests,
+        prompt_tokens=replay.prompt_tokens,
+        output_tokens=replay.output_tokens,
+        arrivals_ms=replay.arrivals_ms,
+        accepted_drafts=None,
+        acceptance_probs=tuple(task["acceptance_probs"]),
+        policy=policy_of(spec.policy) if spec.kind == "utility" else PolicyConfig(),
+        horizon_ms=task["horizon_ms"],
+        seed=task["seed"],
+        rounds=10**9,
+    )
+    t0 = time.perf_counter()
+    result, sched = baselines.simulate(config, baselines.factory(spec))
+    wall = time.perf_counter() - t0
+    out = slo.summarize(result.requests, slo.SloTargets(**task["slo"]))
+    done = [r.finished_ms for r in result.requests if r.finished_ms is not None]
+    tokens = sum(r.output_tokens for r in result.requests)
+    out.update(
+        label=spec.label,
+        family=spec.family,
+        budget=spec.token_budget,
+        scale=task["scale"],
+        rate=traces.offered_rate_per_s(replay),
+        throughput_tok_s=tokens / max(done, default=1.0) * 1e3,
+        clipped=replay.clipped,
+        wall_s=wall,
+        chosen=sched.summary(),
+    )
+    return out
+
+
+def build_tasks(specs: list[baselines.SchedulerSpec], scales: list[float]) -> list[dict]:
+    slo_targets = dict(
+        ttft_base_ms=FLAGS.ttft_base_ms,
+        ttft_per_prompt_token_ms=FLAGS.ttft_per_token_ms,
+        gap_ms=FLAGS.gap_ms,
+        target=FLAGS.attainment_target,
+    )
+    common = dict(
+        trace=FLAGS.trace,
+        start=FLAGS.start,
+        requests=FLAGS.requests,
+        context_limit=FLAGS.context_limit,
+        catalog=FLAGS.catalog,
+        acceptance_probs=[float(x) for x in FLAGS.acceptance_probs],
+        horizon_ms=FLAGS.horizon_ms,
+        seed=FLAGS.seed,
+        slo=slo_targets,
+    )
+    return [dict(common, spec=dataclasses.asdict(s), scale=x) for s in specs for x in scales]
+
+
+def execute(tasks: list[dict]) -> list[dict]:
+    t0 = time.perf_counter()
+    print(f"{len(tasks)} simulations on {FLAGS.workers} worker(s)", flush=True)
+    if FLAGS.workers > 1:
+        with multiprocessing.get_context("spawn").Pool(FLAGS.workers) as pool:
+            return pool.map(run_one, tasks, chunksize=1)
+    outputs = []
+    for t in tasks:
+        outputs.append(run_one(t))
+        o = outputs[-1]
+        print(
+            f"  {len(outputs)}/{len(tasks)} {o['label']} x{o['scale']:g}: attainment {o['attainment']:.3f} "
+            f"({o['wall_s']:.1f} s; {time.perf_counter() - t0:.0f} s so far)",
+            flush=True,
+        )
+    return outputs
+
+
+def main(argv):
+    del argv
+    if FLAGS.from_json:
+        with open(FLAGS.from_json) as f:
+            study = json.load(f)
+    else:
+        scales = sorted(float(x) for x in FLAGS.rate_scales)
+        specs = scheduler_specs(
+            FLAGS.preferences, FLAGS.baselines, [int(b) for b in FLAGS.budgets], FLAGS.fixed_width
+        )
+        t0 = time.perf_counter()
+        runs = execute(build_tasks(specs, scales))
+        reference = FLAGS.reference_scale or scales[len(scales) // 2]
+        study = replay_report.study(runs, reference, FLAGS.attainment_target)
+        study["elapsed_s"] = time.perf_counter() - t0
+        study["flags"] = {f.name: f.value for f in FLAGS.get_key_flags_for_module(sys.argv[0])}
+    replay_report.report(study)
+    if FLAGS.json_out and not FLAGS.from_json:
+        with open(FLAGS.json_out, "w") as f:
+            json.dump(study, f, indent=1)
+    if FLAGS.markdown_out:
+        with open(FLAGS.markdown_out, "w") as f:
+            f.write(replay_report.markdown(study))
+    if FLAGS.plot_out:
+        replay_report.render(replay_report.attainment_panels(study), FLAGS.plot_out)
+    if FLAGS.pareto_plot_out:
+        replay_report.render(replay_report.pareto_panels(study), FLAGS.pareto_plot_out)
+
+
+if __name__ == "__main__":
+    app.run(main)
