@@ -21,7 +21,6 @@ the report, the preference study and the plots: ``replay_report.py``.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import multiprocessing
 import os
@@ -33,10 +32,9 @@ from absl import app, flags
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import baselines  # noqa: E402  (a sibling script module)
 import replay_report  # noqa: E402
+import replay_runs  # noqa: E402
 
-from helios_jax import simulation, slo, traces  # noqa: E402
-from helios_jax.catalog import Catalog, shipped_catalog  # noqa: E402
-from helios_jax.scheduler.config import PolicyConfig  # noqa: E402
+from helios_jax import slo, traces  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("trace", "../shared/data/azure-llm-inference-2023-conv.csv", "Azure-format trace CSV")
@@ -60,10 +58,13 @@ flags.DEFINE_float(
 )
 flags.DEFINE_float("gap_ms", slo.SloTargets.gap_ms, "largest allowed gap between a stream's outputs")
 flags.DEFINE_float("attainment_target", slo.SloTargets.target, "attainment that counts as good service")
-flags.DEFINE_float("reference_scale", None, "rate scale of the latency columns (default: the median scale)")
+flags.DEFINE_float(
+    "reference_scale", None, "rate scale of the latency columns (default: the highest every setting ran)"
+)
 flags.DEFINE_integer("seed", 0, "acceptance sampling seed")
 flags.DEFINE_float("horizon_ms", 1e8, "virtual time limit per run")
-flags.DEFINE_integer("workers", 1, "worker processes")
+flags.DEFINE_integer("workers", 1, "worker processes (each runs whole settings)")
+flags.DEFINE_bool("stop_after_miss", True, "skip a setting's higher rates once one misses the target")
 flags.DEFINE_string("json_out", None, "write every number here")
 flags.DEFINE_string(
     "plot_out", None, "attainment against rate for every scheduler (.svg: built in; else matplotlib)"
@@ -73,97 +74,6 @@ flags.DEFINE_string(
 )
 flags.DEFINE_string("markdown_out", None, "write the tables as Markdown here")
 flags.DEFINE_string("from_json", None, "re-report and re-plot an earlier --json_out without simulating")
-
-PREFERENCE_KEYS = {
-    "beta": "output_token_value",
-    "f": "token_fairness",
-    "g": "delivery_fairness",
-    "c": "decode_age_price",
-    "tv": "terminal_value",
-    "tc": "terminal_age_price",
-    "alpha": "adaptive_verification_alpha",
-    "tau": "adaptation_ms",
-}
-
-
-def policy_of(setting: str) -> PolicyConfig:
-    """A preset name (``balanced``, ``throughput``) or ``key=value;...`` over balanced."""
-    if "=" not in setting:
-        return PolicyConfig.preset(setting)
-    changes = {}
-    for part in setting.split(";"):
-        key, _, value = part.partition("=")
-        if key.strip() not in PREFERENCE_KEYS:
-            raise ValueError(f"unknown preference {key!r} in {setting!r}; keys: {sorted(PREFERENCE_KEYS)}")
-        changes[PREFERENCE_KEYS[key.strip()]] = float(value)
-    return dataclasses.replace(PolicyConfig.preset("balanced"), **changes)
-
-
-def scheduler_specs(preferences, families, budgets, width) -> list[baselines.SchedulerSpec]:
-    out = [baselines.SchedulerSpec(p, "utility", policy=p) for p in preferences]
-    for fam in families:
-        kind = {"fcfs": "fcfs", "sarathi": "sarathi", "fcfs_fixed": "fcfs_fixed"}[fam]
-        prefix = f"fcfs_w{width}" if fam == "fcfs_fixed" else fam
-        out += [
-            baselines.SchedulerSpec(
-                f"{prefix}@{b}", kind, token_budget=b, fixed_width=width if kind == "fcfs_fixed" else None
-            )
-            for b in budgets
-        ]
-    return out
-
-
-@functools.lru_cache(maxsize=2)
-def load_trace(path: str) -> tuple:
-    return tuple(traces.read_azure_trace(path))
-
-
-def load_catalog(name: str) -> Catalog:
-    return Catalog.load(name) if name.endswith(".json") else shipped_catalog(name)
-
-
-def run_one(task: dict) -> dict:
-    """One scheduler at one rate scale: the SLO summary and what the scheduler committed."""
-    spec = baselines.SchedulerSpec(**task["spec"])
-    replay = traces.replay_requests(
-        load_trace(task["trace"]),
-        start=task["start"],
-        count=task["requests"],
-        rate_scale=task["scale"],
-        context_limit=task["context_limit"],
-    )
-    config = simulation.SimConfig(
-        catalog=load_catalog(task["catalog"]),
-        scenario="trace",
-        requests=replay.requests,
-        prompt_tokens=replay.prompt_tokens,
-        output_tokens=replay.output_tokens,
-        arrivals_ms=replay.arrivals_ms,
-        accepted_drafts=None,
-        acceptance_probs=tuple(task["acceptance_probs"]),
-        policy=policy_of(spec.policy) if spec.kind == "utility" else PolicyConfig(),
-        horizon_ms=task["horizon_ms"],
-        seed=task["seed"],
-        rounds=10**9,
-    )
-    t0 = time.perf_counter()
-    result, sched = baselines.simulate(config, baselines.factory(spec))
-    wall = time.perf_counter() - t0
-    out = slo.summarize(result.requests, slo.SloTargets(**task["slo"]))
-    done = [r.finished_ms for r in result.requests if r.finished_ms is not None]
-    tokens = sum(r.output_tokens for r in result.requests)
-    out.update(
-        label=spec.label,
-        family=spec.family,
-        budget=spec.token_budget,
-        scale=task["scale"],
-        rate=traces.offered_rate_per_s(replay),
-        throughput_tok_s=tokens / max(done, default=1.0) * 1e3,
-        clipped=replay.clipped,
-        wall_s=wall,
-        chosen=sched.summary(),
-    )
-    return out
 
 
 def build_tasks(specs: list[baselines.SchedulerSpec], scales: list[float]) -> list[dict]:
@@ -183,26 +93,22 @@ def build_tasks(specs: list[baselines.SchedulerSpec], scales: list[float]) -> li
         horizon_ms=FLAGS.horizon_ms,
         seed=FLAGS.seed,
         slo=slo_targets,
+        stop_after_miss=FLAGS.stop_after_miss,
     )
     return [dict(common, spec=dataclasses.asdict(s), scale=x) for s in specs for x in scales]
 
 
 def execute(tasks: list[dict]) -> list[dict]:
-    t0 = time.perf_counter()
-    print(f"{len(tasks)} simulations on {FLAGS.workers} worker(s)", flush=True)
+    groups: dict = {}
+    for t in tasks:
+        groups.setdefault(t["spec"]["label"], []).append(t)
+    print(f"{len(groups)} settings, up to {len(tasks)} simulations, {FLAGS.workers} worker(s)", flush=True)
     if FLAGS.workers > 1:
         with multiprocessing.get_context("spawn").Pool(FLAGS.workers) as pool:
-            return pool.map(run_one, tasks, chunksize=1)
-    outputs = []
-    for t in tasks:
-        outputs.append(run_one(t))
-        o = outputs[-1]
-        print(
-            f"  {len(outputs)}/{len(tasks)} {o['label']} x{o['scale']:g}: attainment {o['attainment']:.3f} "
-            f"({o['wall_s']:.1f} s; {time.perf_counter() - t0:.0f} s so far)",
-            flush=True,
-        )
-    return outputs
+            done = pool.map(replay_runs.run_setting, list(groups.values()), chunksize=1)
+    else:
+        done = [replay_runs.run_setting(g) for g in groups.values()]
+    return [o for outputs in done for o in outputs]
 
 
 def main(argv):
@@ -212,13 +118,12 @@ def main(argv):
             study = json.load(f)
     else:
         scales = sorted(float(x) for x in FLAGS.rate_scales)
-        specs = scheduler_specs(
+        specs = replay_runs.scheduler_specs(
             FLAGS.preferences, FLAGS.baselines, [int(b) for b in FLAGS.budgets], FLAGS.fixed_width
         )
         t0 = time.perf_counter()
         runs = execute(build_tasks(specs, scales))
-        reference = FLAGS.reference_scale or scales[len(scales) // 2]
-        study = replay_report.study(runs, reference, FLAGS.attainment_target)
+        study = replay_report.study(runs, FLAGS.reference_scale, FLAGS.attainment_target)
         study["elapsed_s"] = time.perf_counter() - t0
         study["flags"] = {f.name: f.value for f in FLAGS.get_key_flags_for_module(sys.argv[0])}
     replay_report.report(study)

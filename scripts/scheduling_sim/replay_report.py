@@ -24,8 +24,12 @@ ATTRIBUTION = (
 )
 
 
-def study(runs: list[dict], reference_scale: float, target: float) -> dict:
-    """Everything the report shows, from the per-run summaries."""
+def study(runs: list[dict], reference_scale: float | None, target: float) -> dict:
+    """Everything the report shows, from the per-run summaries.
+
+    The reference scale (where latencies are compared) defaults to the highest rate scale that
+    every setting ran (settings stop after their first miss: ``replay.py --stop_after_miss``).
+    """
     settings: dict = {}
     for r in sorted(runs, key=lambda r: r["scale"]):
         s = settings.setdefault(
@@ -33,10 +37,14 @@ def study(runs: list[dict], reference_scale: float, target: float) -> dict:
             {"family": r["family"], "budget": r["budget"], "runs": [], "utility": r["budget"] is None},
         )
         s["runs"].append({k: v for k, v in r.items() if k not in ("label", "family", "budget")})
+    if reference_scale is None:
+        reference_scale = min(max(x["scale"] for x in s["runs"]) for s in settings.values())
     for s in settings.values():
         rates = [x["rate"] for x in s["runs"]]
         s["goodput"] = slo.goodput(rates, [x["attainment"] for x in s["runs"]], target)
         s["reference"] = min(s["runs"], key=lambda x: abs(x["scale"] - reference_scale))
+        if s["reference"]["scale"] != reference_scale:
+            raise ValueError(f"a setting did not run at the reference scale {reference_scale}")
     best = best_budgets(settings)
     points = {label: point(s) for label, s in settings.items() if s["utility"] or label in best.values()}
     front = slo.pareto_front(points, HIGHER_BETTER)
@@ -99,14 +107,15 @@ def report(st: dict) -> None:
 
 def markdown(st: dict) -> str:
     """The goodput table, the reference-rate table by prompt bucket and the dominance table."""
-    rates = [x["rate"] for x in next(iter(st["settings"].values()))["runs"]]
+    rates = sorted({x["rate"] for s in st["settings"].values() for x in s["runs"]})
     lines = [
         "| setting | goodput (req/s) | " + " | ".join(f"{r:.2f}" for r in rates) + " | on front |",
         "| --- | ---: |" + " ---: |" * len(rates) + " :---: |",
     ]
     for label in shown(st):
         s = st["settings"][label]
-        cells = " | ".join(f"{x['attainment']:.3f}" for x in s["runs"])
+        got = {x["rate"]: x["attainment"] for x in s["runs"]}
+        cells = " | ".join(f"{got[r]:.3f}" if r in got else "–" for r in rates)
         lines.append(
             f"| {label} | {_goodput_text(s['goodput'])} | {cells} | {'yes' if label in st['front'] else ''} |"
         )
