@@ -87,6 +87,8 @@ def test_attainment_needs_first_output_in_time_every_gap_in_bound_and_a_finish()
         False,
     ]
     assert slo.attainment([good, late, long_prompt, stalled, open_wait], SLO) == pytest.approx(0.4)
+    # The unfinished stream's outputs were 10 ms apart, but it then waited 500 ms with none.
+    assert not slo.meets_gap(open_wait, SLO)
     summary = slo.summarize([good, late, long_prompt, stalled], SLO)
     assert summary["ttft_attainment"] == 0.75 and summary["gap_attainment"] == 0.75
     # Buckets by prompt length: 200, 200, 10 tokens in 0-511; 2000 tokens in 512-2047.
