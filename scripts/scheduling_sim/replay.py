@@ -74,6 +74,8 @@ flags.DEFINE_string(
 )
 flags.DEFINE_string("markdown_out", None, "write the tables as Markdown here")
 flags.DEFINE_string("from_json", None, "re-report and re-plot an earlier --json_out without simulating")
+flags.DEFINE_string("runs_out", None, "append each run's summary here as one JSON line as it finishes")
+flags.DEFINE_string("from_runs", None, "build the study from a --runs_out file (e.g. a cut-short sweep)")
 
 
 def build_tasks(specs: list[baselines.SchedulerSpec], scales: list[float]) -> list[dict]:
@@ -105,9 +107,11 @@ def execute(tasks: list[dict]) -> list[dict]:
     print(f"{len(groups)} settings, up to {len(tasks)} simulations, {FLAGS.workers} worker(s)", flush=True)
     if FLAGS.workers > 1:
         with multiprocessing.get_context("spawn").Pool(FLAGS.workers) as pool:
-            done = pool.map(replay_runs.run_setting, list(groups.values()), chunksize=1)
+            done = pool.starmap(
+                replay_runs.run_setting, [(g, FLAGS.runs_out) for g in groups.values()], chunksize=1
+            )
     else:
-        done = [replay_runs.run_setting(g) for g in groups.values()]
+        done = [replay_runs.run_setting(g, FLAGS.runs_out) for g in groups.values()]
     return [o for outputs in done for o in outputs]
 
 
@@ -116,6 +120,10 @@ def main(argv):
     if FLAGS.from_json:
         with open(FLAGS.from_json) as f:
             study = json.load(f)
+    elif FLAGS.from_runs:
+        with open(FLAGS.from_runs) as f:
+            runs = [json.loads(line) for line in f if line.strip()]
+        study = replay_report.study(runs, FLAGS.reference_scale, FLAGS.attainment_target)
     else:
         scales = sorted(float(x) for x in FLAGS.rate_scales)
         specs = replay_runs.scheduler_specs(

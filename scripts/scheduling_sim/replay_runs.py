@@ -2,7 +2,8 @@
 
 :func:`run_one` replays a trace window at one rate scale through one scheduler (the utility
 scheduler under a preference setting, or a baseline) in the simulator and summarizes it with
-``helios_jax.slo``; :func:`run_setting` sweeps one setting's rate scales in ascending order.
+``helios_jax.slo``; :func:`run_setting` sweeps one setting's rate scales in ascending order
+(appending each run to a JSON-lines file if given, so a cut-short sweep keeps what it ran).
 A task is a plain dict (it crosses process boundaries): ``trace``, ``start``, ``requests``,
 ``context_limit``, ``catalog``, ``acceptance_probs``, ``horizon_ms``, ``seed``, ``slo`` (the
 ``SloTargets`` fields), ``stop_after_miss``, ``spec`` (``SchedulerSpec`` fields) and ``scale``.
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import os
 import sys
 import time
@@ -49,7 +51,10 @@ def policy_of(setting: str) -> PolicyConfig:
 
 
 def scheduler_specs(preferences, families, budgets, width) -> list[baselines.SchedulerSpec]:
-    out = [baselines.SchedulerSpec(p, "utility", policy=p) for p in preferences]
+    """The first preference setting, every baseline at every budget, then the other preference
+    settings (the order they run in: a sweep cut short still has the comparison's core)."""
+    utility = [baselines.SchedulerSpec(p, "utility", policy=p) for p in preferences]
+    out = utility[:1]
     for fam in families:
         kind = {"fcfs": "fcfs", "sarathi": "sarathi", "fcfs_fixed": "fcfs_fixed"}[fam]
         prefix = f"fcfs_w{width}" if fam == "fcfs_fixed" else fam
@@ -59,7 +64,7 @@ def scheduler_specs(preferences, families, budgets, width) -> list[baselines.Sch
             )
             for b in budgets
         ]
-    return out
+    return out + utility[1:]
 
 
 @functools.lru_cache(maxsize=2)
@@ -115,13 +120,16 @@ def run_one(task: dict) -> dict:
     return out
 
 
-def run_setting(tasks: list[dict]) -> list[dict]:
+def run_setting(tasks: list[dict], runs_out: str | None = None) -> list[dict]:
     """One setting's sweep in ascending rate, stopping after the first rate that misses the
     attainment target when ``stop_after_miss`` (goodput counts up to the first miss)."""
     out = []
     for t in sorted(tasks, key=lambda t: t["scale"]):
         out.append(run_one(t))
         o = out[-1]
+        if runs_out:
+            with open(runs_out, "a") as f:
+                f.write(json.dumps(o) + "\n")
         print(
             f"  {o['label']} x{o['scale']:g} ({o['rate']:.2f} req/s): attainment {o['attainment']:.3f} "
             f"({o['wall_s']:.1f} s)",
