@@ -109,6 +109,8 @@ def markdown(st: dict) -> str:
     """The goodput table, the reference-rate table by prompt bucket and the dominance table."""
     rates = sorted({x["rate"] for s in st["settings"].values() for x in s["runs"]})
     lines = [
+        st.get("attribution", ATTRIBUTION),
+        "",
         "| setting | goodput (req/s) | " + " | ".join(f"{r:.2f}" for r in rates) + " | on front |",
         "| --- | ---: |" + " ---: |" * len(rates) + " :---: |",
     ]
@@ -199,7 +201,7 @@ def pareto_panels(st: dict) -> list[dict]:
 def render(panels: list[dict], path: str) -> None:
     """SVG (no dependencies) for a ``.svg`` path, otherwise matplotlib's format for the suffix."""
     if path.endswith(".svg"):
-        svg_plot.chart(panels, path, caption=ATTRIBUTION)
+        svg_plot.chart(panels, path, caption=ATTRIBUTION, panel_width=720 if len(panels) == 1 else 480)
         return
     import matplotlib
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import html
+import textwrap
 
 
 @dataclasses.dataclass
@@ -136,8 +137,11 @@ def chart(
     rows = (
         max((len(p["series"]) + 2) // 3 for p in panels) if any(p.get("legend", True) for p in panels) else 0
     )
-    total_h = height + 11 * rows + 20
-    body.append(f'<text x="6" y="{total_h - 6}" font-size="8" fill="#333">{html.escape(caption)}</text>')
+    caption_lines = textwrap.wrap(caption, max(20, int(total_w / 4.4)))  # about 4.4 px per 8-pt character
+    total_h = height + 11 * rows + 11 * len(caption_lines) + 10
+    for i, line in enumerate(caption_lines):
+        y = total_h - 6 - 11 * (len(caption_lines) - 1 - i)
+        body.append(f'<text x="6" y="{y}" font-size="8" fill="#333">{html.escape(line)}</text>')
     svg = (
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{total_w}" height="{total_h}" '
         f'font-family="sans-serif"><rect width="100%" height="100%" fill="white"/>'
