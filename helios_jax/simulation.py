@@ -45,7 +45,7 @@ TOKEN = 7  # every other simulated output token
 @dataclasses.dataclass(frozen=True)
 class SimConfig:
     catalog: Catalog
-    scenario: str = "startup"  # "startup" (all at t=0) or "poisson"
+    scenario: str = "startup"  # "startup" (all at t=0), "poisson" or "trace" (arrivals_ms)
     requests: int = 5
     prompt_tokens: int | Sequence[int] = 64
     output_tokens: int | Sequence[int] = 100_000
@@ -58,6 +58,7 @@ class SimConfig:
     costs: str = "measured"  # or "cold": estimates start indeterminate and discovery runs
     noise: float = 0.0  # log-uniform multiplicative noise on durations
     arrival_rate_per_s: float = 10.0  # poisson scenario
+    arrivals_ms: Sequence[float] | None = None  # trace scenario: each request's arrival, ascending
     horizon_ms: float = 60_000.0  # stop after this much virtual time
     seed: int = 0
     fixed_width: int | None = None
@@ -242,6 +243,10 @@ def _workload(config: SimConfig, depth: int, rng: np.random.Generator) -> _Workl
     elif config.scenario == "poisson":
         gaps = rng.exponential(1000.0 / config.arrival_rate_per_s, size=n)
         arrivals = list(np.cumsum(gaps) - gaps[0])
+    elif config.scenario == "trace":
+        arrivals = [float(a) for a in config.arrivals_ms or ()]
+        if len(arrivals) != n or any(b < a for a, b in zip(arrivals, arrivals[1:])):
+            raise ValueError(f"the trace scenario needs {n} ascending arrivals_ms, got {len(arrivals)}")
     else:
         raise ValueError(f"unknown scenario {config.scenario!r}")
     if config.acceptance_history == "preseeded":
