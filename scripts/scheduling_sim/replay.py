@@ -67,10 +67,10 @@ flags.DEFINE_integer("workers", 1, "worker processes (each runs whole settings)"
 flags.DEFINE_bool("stop_after_miss", True, "skip a setting's higher rates once one misses the target")
 flags.DEFINE_string("json_out", None, "write every number here")
 flags.DEFINE_string(
-    "plot_out", None, "attainment against rate for every scheduler (.svg: built in; else matplotlib)"
+    "plot_out", None, "attainment against rate for every scheduler (matplotlib; the format from the suffix)"
 )
 flags.DEFINE_string(
-    "pareto_plot_out", None, "the preference study's Pareto front (.svg or a matplotlib format)"
+    "pareto_plot_out", None, "the preference study's Pareto front (matplotlib; the format from the suffix)"
 )
 flags.DEFINE_string("markdown_out", None, "write the tables as Markdown here")
 flags.DEFINE_string("from_json", None, "re-report and re-plot an earlier --json_out without simulating")

@@ -12,7 +12,7 @@ budget (at least as good on all three, better on one).
 
 from __future__ import annotations
 
-import svg_plot
+import dataclasses
 
 from helios_jax import slo
 
@@ -147,6 +147,20 @@ def _ms(x) -> str:
     return "–" if x is None else f"{x:.0f}"
 
 
+@dataclasses.dataclass(frozen=True)
+class Series:
+    """One plotted series."""
+
+    name: str
+    points: list  # (x, y) pairs
+    color: str = "black"
+    line: bool = True
+    dashed: bool = False
+    width: float = 1.5
+    labels: list | None = None  # text beside each point
+    ring: list | None = None  # per point: draw a ring around it
+
+
 def _style(label: str, utility: bool) -> dict:
     if label == "balanced":
         return dict(color="black", dashed=False, width=2.0)
@@ -163,7 +177,7 @@ def attainment_panels(st: dict) -> list[dict]:
         s = st["settings"][label]
         name = label if s["utility"] else f"{label} (best budget)"
         pts = [(x["rate"], x["attainment"]) for x in s["runs"]]
-        series.append(svg_plot.Series(name, pts, **_style(label, s["utility"])))
+        series.append(Series(name, pts, **_style(label, s["utility"])))
     return [
         dict(
             series=series,
@@ -185,7 +199,7 @@ def pareto_panels(st: dict) -> list[dict]:
             s = st["settings"][label]
             style = dict(_style(label, s["utility"]), line=False)
             ring = [label in st["front"]]
-            series.append(svg_plot.Series(label, [(p[axis], p[0])], labels=[label], ring=ring, **style))
+            series.append(Series(label, [(p[axis], p[0])], labels=[label], ring=ring, **style))
         panels.append(
             dict(
                 series=series,
@@ -199,10 +213,7 @@ def pareto_panels(st: dict) -> list[dict]:
 
 
 def render(panels: list[dict], path: str) -> None:
-    """SVG (no dependencies) for a ``.svg`` path, otherwise matplotlib's format for the suffix."""
-    if path.endswith(".svg"):
-        svg_plot.chart(panels, path, caption=ATTRIBUTION, panel_width=720 if len(panels) == 1 else 480)
-        return
+    """The panels side by side, in matplotlib's format for the path's suffix (the bench extra)."""
     import matplotlib
 
     matplotlib.use("Agg")
