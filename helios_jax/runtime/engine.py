@@ -47,7 +47,7 @@ from helios_jax.runtime.api import GenerationRequest, RequestStream, StreamEvent
 from helios_jax.runtime.copying import CopySource
 from helios_jax.runtime.detokenize import TextStream
 from helios_jax.runtime.executor import Dispatch, Executor, RequestInputs, completion_records, survival_rows
-from helios_jax.runtime.faults import FaultContainment
+from helios_jax.runtime.faults import STALL_LIMIT_S, FaultContainment
 from helios_jax.runtime.logprobs import PromptScores, lane_logprobs
 from helios_jax.runtime.preemption import Preemptions, continuation
 from helios_jax.runtime.scheduling import build_scheduler
@@ -113,6 +113,7 @@ class HeliosEngine(FaultContainment):
         copies = StateCopies(engine_config, self.scheduler.captures.checkpoints)
         self.executor = Executor(programs, params, programs.init_state(), copies=copies.pack)
         self._degraded = False  # rebuilding the device state after a failed program
+        self.stall_limit_s, self._stalled_since = STALL_LIMIT_S, None  # faults.py
         self._events: queue.Queue = queue.Queue()
         self._waiting: list[_Active] = []
         self._by_id: dict[str, _Active] = {}
@@ -184,6 +185,7 @@ class HeliosEngine(FaultContainment):
                     self.executor.wait_oldest()
                     self._complete_ready()
                 else:
+                    self._check_stall()
                     self._drain_events(block=True)  # idle: sleep until a submission arrives
             except Exception as e:  # a broken frame or program: fail everything, stop serving
                 log.exception("engine loop failed")

@@ -11,6 +11,11 @@
   lost with every resident request's rows, so every resident request fails, the frames in flight
   complete empty, and the engine continues on a fresh state (`/health` is 503 only meanwhile).
 
+- stalled: with nothing in flight, requests the scheduler could select but never plans for
+  `STALL_LIMIT_S` fail with an error naming the stall, instead of waiting forever with their
+  streams open (the scheduler's liveness is its own property, checked by its state machine;
+  this guard turns a breach of it into a clear error).
+
 Anything else the loop meets (a scheduler invariant) still stops the engine (`HeliosEngine._fail`).
 """
 
@@ -18,13 +23,16 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 
 from helios_jax.runtime.api import GenerationRequest, SamplingParams, StreamEvent
 from helios_jax.runtime.state_copies import forget_stored
 from helios_jax.scheduler.plan import CompletionRecord, ExecutionTiming
+from helios_jax.scheduler.pricing import runnable
 from helios_jax.scheduler.view import LaneRole
 
 log = logging.getLogger("helios_jax.engine")
+STALL_LIMIT_S = 30.0  # idle with selectable requests and no plan this long: fail them
 
 
 class FaultContainment:
@@ -54,6 +62,26 @@ class FaultContainment:
         self._copies.resolve(request.proposal_source)  # a source the model can draft
         if request.request_id in self._by_id:
             raise ValueError(f"request_id {request.request_id!r} is already in use")
+
+    def _check_stall(self) -> None:
+        """Called while the loop idles (nothing in flight, nothing planned): fails the requests
+        the scheduler could select once they have gone unplanned for `stall_limit_s`."""
+        stalled = [r for r in self.scheduler.requests.values() if runnable(r)]
+        now = time.monotonic()
+        if not stalled:
+            self._stalled_since = None
+            return
+        if self._stalled_since is None:
+            self._stalled_since = now
+        if now - self._stalled_since < self.stall_limit_s:
+            return
+        self._stalled_since = None
+        for req in stalled:
+            log.error("no plan serves %s (%s, %s)", req.handle, req.phase, req.prerequisites)
+            active = self._by_rid.get(req.rid)
+            if active is not None:
+                why = f"no prepared program served this request for {self.stall_limit_s:.0f} s"
+                self._fail_request(active, why)
 
     def _wants_logprobs(self, plan) -> bool:
         return any(

@@ -324,6 +324,22 @@ def test_a_request_the_scheduler_refuses_fails_alone(engine, monkeypatch):
     assert [t for e in ok for t in e.token_ids] == offline_greedy(good, 6) and engine.ready()
 
 
+def test_a_request_no_plan_serves_fails_after_the_stall_limit(engine, monkeypatch):
+    """The loop idles with a selectable request and no plan (a scheduler that breaks its own
+    liveness): the request fails with an error once the stall limit passes, instead of waiting
+    forever with its stream open; the engine then serves as before."""
+    monkeypatch.setattr(engine, "stall_limit_s", 0.3)
+    monkeypatch.setattr(engine.scheduler, "plan", lambda: None)
+    stream = engine.submit(
+        GenerationRequest("stalled", POISON, SamplingParams(max_tokens=4, temperature=0.0))
+    )
+    last = stream.get(timeout=20)  # without the guard: queue.Empty, the request never ends
+    assert last.finish_reason == "error" and "no prepared program served" in last.error
+    monkeypatch.undo()
+    good = tokenizer().encode("import os\n")
+    assert run(engine, "after-stall", good, max_tokens=4, temperature=0.0)[1] == offline_greedy(good, 4)
+
+
 class _FailingProgram:
     def __init__(self, program, failures):
         self.program, self.failures = program, failures
