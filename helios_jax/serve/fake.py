@@ -11,6 +11,10 @@ renders each message as ``"{role}: {content}\\n"`` and ends with the assistant p
     -> "system: Be brief.\\nuser: hi\\nassistant: "   (38 tokens)
     endpoints (18, 27)
 
+``render_chat`` adds, after the messages, one ``"{key}={value!r}\\n"`` line per template kwarg
+(``{"enable_thinking": False}`` -> ``"enable_thinking=False\\n"``) and leaves the assistant
+prompt out when ``add_generation_prompt`` is false.
+
 Generation (:class:`FakeEngine`), for a request with ``max_tokens = M``:
 
 1. Output token ``i`` (0-based) is character ``i mod len(S)`` of a source string ``S``: the fixed
@@ -43,7 +47,9 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+
+import jinja2
 
 from helios_jax.runtime.api import GenerationRequest, RequestStream, StreamEvent
 
@@ -66,11 +72,34 @@ class CharTokenizer:
         return "".join(chr(i) for i in ids)
 
     def apply_chat_template(self, messages: Sequence[dict]) -> tuple[list[int], tuple[int, ...]]:
+        return self.render_chat(messages)
+
+    def render_chat(
+        self,
+        messages: Sequence[Mapping],
+        add_generation_prompt: bool = True,
+        template_kwargs: Mapping | None = None,
+    ) -> tuple[list[int], tuple[int, ...]]:
+        """The fake template (module docstring): content text parts joined with "\\n", a
+        ``"{key}={value!r}\\n"`` line per template kwarg after the messages, and
+        ``"assistant: "`` with `add_generation_prompt`. A ``raise_exception`` kwarg makes it
+        raise ``jinja2.TemplateError`` with that message (as a template's ``raise_exception``
+        does), a ``messages`` kwarg ValueError (as ``HFTokenizer`` refuses reserved names)."""
+        kwargs = dict(template_kwargs or {})
+        if "messages" in kwargs or "add_generation_prompt" in kwargs:
+            raise ValueError("template kwargs cannot set messages or add_generation_prompt")
+        if "raise_exception" in kwargs:
+            raise jinja2.TemplateError(str(kwargs["raise_exception"]))
         text, endpoints = "", []
         for message in messages:
-            text += f"{message['role']}: {message['content']}\n"
+            content = message["content"]
+            if not isinstance(content, str):
+                content = "\n".join(part["text"] for part in content)
+            text += f"{message['role']}: {content}\n"
             endpoints.append(len(text))  # one token per character
-        text += "assistant: "
+        text += "".join(f"{key}={value!r}\n" for key, value in kwargs.items())
+        if add_generation_prompt:
+            text += "assistant: "
         return self.encode(text), tuple(endpoints)
 
 

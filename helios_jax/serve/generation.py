@@ -36,6 +36,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
 from helios_jax.runtime.api import Engine, GenerationRequest, RequestStream, StreamEvent
+from helios_jax.serve import chat_request
 from helios_jax.serve import openai_protocol as proto
 from helios_jax.serve.body import parse_json_body, read_body
 from helios_jax.serve.openai_errors import ApiError, bad_request
@@ -95,7 +96,7 @@ async def run_watched(work: Callable[[], Awaitable[None]], receive: Receive, abo
 def _parse(raw: bytes, chat: bool, engine: Engine, limits: proto.Limits) -> proto.ParsedRequest:
     """The worker thread's part: JSON, validation, tokenization."""
     body = parse_json_body(raw)
-    parse = proto.parse_chat_request if chat else proto.parse_completion_request
+    parse = chat_request.parse_chat_request if chat else proto.parse_completion_request
     try:
         return parse(body, tokenizer=engine.tokenizer, limits=limits)
     except ValueError as e:  # SamplingParams' own checks, should the protocol layer miss one

@@ -68,6 +68,8 @@ class ChatBody(_Common):
     logprobs: bool | None = None
     top_logprobs: int | None = None
     max_completion_tokens: int | None = None
+    chat_template_kwargs: dict | None = None
+    add_generation_prompt: bool | None = None
 
 
 # What a type error says a field must be (by the field's name, the last named part of its path).
@@ -98,6 +100,8 @@ _EXPECTED = {
     "role": "a string",
     "content": "a string or a list of text parts",
     "name": "a string",
+    "chat_template_kwargs": "an object",
+    "add_generation_prompt": "a boolean",
 }
 _NESTED = {"include_usage", "continuous_usage_stats", "role", "content", "name"}
 Model = TypeVar("Model", bound=BaseModel)

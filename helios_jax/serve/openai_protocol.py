@@ -18,7 +18,8 @@ one order for both endpoints, so the first problem a client sees is the most bas
 5. the context: prompt tokens plus ``max_tokens`` must fit ``max_model_len``.
 
 The server runs this in a worker thread: tokenizing a long prompt never stalls the event loop.
-The answers are built by ``openai_responses``, pure functions the server calls.
+The answers are built by ``openai_responses``, pure functions the server calls. Chat requests
+(messages, the chat template) are parsed by ``chat_request`` with the helpers here.
 
 Log-probabilities: the engine returns each generated token's log-probability and up to 20
 alternatives (``MAX_TOP_LOGPROBS``). Completions accept ``logprobs`` 0..20 and chat accepts
@@ -45,7 +46,6 @@ log = logging.getLogger(__name__)
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's legacy completions default
 MAX_STOP_STRINGS = 16
-CHAT_ROLES = ("system", "user", "assistant")
 
 
 # -- unsupported options -------------------------------------------------------------------------
@@ -94,8 +94,6 @@ _NEUTRAL: dict[str, tuple] = {
     "logits_processors": (),
     "truncate_prompt_tokens": (),
     "chat_template": (),
-    "chat_template_kwargs": ({},),
-    "add_generation_prompt": (True,),
     "continue_final_message": (False,),
     "documents": (),
     "return_tokens_as_token_ids": (False,),
@@ -356,82 +354,4 @@ def parse_completion_request(raw: dict, *, tokenizer: Tokenizer, limits: Limits)
         include_usage=include_usage,
         echo=echo,
         logprobs=logprobs is not None,
-    )
-
-
-def _message_content(index: int, content: str | list[dict]) -> str:
-    if isinstance(content, str):
-        return content
-    param = f"messages[{index}].content"
-    texts = []
-    for part in content:
-        if part.get("type") != "text" or not isinstance(part.get("text"), str):
-            raise unsupported(
-                f"only text content is supported; {param} has a '{part.get('type')}' part "
-                "(images, audio and files are not supported)",
-                param,
-            )
-        texts.append(part["text"])
-    return "".join(texts)
-
-
-def chat_messages(body: ChatBody) -> list[dict]:
-    messages = body.messages
-    if messages is None:
-        raise bad_request("missing required field 'messages'", param="messages", code="missing_field")
-    if not messages:
-        raise bad_request("'messages' must contain at least one message", param="messages")
-    out = []
-    for i, message in enumerate(messages):
-        if message.role not in CHAT_ROLES:
-            raise bad_request(
-                f"messages[{i}].role must be one of {', '.join(CHAT_ROLES)}, got {message.role!r}",
-                param=f"messages[{i}].role",
-            )
-        for name in ("tool_calls", "function_call", "audio"):
-            if (message.model_extra or {}).get(name) is not None:
-                raise unsupported(f"messages[{i}].{name} is not supported", f"messages[{i}].{name}")
-        out.append({"role": message.role, "content": _message_content(i, message.content)})
-    return out
-
-
-def _chat_logprobs(body: ChatBody) -> tuple[bool, int | None]:
-    logprobs, top_logprobs = bool(body.logprobs), body.top_logprobs
-    if top_logprobs is not None:
-        if not logprobs:
-            raise bad_request("top_logprobs requires logprobs to be true", param="top_logprobs")
-        if not 0 <= top_logprobs <= MAX_TOP_LOGPROBS:
-            raise bad_request(
-                f"'top_logprobs' must be from 0 to {MAX_TOP_LOGPROBS}, got {top_logprobs}",
-                param="top_logprobs",
-            )
-    return logprobs, top_logprobs
-
-
-def parse_chat_request(raw: dict, *, tokenizer: Tokenizer, limits: Limits) -> ParsedRequest:
-    """Validate a ``/v1/chat/completions`` body; the prompt is the tokenizer's chat template."""
-    body = validate(ChatBody, raw, logprobs_type="a boolean")
-    fields = _sampling_fields(body)
-    stream, include_usage = _parse_stream(body)
-    max_tokens = _positive_max_tokens(body.max_tokens, "max_tokens")
-    max_completion_tokens = _positive_max_tokens(body.max_completion_tokens, "max_completion_tokens")
-    _check_unsupported(raw, _NEUTRAL_CHAT)
-    _log_ignored(body, _NEUTRAL_CHAT)
-    logprobs, top_logprobs = _chat_logprobs(body)
-    model = check_model(body.model, limits.served_model)
-    messages = chat_messages(body)
-    check_prompt_chars(sum(len(m["content"]) for m in messages), limits.max_prompt_chars, "messages")
-    prompt_tokens, endpoints = tokenizer.apply_chat_template(messages)
-    budget = max_completion_tokens if max_completion_tokens is not None else max_tokens
-    budget = _fit_context(len(prompt_tokens), budget, limits.max_model_len, "messages")
-    sampling = SamplingParams(max_tokens=budget, logprobs=logprobs, top_logprobs=top_logprobs or 0, **fields)
-    return ParsedRequest(
-        chat=True,
-        model=model,
-        prompt_tokens=tuple(prompt_tokens),
-        sampling=sampling,
-        message_endpoints=tuple(endpoints),
-        stream=stream,
-        include_usage=include_usage,
-        logprobs=logprobs,
     )

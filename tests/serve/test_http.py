@@ -123,7 +123,7 @@ def test_token_id_prompts_and_text_parts(server):
             "max_tokens": 1,
         },
     )
-    assert r.json()["usage"]["prompt_tokens"] == 20
+    assert r.json()["usage"]["prompt_tokens"] == 21  # "user: h\ni\nassistant: ": parts joined by "\n"
 
 
 # -- errors ---------------------------------------------------------------------------------------
