@@ -102,12 +102,14 @@ def parse_chat_request(raw: dict, *, tokenizer: Tokenizer, limits: proto.Limits)
     """Validate a ``/v1/chat/completions`` body; the prompt is the tokenizer's chat template."""
     body = validate(ChatBody, raw, logprobs_type="a boolean")
     fields = proto._sampling_fields(body)
-    stream, include_usage = proto._parse_stream(body)
+    stream, include_usage, continuous_usage = proto._parse_stream(body)
     max_tokens = proto._positive_max_tokens(body.max_tokens, "max_tokens")
     max_completion_tokens = proto._positive_max_tokens(body.max_completion_tokens, "max_completion_tokens")
     proto._check_unsupported(raw, proto._NEUTRAL_CHAT)
     proto._log_ignored(body, proto._NEUTRAL_CHAT)
     logprobs, top_logprobs = _chat_logprobs(body)
+    n = proto.parse_choices(body)
+    source = proto.parse_proposal_source(body)
     model = proto.check_model(body.model, limits.served_model)
     messages = chat_messages(body)
     proto.check_prompt_chars(sum(len(m["content"]) for m in messages), limits.max_prompt_chars, "messages")
@@ -125,4 +127,7 @@ def parse_chat_request(raw: dict, *, tokenizer: Tokenizer, limits: proto.Limits)
         stream=stream,
         include_usage=include_usage,
         logprobs=logprobs,
+        continuous_usage=continuous_usage,
+        n=n,
+        proposal_source=source,
     )

@@ -27,6 +27,10 @@ Generation (:class:`FakeEngine`), for a request with ``max_tokens = M``:
    of a stop string) is held back until it is decided. ``completion_tokens`` counts every
    generated token, the stop string's included: ``S = "The quick brown..."``, stop
    ``" brown"`` returns ``"The quick"`` with 15 completion tokens.
+   Stop tokens: a generated token in ``stop_token_ids`` (or an EOS id, :data:`CharTokenizer.eos_token_ids`
+   ``(0,)``, never generated, unless ``ignore_eos``) ends the request with ``"stop"`` and its
+   character kept in the text. As the real engine, the fake refuses (ValueError at ``submit``)
+   more than 4 stop ids, EOS included.
 3. Otherwise the request ends after ``M`` tokens with ``finish_reason="length"``.
 4. Every ``tokens_per_event`` tokens (and at the end) one :class:`StreamEvent` carries the newly
    decided text, the token ids generated since the last event, cumulative ``completion_tokens``,
@@ -51,7 +55,13 @@ from collections.abc import Mapping, Sequence
 
 import jinja2
 
-from helios_jax.runtime.api import GenerationRequest, RequestStream, StreamEvent
+from helios_jax.runtime.api import (
+    GenerationRequest,
+    RequestStream,
+    StreamEvent,
+    check_stop_ids,
+    request_stop_ids,
+)
 
 CYCLE_TEXT = "The quick brown fox jumps over the lazy dog. "
 TOKEN_LOGPROB = -0.5
@@ -174,6 +184,7 @@ class FakeEngine:
                 raise ValueError("a request needs at least one prompt token")
             if len(request.prompt_tokens) + request.sampling.max_tokens > self.max_model_len:
                 raise ValueError("prompt plus max_tokens exceeds max_model_len")
+            check_stop_ids(request.sampling, self.tokenizer.eos_token_ids, self.tokenizer.vocab_size, 4)
             self._submitted.append(request)
             cancel_event = self._cancel_events[request.request_id] = threading.Event()
         stream = RequestStream(request.request_id, cancel_callback=self._on_cancel)
@@ -283,6 +294,9 @@ class FakeEngine:
                     return
                 generated += char
                 pending.append(ord(char))
+                if ord(char) in request_stop_ids(sampling, self.tokenizer.eos_token_ids):
+                    emit(len(generated), "stop")  # a stop token's text stays in the output
+                    return
                 hits = [generated.find(s) for s in sampling.stop if s in generated]
                 if hits:
                     emit(min(hits), "stop")

@@ -42,7 +42,11 @@ class _Common(_Body):
     seed: int | None = None
     max_tokens: int | None = None
     stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool | None = None
     n: int | None = None
+    best_of: int | None = None
+    proposal_source: str | None = None  # helios extension: "learned", "copy" or "both"
     logit_bias: dict | None = None
     presence_penalty: float | None = Field(None, allow_inf_nan=False)
     frequency_penalty: float | None = Field(None, allow_inf_nan=False)
@@ -53,7 +57,6 @@ class CompletionBody(_Common):
     prompt: str | list | None = None
     echo: bool | None = None
     logprobs: int | None = None
-    best_of: int | None = None
     suffix: str | None = None
 
 
@@ -90,8 +93,11 @@ _EXPECTED = {
     "max_completion_tokens": "an integer",
     "n": "an integer",
     "best_of": "an integer",
+    "proposal_source": "a string",
     "top_logprobs": "an integer",
     "stop": "a string or a list of strings",
+    "stop_token_ids": "a list of token ids",
+    "ignore_eos": "a boolean",
     "logit_bias": "an object",
     "prompt": "a string or a list of token ids",
     "echo": "a boolean",

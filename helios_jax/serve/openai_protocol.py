@@ -46,6 +46,8 @@ log = logging.getLogger(__name__)
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's legacy completions default
 MAX_STOP_STRINGS = 16
+MAX_CHOICES = 64  # engine requests one HTTP request may start (n times the prompts)
+PROPOSAL_SOURCES = ("learned", "copy", "both")
 
 
 # -- unsupported options -------------------------------------------------------------------------
@@ -54,7 +56,6 @@ MAX_STOP_STRINGS = 16
 # honour yet: accepted only absent, null, or at the value that means "off" (compared with its
 # JSON type, so `0` is not `false`). Every other field the models do not name is ignored.
 _NEUTRAL: dict[str, tuple] = {
-    "best_of": (1,),
     "suffix": ("",),
     "tools": ([],),
     "functions": ([],),
@@ -81,8 +82,6 @@ _NEUTRAL: dict[str, tuple] = {
     # vLLM's extensions
     "min_p": (0, 0.0),
     "min_tokens": (0,),
-    "ignore_eos": (False,),
-    "stop_token_ids": ([],),
     "include_stop_str_in_output": (False,),
     "skip_special_tokens": (True,),
     "spaces_between_special_tokens": (True,),
@@ -101,7 +100,6 @@ _NEUTRAL: dict[str, tuple] = {
 _NEUTRAL_COMPLETION = _NEUTRAL  # completions: echo is a supported field
 _NEUTRAL_CHAT = {**_NEUTRAL, "echo": (False,)}  # vLLM's chat echo (of the last message)
 _WHY = {
-    "best_of": "best_of is not supported (only best_of=1)",
     "suffix": "suffix (insertion) is not supported",
     "tools": "tools (tool and function calling) are not supported",
     "functions": "functions (tool and function calling) are not supported",
@@ -123,12 +121,7 @@ def _same(value, neutral) -> bool:
 
 def _check_unsupported(body: dict, table: dict[str, tuple]) -> None:
     """400 ``unsupported_parameter`` for the first named field set to a value the server cannot
-    honour (n > 1 first); unknown fields are logged and ignored."""
-    n = body.get("n")
-    if n is not None and n < 1:
-        raise bad_request(f"'n' must be at least 1, got {n}", param="n")
-    if n is not None and n > 1:
-        raise unsupported("n > 1 is not supported: one choice per request", "n")
+    honour; unknown fields are logged and ignored."""
     for name, neutral in table.items():
         value = body.get(name)
         if value is None or any(_same(value, v) for v in neutral):
@@ -162,6 +155,10 @@ class ParsedRequest:
       include_usage: streaming: a final chunk with usage.
       echo: completions: prepend the prompt text (and, with logprobs, its log-probabilities).
       logprobs: render log-probabilities of the generated tokens.
+      continuous_usage: streaming: every chunk carries its choice's usage so far.
+      n: choices per prompt (engine requests sharing the prompt; ``choice_requests``).
+      prompts: completions with a list of prompts: every prompt (``prompt_tokens`` is the first).
+      proposal_source: the helios extension: which speculative proposals serve the request.
     """
 
     chat: bool
@@ -173,6 +170,25 @@ class ParsedRequest:
     include_usage: bool = False
     echo: bool = False
     logprobs: bool = False
+    continuous_usage: bool = False
+    n: int = 1
+    prompts: tuple[tuple[int, ...], ...] = ()
+    proposal_source: str | None = None
+
+    def choice_requests(self) -> list[tuple[int, ParsedRequest]]:
+        """(choice index, the request of that choice) for every prompt and sample: the index is
+        prompt * n + sample, as vLLM numbers them; a seeded request's sample j > 0 gets seed
+        ``(seed + j) mod 2**64`` (sample 0 keeps the seed, so n = 1 is unchanged)."""
+        out = []
+        for p, prompt in enumerate(self.prompts or (self.prompt_tokens,)):
+            for j in range(self.n):
+                sampling = self.sampling
+                if j and sampling.seed is not None:
+                    sampling = dataclasses.replace(sampling, seed=(sampling.seed + j) % 2**64)
+                out.append(
+                    (p * self.n + j, dataclasses.replace(self, prompt_tokens=prompt, sampling=sampling))
+                )
+        return out
 
 
 def check_model(model: str | None, served_model: str) -> str:
@@ -188,19 +204,45 @@ def check_model(model: str | None, served_model: str) -> str:
     return model
 
 
-def _parse_stream(body: CompletionBody | ChatBody) -> tuple[bool, bool]:
+def _parse_stream(body: CompletionBody | ChatBody) -> tuple[bool, bool, bool]:
+    """(stream, include_usage, continuous usage): vLLM's ``continuous_usage_stats`` puts usage
+    on every chunk when ``include_usage`` is set too."""
     stream = bool(body.stream)
     options = body.stream_options
     if options is None:
-        return stream, False
+        return stream, False, False
     if not stream:
         raise bad_request("stream_options is only allowed when stream is true", param="stream_options")
-    if options.continuous_usage_stats:
-        raise unsupported(
-            "stream_options.continuous_usage_stats is not supported yet",
-            "stream_options.continuous_usage_stats",
+    include_usage = bool(options.include_usage)
+    return stream, include_usage, include_usage and bool(options.continuous_usage_stats)
+
+
+def parse_choices(body: CompletionBody | ChatBody, prompts: int = 1) -> int:
+    """``n`` (choices per prompt; ``best_of``, when given, must equal it: every sequence is
+    returned), at most :data:`MAX_CHOICES` choices over all prompts."""
+    n = 1 if body.n is None else body.n
+    if n < 1:
+        raise bad_request(f"'n' must be at least 1, got {n}", param="n")
+    best_of = getattr(body, "best_of", None)
+    if best_of is not None and best_of != n:
+        raise unsupported(f"best_of must equal n ({n}): every sequence is returned, got {best_of}", "best_of")
+    if n * prompts > MAX_CHOICES:
+        raise bad_request(
+            f"at most {MAX_CHOICES} choices per request (n times the prompts), got {n * prompts}", param="n"
         )
-    return stream, bool(options.include_usage)
+    return n
+
+
+def parse_proposal_source(body: CompletionBody | ChatBody) -> str | None:
+    """The helios extension ``proposal_source``: "learned", "copy" or "both" (the engine refuses
+    a source its model cannot draft: 400)."""
+    source = body.proposal_source
+    if source is not None and source not in PROPOSAL_SOURCES:
+        raise bad_request(
+            f"'proposal_source' must be one of {', '.join(PROPOSAL_SOURCES)}, got {source!r}",
+            param="proposal_source",
+        )
+    return source
 
 
 def _parse_stop(stop: str | list[str] | None) -> tuple[str, ...]:
@@ -214,6 +256,16 @@ def _parse_stop(stop: str | list[str] | None) -> tuple[str, ...]:
             f"at most {MAX_STOP_STRINGS} stop strings are supported, got {len(stops)}", param="stop"
         )
     return tuple(dict.fromkeys(stops))  # deduplicated, in order
+
+
+def _parse_stop_ids(ids: list[int] | None) -> tuple[int, ...]:
+    """vLLM's ``stop_token_ids``: the engine checks them against its vocabulary and its programs'
+    device stop capacity (EOS ids included), and refuses what it cannot honour (400)."""
+    if not ids:
+        return ()
+    if any(t < 0 for t in ids):
+        raise bad_request("stop_token_ids must be nonnegative token ids", param="stop_token_ids")
+    return tuple(dict.fromkeys(ids))
 
 
 def _sampling_fields(body: CompletionBody | ChatBody) -> dict:
@@ -237,6 +289,8 @@ def _sampling_fields(body: CompletionBody | ChatBody) -> dict:
         top_k=max(top_k, 0),
         seed=seed,
         stop=_parse_stop(body.stop),
+        stop_token_ids=_parse_stop_ids(body.stop_token_ids),
+        ignore_eos=bool(body.ignore_eos),
     )
 
 
@@ -289,15 +343,21 @@ def check_token_ids(ids: list, tokenizer: Tokenizer) -> tuple[int, ...]:
     return tuple(ids)
 
 
-def _completion_prompt(
+def _completion_prompts(
     prompt: str | list | None, tokenizer: Tokenizer, max_prompt_chars: int | None
-) -> tuple[int, ...]:
+) -> tuple[tuple[int, ...], ...]:
+    """Every prompt's tokens: a string, a list of token ids, or a list of either (a batch)."""
     if prompt is None:
         raise bad_request("missing required field 'prompt'", param="prompt", code="missing_field")
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
-        if len(prompt) != 1:
-            raise unsupported(f"only a single prompt per request is supported, got {len(prompt)}", "prompt")
-        prompt = prompt[0]
+        check_prompt_chars(sum(len(p) for p in prompt if isinstance(p, str)), max_prompt_chars, "prompt")
+        return tuple(_completion_prompt(p, tokenizer, max_prompt_chars) for p in prompt)
+    return (_completion_prompt(prompt, tokenizer, max_prompt_chars),)
+
+
+def _completion_prompt(
+    prompt: str | list, tokenizer: Tokenizer, max_prompt_chars: int | None
+) -> tuple[int, ...]:
     if isinstance(prompt, str):
         check_prompt_chars(len(prompt), max_prompt_chars, "prompt")
         return tuple(tokenizer.encode(prompt))
@@ -323,7 +383,7 @@ def parse_completion_request(raw: dict, *, tokenizer: Tokenizer, limits: Limits)
     """Validate a ``/v1/completions`` body (see the module docstring for the order)."""
     body = validate(CompletionBody, raw)
     fields = _sampling_fields(body)
-    stream, include_usage = _parse_stream(body)
+    stream, include_usage, continuous_usage = _parse_stream(body)
     echo = bool(body.echo)
     logprobs = body.logprobs
     if logprobs is not None and not 0 <= logprobs <= MAX_TOP_LOGPROBS:
@@ -333,11 +393,12 @@ def parse_completion_request(raw: dict, *, tokenizer: Tokenizer, limits: Limits)
     max_tokens = _positive_max_tokens(body.max_tokens, "max_tokens")
     _check_unsupported(raw, _NEUTRAL_COMPLETION)
     _log_ignored(body, _NEUTRAL_COMPLETION)
+    n = parse_choices(body, len(body.prompt) if _is_batch(body.prompt) else 1)
+    source = parse_proposal_source(body)
     model = check_model(body.model, limits.served_model)
-    prompt_tokens = _completion_prompt(body.prompt, tokenizer, limits.max_prompt_chars)
-    max_tokens = _fit_context(
-        len(prompt_tokens), max_tokens or COMPLETIONS_DEFAULT_MAX_TOKENS, limits.max_model_len, "prompt"
-    )
+    prompts = _completion_prompts(body.prompt, tokenizer, limits.max_prompt_chars)
+    budget = max_tokens or COMPLETIONS_DEFAULT_MAX_TOKENS
+    max_tokens = min(_fit_context(len(p), budget, limits.max_model_len, "prompt") for p in prompts)
     sampling = SamplingParams(
         max_tokens=max_tokens,
         prompt_logprobs=echo and logprobs is not None,
@@ -348,10 +409,18 @@ def parse_completion_request(raw: dict, *, tokenizer: Tokenizer, limits: Limits)
     return ParsedRequest(
         chat=False,
         model=model,
-        prompt_tokens=prompt_tokens,
+        prompt_tokens=prompts[0],
         sampling=sampling,
         stream=stream,
         include_usage=include_usage,
         echo=echo,
         logprobs=logprobs is not None,
+        continuous_usage=continuous_usage,
+        n=n,
+        prompts=prompts,
+        proposal_source=source,
     )
+
+
+def _is_batch(prompt) -> bool:
+    return isinstance(prompt, list) and bool(prompt) and isinstance(prompt[0], (str, list))

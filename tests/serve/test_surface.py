@@ -1,7 +1,9 @@
 """vLLM's request surface over the fake engine: chat templates and their fields, per-request
 stop control, n > 1 and lists of prompts, continuous usage, prompt_logprobs, proposal_source."""
 
+import http.client
 import json
+import time
 
 import pytest
 
@@ -76,3 +78,104 @@ def test_chat_field_types_are_checked(server):
 
 def sse_json(r):
     return [json.loads(d) for d in r.sse_data() if d != "[DONE]"]
+
+
+# -- per-request stop control --------------------------------------------------------------------
+
+
+def test_stop_token_ids_end_the_output_and_keep_the_token(server):
+    body = {"prompt": "a", "max_tokens": 30, "stop_token_ids": [ord("q"), ord("z")]}
+    r = post(server, COMPLETIONS, body).json()
+    assert (r["choices"][0]["text"], r["choices"][0]["finish_reason"]) == ("The q", "stop")
+    assert r["usage"]["completion_tokens"] == 5
+
+
+def test_stop_ids_beyond_the_device_capacity_are_refused_unless_eos_is_ignored(server, engine):
+    ids = [ord(c) for c in "wxyz"]  # with the EOS id: 5 stop ids, one more than a lane holds
+    r = post(server, COMPLETIONS, {"prompt": "a", "stop_token_ids": ids})
+    assert r.status == 400 and "at most 4 stop tokens" in r.json()["error"]["message"]
+    r = post(server, COMPLETIONS, {"prompt": "a", "max_tokens": 2, "stop_token_ids": ids, "ignore_eos": True})
+    assert r.status == 200
+    sampling = last_submitted(engine).sampling
+    assert (sampling.stop_token_ids, sampling.ignore_eos) == (tuple(ids), True)
+    for bad in ({"stop_token_ids": [-1]}, {"stop_token_ids": ["7"]}, {"ignore_eos": 0}):
+        r = post(server, CHAT, {"messages": HI, **bad})
+        assert r.status == 400 and r.json()["error"]["param"].startswith(next(iter(bad)))
+
+
+# -- n > 1 and lists of prompts ------------------------------------------------------------------
+
+
+def test_n_and_a_list_of_prompts_give_indexed_choices_and_summed_usage(server, engine):
+    before = len(engine.submitted)
+    body = {"prompt": ["ab", "xyz"], "n": 2, "best_of": 2, "max_tokens": 3, "seed": 2**64 - 1}
+    r = post(server, COMPLETIONS, body).json()
+    assert [(c["index"], c["text"]) for c in r["choices"]] == [(i, "The") for i in range(4)]
+    assert r["usage"] == {"prompt_tokens": 5, "completion_tokens": 12, "total_tokens": 17}
+    submitted = engine.submitted[before:]
+    assert [text_of(s) for s in submitted] == ["ab", "ab", "xyz", "xyz"]
+    assert [s.sampling.seed for s in submitted] == [2**64 - 1, 0, 2**64 - 1, 0]  # (seed + j) mod 2**64
+    assert len({s.request_id for s in submitted}) == 4
+
+
+def test_streamed_choices_carry_their_index_and_one_summed_usage(server):
+    body = {
+        "messages": HI,
+        "n": 3,
+        "max_tokens": 2,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    chunks = sse_json(post(server, CHAT, body))
+    by_index: dict = {}
+    for chunk in chunks[:-1]:
+        (choice,) = chunk["choices"]
+        by_index.setdefault(choice["index"], []).append(choice)
+    assert sorted(by_index) == [0, 1, 2]
+    for deltas in by_index.values():
+        assert deltas[0]["delta"] == {"role": "assistant", "content": ""}
+        assert "".join(d["delta"].get("content", "") for d in deltas) == "Th"
+        assert deltas[-1]["finish_reason"] == "length"
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 6
+    assert chunks[-1]["usage"]["prompt_tokens"] == len("user: hi\nassistant: ")
+
+
+def test_continuous_usage_stats_put_usage_on_every_chunk(server):
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    body = {"prompt": "ab", "max_tokens": 3, "stream": True, "stream_options": options}
+    chunks = sse_json(post(server, COMPLETIONS, body))
+    assert [c["usage"]["completion_tokens"] for c in chunks] == [1, 2, 3, 3, 3]
+    assert all(c["usage"]["prompt_tokens"] == 2 for c in chunks)
+    options = {"include_usage": False, "continuous_usage_stats": True}  # as vLLM: needs include_usage
+    chunks = sse_json(post(server, COMPLETIONS, {**body, "stream_options": options}))
+    assert all("usage" not in c for c in chunks)
+
+
+def test_a_departed_client_cancels_every_choice():
+    engine = FakeEngine(token_delay_s=0.05, max_model_len=4096)
+    with live_server(engine) as slow:
+        conn = http.client.HTTPConnection("127.0.0.1", slow.port, timeout=5)
+        body = json.dumps({"prompt": "a", "n": 3, "max_tokens": 2000})
+        conn.request("POST", COMPLETIONS, body=body, headers={"Content-Type": "application/json"})
+        deadline = time.monotonic() + 5
+        while len(engine.submitted) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        conn.close()
+        ids = [s.request_id for s in engine.submitted]
+        assert len(ids) == 3 and all(engine.wait_for_cancel(i, timeout=5) for i in ids)
+
+
+class SecondRefused(FakeEngine):
+    def submit(self, request):
+        if len(self.submitted) == 1:
+            raise ValueError("the second choice is refused")
+        return super().submit(request)
+
+
+def test_a_refused_choice_cancels_those_already_submitted():
+    engine = SecondRefused(token_delay_s=0.05)
+    with live_server(engine) as server:
+        r = post(server, COMPLETIONS, {"prompt": "a", "n": 2, "max_tokens": 100})
+        assert (r.status, r.json()["error"]["message"]) == (400, "the second choice is refused")
+        (first,) = engine.submitted
+        assert engine.wait_for_cancel(first.request_id, timeout=5)
