@@ -179,3 +179,16 @@ def test_a_refused_choice_cancels_those_already_submitted():
         assert (r.status, r.json()["error"]["message"]) == (400, "the second choice is refused")
         (first,) = engine.submitted
         assert engine.wait_for_cancel(first.request_id, timeout=5)
+
+
+# -- proposal_source -----------------------------------------------------------------------------
+
+
+def test_proposal_source_reaches_the_engine_and_is_checked(server, engine):
+    body = {"prompt": "a", "max_tokens": 1, "proposal_source": "copy"}
+    assert post(server, COMPLETIONS, body).status == 200
+    assert last_submitted(engine).proposal_source == "copy"
+    assert post(server, CHAT, {"messages": HI, "max_tokens": 1, "proposal_source": "both"}).status == 200
+    assert last_submitted(engine).proposal_source == "both"
+    r = post(server, CHAT, {"messages": HI, "proposal_source": "oracle"})
+    assert (r.status, r.json()["error"]["param"]) == (400, "proposal_source")
