@@ -604,3 +604,20 @@ def test_request_stop_ids_and_ignore_eos_follow_plain_greedy_text(engine, monkey
     with pytest.raises(ValueError, match="stop_token_ids"):
         run(engine, "sid3", prompt, max_tokens=4, stop_token_ids=(1, 2, 3, 4))
     assert engine.ready() and not engine._by_id
+
+
+def test_n_greedy_choices_of_a_prompt_batch_over_http_equal_plain_greedy_decoding(engine):
+    """Two prompts, n = 2, greedy: four engine requests whose texts, by choice index (prompt * n
+    + sample), are each prompt's plain greedy text; usage counts each prompt once."""
+    from ..serve.helpers import live_server, post
+
+    tok = tokenizer()
+    prompts = ["first prompt: alpha", "second prompt: beta gamma"]
+    want = [tok.decode(offline_greedy(tok.encode(p), 6)) for p in prompts]
+    body = {"prompt": prompts, "n": 2, "max_tokens": 6, "temperature": 0}
+    with live_server(engine, shutdown_engine=False) as server:
+        r = post(server, "/v1/completions", body, timeout=120).json()
+    assert [(c["index"], c["text"]) for c in r["choices"]] == list(
+        enumerate([want[0], want[0], want[1], want[1]])
+    )
+    assert r["usage"]["prompt_tokens"] == sum(len(tok.encode(p)) for p in prompts)

@@ -151,11 +151,12 @@ def test_continuous_usage_stats_put_usage_on_every_chunk(server):
     assert all("usage" not in c for c in chunks)
 
 
-def test_a_departed_client_cancels_every_choice():
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_departed_client_cancels_every_choice(stream):
     engine = FakeEngine(token_delay_s=0.05, max_model_len=4096)
     with live_server(engine) as slow:
         conn = http.client.HTTPConnection("127.0.0.1", slow.port, timeout=5)
-        body = json.dumps({"prompt": "a", "n": 3, "max_tokens": 2000})
+        body = json.dumps({"prompt": "a", "n": 3, "max_tokens": 2000, "stream": stream})
         conn.request("POST", COMPLETIONS, body=body, headers={"Content-Type": "application/json"})
         deadline = time.monotonic() + 5
         while len(engine.submitted) < 3 and time.monotonic() < deadline:
