@@ -18,6 +18,7 @@ import jinja2
 
 from helios_jax.runtime.api import MAX_TOP_LOGPROBS, SamplingParams, Tokenizer
 from helios_jax.serve import openai_protocol as proto
+from helios_jax.serve import prompt_logprobs
 from helios_jax.serve.openai_errors import ApiError, bad_request, unsupported
 from helios_jax.serve.openai_models import ChatBody, validate
 
@@ -117,7 +118,9 @@ def parse_chat_request(raw: dict, *, tokenizer: Tokenizer, limits: proto.Limits)
     prompt_tokens, endpoints = render(tokenizer, messages, add_generation_prompt, body.chat_template_kwargs)
     budget = max_completion_tokens if max_completion_tokens is not None else max_tokens
     budget = proto._fit_context(len(prompt_tokens), budget, limits.max_model_len, "messages")
-    sampling = SamplingParams(max_tokens=budget, logprobs=logprobs, top_logprobs=top_logprobs or 0, **fields)
+    prompt_k = prompt_logprobs.parse(body.prompt_logprobs, stream)
+    scores = prompt_logprobs.sampling_fields(logprobs, top_logprobs or 0, prompt_k)
+    sampling = SamplingParams(max_tokens=budget, **scores, **fields)
     return proto.ParsedRequest(
         chat=True,
         model=model,
@@ -130,4 +133,6 @@ def parse_chat_request(raw: dict, *, tokenizer: Tokenizer, limits: proto.Limits)
         continuous_usage=continuous_usage,
         n=n,
         proposal_source=source,
+        top_logprobs=top_logprobs or 0,
+        prompt_logprobs=prompt_k,
     )

@@ -47,6 +47,7 @@ class _Common(_Body):
     n: int | None = None
     best_of: int | None = None
     proposal_source: str | None = None  # helios extension: "learned", "copy" or "both"
+    prompt_logprobs: int | None = None  # vLLM's
     logit_bias: dict | None = None
     presence_penalty: float | None = Field(None, allow_inf_nan=False)
     frequency_penalty: float | None = Field(None, allow_inf_nan=False)
@@ -94,6 +95,7 @@ _EXPECTED = {
     "n": "an integer",
     "best_of": "an integer",
     "proposal_source": "a string",
+    "prompt_logprobs": "an integer",
     "top_logprobs": "an integer",
     "stop": "a string or a list of strings",
     "stop_token_ids": "a list of token ids",

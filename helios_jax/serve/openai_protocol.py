@@ -39,6 +39,7 @@ import logging
 from pydantic import BaseModel
 
 from helios_jax.runtime.api import MAX_TOP_LOGPROBS, SamplingParams, Tokenizer
+from helios_jax.serve import prompt_logprobs
 from helios_jax.serve.openai_errors import ApiError, bad_request, unsupported
 from helios_jax.serve.openai_models import ChatBody, CompletionBody, validate
 
@@ -85,7 +86,6 @@ _NEUTRAL: dict[str, tuple] = {
     "include_stop_str_in_output": (False,),
     "skip_special_tokens": (True,),
     "spaces_between_special_tokens": (True,),
-    "prompt_logprobs": (),
     "use_beam_search": (False,),
     "length_penalty": (1, 1.0),
     "allowed_token_ids": (),
@@ -174,6 +174,8 @@ class ParsedRequest:
     n: int = 1
     prompts: tuple[tuple[int, ...], ...] = ()
     proposal_source: str | None = None
+    top_logprobs: int = 0  # alternatives shown per generated token
+    prompt_logprobs: int | None = None  # vLLM's prompt_logprobs: alternatives per prompt token
 
     def choice_requests(self) -> list[tuple[int, ParsedRequest]]:
         """(choice index, the request of that choice) for every prompt and sample: the index is
@@ -399,13 +401,11 @@ def parse_completion_request(raw: dict, *, tokenizer: Tokenizer, limits: Limits)
     prompts = _completion_prompts(body.prompt, tokenizer, limits.max_prompt_chars)
     budget = max_tokens or COMPLETIONS_DEFAULT_MAX_TOKENS
     max_tokens = min(_fit_context(len(p), budget, limits.max_model_len, "prompt") for p in prompts)
-    sampling = SamplingParams(
-        max_tokens=max_tokens,
-        prompt_logprobs=echo and logprobs is not None,
-        logprobs=logprobs is not None,
-        top_logprobs=logprobs or 0,
-        **fields,
+    prompt_k = prompt_logprobs.parse(body.prompt_logprobs, stream)
+    scores = prompt_logprobs.sampling_fields(
+        logprobs is not None, logprobs or 0, prompt_k, echo and logprobs is not None
     )
+    sampling = SamplingParams(max_tokens=max_tokens, **scores, **fields)
     return ParsedRequest(
         chat=False,
         model=model,
@@ -419,6 +419,8 @@ def parse_completion_request(raw: dict, *, tokenizer: Tokenizer, limits: Limits)
         n=n,
         prompts=prompts,
         proposal_source=source,
+        top_logprobs=logprobs or 0,
+        prompt_logprobs=prompt_k,
     )
 
 

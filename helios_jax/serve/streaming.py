@@ -19,6 +19,7 @@ import time
 
 from helios_jax.runtime.api import StreamEvent, Tokenizer
 from helios_jax.serve import openai_responses as responses
+from helios_jax.serve import prompt_logprobs
 from helios_jax.serve.metrics import ServerMetrics
 from helios_jax.serve.openai_errors import ApiError
 from helios_jax.serve.openai_protocol import ParsedRequest
@@ -95,7 +96,8 @@ class GenerationRun:
         values = list(values) if values is not None else [None] * len(ids)
         values = (values + [None] * len(ids))[: len(ids)]
         top = (list(top or ()) + [None] * len(ids))[: len(ids)]
-        top = [None if a is None else [(self.tokenizer.decode([i]), v) for i, v in a] for a in top]
+        k = self.request.top_logprobs  # the engine may hold more (the larger prompt_logprobs)
+        top = [None if a is None else [(self.tokenizer.decode([i]), v) for i, v in a[:k]] for a in top]
         if self.request.chat:
             return responses.chat_logprobs(texts, values, top)
         return responses.completion_logprobs(texts, values, offset, top)
@@ -138,7 +140,7 @@ class GenerationRun:
                 logprobs = self._logprobs(ids, values, 0, True, top)
         echo_text = self.tokenizer.decode(request.prompt_tokens) if request.echo else ""
         build = responses.chat_response if request.chat else responses.completion_response
-        return self._indexed(
+        body = self._indexed(
             build(
                 id=self.id,
                 created=self.created,
@@ -149,6 +151,12 @@ class GenerationRun:
                 logprobs=logprobs,
             )
         )
+        if request.prompt_logprobs is not None:  # vLLM's: on the choice (completions), the response (chat)
+            scores = prompt_logprobs.render(
+                self.tokenizer, request.prompt_tokens, prompt_values, prompt_top, request.prompt_logprobs
+            )
+            (body if request.chat else body["choices"][0])["prompt_logprobs"] = scores
+        return body
 
     def _indexed(self, payload: dict) -> dict:
         payload["choices"][0]["index"] = self.index

@@ -193,3 +193,43 @@ def test_proposal_source_reaches_the_engine_and_is_checked(server, engine):
     assert last_submitted(engine).proposal_source == "both"
     r = post(server, CHAT, {"messages": HI, "proposal_source": "oracle"})
     assert (r.status, r.json()["error"]["param"]) == (400, "proposal_source")
+
+
+# -- prompt_logprobs -----------------------------------------------------------------------------
+
+
+def entry(token: str, logprob: float, rank):
+    return {str(ord(token)): {"logprob": logprob, "rank": rank, "decoded_token": token}}
+
+
+def test_prompt_logprobs_on_the_choice_in_vllms_shape(server, engine):
+    """The fake scores prompt token t (but the first) -1.0 with alternatives t, t + 1 at -1.0, -2.0."""
+    r = post(server, COMPLETIONS, {"prompt": "abc", "max_tokens": 1, "prompt_logprobs": 2}).json()
+    (choice,) = r["choices"]
+    assert choice["prompt_logprobs"] == [
+        None,
+        {**entry("b", -1.0, 1), **entry("c", -2.0, 2)},
+        {**entry("c", -1.0, 1), **entry("d", -2.0, 2)},
+    ]
+    assert choice["logprobs"] is None
+    sampling = last_submitted(engine).sampling
+    assert (sampling.prompt_logprobs, sampling.top_logprobs) == (True, 2)
+    body = {"prompt": "abc", "max_tokens": 1, "prompt_logprobs": 1, "logprobs": 3}
+    (choice,) = post(server, COMPLETIONS, body).json()["choices"]  # the engine holds 3 per token
+    assert choice["prompt_logprobs"][1:] == [entry("b", -1.0, 1), entry("c", -1.0, 1)]
+    assert len(choice["logprobs"]["top_logprobs"][0]) == 3
+
+
+def test_chat_prompt_logprobs_on_the_response_and_each_count_shown_apart(server):
+    body = {"messages": HI, "max_tokens": 2, "prompt_logprobs": 3, "logprobs": True, "top_logprobs": 1}
+    r = post(server, CHAT, body).json()
+    scores = r["prompt_logprobs"]
+    assert scores[0] is None and len(scores) == len("user: hi\nassistant: ")
+    assert [len(s) for s in scores[1:]] == [3] * (len(scores) - 1)
+    content = r["choices"][0]["logprobs"]["content"]
+    assert [len(t["top_logprobs"]) for t in content] == [1, 1]  # the engine held 3
+    r = post(server, CHAT, {"messages": HI, "max_tokens": 1, "prompt_logprobs": 0}).json()
+    assert r["prompt_logprobs"][1] == entry("s", -1.0, None)  # "user": the prompt token, no alternatives
+    for bad in ({"prompt_logprobs": 21}, {"prompt_logprobs": 1, "stream": True}):
+        r = post(server, CHAT, {"messages": HI, **bad})
+        assert (r.status, r.json()["error"]["param"]) == (400, "prompt_logprobs")
