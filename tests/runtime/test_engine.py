@@ -613,7 +613,8 @@ def test_n_greedy_choices_of_a_prompt_batch_over_http_equal_plain_greedy_decodin
 
     tok = tokenizer()
     prompts = ["first prompt: alpha", "second prompt: beta gamma"]
-    want = [tok.decode(offline_greedy(tok.encode(p), 6)) for p in prompts]
+    # the text of the greedy tokens, less an incomplete character at the end (detokenize.py)
+    want = [tok.decode(offline_greedy(tok.encode(p), 6)).rstrip("\ufffd") for p in prompts]
     body = {"prompt": prompts, "n": 2, "max_tokens": 6, "temperature": 0}
     with live_server(engine, shutdown_engine=False) as server:
         r = post(server, "/v1/completions", body, timeout=120).json()
