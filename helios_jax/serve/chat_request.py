@@ -3,7 +3,9 @@
 The conversation is rendered by the engine tokenizer's ``render_chat`` (the model folder's
 template, docs/chat-templates.md) with the request's ``add_generation_prompt`` (default true)
 and ``chat_template_kwargs`` (template variables such as Qwen3's ``enable_thinking``). A
-message's content is a string or a list of text parts, joined with ``"\\n"`` as vLLM joins them.
+message's content is a string or a list of text parts, joined with ``"\\n"`` as vLLM joins them;
+its ``name`` and its reasoning (``reasoning_content``, ``reasoning``, ``thinking``) reach the
+template too.
 The template refusing the conversation (its ``raise_exception``: a ``jinja2.TemplateError``) or
 the tokenizer refusing the input (``ValueError``: a reserved template variable, a non-text part)
 is a 400 ``invalid_chat_template_input``, never a 500. The message endpoints the renderer
@@ -23,6 +25,7 @@ from helios_jax.serve.openai_errors import ApiError, bad_request, unsupported
 from helios_jax.serve.openai_models import ChatBody, validate
 
 CHAT_ROLES = ("system", "user", "assistant")
+REASONING_KEYS = ("reasoning_content", "reasoning", "thinking")  # passed to the template as given
 
 
 def _message_content(index: int, content: str | list[dict]) -> str:
@@ -62,6 +65,10 @@ def chat_messages(body) -> list[dict]:
         entry = {"role": message.role, "content": _message_content(i, message.content)}
         if message.name is not None:
             entry["name"] = message.name
+        for key in REASONING_KEYS:  # an assistant turn's reasoning, which templates may render
+            value = (message.model_extra or {}).get(key)
+            if isinstance(value, str):
+                entry[key] = value
         out.append(entry)
     return out
 

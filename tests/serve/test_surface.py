@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from helios_jax.serve.fake import FakeEngine
+from helios_jax.serve.fake import CharTokenizer, FakeEngine
 
 from .helpers import live_server, post
 
@@ -54,8 +54,29 @@ def test_chat_text_parts_are_joined_with_newlines(server, engine):
     body = {"messages": [{"role": "user", "content": parts}], "max_tokens": 1}
     assert post(server, CHAT, body).status == 200
     assert text_of(last_submitted(engine)) == "user: a\nb\nassistant: "
-    r = post(server, "/tokenize", {"messages": [{"role": "user", "content": parts}]})
-    assert "".join(map(chr, r.json()["tokens"])) == "user: a\nb\nassistant: "
+    body = {"messages": [{"role": "user", "content": parts}], "add_generation_prompt": False}
+    r = post(server, "/tokenize", {**body, "chat_template_kwargs": {"x": 1}})
+    assert "".join(map(chr, r.json()["tokens"])) == "user: a\nb\nx=1\n"
+
+
+class RecordingTokenizer(CharTokenizer):
+    def render_chat(self, messages, add_generation_prompt=True, template_kwargs=None):
+        self.seen = messages
+        return super().render_chat(messages, add_generation_prompt, template_kwargs)
+
+
+def test_a_messages_name_and_reasoning_reach_the_template():
+    engine = FakeEngine()
+    engine.tokenizer = RecordingTokenizer()
+    turn = {"role": "assistant", "content": "4", "name": "bot", "reasoning_content": "2+2", "extra": 1}
+    with live_server(engine) as plain:
+        assert post(plain, CHAT, {"messages": [*HI, turn, *HI], "max_tokens": 1}).status == 200
+    assert engine.tokenizer.seen[1] == {
+        "role": "assistant",
+        "content": "4",
+        "name": "bot",
+        "reasoning_content": "2+2",
+    }
 
 
 @pytest.mark.parametrize(
