@@ -8,10 +8,10 @@ one order for both endpoints, so the first problem a client sees is the most bas
 
 1. JSON types of every field the pydantic models name (``openai_models``; ``param`` names the
    field), then the ranges of the sampling fields;
-2. fields the server knows and cannot honour (n > 1, best_of, tools, response_format, grammar,
-   logit_bias, nonzero penalties, vLLM's min_p, ignore_eos, ...: a 400 ``unsupported_parameter``
-   unless the value means "off"); any other unknown field is ignored (logged at debug), as vLLM
-   does;
+2. fields the server knows and cannot honour (best_of other than n, tools, response_format,
+   grammar, logit_bias, nonzero penalties, vLLM's min_p and min_tokens, ...: a 400
+   ``unsupported_parameter`` unless the value means "off"); any other unknown field is ignored
+   (logged at debug), as vLLM does;
 3. the model name (404 when it is not the served one);
 4. the prompt's length in characters (``max_prompt_chars``), before any tokenizing; then the
    prompt or messages, tokenized through the engine's tokenizer;
