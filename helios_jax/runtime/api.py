@@ -31,7 +31,9 @@ class SamplingParams:
     Ranges: max_tokens >= 1; temperature finite and >= 0 (0: greedy); top_p in (0, 1]; top_k an
     integer >= 0 (0: off; the engine treats top_k >= its vocabulary as off, the same
     distribution); seed None or an integer in [-2**63, 2**64), reduced by the engine into the
-    programs' 32-bit seed (`program_seed`); top_logprobs 0..20 alternatives per generated token.
+    programs' 32-bit seed (`program_seed`); top_logprobs 0..20 alternatives per generated token;
+    stop_token_ids nonnegative ids (the engine refuses ids outside its vocabulary and more stop ids,
+    EOS included, than its programs hold: `request_stop_ids`).
     """
 
     max_tokens: int
@@ -43,6 +45,8 @@ class SamplingParams:
     prompt_logprobs: bool = False  # scored prefill: log-probabilities of the prompt tokens
     logprobs: bool = False  # log-probability of each generated token
     top_logprobs: int = 0  # with logprobs: the most probable alternatives per generated token
+    stop_token_ids: tuple[int, ...] = ()  # the request's own stop tokens (kept in the output)
+    ignore_eos: bool = False  # the tokenizer's EOS ids do not end this request
 
     def __post_init__(self):
         if not _is_int(self.max_tokens) or self.max_tokens < 1:
@@ -69,6 +73,35 @@ class SamplingParams:
             raise ValueError("top_logprobs requires logprobs")
         if not isinstance(self.stop, tuple) or not all(isinstance(s, str) and s for s in self.stop):
             raise ValueError("stop must be a tuple of nonempty strings")
+        if not isinstance(self.stop_token_ids, tuple) or not all(
+            _is_int(t) and t >= 0 for t in self.stop_token_ids
+        ):
+            raise ValueError("stop_token_ids must be a tuple of nonnegative integers")
+
+
+def request_stop_ids(sampling: SamplingParams, eos_token_ids: Sequence[int]) -> tuple[int, ...]:
+    """The token ids that end a request's output: the tokenizer's EOS ids (unless
+    ``ignore_eos``) and the request's ``stop_token_ids``, deduplicated in that order. The engine
+    gives them to the scheduler and to the programs' device stop check, which holds at most
+    ``STOP_CAPACITY`` (4) per lane: a request with more is refused."""
+    eos = () if sampling.ignore_eos else tuple(eos_token_ids)
+    return tuple(dict.fromkeys(int(t) for t in eos + sampling.stop_token_ids))
+
+
+def check_stop_ids(
+    sampling: SamplingParams, eos_token_ids: Sequence[int], vocab_size: int, capacity: int
+) -> None:
+    """ValueError (naming ``stop_token_ids``) for a stop id outside the vocabulary, or for more
+    stop ids, EOS included, than the programs' `capacity` per lane."""
+    bad = next((t for t in sampling.stop_token_ids if t >= vocab_size), None)
+    if bad is not None:
+        raise ValueError(f"stop_token_ids must lie below the vocabulary size {vocab_size}, got {bad}")
+    stops = request_stop_ids(sampling, eos_token_ids)
+    if len(stops) > capacity:
+        raise ValueError(
+            f"stop_token_ids: at most {capacity} stop tokens per request, the {len(eos_token_ids)} EOS "
+            f"id(s) included unless ignore_eos; got {len(stops)}"
+        )
 
 
 def program_seed(seed: int) -> int:

@@ -43,6 +43,8 @@ from helios_jax.compilation_cache import enable_compilation_cache
 from helios_jax.engine_config import EngineConfig
 from helios_jax.engine_options import EngineOptions
 from helios_jax.prepare import load_engine_model, prepare, warm_up
+from helios_jax.programs.inputs import STOP_CAPACITY
+from helios_jax.runtime import api
 from helios_jax.runtime.api import GenerationRequest, RequestStream, StreamEvent, program_seed
 from helios_jax.runtime.copying import CopySource
 from helios_jax.runtime.detokenize import TextStream
@@ -142,6 +144,7 @@ class HeliosEngine(FaultContainment):
         """Queue a request; raises ValueError (naming the field) for one the engine cannot run,
         before it changes anything. `SamplingParams` validated its own ranges."""
         self._check_request(request)
+        api.check_stop_ids(request.sampling, self.tokenizer.eos_token_ids, self.vocab_size, STOP_CAPACITY)
         stream = RequestStream(
             request.request_id, cancel_callback=lambda rid: self._events.put(("cancel", rid))
         )
@@ -266,12 +269,13 @@ class HeliosEngine(FaultContainment):
                 return
             self._waiting.pop(0)
             s = req.sampling
+            stops = api.request_stop_ids(s, self.tokenizer.eos_token_ids)
             try:
                 handle = self.scheduler.admit(
                     req.prompt_tokens,
                     max_output=s.max_tokens,
                     message_endpoints=req.message_endpoints,
-                    stop_token_ids=self.tokenizer.eos_token_ids,
+                    stop_token_ids=stops,
                     needs_scores=s.prompt_logprobs,
                     host_stops=bool(s.stop),
                     sampling=s,
@@ -290,7 +294,7 @@ class HeliosEngine(FaultContainment):
                 top_k=s.top_k if s.top_k < self.vocab_size else 0,  # k >= V keeps every token: off
                 seed=seed,
                 coupled=s.seed is not None,  # seeded text must not depend on speculation
-                stop_tokens=tuple(self.tokenizer.eos_token_ids),
+                stop_tokens=stops,
                 logprobs=s.logprobs or s.top_logprobs > 0,  # gates the programs' scoring
             )
             if s.prompt_logprobs:

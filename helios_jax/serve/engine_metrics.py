@@ -1,4 +1,5 @@
-"""The real engine's Prometheus text: scheduler series, per-program executions and device time,
+"""The real engine's Prometheus text: scheduler series, speculative proposals offered and accepted
+by source, per-program executions and device time,
 frame observations, compilations, queue gauges, and checkpoint work (snapshots by role,
 restores and the prompt tokens they supplied, preemptions and continuations).
 
@@ -8,6 +9,7 @@ this module is the only place that formats them.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from helios_jax.runtime.compilations import render_compilations
@@ -52,10 +54,38 @@ def render_checkpoint_stats(stats: CheckpointStats) -> list[str]:
     return lines
 
 
+def render_source_counters(speculative: Mapping[str, int]) -> list[str]:
+    """Proposals offered for verification and accepted, by their source (``learned``: the
+    model's own draft heads; ``copy``: copies from a supplied prefix, docs/copy-proposals.md),
+    from the scheduler's speculative counters (``scheduler.stats.Counters.speculative``)."""
+    lines = _family(
+        "helios_speculative_source_offered_total",
+        "counter",
+        "Speculative proposals offered for verification, by proposal source.",
+    )
+    lines += [
+        f'helios_speculative_source_offered_total{{source="{source}"}} {speculative.get(key, 0)}'
+        for source, key in (("learned", "learned_drafts"), ("copy", "copy_drafts"))
+    ]
+    lines += _family(
+        "helios_speculative_source_accepted_total",
+        "counter",
+        "Speculative proposals accepted by verification, by proposal source.",
+    )
+    lines += [
+        f'helios_speculative_source_accepted_total{{source="{source}"}} {speculative.get(key, 0)}'
+        for source, key in (("learned", "learned_accepted"), ("copy", "copy_accepted"))
+    ]
+    return lines
+
+
 def render_engine(engine: HeliosEngine) -> str:
     """Every series of one engine, as Prometheus text."""
     executor = engine.executor
-    lines = [render_scheduler_stats(engine.scheduler.stats())]
+    lines = [render_scheduler_stats(engine.scheduler.stats()).rstrip("\n")]
+    lines += render_source_counters(
+        engine.scheduler.counters.speculative
+    )  # key reads: no copy racing the loop
     lines += _family("helios_graph_executions_total", "counter", "Completed executions per prepared program.")
     for name, n in sorted(executor.graph_counts.items()):
         lines.append(f'helios_graph_executions_total{{graph="{name}"}} {n}')

@@ -11,6 +11,10 @@ renders each message as ``"{role}: {content}\\n"`` and ends with the assistant p
     -> "system: Be brief.\\nuser: hi\\nassistant: "   (38 tokens)
     endpoints (18, 27)
 
+``render_chat`` adds, after the messages, one ``"{key}={value!r}\\n"`` line per template kwarg
+(``{"enable_thinking": False}`` -> ``"enable_thinking=False\\n"``) and leaves the assistant
+prompt out when ``add_generation_prompt`` is false.
+
 Generation (:class:`FakeEngine`), for a request with ``max_tokens = M``:
 
 1. Output token ``i`` (0-based) is character ``i mod len(S)`` of a source string ``S``: the fixed
@@ -23,6 +27,10 @@ Generation (:class:`FakeEngine`), for a request with ``max_tokens = M``:
    of a stop string) is held back until it is decided. ``completion_tokens`` counts every
    generated token, the stop string's included: ``S = "The quick brown..."``, stop
    ``" brown"`` returns ``"The quick"`` with 15 completion tokens.
+   Stop tokens: a generated token in ``stop_token_ids`` (or an EOS id, :data:`CharTokenizer.eos_token_ids`
+   ``(0,)``, never generated, unless ``ignore_eos``) ends the request with ``"stop"`` and its
+   character kept in the text. As the real engine, the fake refuses (ValueError at ``submit``)
+   more than 4 stop ids, EOS included.
 3. Otherwise the request ends after ``M`` tokens with ``finish_reason="length"``.
 4. Every ``tokens_per_event`` tokens (and at the end) one :class:`StreamEvent` carries the newly
    decided text, the token ids generated since the last event, cumulative ``completion_tokens``,
@@ -43,9 +51,17 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
-from helios_jax.runtime.api import GenerationRequest, RequestStream, StreamEvent
+import jinja2
+
+from helios_jax.runtime.api import (
+    GenerationRequest,
+    RequestStream,
+    StreamEvent,
+    check_stop_ids,
+    request_stop_ids,
+)
 
 CYCLE_TEXT = "The quick brown fox jumps over the lazy dog. "
 TOKEN_LOGPROB = -0.5
@@ -66,11 +82,34 @@ class CharTokenizer:
         return "".join(chr(i) for i in ids)
 
     def apply_chat_template(self, messages: Sequence[dict]) -> tuple[list[int], tuple[int, ...]]:
+        return self.render_chat(messages)
+
+    def render_chat(
+        self,
+        messages: Sequence[Mapping],
+        add_generation_prompt: bool = True,
+        template_kwargs: Mapping | None = None,
+    ) -> tuple[list[int], tuple[int, ...]]:
+        """The fake template (module docstring): content text parts joined with "\\n", a
+        ``"{key}={value!r}\\n"`` line per template kwarg after the messages, and
+        ``"assistant: "`` with `add_generation_prompt`. A ``raise_exception`` kwarg makes it
+        raise ``jinja2.TemplateError`` with that message (as a template's ``raise_exception``
+        does), a ``messages`` kwarg ValueError (as ``HFTokenizer`` refuses reserved names)."""
+        kwargs = dict(template_kwargs or {})
+        if "messages" in kwargs or "add_generation_prompt" in kwargs:
+            raise ValueError("template kwargs cannot set messages or add_generation_prompt")
+        if "raise_exception" in kwargs:
+            raise jinja2.TemplateError(str(kwargs["raise_exception"]))
         text, endpoints = "", []
         for message in messages:
-            text += f"{message['role']}: {message['content']}\n"
+            content = message["content"]
+            if not isinstance(content, str):
+                content = "\n".join(part["text"] for part in content)
+            text += f"{message['role']}: {content}\n"
             endpoints.append(len(text))  # one token per character
-        text += "assistant: "
+        text += "".join(f"{key}={value!r}\n" for key, value in kwargs.items())
+        if add_generation_prompt:
+            text += "assistant: "
         return self.encode(text), tuple(endpoints)
 
 
@@ -145,6 +184,7 @@ class FakeEngine:
                 raise ValueError("a request needs at least one prompt token")
             if len(request.prompt_tokens) + request.sampling.max_tokens > self.max_model_len:
                 raise ValueError("prompt plus max_tokens exceeds max_model_len")
+            check_stop_ids(request.sampling, self.tokenizer.eos_token_ids, self.tokenizer.vocab_size, 4)
             self._submitted.append(request)
             cancel_event = self._cancel_events[request.request_id] = threading.Event()
         stream = RequestStream(request.request_id, cancel_callback=self._on_cancel)
@@ -254,6 +294,9 @@ class FakeEngine:
                     return
                 generated += char
                 pending.append(ord(char))
+                if ord(char) in request_stop_ids(sampling, self.tokenizer.eos_token_ids):
+                    emit(len(generated), "stop")  # a stop token's text stays in the output
+                    return
                 hits = [generated.find(s) for s in sampling.stop if s in generated]
                 if hits:
                     emit(min(hits), "stop")

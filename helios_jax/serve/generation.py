@@ -36,10 +36,13 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
 from helios_jax.runtime.api import Engine, GenerationRequest, RequestStream, StreamEvent
+from helios_jax.serve import chat_request
 from helios_jax.serve import openai_protocol as proto
 from helios_jax.serve.body import parse_json_body, read_body
+from helios_jax.serve.choices import Choice, full_body, unfinished, usage
 from helios_jax.serve.openai_errors import ApiError, bad_request
-from helios_jax.serve.streaming import GenerationRun
+from helios_jax.serve.openai_responses import sse
+from helios_jax.serve.streaming import DONE, GenerationRun
 
 if TYPE_CHECKING:
     from helios_jax.serve.app import HeliosServer
@@ -95,7 +98,7 @@ async def run_watched(work: Callable[[], Awaitable[None]], receive: Receive, abo
 def _parse(raw: bytes, chat: bool, engine: Engine, limits: proto.Limits) -> proto.ParsedRequest:
     """The worker thread's part: JSON, validation, tokenization."""
     body = parse_json_body(raw)
-    parse = proto.parse_chat_request if chat else proto.parse_completion_request
+    parse = chat_request.parse_chat_request if chat else proto.parse_completion_request
     try:
         return parse(body, tokenizer=engine.tokenizer, limits=limits)
     except ValueError as e:  # SamplingParams' own checks, should the protocol layer miss one
@@ -112,7 +115,7 @@ def require_engine(server: HeliosServer, ready: bool = True) -> Engine:
 
 
 async def generate(request: Request, server: HeliosServer, chat: bool) -> Response:
-    """The endpoint of both generation APIs."""
+    """The endpoint of both generation APIs: one engine request per choice (``n`` per prompt)."""
     arrival = time.monotonic()
     engine = require_engine(server)
     raw = await read_body(request, server.config.max_body_bytes)
@@ -122,26 +125,43 @@ async def generate(request: Request, server: HeliosServer, chat: bool) -> Respon
     else:
         parsed = await anyio.to_thread.run_sync(parse, limiter=server.parse_limiter)
     request_id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
-    generation = GenerationRequest(
-        request_id=request_id,
-        prompt_tokens=parsed.prompt_tokens,
-        sampling=parsed.sampling,
-        message_endpoints=parsed.message_endpoints,
-    )
-    metrics = server.metrics
+    choices = _submit(engine, server, parsed, request_id, arrival)
+    if parsed.stream:
+        return EventStreamResponse(server, choices)
+    return await _full_response(request, server, choices)
+
+
+def _submit(engine: Engine, server: HeliosServer, parsed, request_id: str, arrival: float) -> list[Choice]:
+    """Submit every choice's engine request (ids ``{request_id}-{index}`` when there are
+    several); should one be refused, those already submitted are cancelled."""
+    wanted = parsed.choice_requests()
+    choices: list[Choice] = []
     try:
-        stream = engine.submit(generation)
+        for index, choice in wanted:
+            generation = GenerationRequest(
+                request_id=request_id if len(wanted) == 1 else f"{request_id}-{index}",
+                prompt_tokens=choice.prompt_tokens,
+                sampling=choice.sampling,
+                message_endpoints=choice.message_endpoints,
+                proposal_source=choice.proposal_source,
+            )
+            stream = engine.submit(generation)
+            run = GenerationRun(engine.tokenizer, choice, request_id, server.metrics, arrival, index=index)
+            choices.append(Choice(run, stream, prompt_counted=index % parsed.n == 0))
     except ValueError as e:  # the engine's own request checks (HeliosEngine.submit)
-        metrics.finished.labels(reason="error").inc()
+        _abandon(server, choices)
         raise bad_request(str(e)) from None
     except Exception:
         log.exception("engine.submit failed for %s", request_id)
-        metrics.finished.labels(reason="error").inc()
+        _abandon(server, choices)
         raise ApiError(500, "the engine failed to accept the request", code="engine_error") from None
-    run = GenerationRun(engine.tokenizer, parsed, request_id, metrics, arrival)
-    if parsed.stream:
-        return EventStreamResponse(server, run, stream)
-    return await _full_response(request, server, run, stream)
+    return choices
+
+
+def _abandon(server: HeliosServer, choices: list[Choice]) -> None:
+    server.metrics.finished.labels(reason="error").inc()
+    for choice in choices:
+        choice.stream.cancel()
 
 
 def _log_failure(run: GenerationRun, event: StreamEvent) -> None:
@@ -149,48 +169,47 @@ def _log_failure(run: GenerationRun, event: StreamEvent) -> None:
         log.error("request %s failed in the engine: %s", run.id, event.error or "no reason given")
 
 
-def _take_ready(stream: RequestStream, run: GenerationRun, events: list[StreamEvent]) -> bool:
-    """Collect the events already queued; True when the finishing one is among them (then no
-    watcher needs to start: a fast engine's answer is sent at once)."""
+def _take_ready(choice: Choice, events: list[StreamEvent]) -> bool:
+    """Collect the choice's events already queued; True when the finishing one is among them
+    (then no watcher needs to start: a fast engine's answer is sent at once)."""
     while True:
         try:
-            event = stream.get(timeout=0)
+            event = choice.stream.get(timeout=0)
         except queue.Empty:
             return False
-        run.observe(event)
+        choice.run.observe(event)
         events.append(event)
         if event.finish_reason is not None:
             return True
 
 
-async def _full_response(
-    request: Request, server: HeliosServer, run: GenerationRun, stream: RequestStream
-) -> Response:
-    events: list[StreamEvent] = []
+async def _full_response(request: Request, server: HeliosServer, choices: list[Choice]) -> Response:
+    events: list[list[StreamEvent]] = [[] for _ in choices]
 
     async def collect() -> None:
-        while True:
-            event = await next_event(stream, server.event_limiter)
-            run.observe(event)
-            events.append(event)
-            if event.finish_reason is not None:
-                return
+        for choice, choice_events in zip(choices, events):
+            while not choice.stream.finished:
+                event = await next_event(choice.stream, server.event_limiter)
+                choice.run.observe(event)
+                choice_events.append(event)
 
     server.metrics.running.inc()
     try:
-        done = _take_ready(stream, run, events)
+        done = all([_take_ready(c, e) for c, e in zip(choices, events)])  # every choice's ready events
         outcome = "done" if done else await run_watched(collect, request.receive, server.abort)
     finally:
         server.metrics.running.dec()
-        if not stream.finished:  # whatever happened, free the engine's slot
-            stream.cancel()
+        for choice in unfinished(choices):  # whatever happened, free the engine's slots
+            choice.stream.cancel()
     if outcome != "done":
-        run.finish("cancelled")
+        for choice in choices:
+            choice.run.finish("cancelled")
         if outcome == "gone":
             return NoResponse()
         raise SHUTTING_DOWN
-    _log_failure(run, events[-1])
-    return JSONResponse(run.full_body(events))
+    for choice, choice_events in zip(choices, events):
+        _log_failure(choice.run, choice_events[-1])
+    return JSONResponse(full_body(choices, events))
 
 
 class NoResponse(Response):
@@ -204,10 +223,10 @@ class NoResponse(Response):
 
 
 class EventStreamResponse(Response):
-    """``200 text/event-stream``: one SSE event per visible burst, until ``data: [DONE]``
-    (HTTP/1.1 chunked transfer encoding: no Content-Length)."""
+    """``200 text/event-stream``: one SSE event per visible burst of any choice, until
+    ``data: [DONE]`` (HTTP/1.1 chunked transfer encoding: no Content-Length)."""
 
-    def __init__(self, server: HeliosServer, run: GenerationRun, stream: RequestStream):
+    def __init__(self, server: HeliosServer, choices: list[Choice]):
         self.status_code = 200
         self.background = None
         self.raw_headers = [
@@ -215,36 +234,48 @@ class EventStreamResponse(Response):
             (b"cache-control", b"no-cache"),
             (b"x-accel-buffering", b"no"),
         ]
-        self.server, self.run, self.stream = server, run, stream
+        self.server, self.choices = server, choices
 
     async def _write(self, send: Send, chunks: list[bytes]) -> None:
         if chunks:
             await send({"type": "http.response.body", "body": b"".join(chunks), "more_body": True})
 
+    async def _pump(self, send: Send, choice: Choice) -> None:
+        """One choice's chunks, as its events arrive, through its finish chunk."""
+        run, stream = choice.run, choice.stream
+        while True:
+            event = await next_event(stream, self.server.event_limiter)
+            chunks = run.event_chunks(event)
+            if event.finish_reason is not None:
+                _log_failure(run, event)
+                await self._write(send, chunks + run.finish_chunks(event))
+                return
+            await self._write(send, chunks)
+
+    async def _body(self, send: Send) -> None:
+        choices = self.choices
+        await self._write(send, [c for choice in choices for c in choice.run.opening_chunks()])
+        async with anyio.create_task_group() as group:
+            for choice in choices:
+                group.start_soon(self._pump, send, choice)
+        served = all(c.run.finished and c.stream.finished for c in choices)
+        ok = all(c.run.finish_reason in ("stop", "length") for c in choices)
+        tail = choices[0].run.usage_chunks(usage(choices)) if served and ok else []
+        await self._write(send, tail + [DONE])
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        run, stream, server = self.run, self.stream, self.server
+        server, choices = self.server, self.choices
         await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
-
-        async def body() -> None:
-            await self._write(send, run.opening_chunks())
-            while True:
-                event = await next_event(stream, server.event_limiter)
-                chunks = run.event_chunks(event)
-                if event.finish_reason is not None:
-                    _log_failure(run, event)
-                    await self._write(send, chunks + run.closing_chunks(event))
-                    return
-                await self._write(send, chunks)
-
         server.metrics.running.inc()
         try:
-            outcome = await run_watched(body, receive, server.abort)
+            outcome = await run_watched(functools.partial(self._body, send), receive, server.abort)
+            if outcome != "done":
+                for choice in choices:
+                    choice.run.finish("cancelled")
             if outcome == "aborted":
-                await self._write(send, run.aborted_chunks(SHUTTING_DOWN))
-            elif outcome == "gone":
-                run.finish("cancelled")
+                await self._write(send, [sse(SHUTTING_DOWN.body()), DONE])
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             server.metrics.running.dec()
-            if not stream.finished:
-                stream.cancel()
+            for choice in unfinished(choices):
+                choice.stream.cancel()

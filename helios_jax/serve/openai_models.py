@@ -42,7 +42,12 @@ class _Common(_Body):
     seed: int | None = None
     max_tokens: int | None = None
     stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool | None = None
     n: int | None = None
+    best_of: int | None = None
+    proposal_source: str | None = None  # helios extension: "learned", "copy" or "both"
+    prompt_logprobs: int | None = None  # vLLM's
     logit_bias: dict | None = None
     presence_penalty: float | None = Field(None, allow_inf_nan=False)
     frequency_penalty: float | None = Field(None, allow_inf_nan=False)
@@ -53,7 +58,6 @@ class CompletionBody(_Common):
     prompt: str | list | None = None
     echo: bool | None = None
     logprobs: int | None = None
-    best_of: int | None = None
     suffix: str | None = None
 
 
@@ -68,6 +72,8 @@ class ChatBody(_Common):
     logprobs: bool | None = None
     top_logprobs: int | None = None
     max_completion_tokens: int | None = None
+    chat_template_kwargs: dict | None = None
+    add_generation_prompt: bool | None = None
 
 
 # What a type error says a field must be (by the field's name, the last named part of its path).
@@ -88,8 +94,12 @@ _EXPECTED = {
     "max_completion_tokens": "an integer",
     "n": "an integer",
     "best_of": "an integer",
+    "proposal_source": "a string",
+    "prompt_logprobs": "an integer",
     "top_logprobs": "an integer",
     "stop": "a string or a list of strings",
+    "stop_token_ids": "a list of token ids",
+    "ignore_eos": "a boolean",
     "logit_bias": "an object",
     "prompt": "a string or a list of token ids",
     "echo": "a boolean",
@@ -98,6 +108,8 @@ _EXPECTED = {
     "role": "a string",
     "content": "a string or a list of text parts",
     "name": "a string",
+    "chat_template_kwargs": "an object",
+    "add_generation_prompt": "a boolean",
 }
 _NESTED = {"include_usage", "continuous_usage_stats", "role", "content", "name"}
 Model = TypeVar("Model", bound=BaseModel)

@@ -8,17 +8,18 @@ one order for both endpoints, so the first problem a client sees is the most bas
 
 1. JSON types of every field the pydantic models name (``openai_models``; ``param`` names the
    field), then the ranges of the sampling fields;
-2. fields the server knows and cannot honour (n > 1, best_of, tools, response_format, grammar,
-   logit_bias, nonzero penalties, vLLM's min_p, ignore_eos, ...: a 400 ``unsupported_parameter``
-   unless the value means "off"); any other unknown field is ignored (logged at debug), as vLLM
-   does;
+2. fields the server knows and cannot honour (best_of other than n, tools, response_format,
+   grammar, logit_bias, nonzero penalties, vLLM's min_p and min_tokens, ...: a 400
+   ``unsupported_parameter`` unless the value means "off"); any other unknown field is ignored
+   (logged at debug), as vLLM does;
 3. the model name (404 when it is not the served one);
 4. the prompt's length in characters (``max_prompt_chars``), before any tokenizing; then the
    prompt or messages, tokenized through the engine's tokenizer;
 5. the context: prompt tokens plus ``max_tokens`` must fit ``max_model_len``.
 
 The server runs this in a worker thread: tokenizing a long prompt never stalls the event loop.
-The answers are built by ``openai_responses``, pure functions the server calls.
+The answers are built by ``openai_responses``, pure functions the server calls. Chat requests
+(messages, the chat template) are parsed by ``chat_request`` with the helpers here.
 
 Log-probabilities: the engine returns each generated token's log-probability and up to 20
 alternatives (``MAX_TOP_LOGPROBS``). Completions accept ``logprobs`` 0..20 and chat accepts
@@ -38,6 +39,7 @@ import logging
 from pydantic import BaseModel
 
 from helios_jax.runtime.api import MAX_TOP_LOGPROBS, SamplingParams, Tokenizer
+from helios_jax.serve import prompt_logprobs
 from helios_jax.serve.openai_errors import ApiError, bad_request, unsupported
 from helios_jax.serve.openai_models import ChatBody, CompletionBody, validate
 
@@ -45,7 +47,8 @@ log = logging.getLogger(__name__)
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's legacy completions default
 MAX_STOP_STRINGS = 16
-CHAT_ROLES = ("system", "user", "assistant")
+MAX_CHOICES = 64  # engine requests one HTTP request may start (n times the prompts)
+PROPOSAL_SOURCES = ("learned", "copy", "both")
 
 
 # -- unsupported options -------------------------------------------------------------------------
@@ -54,7 +57,6 @@ CHAT_ROLES = ("system", "user", "assistant")
 # honour yet: accepted only absent, null, or at the value that means "off" (compared with its
 # JSON type, so `0` is not `false`). Every other field the models do not name is ignored.
 _NEUTRAL: dict[str, tuple] = {
-    "best_of": (1,),
     "suffix": ("",),
     "tools": ([],),
     "functions": ([],),
@@ -81,12 +83,9 @@ _NEUTRAL: dict[str, tuple] = {
     # vLLM's extensions
     "min_p": (0, 0.0),
     "min_tokens": (0,),
-    "ignore_eos": (False,),
-    "stop_token_ids": ([],),
     "include_stop_str_in_output": (False,),
     "skip_special_tokens": (True,),
     "spaces_between_special_tokens": (True,),
-    "prompt_logprobs": (),
     "use_beam_search": (False,),
     "length_penalty": (1, 1.0),
     "allowed_token_ids": (),
@@ -94,8 +93,6 @@ _NEUTRAL: dict[str, tuple] = {
     "logits_processors": (),
     "truncate_prompt_tokens": (),
     "chat_template": (),
-    "chat_template_kwargs": ({},),
-    "add_generation_prompt": (True,),
     "continue_final_message": (False,),
     "documents": (),
     "return_tokens_as_token_ids": (False,),
@@ -103,7 +100,6 @@ _NEUTRAL: dict[str, tuple] = {
 _NEUTRAL_COMPLETION = _NEUTRAL  # completions: echo is a supported field
 _NEUTRAL_CHAT = {**_NEUTRAL, "echo": (False,)}  # vLLM's chat echo (of the last message)
 _WHY = {
-    "best_of": "best_of is not supported (only best_of=1)",
     "suffix": "suffix (insertion) is not supported",
     "tools": "tools (tool and function calling) are not supported",
     "functions": "functions (tool and function calling) are not supported",
@@ -125,12 +121,7 @@ def _same(value, neutral) -> bool:
 
 def _check_unsupported(body: dict, table: dict[str, tuple]) -> None:
     """400 ``unsupported_parameter`` for the first named field set to a value the server cannot
-    honour (n > 1 first); unknown fields are logged and ignored."""
-    n = body.get("n")
-    if n is not None and n < 1:
-        raise bad_request(f"'n' must be at least 1, got {n}", param="n")
-    if n is not None and n > 1:
-        raise unsupported("n > 1 is not supported: one choice per request", "n")
+    honour; unknown fields are logged and ignored."""
     for name, neutral in table.items():
         value = body.get(name)
         if value is None or any(_same(value, v) for v in neutral):
@@ -164,6 +155,10 @@ class ParsedRequest:
       include_usage: streaming: a final chunk with usage.
       echo: completions: prepend the prompt text (and, with logprobs, its log-probabilities).
       logprobs: render log-probabilities of the generated tokens.
+      continuous_usage: streaming: every chunk carries its choice's usage so far.
+      n: choices per prompt (engine requests sharing the prompt; ``choice_requests``).
+      prompts: completions with a list of prompts: every prompt (``prompt_tokens`` is the first).
+      proposal_source: the helios extension: which speculative proposals serve the request.
     """
 
     chat: bool
@@ -175,6 +170,27 @@ class ParsedRequest:
     include_usage: bool = False
     echo: bool = False
     logprobs: bool = False
+    continuous_usage: bool = False
+    n: int = 1
+    prompts: tuple[tuple[int, ...], ...] = ()
+    proposal_source: str | None = None
+    top_logprobs: int = 0  # alternatives shown per generated token
+    prompt_logprobs: int | None = None  # vLLM's prompt_logprobs: alternatives per prompt token
+
+    def choice_requests(self) -> list[tuple[int, ParsedRequest]]:
+        """(choice index, the request of that choice) for every prompt and sample: the index is
+        prompt * n + sample, as vLLM numbers them; a seeded request's sample j > 0 gets seed
+        ``(seed + j) mod 2**64`` (sample 0 keeps the seed, so n = 1 is unchanged)."""
+        out = []
+        for p, prompt in enumerate(self.prompts or (self.prompt_tokens,)):
+            for j in range(self.n):
+                sampling = self.sampling
+                if j and sampling.seed is not None:
+                    sampling = dataclasses.replace(sampling, seed=(sampling.seed + j) % 2**64)
+                out.append(
+                    (p * self.n + j, dataclasses.replace(self, prompt_tokens=prompt, sampling=sampling))
+                )
+        return out
 
 
 def check_model(model: str | None, served_model: str) -> str:
@@ -190,19 +206,45 @@ def check_model(model: str | None, served_model: str) -> str:
     return model
 
 
-def _parse_stream(body: CompletionBody | ChatBody) -> tuple[bool, bool]:
+def _parse_stream(body: CompletionBody | ChatBody) -> tuple[bool, bool, bool]:
+    """(stream, include_usage, continuous usage): vLLM's ``continuous_usage_stats`` puts usage
+    on every chunk when ``include_usage`` is set too."""
     stream = bool(body.stream)
     options = body.stream_options
     if options is None:
-        return stream, False
+        return stream, False, False
     if not stream:
         raise bad_request("stream_options is only allowed when stream is true", param="stream_options")
-    if options.continuous_usage_stats:
-        raise unsupported(
-            "stream_options.continuous_usage_stats is not supported yet",
-            "stream_options.continuous_usage_stats",
+    include_usage = bool(options.include_usage)
+    return stream, include_usage, include_usage and bool(options.continuous_usage_stats)
+
+
+def parse_choices(body: CompletionBody | ChatBody, prompts: int = 1) -> int:
+    """``n`` (choices per prompt; ``best_of``, when given, must equal it: every sequence is
+    returned), at most :data:`MAX_CHOICES` choices over all prompts."""
+    n = 1 if body.n is None else body.n
+    if n < 1:
+        raise bad_request(f"'n' must be at least 1, got {n}", param="n")
+    best_of = getattr(body, "best_of", None)
+    if best_of is not None and best_of != n:
+        raise unsupported(f"best_of must equal n ({n}): every sequence is returned, got {best_of}", "best_of")
+    if n * prompts > MAX_CHOICES:
+        raise bad_request(
+            f"at most {MAX_CHOICES} choices per request (n times the prompts), got {n * prompts}", param="n"
         )
-    return stream, bool(options.include_usage)
+    return n
+
+
+def parse_proposal_source(body: CompletionBody | ChatBody) -> str | None:
+    """The helios extension ``proposal_source``: "learned", "copy" or "both" (the engine refuses
+    a source its model cannot draft: 400)."""
+    source = body.proposal_source
+    if source is not None and source not in PROPOSAL_SOURCES:
+        raise bad_request(
+            f"'proposal_source' must be one of {', '.join(PROPOSAL_SOURCES)}, got {source!r}",
+            param="proposal_source",
+        )
+    return source
 
 
 def _parse_stop(stop: str | list[str] | None) -> tuple[str, ...]:
@@ -216,6 +258,16 @@ def _parse_stop(stop: str | list[str] | None) -> tuple[str, ...]:
             f"at most {MAX_STOP_STRINGS} stop strings are supported, got {len(stops)}", param="stop"
         )
     return tuple(dict.fromkeys(stops))  # deduplicated, in order
+
+
+def _parse_stop_ids(ids: list[int] | None) -> tuple[int, ...]:
+    """vLLM's ``stop_token_ids``: the engine checks them against its vocabulary and its programs'
+    device stop capacity (EOS ids included), and refuses what it cannot honour (400)."""
+    if not ids:
+        return ()
+    if any(t < 0 for t in ids):
+        raise bad_request("stop_token_ids must be nonnegative token ids", param="stop_token_ids")
+    return tuple(dict.fromkeys(ids))
 
 
 def _sampling_fields(body: CompletionBody | ChatBody) -> dict:
@@ -239,6 +291,8 @@ def _sampling_fields(body: CompletionBody | ChatBody) -> dict:
         top_k=max(top_k, 0),
         seed=seed,
         stop=_parse_stop(body.stop),
+        stop_token_ids=_parse_stop_ids(body.stop_token_ids),
+        ignore_eos=bool(body.ignore_eos),
     )
 
 
@@ -291,15 +345,21 @@ def check_token_ids(ids: list, tokenizer: Tokenizer) -> tuple[int, ...]:
     return tuple(ids)
 
 
-def _completion_prompt(
+def _completion_prompts(
     prompt: str | list | None, tokenizer: Tokenizer, max_prompt_chars: int | None
-) -> tuple[int, ...]:
+) -> tuple[tuple[int, ...], ...]:
+    """Every prompt's tokens: a string, a list of token ids, or a list of either (a batch)."""
     if prompt is None:
         raise bad_request("missing required field 'prompt'", param="prompt", code="missing_field")
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
-        if len(prompt) != 1:
-            raise unsupported(f"only a single prompt per request is supported, got {len(prompt)}", "prompt")
-        prompt = prompt[0]
+        check_prompt_chars(sum(len(p) for p in prompt if isinstance(p, str)), max_prompt_chars, "prompt")
+        return tuple(_completion_prompt(p, tokenizer, max_prompt_chars) for p in prompt)
+    return (_completion_prompt(prompt, tokenizer, max_prompt_chars),)
+
+
+def _completion_prompt(
+    prompt: str | list, tokenizer: Tokenizer, max_prompt_chars: int | None
+) -> tuple[int, ...]:
     if isinstance(prompt, str):
         check_prompt_chars(len(prompt), max_prompt_chars, "prompt")
         return tuple(tokenizer.encode(prompt))
@@ -325,7 +385,7 @@ def parse_completion_request(raw: dict, *, tokenizer: Tokenizer, limits: Limits)
     """Validate a ``/v1/completions`` body (see the module docstring for the order)."""
     body = validate(CompletionBody, raw)
     fields = _sampling_fields(body)
-    stream, include_usage = _parse_stream(body)
+    stream, include_usage, continuous_usage = _parse_stream(body)
     echo = bool(body.echo)
     logprobs = body.logprobs
     if logprobs is not None and not 0 <= logprobs <= MAX_TOP_LOGPROBS:
@@ -335,103 +395,34 @@ def parse_completion_request(raw: dict, *, tokenizer: Tokenizer, limits: Limits)
     max_tokens = _positive_max_tokens(body.max_tokens, "max_tokens")
     _check_unsupported(raw, _NEUTRAL_COMPLETION)
     _log_ignored(body, _NEUTRAL_COMPLETION)
+    n = parse_choices(body, len(body.prompt) if _is_batch(body.prompt) else 1)
+    source = parse_proposal_source(body)
     model = check_model(body.model, limits.served_model)
-    prompt_tokens = _completion_prompt(body.prompt, tokenizer, limits.max_prompt_chars)
-    max_tokens = _fit_context(
-        len(prompt_tokens), max_tokens or COMPLETIONS_DEFAULT_MAX_TOKENS, limits.max_model_len, "prompt"
+    prompts = _completion_prompts(body.prompt, tokenizer, limits.max_prompt_chars)
+    budget = max_tokens or COMPLETIONS_DEFAULT_MAX_TOKENS
+    max_tokens = min(_fit_context(len(p), budget, limits.max_model_len, "prompt") for p in prompts)
+    prompt_k = prompt_logprobs.parse(body.prompt_logprobs, stream)
+    scores = prompt_logprobs.sampling_fields(
+        logprobs is not None, logprobs or 0, prompt_k, echo and logprobs is not None
     )
-    sampling = SamplingParams(
-        max_tokens=max_tokens,
-        prompt_logprobs=echo and logprobs is not None,
-        logprobs=logprobs is not None,
-        top_logprobs=logprobs or 0,
-        **fields,
-    )
+    sampling = SamplingParams(max_tokens=max_tokens, **scores, **fields)
     return ParsedRequest(
         chat=False,
         model=model,
-        prompt_tokens=prompt_tokens,
+        prompt_tokens=prompts[0],
         sampling=sampling,
         stream=stream,
         include_usage=include_usage,
         echo=echo,
         logprobs=logprobs is not None,
+        continuous_usage=continuous_usage,
+        n=n,
+        prompts=prompts,
+        proposal_source=source,
+        top_logprobs=logprobs or 0,
+        prompt_logprobs=prompt_k,
     )
 
 
-def _message_content(index: int, content: str | list[dict]) -> str:
-    if isinstance(content, str):
-        return content
-    param = f"messages[{index}].content"
-    texts = []
-    for part in content:
-        if part.get("type") != "text" or not isinstance(part.get("text"), str):
-            raise unsupported(
-                f"only text content is supported; {param} has a '{part.get('type')}' part "
-                "(images, audio and files are not supported)",
-                param,
-            )
-        texts.append(part["text"])
-    return "".join(texts)
-
-
-def chat_messages(body: ChatBody) -> list[dict]:
-    messages = body.messages
-    if messages is None:
-        raise bad_request("missing required field 'messages'", param="messages", code="missing_field")
-    if not messages:
-        raise bad_request("'messages' must contain at least one message", param="messages")
-    out = []
-    for i, message in enumerate(messages):
-        if message.role not in CHAT_ROLES:
-            raise bad_request(
-                f"messages[{i}].role must be one of {', '.join(CHAT_ROLES)}, got {message.role!r}",
-                param=f"messages[{i}].role",
-            )
-        for name in ("tool_calls", "function_call", "audio"):
-            if (message.model_extra or {}).get(name) is not None:
-                raise unsupported(f"messages[{i}].{name} is not supported", f"messages[{i}].{name}")
-        out.append({"role": message.role, "content": _message_content(i, message.content)})
-    return out
-
-
-def _chat_logprobs(body: ChatBody) -> tuple[bool, int | None]:
-    logprobs, top_logprobs = bool(body.logprobs), body.top_logprobs
-    if top_logprobs is not None:
-        if not logprobs:
-            raise bad_request("top_logprobs requires logprobs to be true", param="top_logprobs")
-        if not 0 <= top_logprobs <= MAX_TOP_LOGPROBS:
-            raise bad_request(
-                f"'top_logprobs' must be from 0 to {MAX_TOP_LOGPROBS}, got {top_logprobs}",
-                param="top_logprobs",
-            )
-    return logprobs, top_logprobs
-
-
-def parse_chat_request(raw: dict, *, tokenizer: Tokenizer, limits: Limits) -> ParsedRequest:
-    """Validate a ``/v1/chat/completions`` body; the prompt is the tokenizer's chat template."""
-    body = validate(ChatBody, raw, logprobs_type="a boolean")
-    fields = _sampling_fields(body)
-    stream, include_usage = _parse_stream(body)
-    max_tokens = _positive_max_tokens(body.max_tokens, "max_tokens")
-    max_completion_tokens = _positive_max_tokens(body.max_completion_tokens, "max_completion_tokens")
-    _check_unsupported(raw, _NEUTRAL_CHAT)
-    _log_ignored(body, _NEUTRAL_CHAT)
-    logprobs, top_logprobs = _chat_logprobs(body)
-    model = check_model(body.model, limits.served_model)
-    messages = chat_messages(body)
-    check_prompt_chars(sum(len(m["content"]) for m in messages), limits.max_prompt_chars, "messages")
-    prompt_tokens, endpoints = tokenizer.apply_chat_template(messages)
-    budget = max_completion_tokens if max_completion_tokens is not None else max_tokens
-    budget = _fit_context(len(prompt_tokens), budget, limits.max_model_len, "messages")
-    sampling = SamplingParams(max_tokens=budget, logprobs=logprobs, top_logprobs=top_logprobs or 0, **fields)
-    return ParsedRequest(
-        chat=True,
-        model=model,
-        prompt_tokens=tuple(prompt_tokens),
-        sampling=sampling,
-        message_endpoints=tuple(endpoints),
-        stream=stream,
-        include_usage=include_usage,
-        logprobs=logprobs,
-    )
+def _is_batch(prompt) -> bool:
+    return isinstance(prompt, list) and bool(prompt) and isinstance(prompt[0], (str, list))

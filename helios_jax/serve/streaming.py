@@ -7,9 +7,10 @@ returns what to write. A non-streaming request collects every event and answers 
 ``200 text/event-stream`` at once and writes one SSE ``data:`` chunk per visible burst
 (:meth:`GenerationRun.event_chunks`), a chunk with the finish reason, the usage chunk when
 ``stream_options.include_usage`` asks for it, and ``data: [DONE]``
-(:meth:`GenerationRun.closing_chunks`). An engine error after the headers went out is written
-as a ``data: {"error": ...}`` event before ``[DONE]``. Error bodies never carry the engine's
-own error text: the server logs it.
+(:meth:`GenerationRun.finish_chunks`, :meth:`GenerationRun.usage_chunks`; a request's several
+choices are put together by ``choices``). An engine error after the headers went out is written
+as a ``data: {"error": ...}`` event before ``[DONE]``. Error bodies never carry the engine's own
+error text: the server logs it.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import time
 
 from helios_jax.runtime.api import StreamEvent, Tokenizer
 from helios_jax.serve import openai_responses as responses
+from helios_jax.serve import prompt_logprobs
 from helios_jax.serve.metrics import ServerMetrics
 from helios_jax.serve.openai_errors import ApiError
 from helios_jax.serve.openai_protocol import ParsedRequest
@@ -35,7 +37,9 @@ class GenerationRun:
         request_id: str,
         metrics: ServerMetrics,
         arrival: float,
+        index: int = 0,
     ):
+        self.index = index  # the choice's index in the answer (n > 1, lists of prompts)
         self.tokenizer = tokenizer
         self.request = request
         self.id = request_id
@@ -47,6 +51,7 @@ class GenerationRun:
         self.completion_tokens = 0
         self.token_count = 0
         self.finished = False
+        self.finish_reason: str | None = None
         self.offset = 0  # characters of text streamed so far (completions' text_offset)
         self.first = True
 
@@ -70,6 +75,7 @@ class GenerationRun:
         if self.finished:
             return
         self.finished = True
+        self.finish_reason = reason
         self.metrics.finished.labels(reason=reason).inc()
         if reason in ("stop", "length"):
             self.metrics.record_usage(
@@ -90,7 +96,8 @@ class GenerationRun:
         values = list(values) if values is not None else [None] * len(ids)
         values = (values + [None] * len(ids))[: len(ids)]
         top = (list(top or ()) + [None] * len(ids))[: len(ids)]
-        top = [None if a is None else [(self.tokenizer.decode([i]), v) for i, v in a] for a in top]
+        k = self.request.top_logprobs  # the engine may hold more (the larger prompt_logprobs)
+        top = [None if a is None else [(self.tokenizer.decode([i]), v) for i, v in a[:k]] for a in top]
         if self.request.chat:
             return responses.chat_logprobs(texts, values, top)
         return responses.completion_logprobs(texts, values, offset, top)
@@ -133,15 +140,27 @@ class GenerationRun:
                 logprobs = self._logprobs(ids, values, 0, True, top)
         echo_text = self.tokenizer.decode(request.prompt_tokens) if request.echo else ""
         build = responses.chat_response if request.chat else responses.completion_response
-        return build(
-            id=self.id,
-            created=self.created,
-            model=request.model,
-            text=echo_text + "".join(text),
-            finish_reason=reason,
-            usage_=self._usage(),
-            logprobs=logprobs,
+        body = self._indexed(
+            build(
+                id=self.id,
+                created=self.created,
+                model=request.model,
+                text=echo_text + "".join(text),
+                finish_reason=reason,
+                usage_=self._usage(),
+                logprobs=logprobs,
+            )
         )
+        if request.prompt_logprobs is not None:  # vLLM's: on the choice (completions), the response (chat)
+            scores = prompt_logprobs.render(
+                self.tokenizer, request.prompt_tokens, prompt_values, prompt_top, request.prompt_logprobs
+            )
+            (body if request.chat else body["choices"][0])["prompt_logprobs"] = scores
+        return body
+
+    def _indexed(self, payload: dict) -> dict:
+        payload["choices"][0]["index"] = self.index
+        return payload
 
     # -- streaming --------------------------------------------------------------------------
     def _chunk(
@@ -159,8 +178,12 @@ class GenerationRun:
             delta = (
                 {"role": "assistant", "content": ""} if role else ({} if text is None else {"content": text})
             )
-            return responses.sse(responses.chat_chunk(delta=delta, **common))
-        return responses.sse(responses.completion_chunk(text=text or "", **common))
+            chunk = responses.chat_chunk(delta=delta, **common)
+        else:
+            chunk = responses.completion_chunk(text=text or "", **common)
+        if self.request.continuous_usage:  # vLLM's continuous_usage_stats: this choice's usage so far
+            chunk["usage"] = self._usage()
+        return responses.sse(self._indexed(chunk))
 
     def opening_chunks(self) -> list[bytes]:
         """What a stream starts with: chat's role chunk."""
@@ -186,26 +209,21 @@ class GenerationRun:
             self.offset += len(event.text)
         return out
 
-    def closing_chunks(self, last: StreamEvent) -> list[bytes]:
-        """After the finishing event: the finish chunk and usage, or the error event; [DONE]."""
+    def finish_chunks(self, last: StreamEvent) -> list[bytes]:
+        """After the finishing event: the finish chunk, or the error event."""
         reason = last.finish_reason
         if reason in ("stop", "length"):
             out = [self._chunk(None, finish=reason)]
-            if self.request.include_usage:
-                usage = responses.usage_chunk(
-                    id=self.id,
-                    created=self.created,
-                    model=self.request.model,
-                    chat=self.request.chat,
-                    usage_=self._usage(),
-                )
-                out.append(responses.sse(usage))
         else:
             out = [responses.sse(self.failure(last).body())]
         self.finish(reason)
-        return out + [DONE]
+        return out
 
-    def aborted_chunks(self, error: ApiError) -> list[bytes]:
-        """A stream the server ends early (shutting down): an error event, then [DONE]."""
-        self.finish("cancelled")
-        return [responses.sse(error.body()), DONE]
+    def usage_chunks(self, usage: dict) -> list[bytes]:
+        """The final usage chunk (of every choice together) when ``include_usage`` asks for it."""
+        if not self.request.include_usage:
+            return []
+        chunk = responses.usage_chunk(
+            id=self.id, created=self.created, model=self.request.model, chat=self.request.chat, usage_=usage
+        )
+        return [responses.sse(chunk)]

@@ -2,7 +2,8 @@
 
 ``/tokenize`` returns exactly the tokens a generation request would be given: a ``prompt`` is
 encoded as ``/v1/completions`` encodes it, ``messages`` are rendered by the chat template as
-``/v1/chat/completions`` renders them (ending with the assistant's opening). vLLM's
+``/v1/chat/completions`` renders them (``add_generation_prompt``, default true, and
+``chat_template_kwargs`` as there). vLLM's
 ``add_special_tokens`` is accepted and changes nothing: the server's tokenizers add no special
 tokens to a prompt, on either path. The answer is vLLM's: ``{"count", "max_model_len",
 "tokens", "token_strs"}`` (``token_strs`` with ``return_token_strs: true``, else null).
@@ -22,6 +23,7 @@ from starlette.responses import JSONResponse, Response
 
 import helios_jax
 from helios_jax.runtime.api import Engine
+from helios_jax.serve import chat_request
 from helios_jax.serve import openai_protocol as proto
 from helios_jax.serve.body import parse_json_body, read_body
 from helios_jax.serve.generation import require_engine
@@ -38,6 +40,7 @@ class TokenizeBody(_Body):
     messages: list[ChatMessage] | None = None
     add_special_tokens: bool | None = None
     add_generation_prompt: bool | None = None
+    chat_template_kwargs: dict | None = None
     return_token_strs: bool | None = None
 
 
@@ -56,14 +59,11 @@ def _tokenize(raw: bytes, engine: Engine, limits: proto.Limits) -> dict:
         proto.check_prompt_chars(len(body.prompt), limits.max_prompt_chars, "prompt")
         tokens = list(tokenizer.encode(body.prompt))
     else:
-        if body.add_generation_prompt is False:
-            raise bad_request(
-                "add_generation_prompt=false is not supported yet", param="add_generation_prompt"
-            )
-        messages = proto.chat_messages(body)  # type: ignore[arg-type]
+        messages = chat_request.chat_messages(body)
         chars = sum(len(m["content"]) for m in messages)
         proto.check_prompt_chars(chars, limits.max_prompt_chars, "messages")
-        tokens = list(tokenizer.apply_chat_template(messages)[0])
+        add_generation_prompt = body.add_generation_prompt is not False
+        tokens = chat_request.render(tokenizer, messages, add_generation_prompt, body.chat_template_kwargs)[0]
     strs = [tokenizer.decode([t]) for t in tokens] if body.return_token_strs else None
     return {"count": len(tokens), "max_model_len": limits.max_model_len, "tokens": tokens, "token_strs": strs}
 

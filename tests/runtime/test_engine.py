@@ -600,3 +600,41 @@ def test_preemption_under_page_pressure_still_serves_plain_greedy_text(engine):
     assert f"helios_preemptions_total {after['preemptions']}" in engine.metrics_text()
     print("preemption", {k: after[k] - before[k] for k in after})
     _settle(engine)
+
+
+def test_request_stop_ids_and_ignore_eos_follow_plain_greedy_text(engine, monkeypatch):
+    """A request's stop id ends its output at that token's first occurrence in the plain greedy
+    text (kept in the output), through the scheduler's and the programs' stop checks; with
+    ``ignore_eos`` the tokenizer's EOS ids no longer end it."""
+    prompt = tokenizer().encode("stop ids: one two three four")
+    greedy = offline_greedy(prompt, 12)
+    stop = greedy[4]
+    cut = greedy[: greedy.index(stop) + 1]
+    events, tokens = run(engine, "sid0", prompt, max_tokens=12, temperature=0.0, stop_token_ids=(stop,))
+    assert (tokens, events[-1].finish_reason) == (cut, "stop")
+    monkeypatch.setattr(engine.tokenizer, "eos_token_ids", (stop,))
+    events, tokens = run(engine, "sid1", prompt, max_tokens=12, temperature=0.0)
+    assert (tokens, events[-1].finish_reason) == (cut, "stop")
+    events, tokens = run(engine, "sid2", prompt, max_tokens=12, temperature=0.0, ignore_eos=True)
+    assert (tokens, events[-1].finish_reason) == (greedy, "length")
+    with pytest.raises(ValueError, match="stop_token_ids"):
+        run(engine, "sid3", prompt, max_tokens=4, stop_token_ids=(1, 2, 3, 4))
+    assert engine.ready() and not engine._by_id
+
+
+def test_n_greedy_choices_of_a_prompt_batch_over_http_equal_plain_greedy_decoding(engine):
+    """Two prompts, n = 2, greedy: four engine requests whose texts, by choice index (prompt * n
+    + sample), are each prompt's plain greedy text; usage counts each prompt once."""
+    from ..serve.helpers import live_server, post
+
+    tok = tokenizer()
+    prompts = ["first prompt: alpha", "second prompt: beta gamma"]
+    # the text of the greedy tokens, less an incomplete character at the end (detokenize.py)
+    want = [tok.decode(offline_greedy(tok.encode(p), 6)).rstrip("\ufffd") for p in prompts]
+    body = {"prompt": prompts, "n": 2, "max_tokens": 6, "temperature": 0}
+    with live_server(engine, shutdown_engine=False) as server:
+        r = post(server, "/v1/completions", body, timeout=120).json()
+    assert [(c["index"], c["text"]) for c in r["choices"]] == list(
+        enumerate([want[0], want[0], want[1], want[1]])
+    )
+    assert r["usage"]["prompt_tokens"] == sum(len(tok.encode(p)) for p in prompts)

@@ -88,3 +88,19 @@ helios_scheduler_refresh_credit_ms 0.0285
 helios_scheduler_learning_credit_ms 5.0
 """
     )
+
+
+def test_speculative_proposals_render_by_source():
+    """The scheduler's draft counters (one learned round offering 3 and accepting 2, one copy
+    round offering 5 and accepting 4) render as offered and accepted series per source."""
+    from helios_jax.scheduler.stats import Counters
+    from helios_jax.serve.engine_metrics import render_source_counters
+
+    counters = Counters()
+    counters.drafts(True, 3, 2)
+    counters.drafts(False, 5, 4)
+    text = "\n".join(render_source_counters(counters.speculative)) + "\n"
+    assert metric_value(text, 'helios_speculative_source_offered_total{source="learned"}') == 3
+    assert metric_value(text, 'helios_speculative_source_accepted_total{source="learned"}') == 2
+    assert metric_value(text, 'helios_speculative_source_offered_total{source="copy"}') == 5
+    assert metric_value(text, 'helios_speculative_source_accepted_total{source="copy"}') == 4

@@ -213,7 +213,7 @@ def test_streaming_stop_and_logprobs(client):
     [
         (lambda c: c.completions.create(model="gpt-4", prompt="a"), openai.NotFoundError, "model_not_found"),
         (
-            lambda c: c.completions.create(model=MODEL, prompt="a", n=2),
+            lambda c: c.completions.create(model=MODEL, prompt="a", presence_penalty=0.5),
             openai.BadRequestError,
             "unsupported_parameter",
         ),
@@ -268,3 +268,16 @@ def test_api_key_is_enforced_for_the_client():
                 bad.models.list()
         with openai.OpenAI(base_url=url, api_key="s3cret", max_retries=0) as good:
             assert good.completions.create(model=MODEL, prompt="a", max_tokens=2).choices[0].text == "Th"
+
+
+def test_n_choices_streamed_and_not(client):
+    """n = 2 through the client: two indexed choices, and a stream whose chunks the client
+    sorts by index into the same two texts."""
+    r = client.chat.completions.create(model=MODEL, messages=CHAT, n=2, max_tokens=4)
+    assert [(c.index, c.message.content) for c in r.choices] == [(0, "The "), (1, "The ")]
+    assert r.usage.completion_tokens == 8
+    texts = {0: "", 1: ""}
+    for chunk in client.completions.create(model=MODEL, prompt=["a", "b"], max_tokens=3, stream=True):
+        for choice in chunk.choices:
+            texts[choice.index] += choice.text
+    assert texts == {0: "The", 1: "The"}
