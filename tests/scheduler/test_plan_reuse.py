@@ -4,6 +4,7 @@ reads drops the memo. Each test here fails when an invalidation is removed."""
 from __future__ import annotations
 
 import inspect
+from types import SimpleNamespace
 
 import pytest
 
@@ -109,3 +110,74 @@ def test_every_public_state_changing_method_is_a_listed_mutator():
     assert public - reads - completions <= set(reuse.MUTATORS)
     for n in completions:
         assert "self._complete(" in inspect.getsource(getattr(Scheduler, n))
+
+
+def test_install_makes_every_mutator_drop_the_memo_before_and_after():
+    """`install` wraps each of MUTATORS: the method runs with no memo, its result and arguments
+    pass through, and no memo survives it, not even one made during the call or left by a raise."""
+    seen = {}
+
+    def mutator(name):
+        def method(self, *args, **kwargs):
+            seen[name] = (self._plan_memo, args, kwargs)
+            self._plan_memo = ("key", "plan made during the call")
+            if kwargs.get("fail"):
+                raise RuntimeError(name)
+            return name
+
+        method.__name__ = name
+        return method
+
+    cls = type("Mutable", (), {name: mutator(name) for name in reuse.MUTATORS})
+    assert reuse.install(cls) is cls and cls._plan_memo is None
+    obj = cls()
+    assert obj._plan_memo is None  # a new instance starts without a memo
+    for name in reuse.MUTATORS:
+        obj._plan_memo = ("key", "plan")
+        assert getattr(obj, name)(1, k=2) == name and getattr(cls, name).__name__ == name
+        assert seen[name] == (None, (1,), {"k": 2}) and obj._plan_memo is None
+        obj._plan_memo = ("key", "plan")
+        with pytest.raises(RuntimeError, match=name):
+            getattr(obj, name)(fail=True)
+        assert obj._plan_memo is None
+
+
+class _NaNPlan:
+    """A plan-like value holding a NaN: unequal to its own recomputation (NaN != NaN) while
+    describing the same decision, which its repr shows."""
+
+    def __init__(self):
+        self.duration = float("nan")
+
+    def __eq__(self, other):
+        return isinstance(other, _NaNPlan) and self.duration == other.duration
+
+    def __repr__(self):
+        return f"_NaNPlan({self.duration})"
+
+
+def _bare_scheduler():
+    ledger = SimpleNamespace(balance_ms=0.0, episode_active=False)
+    return SimpleNamespace(
+        _plan_memo=None,
+        now_ns=0,
+        costs=SimpleNamespace(version=0),
+        requests={},
+        frames=[],
+        timing_ledger=ledger,
+        acceptance_ledger=ledger,
+        population=SimpleNamespace(acceptance_pools={}),
+        policy=None,
+    )
+
+
+def test_check_mode_accepts_a_recomputation_that_differs_only_by_nan(monkeypatch):
+    """Proof mode calls a reuse stale only when the fresh plan differs from the memo: a NaN field
+    is unequal to itself, so the two are also compared by repr (and a real difference raises)."""
+    monkeypatch.setattr(reuse, "CHECK", True)
+    sched = _bare_scheduler()
+    first = reuse.memoized(sched, _NaNPlan)
+    again = reuse.memoized(sched, _NaNPlan)
+    assert first != again and repr(first) == repr(again) and sched._plan_memo[1] is again
+    with pytest.raises(reuse.StalePlan):
+        reuse.memoized(sched, lambda: "another plan")

@@ -2,12 +2,21 @@
 makes its rounds wait for feedback, and the per-source estimates choose the source of a request
 that may use both; each round is observed under the source that drafted it."""
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
 from helios_jax.catalog import GraphKind
 from helios_jax.scheduler.plan import PlanRejected
-from helios_jax.scheduler.speculation import SOURCE_COPY, SOURCE_LEARNED, PrefixEstimate
+from helios_jax.scheduler.sources import choose_source
+from helios_jax.scheduler.speculation import (
+    SOURCE_COPY,
+    SOURCE_LEARNED,
+    AcceptanceHistory,
+    PopulationPrior,
+    PrefixEstimate,
+)
 
 from .helpers import SPEC
 from .test_core import records, run_once, scheduler, timing
@@ -107,3 +116,70 @@ def test_bad_offers_are_refused():
     for bad in (-1, 1.5, True):
         with pytest.raises(ValueError):
             s.offer_copy(h, bad)
+
+
+# choose_source read directly: copy when 1 + sum(u_copy[:k]) >= 1 + sum(u_learned[:D]) on the
+# optimistic estimates (module docstring). A weight of 1e6 makes the optimism bonus negligible
+# (about 0.001), so each case below is decided by the means it names.
+D = 7
+
+
+def _known(mean, depth=D):
+    return PrefixEstimate(np.full(depth, mean), np.full(depth, 1e6), 0)
+
+
+def _choose(copy, learned, length, *, depth=D, alpha=1.0, pools=None):
+    history = AcceptanceHistory({}, 0)
+    history.estimates = {SOURCE_COPY: copy, SOURCE_LEARNED: learned}
+    req = SimpleNamespace(output=[], acceptance=history)
+    pool = pools or {SOURCE_COPY: _known(0.5), SOURCE_LEARNED: _known(0.5)}
+    return choose_source(req, SimpleNamespace(acceptance_pools=pool), length, depth, alpha)
+
+
+def test_no_offered_prefix_means_learned_proposals_whatever_the_estimates():
+    """Offered nothing (length 0), the round is learned, even where learned proposals promise no
+    more than the pending token (D = 0, or survivals that vanish under alpha)."""
+    assert _choose(_known(0.99), _known(0.05), 0) == SOURCE_LEARNED
+    assert _choose(_known(0.99, 0), _known(0.05, 0), 0, depth=0) == SOURCE_LEARNED
+    assert _choose(_known(0.99), _known(0.05), 0, alpha=1000.0) == SOURCE_LEARNED
+
+
+def test_a_one_token_copy_prefix_counts_exactly_one_copied_token():
+    """k = 1: copy promises 1 + u_copy[0] = 2.0; learned at 0.05 promises 1.35, at 0.2 2.4."""
+    assert _choose(_known(0.999), _known(0.05), 1) == SOURCE_COPY
+    assert _choose(_known(0.999), _known(0.2), 1) == SOURCE_LEARNED
+
+
+def test_learned_proposals_count_all_d_and_no_more():
+    """k = D = 7: learned at 0.65 promises 5.55 against copy's 5.2 at 0.6 (its last proposals
+    decide); an estimate deeper than D still counts only u_learned[:D] (0.7: 5.9 < 6.04)."""
+    assert _choose(_known(0.6), _known(0.65), D) == SOURCE_LEARNED
+    assert _choose(_known(0.72), _known(0.7, depth=D + 2), D) == SOURCE_COPY
+
+
+def test_alpha_applies_to_both_sources():
+    """E = 1 + sum(u ** alpha) on both sides: at alpha = 2, 0.8 beats 0.7 whichever source has it
+    (read without alpha on one side, 0.7 would beat 0.8 ** 2 = 0.64)."""
+    assert _choose(_known(0.7), _known(0.8), D, alpha=2.0) == SOURCE_LEARNED
+    assert _choose(_known(0.8), _known(0.7), D, alpha=2.0) == SOURCE_COPY
+
+
+def test_equal_promises_go_to_copy():
+    assert _choose(_known(0.6), _known(0.6), D) == SOURCE_COPY
+
+
+def test_an_untried_source_is_read_through_the_population_pool_of_that_source():
+    """Both estimates at the prior: the starting share is read from each source's own pool
+    (pooled like selection reads them), so a pool that has seen copies rejected, or learned
+    proposals accepted, decides, where the plain priors would tie (and go to copy)."""
+    priors = {s: PopulationPrior(D) for s in (SOURCE_COPY, SOURCE_LEARNED)}
+
+    def untried():
+        h = AcceptanceHistory(priors)
+        return h.get(SOURCE_COPY), h.get(SOURCE_LEARNED)
+
+    neutral = PrefixEstimate.from_prior(PopulationPrior(D).mean)
+    copies_rejected = {SOURCE_COPY: _known(0.05), SOURCE_LEARNED: neutral}
+    assert _choose(*untried(), D, pools=copies_rejected) == SOURCE_LEARNED
+    learned_accepted = {SOURCE_COPY: neutral, SOURCE_LEARNED: _known(0.95)}
+    assert _choose(*untried(), D, pools=learned_accepted) == SOURCE_LEARNED
