@@ -47,6 +47,8 @@ class SamplingParams:
     top_logprobs: int = 0  # with logprobs: the most probable alternatives per generated token
     stop_token_ids: tuple[int, ...] = ()  # the request's own stop tokens (kept in the output)
     ignore_eos: bool = False  # the tokenizer's EOS ids do not end this request
+    include_stop_str_in_output: bool = False  # a matched stop string ends the text, included
+    skip_special_tokens: bool = True  # special tokens' text left out of the output text
 
     def __post_init__(self):
         if not _is_int(self.max_tokens) or self.max_tokens < 1:
@@ -77,6 +79,9 @@ class SamplingParams:
             _is_int(t) and t >= 0 for t in self.stop_token_ids
         ):
             raise ValueError("stop_token_ids must be a tuple of nonnegative integers")
+        for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a boolean")
 
 
 def request_stop_ids(sampling: SamplingParams, eos_token_ids: Sequence[int]) -> tuple[int, ...]:
@@ -181,7 +186,7 @@ class Tokenizer(Protocol):
 
     def encode(self, text: str) -> list[int]: ...
 
-    def decode(self, ids: Sequence[int]) -> str: ...
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str: ...
 
     def apply_chat_template(self, messages: Sequence[dict]) -> tuple[list[int], tuple[int, ...]]:
         """Token ids of the rendered conversation (ending with the assistant prompt) and the

@@ -15,7 +15,8 @@ What becomes visible waits for:
 - an incomplete UTF-8 character at the end (decoded as U+FFFD): its tokens stay unread until
   the character completes;
 - text that could still become a stop string (stop buffering), so a stop string is never shown;
-  when a stop string appears, the text before it is the last visible text.
+  when a stop string appears, the text before it is the last visible text (with
+  ``include_stop``, vLLM's ``include_stop_str_in_output``: the text through it).
 
 A burst whose visible text is empty publishes nothing (the scheduler's delivery is postponed
 until output actually becomes visible).
@@ -30,9 +31,10 @@ CONTEXT_TOKENS = 6
 
 
 class TextStream:
-    def __init__(self, decode, stop: Sequence[str] = ()):
+    def __init__(self, decode, stop: Sequence[str] = (), include_stop: bool = False):
         self._decode = decode
         self.stop = tuple(s for s in stop if s)
+        self.include_stop = include_stop
         self.ids: list[int] = []
         self.text = ""  # text of ids[:read_offset]
         self.sent = ""  # text already made visible (a prefix of `text`)
@@ -73,14 +75,14 @@ class TextStream:
         self.ids.extend(int(i) for i in ids)
         self._read(final)
         text = self.text
-        cut = None
+        cut = end = None
         for s in self.stop:
             at = text.find(s, max(0, len(self.sent) - len(s) + 1))
             if at >= 0 and (cut is None or at < cut):
-                cut = at
+                cut, end = at, at + len(s)
         if cut is not None:
             self.stopped = True
-            visible = text[:cut]
+            visible = text[: end if self.include_stop else cut]
         elif final:
             visible = text
         else:

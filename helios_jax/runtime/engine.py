@@ -28,6 +28,7 @@ The loop thread is the only one touching the scheduler and the device state.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import queue
@@ -151,7 +152,9 @@ class HeliosEngine(FaultContainment):
         if self._failed is not None:
             stream.put(StreamEvent("", (), finish_reason="error", error=self._failed))
             return stream
-        active = _Active(request, stream, TextStream(self.tokenizer.decode, request.sampling.stop))
+        s = request.sampling
+        decode = functools.partial(self.tokenizer.decode, skip_special_tokens=s.skip_special_tokens)
+        active = _Active(request, stream, TextStream(decode, s.stop, s.include_stop_str_in_output))
         self._events.put(("submit", active))
         return stream
 

@@ -161,8 +161,8 @@ class HFTokenizer:
         """User text: no added token is recognized (docs/chat-templates.md)."""
         return chat_encoding.encode_plain(self._tok, text)
 
-    def decode(self, ids: Sequence[int]) -> str:
-        return self._tok.decode(list(ids), skip_special_tokens=True)
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
     def _render(self, messages: list[dict], add_generation_prompt: bool, kwargs: Mapping) -> str:
         """The rendering of already normalized and marked messages."""

@@ -78,8 +78,8 @@ class CharTokenizer:
     def encode(self, text: str) -> list[int]:
         return [ord(c) for c in text]
 
-    def decode(self, ids: Sequence[int]) -> str:
-        return "".join(chr(i) for i in ids)
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return "".join(chr(i) for i in ids)  # no special tokens
 
     def apply_chat_template(self, messages: Sequence[dict]) -> tuple[list[int], tuple[int, ...]]:
         return self.render_chat(messages)
@@ -297,9 +297,10 @@ class FakeEngine:
                 if ord(char) in request_stop_ids(sampling, self.tokenizer.eos_token_ids):
                     emit(len(generated), "stop")  # a stop token's text stays in the output
                     return
-                hits = [generated.find(s) for s in sampling.stop if s in generated]
+                hits = [(generated.find(s), len(s)) for s in sampling.stop if s in generated]
                 if hits:
-                    emit(min(hits), "stop")
+                    at, length = min(hits)
+                    emit(at + length if sampling.include_stop_str_in_output else at, "stop")
                     return
                 if i + 1 == sampling.max_tokens:
                     emit(len(generated), "length")

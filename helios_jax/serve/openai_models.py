@@ -44,6 +44,8 @@ class _Common(_Body):
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
     ignore_eos: bool | None = None
+    include_stop_str_in_output: bool | None = None
+    skip_special_tokens: bool | None = None
     n: int | None = None
     best_of: int | None = None
     proposal_source: str | None = None  # helios extension: "learned", "copy" or "both"
@@ -100,6 +102,8 @@ _EXPECTED = {
     "stop": "a string or a list of strings",
     "stop_token_ids": "a list of token ids",
     "ignore_eos": "a boolean",
+    "include_stop_str_in_output": "a boolean",
+    "skip_special_tokens": "a boolean",
     "logit_bias": "an object",
     "prompt": "a string or a list of token ids",
     "echo": "a boolean",

@@ -83,8 +83,6 @@ _NEUTRAL: dict[str, tuple] = {
     # vLLM's extensions
     "min_p": (0, 0.0),
     "min_tokens": (0,),
-    "include_stop_str_in_output": (False,),
-    "skip_special_tokens": (True,),
     "spaces_between_special_tokens": (True,),
     "use_beam_search": (False,),
     "length_penalty": (1, 1.0),
@@ -293,6 +291,8 @@ def _sampling_fields(body: CompletionBody | ChatBody) -> dict:
         stop=_parse_stop(body.stop),
         stop_token_ids=_parse_stop_ids(body.stop_token_ids),
         ignore_eos=bool(body.ignore_eos),
+        include_stop_str_in_output=bool(body.include_stop_str_in_output),
+        skip_special_tokens=body.skip_special_tokens is not False,
     )
 
 

@@ -37,6 +37,26 @@ def test_an_incomplete_character_waits_for_its_bytes():
     assert stream.feed(ids[-1:]) == "🙂"
 
 
+@pytest.mark.parametrize("include", [False, True])
+def test_a_stop_string_ends_the_text_before_it_or_through_it(include):
+    """vLLM's include_stop_str_in_output: the matched stop string ends the visible text,
+    left out by default and kept with `include_stop`; nothing after it is ever shown."""
+    stream = TextStream(TOK.decode, ("world", "wor"), include_stop=include)
+    ids = TOK.encode("hello world and more")
+    shown = "".join(stream.feed([i]) for i in ids) + stream.feed([], final=True)
+    assert stream.stopped and shown == ("hello wor" if include else "hello ")
+
+
+def test_special_tokens_reach_the_text_only_when_asked():
+    eos = TOK.eos_token_ids[0]
+    ids = TOK.encode("hi") + [eos]
+    assert TOK.decode(ids) == "hi"
+    special = TOK.decode(ids, skip_special_tokens=False)
+    assert special.startswith("hi") and len(special) > 2
+    stream = TextStream(lambda i: TOK.decode(i, skip_special_tokens=False))
+    assert stream.feed(ids, final=True) == special
+
+
 def test_the_decoded_window_stays_bounded(monkeypatch):
     lengths = []
     stream = TextStream(lambda ids: lengths.append(len(ids)) or TOK.decode(ids))

@@ -89,7 +89,7 @@ def test_concurrent_greedy_requests_equal_offline_greedy_decoding(engine):
         assert events[-1].completion_tokens == len(tokens)
 
 
-def test_stop_strings_are_never_shown(engine):
+def test_stop_strings_are_never_shown(engine, monkeypatch):
     tok = tokenizer()
     prompt = tok.encode("hello world, the quick brown fox")
     events, tokens = run(engine, "s0", prompt, max_tokens=40, temperature=0.0)
@@ -100,6 +100,22 @@ def test_stop_strings_are_never_shown(engine):
     events, _ = run(engine, "s1", prompt, max_tokens=40, temperature=0.0, stop=(stop,))
     text = "".join(e.text for e in events)
     assert events[-1].finish_reason == "stop" and stop not in text and full.startswith(text)
+    # include_stop_str_in_output: the text runs through the stop string's first occurrence
+    events, _ = run(
+        engine, "s2", prompt, max_tokens=40, temperature=0.0, stop=(stop,), include_stop_str_in_output=True
+    )
+    kept = "".join(e.text for e in events)
+    assert kept == full[: full.find(stop) + len(stop)]
+    # skip_special_tokens=False: the request's text is decoded without skipping special tokens
+    real, seen = engine.tokenizer.decode, set()
+
+    def decode(ids, skip_special_tokens=True):
+        seen.add(skip_special_tokens)
+        return real(ids, skip_special_tokens=skip_special_tokens)
+
+    monkeypatch.setattr(engine.tokenizer, "decode", decode)
+    events, ids = run(engine, "s3", prompt, max_tokens=8, temperature=0.0, skip_special_tokens=False)
+    assert seen == {False} and "".join(e.text for e in events) == real(ids, skip_special_tokens=False)
 
 
 @spec("service-accounting/cancelled-slot-reuse", "planning-queue/cancel-keeps-pages")

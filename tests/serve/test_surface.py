@@ -111,6 +111,26 @@ def test_stop_token_ids_end_the_output_and_keep_the_token(server):
     assert r["usage"]["completion_tokens"] == 5
 
 
+@pytest.mark.parametrize("include, text", [(False, "The "), (True, "The qu")])
+def test_include_stop_str_in_output_keeps_the_matched_stop_string(server, engine, include, text):
+    body = {"prompt": "a", "max_tokens": 30, "stop": ["quick", "qu"], "include_stop_str_in_output": include}
+    r = post(server, COMPLETIONS, body).json()
+    assert (r["choices"][0]["text"], r["choices"][0]["finish_reason"]) == (
+        text if not include else "The qu",
+        "stop",
+    )
+    assert last_submitted(engine).sampling.include_stop_str_in_output is include
+
+
+def test_skip_special_tokens_reaches_the_engine(server, engine):
+    for value, want in ((False, False), (True, True), (None, True)):
+        body = {"messages": HI, "max_tokens": 2, **({} if value is None else {"skip_special_tokens": value})}
+        assert post(server, CHAT, body).status == 200
+        assert last_submitted(engine).sampling.skip_special_tokens is want
+    r = post(server, CHAT, {"messages": HI, "skip_special_tokens": 0})
+    assert r.status == 400 and r.json()["error"]["param"] == "skip_special_tokens"
+
+
 def test_stop_ids_beyond_the_device_capacity_are_refused_unless_eos_is_ignored(server, engine):
     ids = [ord(c) for c in "wxyz"]  # with the EOS id: 5 stop ids, one more than a lane holds
     r = post(server, COMPLETIONS, {"prompt": "a", "stop_token_ids": ids})
