@@ -52,6 +52,7 @@ import baselines  # noqa: E402  (a sibling script module)
 from helios_jax import simulation  # noqa: E402
 from helios_jax.catalog import Catalog, DecodeMode, shipped_catalog  # noqa: E402
 from helios_jax.scheduler.config import PolicyConfig  # noqa: E402
+from helios_jax.slo import jain, percentile  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("catalogs", ["synthetic-h200"], "shipped catalog names or catalog JSON paths")
@@ -117,16 +118,6 @@ def workload(seed: int, n: int, prompts, outputs) -> tuple[list[int], list[int]]
     """Per-request prompt and output lengths (independent of the arrival stream)."""
     rng = np.random.default_rng([seed, 7919])
     return rng.choice(prompts, n).tolist(), rng.choice(outputs, n).tolist()
-
-
-def percentile(values, q: float) -> float | None:
-    values = np.asarray(values, dtype=np.float64)
-    return float(np.percentile(values, q)) if values.size else None
-
-
-def jain(x) -> float | None:
-    x = np.asarray(x, dtype=np.float64)
-    return float(x.sum() ** 2 / (x.size * (x * x).sum())) if x.size and (x * x).sum() > 0 else None
 
 
 def run_one(task: dict) -> dict:
