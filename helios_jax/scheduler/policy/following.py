@@ -23,7 +23,7 @@ import numpy as np
 
 from helios_jax.catalog import Allocation, DecodeMode, GraphDescriptor, GraphKind
 from helios_jax.scheduler import utility
-from helios_jax.scheduler.policy.multistep import k_step_lanes
+from helios_jax.scheduler.policy.multistep import k_step_lanes, view_steps
 from helios_jax.scheduler.policy.selection import Selection
 from helios_jax.scheduler.policy.tables import DecoderTable, padded_prefixes
 from helios_jax.scheduler.rounds import prefix_allocation_order
@@ -122,7 +122,7 @@ def new_decoder(sel: Selection, v: RequestView, g2: GraphDescriptor, until_ms: f
     delivery_price = float(decision.scaled(v.log_delivery_price))
     age = decision.decode_age * until_ms * (v.age_ms + until_ms)
     if g2.steps > 1:  # K-step: min(K, limits) certain tokens, one delivery
-        steps = max(1, min(g2.steps, v.output_remaining, v.context_remaining, v.width_limit or g2.steps))
+        steps = view_steps(v, g2.steps)
         value = output_price * steps + delivery_price + age
         return value, Lane(v.rid, v.slot, LaneRole.DECODE, ceiling=steps, expected_tokens=steps, value=value)
     survival = padded_prefixes([v.survival], sel.prepared.max_depth)

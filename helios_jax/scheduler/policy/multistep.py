@@ -20,19 +20,21 @@ from helios_jax.catalog import GraphDescriptor
 from helios_jax.scheduler.policy.ranking import ScoredCandidate
 from helios_jax.scheduler.policy.selection import Selection
 from helios_jax.scheduler.policy.tables import DecoderTable
-from helios_jax.scheduler.view import Lane, LaneRole
+from helios_jax.scheduler.view import Lane, LaneRole, RequestView
+
+
+def view_steps(v: RequestView, steps: int) -> int:
+    """Steps a decoder takes on a K-step program: K, its output and context left, and a grammar
+    or stop restriction's width limit (copy proposals do not apply); at least one."""
+    limit = min(steps, v.output_remaining, v.context_remaining)
+    if v.width_limit is not None:
+        limit = min(limit, v.width_limit)
+    return int(max(1, limit))
 
 
 def lane_steps(decoders: DecoderTable, steps: int) -> np.ndarray:
-    """i64[n]: steps each decoder takes on a K-step program: K, its output and context left,
-    and a grammar or stop restriction's width limit (copy proposals do not apply)."""
-    out = np.empty(decoders.count, dtype=np.int64)
-    for i, v in enumerate(decoders.views):
-        limit = min(steps, v.output_remaining, v.context_remaining)
-        if v.width_limit is not None:
-            limit = min(limit, v.width_limit)
-        out[i] = max(1, limit)
-    return out
+    """i64[n]: each decoder's `view_steps` on a K-step program."""
+    return np.array([view_steps(v, steps) for v in decoders.views], dtype=np.int64)
 
 
 def k_step_lanes(decoders: DecoderTable, steps: int, until_ms: float) -> list[tuple[float, Lane]]:
