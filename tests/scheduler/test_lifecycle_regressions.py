@@ -21,14 +21,17 @@ def _checkpointing(**kw):
 
 
 def _run_one(s, fence, now_ms):
-    """Plan, commit and complete one frame with plain records; returns (plan, generated, now)."""
+    """Plan, commit and complete one frame with plain records (a decode lane commits one token);
+    returns (plan, generated, now)."""
     s.advance_to(int(now_ms * NS_PER_MS))
     plan = s.plan()
     s.commit(plan, fence)
     now_ms += 1.0
     s.advance_to(int(now_ms * NS_PER_MS))
     recs = [
-        CompletionRecord(
+        CompletionRecord(lane.handle, lane.epoch, tokens=(TOKEN,))
+        if lane.role is LaneRole.DECODE
+        else CompletionRecord(
             lane.handle,
             lane.epoch,
             prompt_tokens=lane.prompt_tokens,
@@ -227,25 +230,7 @@ def test_a_terminal_capture_keeps_its_own_requests_anchor():
             fence += 1
             continue
         fence += 1
-        s.advance_to(int(t * NS_PER_MS))
-        plan = s.plan()
-        s.commit(plan, fence)
-        t += 1.0
-        s.advance_to(int(t * NS_PER_MS))
-        recs = [
-            CompletionRecord(lane.handle, lane.epoch, tokens=(TOKEN,))
-            if lane.role is LaneRole.DECODE
-            else CompletionRecord(
-                lane.handle,
-                lane.epoch,
-                prompt_tokens=lane.prompt_tokens,
-                tokens=(TOKEN,) if lane.finishes_prompt else (),
-            )
-            if lane.role is LaneRole.PROMPT
-            else CompletionRecord(lane.handle, lane.epoch)
-            for lane in plan.lanes
-        ]
-        s.complete(fence, recs, ExecutionTiming((NS_PER_MS,), NS_PER_MS))
+        _, _, t = _run_one(s, fence, t)
         assert fence < 50
     (cp,) = s.checkpoints.entries.values()
     assert cp.tokens == (TOKEN,) * 8 and cp.owner == h.rid
