@@ -37,25 +37,27 @@ def lane_steps(decoders: DecoderTable, steps: int) -> np.ndarray:
     return np.array([view_steps(v, steps) for v in decoders.views], dtype=np.int64)
 
 
+def _lanes(decoders: DecoderTable, idx, steps: np.ndarray, values: np.ndarray) -> list[Lane]:
+    """K-step DECODE lanes of decoders `idx`: their steps as ceiling and expected tokens."""
+    return [
+        Lane(
+            int(decoders.rids[i]),
+            int(decoders.slots[i]),
+            LaneRole.DECODE,
+            ceiling=int(steps[i]),
+            expected_tokens=float(steps[i]),
+            value=float(values[i]),
+        )
+        for i in idx
+    ]
+
+
 def k_step_lanes(decoders: DecoderTable, steps: int, until_ms: float) -> list[tuple[float, Lane]]:
     """(value, lane) of every decoder on a K-step program that completes `until_ms` from now:
     its steps' tokens, one delivery and its age term (a prerequisite's follower)."""
     counts = lane_steps(decoders, steps)
     values = decoders.output_price * counts + decoders.delivery_value + decoders.age_value_per_ms * until_ms
-    return [
-        (
-            float(values[i]),
-            Lane(
-                int(decoders.rids[i]),
-                int(decoders.slots[i]),
-                LaneRole.DECODE,
-                ceiling=int(counts[i]),
-                expected_tokens=float(counts[i]),
-                value=float(values[i]),
-            ),
-        )
-        for i in range(decoders.count)
-    ]
+    return list(zip(values.tolist(), _lanes(decoders, range(decoders.count), counts, values)))
 
 
 def multistep_candidate(sel: Selection, g: GraphDescriptor) -> ScoredCandidate | None:
@@ -87,17 +89,7 @@ def multistep_candidate(sel: Selection, g: GraphDescriptor) -> ScoredCandidate |
     total, idx = best
 
     def lanes() -> list[Lane]:
-        return [
-            Lane(
-                int(decoders.rids[i]),
-                int(decoders.slots[i]),
-                LaneRole.DECODE,
-                ceiling=int(steps[i]),
-                expected_tokens=float(steps[i]),
-                value=float(values[i] + per_ms * t),
-            )
-            for i in idx
-        ]
+        return _lanes(decoders, idx, steps, values + per_ms * t)
 
     # Dominance is settled here, per cohort: the candidate joins no dominance group.
     return sel.score(g, total, idx.size * per_ms, None, lanes)
