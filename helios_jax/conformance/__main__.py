@@ -22,6 +22,7 @@ import sys
 
 from absl import app, flags
 
+from helios_jax import console
 from helios_jax.catalog import Catalog, shipped_catalog
 from helios_jax.conformance.checks import SECTIONS, VERDICTS, generated_startup, tally
 from helios_jax.scheduler.config import PolicyConfig
@@ -145,5 +146,10 @@ def main(argv) -> int:
     return 1 if failed else 0
 
 
+def run() -> None:
+    """The ``helios-conformance`` console command."""
+    console.run(main, sys.modules[__name__])
+
+
 if __name__ == "__main__":
-    app.run(lambda argv: sys.exit(main(argv)))
+    run()

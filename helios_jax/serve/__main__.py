@@ -6,12 +6,10 @@ All logic lives in importable modules: ``flags`` parses the command line into a 
 factory, logs startup progress and serves until SIGINT or SIGTERM.
 """
 
-import sys
-
 from absl import app as absl_app
 from absl import flags
 
-from helios_jax import engine_options
+from helios_jax import console, engine_options
 from helios_jax.serve import flags as serve_flags
 
 serve_flags.define_flags(flags.FLAGS)
@@ -20,12 +18,6 @@ serve_flags.define_flags(flags.FLAGS)
 # command's name by run().
 flags.adopt_module_key_flags(serve_flags)
 flags.adopt_module_key_flags(engine_options)
-
-
-def _adopt_for_help(module_name: str) -> None:
-    for module in (serve_flags, engine_options):
-        for flag in flags.FLAGS.get_key_flags_for_module(module):
-            flags.FLAGS.register_key_flag_for_module(module_name, flag)
 
 
 def main(argv) -> int:
@@ -43,8 +35,7 @@ def main(argv) -> int:
 
 def run() -> None:
     """The ``helios-serve`` console command."""
-    _adopt_for_help(sys.argv[0])
-    sys.exit(absl_app.run(main))
+    console.run(main, serve_flags, engine_options)
 
 
 if __name__ == "__main__":
