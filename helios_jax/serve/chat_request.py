@@ -20,7 +20,7 @@ import jinja2
 
 from helios_jax.runtime.api import MAX_TOP_LOGPROBS, SamplingParams, Tokenizer
 from helios_jax.serve import openai_protocol as proto
-from helios_jax.serve import prompt_logprobs
+from helios_jax.serve import prompt_logprobs, prompt_truncation
 from helios_jax.serve.openai_errors import ApiError, bad_request, unsupported
 from helios_jax.serve.openai_models import ChatBody, validate
 
@@ -123,6 +123,10 @@ def parse_chat_request(raw: dict, *, tokenizer: Tokenizer, limits: proto.Limits)
     proto.check_prompt_chars(sum(len(m["content"]) for m in messages), limits.max_prompt_chars, "messages")
     add_generation_prompt = True if body.add_generation_prompt is None else body.add_generation_prompt
     prompt_tokens, endpoints = render(tokenizer, messages, add_generation_prompt, body.chat_template_kwargs)
+    keep = prompt_truncation.kept_tokens(body.truncate_prompt_tokens, limits.max_model_len)
+    kept = prompt_truncation.truncate(prompt_tokens, keep)
+    endpoints = prompt_truncation.shift_endpoints(endpoints, len(prompt_tokens) - len(kept))
+    prompt_tokens = list(kept)
     budget = max_completion_tokens if max_completion_tokens is not None else max_tokens
     budget = proto._fit_context(len(prompt_tokens), budget, limits.max_model_len, "messages")
     prompt_k = prompt_logprobs.parse(body.prompt_logprobs, stream)

@@ -54,6 +54,8 @@ class _Common(_Body):
     presence_penalty: float | None = Field(None, allow_inf_nan=False)
     frequency_penalty: float | None = Field(None, allow_inf_nan=False)
     repetition_penalty: float | None = Field(None, allow_inf_nan=False)
+    truncate_prompt_tokens: int | None = None  # vLLM's: keep the prompt's last k tokens
+    spaces_between_special_tokens: bool | None = None  # vLLM's; no effect (docs/serving.md)
 
 
 class CompletionBody(_Common):
@@ -104,6 +106,8 @@ _EXPECTED = {
     "ignore_eos": "a boolean",
     "include_stop_str_in_output": "a boolean",
     "skip_special_tokens": "a boolean",
+    "truncate_prompt_tokens": "an integer",
+    "spaces_between_special_tokens": "a boolean",
     "logit_bias": "an object",
     "prompt": "a string or a list of token ids",
     "echo": "a boolean",

@@ -39,7 +39,7 @@ import logging
 from pydantic import BaseModel
 
 from helios_jax.runtime.api import MAX_TOP_LOGPROBS, SamplingParams, Tokenizer
-from helios_jax.serve import prompt_logprobs
+from helios_jax.serve import prompt_logprobs, prompt_truncation
 from helios_jax.serve.openai_errors import ApiError, bad_request, unsupported
 from helios_jax.serve.openai_models import ChatBody, CompletionBody, validate
 
@@ -83,13 +83,11 @@ _NEUTRAL: dict[str, tuple] = {
     # vLLM's extensions
     "min_p": (0, 0.0),
     "min_tokens": (0,),
-    "spaces_between_special_tokens": (True,),
     "use_beam_search": (False,),
     "length_penalty": (1, 1.0),
     "allowed_token_ids": (),
     "bad_words": ([],),
     "logits_processors": (),
-    "truncate_prompt_tokens": (),
     "chat_template": (),
     "continue_final_message": (False,),
     "documents": (),
@@ -399,6 +397,8 @@ def parse_completion_request(raw: dict, *, tokenizer: Tokenizer, limits: Limits)
     source = parse_proposal_source(body)
     model = check_model(body.model, limits.served_model)
     prompts = _completion_prompts(body.prompt, tokenizer, limits.max_prompt_chars)
+    keep = prompt_truncation.kept_tokens(body.truncate_prompt_tokens, limits.max_model_len)
+    prompts = tuple(prompt_truncation.truncate(p, keep) for p in prompts)
     budget = max_tokens or COMPLETIONS_DEFAULT_MAX_TOKENS
     max_tokens = min(_fit_context(len(p), budget, limits.max_model_len, "prompt") for p in prompts)
     prompt_k = prompt_logprobs.parse(body.prompt_logprobs, stream)
