@@ -118,7 +118,7 @@ class HeliosServer:
         chars = self.config.max_prompt_chars
         if chars is None:
             chars = PROMPT_CHARS_PER_TOKEN * max_model_len
-        return Limits(self.served_model(), max_model_len, chars)
+        return Limits(self.served_model(), max_model_len, chars, self.config.tool_call_parser)
 
     # -- running -----------------------------------------------------------------------------
     def start(self, timeout: float = 30.0) -> None:

@@ -14,17 +14,18 @@ returns go to the engine with the prompt: they anchor the scheduler's checkpoint
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 
 import jinja2
 
 from helios_jax.runtime.api import MAX_TOP_LOGPROBS, SamplingParams, Tokenizer
 from helios_jax.serve import openai_protocol as proto
-from helios_jax.serve import prompt_logprobs, prompt_truncation
+from helios_jax.serve import prompt_logprobs, prompt_truncation, tool_calls
 from helios_jax.serve.openai_errors import ApiError, bad_request, unsupported
 from helios_jax.serve.openai_models import ChatBody, validate
 
-CHAT_ROLES = ("system", "user", "assistant")
+CHAT_ROLES = ("system", "user", "assistant", "tool")
 REASONING_KEYS = ("reasoning_content", "reasoning", "thinking")  # passed to the template as given
 
 
@@ -44,6 +45,30 @@ def _message_content(index: int, content: str | list[dict]) -> str:
     return "\n".join(texts)  # as vLLM joins text parts
 
 
+def _message_entry(i: int, message) -> dict:
+    """A message's role, content (a string; null only beside tool calls), name, and the tool
+    fields the template reads (serve/tool_calls.py)."""
+    if message.content is None and not (message.role == "assistant" and message.tool_calls):
+        code = "invalid_type" if "content" in message.model_fields_set else "missing_field"
+        raise bad_request(
+            f"messages[{i}].content must be a string or a list of text parts", f"messages[{i}].content", code
+        )
+    entry: dict = {"role": message.role}
+    if message.content is not None:
+        entry["content"] = _message_content(i, message.content)
+    if message.name is not None:
+        entry["name"] = message.name
+    if message.tool_calls:
+        if message.role != "assistant":
+            raise bad_request(
+                f"messages[{i}]: only assistant messages have tool_calls", f"messages[{i}].tool_calls"
+            )
+        entry["tool_calls"] = tool_calls.template_arguments(message.tool_calls, f"messages[{i}].tool_calls")
+    if message.tool_call_id is not None:
+        entry["tool_call_id"] = message.tool_call_id
+    return entry
+
+
 def chat_messages(body) -> list[dict]:
     """The messages as {"role", "content"[, "name"]} dicts with string content (400s name the
     first bad message)."""
@@ -59,12 +84,10 @@ def chat_messages(body) -> list[dict]:
                 f"messages[{i}].role must be one of {', '.join(CHAT_ROLES)}, got {message.role!r}",
                 param=f"messages[{i}].role",
             )
-        for name in ("tool_calls", "function_call", "audio"):
+        for name in ("function_call", "audio"):
             if (message.model_extra or {}).get(name) is not None:
                 raise unsupported(f"messages[{i}].{name} is not supported", f"messages[{i}].{name}")
-        entry = {"role": message.role, "content": _message_content(i, message.content)}
-        if message.name is not None:
-            entry["name"] = message.name
+        entry = _message_entry(i, message)
         for key in REASONING_KEYS:  # an assistant turn's reasoning, which templates may render
             value = (message.model_extra or {}).get(key)
             if isinstance(value, str):
@@ -120,9 +143,15 @@ def parse_chat_request(raw: dict, *, tokenizer: Tokenizer, limits: proto.Limits)
     source = proto.parse_proposal_source(body)
     model = proto.check_model(body.model, limits.served_model)
     messages = chat_messages(body)
-    proto.check_prompt_chars(sum(len(m["content"]) for m in messages), limits.max_prompt_chars, "messages")
     add_generation_prompt = True if body.add_generation_prompt is None else body.add_generation_prompt
-    prompt_tokens, endpoints = render(tokenizer, messages, add_generation_prompt, body.chat_template_kwargs)
+    tools = tool_calls.check_tools(body.tools)
+    chars = sum(len(m.get("content", "")) for m in messages) + (len(json.dumps(tools)) if tools else 0)
+    proto.check_prompt_chars(chars, limits.max_prompt_chars, "messages")
+    parse_tools = tool_calls.parse_tool_choice(body.tool_choice, tools, limits.tool_parser)
+    kwargs = (
+        body.chat_template_kwargs if tools is None else {"tools": tools, **(body.chat_template_kwargs or {})}
+    )
+    prompt_tokens, endpoints = render(tokenizer, messages, add_generation_prompt, kwargs)
     keep = prompt_truncation.kept_tokens(body.truncate_prompt_tokens, limits.max_model_len)
     kept = prompt_truncation.truncate(prompt_tokens, keep)
     endpoints = prompt_truncation.shift_endpoints(endpoints, len(prompt_tokens) - len(kept))
@@ -146,4 +175,5 @@ def parse_chat_request(raw: dict, *, tokenizer: Tokenizer, limits: proto.Limits)
         proposal_source=source,
         top_logprobs=top_logprobs or 0,
         prompt_logprobs=prompt_k,
+        tool_parser=limits.tool_parser if parse_tools else None,
     )

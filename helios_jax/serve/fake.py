@@ -102,7 +102,7 @@ class CharTokenizer:
             raise jinja2.TemplateError(str(kwargs["raise_exception"]))
         text, endpoints = "", []
         for message in messages:
-            content = message["content"]
+            content = message.get("content", "")  # absent beside an assistant's tool calls
             if not isinstance(content, str):
                 content = "\n".join(part["text"] for part in content)
             text += f"{message['role']}: {content}\n"

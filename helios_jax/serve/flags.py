@@ -32,6 +32,7 @@ from collections.abc import Mapping
 from absl import flags
 
 from helios_jax.engine_options import EngineOptions
+from helios_jax.serve.tool_calls import TOOL_PARSERS
 
 ENGINES = ("real", "fake")
 API_KEY_VARIABLES = ("HELIOS_API_KEY", "VLLM_API_KEY")  # read in this order when --api_key is unset
@@ -57,6 +58,9 @@ class ServerConfig:
       max_prompt_chars: longest prompt, in characters, that is tokenized at all; None: 64 per
         token of the engine's context.
       max_body_bytes: longest request body.
+      tool_call_parser: chat tool calling's output format (serve/tool_calls.py), parsed when
+        ``tool_choice`` is "auto"; None: "auto" is a 400, as in vLLM without
+        ``--enable-auto-tool-choice``.
       engine_options: the engine flags, handed to the engine factory.
     """
 
@@ -70,6 +74,7 @@ class ServerConfig:
     drain_timeout_s: float = 20.0
     max_prompt_chars: int | None = None
     max_body_bytes: int = MAX_BODY_BYTES
+    tool_call_parser: str | None = None
     engine_options: EngineOptions = EngineOptions()
 
     def __post_init__(self):
@@ -101,6 +106,10 @@ class ServerConfig:
             _fail("max_prompt_chars", f"must be at least 1, got {self.max_prompt_chars}")
         if self.max_body_bytes < 1024:
             _fail("max_body_bytes", f"must be at least 1024, got {self.max_body_bytes}")
+        if self.tool_call_parser is not None and self.tool_call_parser not in TOOL_PARSERS:
+            _fail(
+                "tool_call_parser", f"must be one of {', '.join(TOOL_PARSERS)}, got {self.tool_call_parser!r}"
+            )
         if any(not origin.strip() for origin in self.allowed_origins):
             _fail("allowed_origins", "must not contain empty origins")
 
@@ -154,6 +163,19 @@ def _define_http_flags(fv: flags.FlagValues) -> None:
         flag_values=fv,
     )
     flags.DEFINE_integer("max_body_bytes", MAX_BODY_BYTES, "Longest request body, in bytes.", flag_values=fv)
+    flags.DEFINE_bool(
+        "enable_auto_tool_choice",
+        False,
+        'Parse chat output for tool calls when tool_choice is "auto" (needs --tool_call_parser).',
+        flag_values=fv,
+    )
+    flags.DEFINE_enum(
+        "tool_call_parser",
+        None,
+        list(TOOL_PARSERS),
+        "The tool call format of the model's output (hermes: Qwen2.5, Qwen3, Hermes).",
+        flag_values=fv,
+    )
 
 
 def api_key_from(flag_value: str | None, environ: Mapping[str, str]) -> str | None:
@@ -178,6 +200,13 @@ def check_model_folder(model: str | None) -> None:
     )
 
 
+def _tool_call_parser(f: flags.FlagValues) -> str | None:
+    """--tool_call_parser when --enable_auto_tool_choice (which needs it, as in vLLM)."""
+    if f.enable_auto_tool_choice and f.tool_call_parser is None:
+        _fail("enable_auto_tool_choice", "needs --tool_call_parser")
+    return f.tool_call_parser if f.enable_auto_tool_choice else None
+
+
 def config_from_flags(
     flag_values: flags.FlagValues = flags.FLAGS, environ: Mapping[str, str] = os.environ
 ) -> ServerConfig:
@@ -195,5 +224,6 @@ def config_from_flags(
         drain_timeout_s=f.drain_timeout_s,
         max_prompt_chars=f.max_prompt_chars,
         max_body_bytes=f.max_body_bytes,
+        tool_call_parser=_tool_call_parser(f),
         engine_options=EngineOptions.from_flags(f),
     )

@@ -67,8 +67,10 @@ class CompletionBody(_Common):
 
 class ChatMessage(_Body):
     role: str
-    content: str | list[dict]
+    content: str | list[dict] | None = None  # null: an assistant turn that only calls tools
     name: str | None = None
+    tool_calls: list[dict] | None = None  # an assistant turn's calls (serve/tool_calls.py)
+    tool_call_id: str | None = None  # a tool message: the call it answers
 
 
 class ChatBody(_Common):
@@ -78,6 +80,9 @@ class ChatBody(_Common):
     max_completion_tokens: int | None = None
     chat_template_kwargs: dict | None = None
     add_generation_prompt: bool | None = None
+    tools: list[dict] | None = None
+    tool_choice: str | dict | None = None
+    parallel_tool_calls: bool | None = None
 
 
 # What a type error says a field must be (by the field's name, the last named part of its path).
@@ -118,8 +123,13 @@ _EXPECTED = {
     "name": "a string",
     "chat_template_kwargs": "an object",
     "add_generation_prompt": "a boolean",
+    "tool_calls": "a list of tool calls",
+    "tool_call_id": "a string",
+    "tools": "a list of tools",
+    "tool_choice": "a string or an object",
+    "parallel_tool_calls": "a boolean",
 }
-_NESTED = {"include_usage", "continuous_usage_stats", "role", "content", "name"}
+_NESTED = {"include_usage", "continuous_usage_stats", "role", "content", "name", "tool_calls", "tool_call_id"}
 Model = TypeVar("Model", bound=BaseModel)
 
 

@@ -8,7 +8,7 @@ one order for both endpoints, so the first problem a client sees is the most bas
 
 1. JSON types of every field the pydantic models name (``openai_models``; ``param`` names the
    field), then the ranges of the sampling fields;
-2. fields the server knows and cannot honour (best_of other than n, tools, response_format,
+2. fields the server knows and cannot honour (best_of other than n, response_format,
    grammar, logit_bias, nonzero penalties, vLLM's min_p and min_tokens, ...: a 400
    ``unsupported_parameter`` unless the value means "off"); any other unknown field is ignored
    (logged at debug), as vLLM does;
@@ -58,9 +58,7 @@ PROPOSAL_SOURCES = ("learned", "copy", "both")
 # JSON type, so `0` is not `false`). Every other field the models do not name is ignored.
 _NEUTRAL: dict[str, tuple] = {
     "suffix": ("",),
-    "tools": ([],),
     "functions": ([],),
-    "tool_choice": ("none",),
     "function_call": ("none",),
     "response_format": ({"type": "text"},),
     "guided_json": (),
@@ -97,10 +95,8 @@ _NEUTRAL_COMPLETION = _NEUTRAL  # completions: echo is a supported field
 _NEUTRAL_CHAT = {**_NEUTRAL, "echo": (False,)}  # vLLM's chat echo (of the last message)
 _WHY = {
     "suffix": "suffix (insertion) is not supported",
-    "tools": "tools (tool and function calling) are not supported",
-    "functions": "functions (tool and function calling) are not supported",
-    "tool_choice": "tool_choice is not supported (tool and function calling)",
-    "function_call": "function_call is not supported (tool and function calling)",
+    "functions": "functions (the deprecated function calling) are not supported; use tools",
+    "function_call": "function_call (the deprecated function calling) is not supported; use tool_choice",
     "response_format": "response_format (JSON mode, structured and grammar-constrained output) is not "
     'supported; only {"type": "text"}',
     "logit_bias": "logit_bias is not supported",
@@ -172,6 +168,7 @@ class ParsedRequest:
     proposal_source: str | None = None
     top_logprobs: int = 0  # alternatives shown per generated token
     prompt_logprobs: int | None = None  # vLLM's prompt_logprobs: alternatives per prompt token
+    tool_parser: str | None = None  # chat: the output is parsed for tool calls (serve/tool_calls.py)
 
     def choice_requests(self) -> list[tuple[int, ParsedRequest]]:
         """(choice index, the request of that choice) for every prompt and sample: the index is
@@ -377,6 +374,7 @@ class Limits:
     served_model: str
     max_model_len: int
     max_prompt_chars: int | None = None
+    tool_parser: str | None = None  # --tool_call_parser when --enable_auto_tool_choice
 
 
 def parse_completion_request(raw: dict, *, tokenizer: Tokenizer, limits: Limits) -> ParsedRequest:

@@ -19,7 +19,7 @@ import time
 
 from helios_jax.runtime.api import StreamEvent, Tokenizer
 from helios_jax.serve import openai_responses as responses
-from helios_jax.serve import prompt_logprobs
+from helios_jax.serve import prompt_logprobs, tool_calls
 from helios_jax.serve.metrics import ServerMetrics
 from helios_jax.serve.openai_errors import ApiError
 from helios_jax.serve.openai_protocol import ParsedRequest
@@ -54,6 +54,7 @@ class GenerationRun:
         self.finish_reason: str | None = None
         self.offset = 0  # characters of text streamed so far (completions' text_offset)
         self.first = True
+        self.calls = tool_calls.StreamingCalls() if request.tool_parser else None
 
     # -- shared bookkeeping -----------------------------------------------------------------
     def observe(self, event: StreamEvent) -> None:
@@ -151,6 +152,8 @@ class GenerationRun:
                 logprobs=logprobs,
             )
         )
+        if request.tool_parser:
+            self._with_tool_calls(body["choices"][0])
         if request.prompt_logprobs is not None:  # vLLM's: on the choice (completions), the response (chat)
             scores = prompt_logprobs.render(
                 self.tokenizer, request.prompt_tokens, prompt_values, prompt_top, request.prompt_logprobs
@@ -158,13 +161,27 @@ class GenerationRun:
             (body if request.chat else body["choices"][0])["prompt_logprobs"] = scores
         return body
 
+    @staticmethod
+    def _with_tool_calls(choice: dict) -> None:
+        """A chat choice's message with the tool calls parsed out of its content."""
+        content, calls = tool_calls.extract(choice["message"]["content"])
+        if calls:
+            choice["message"]["content"] = content
+            choice["message"]["tool_calls"] = [call.render() for call in calls]
+            choice["finish_reason"] = "tool_calls"
+
     def _indexed(self, payload: dict) -> dict:
         payload["choices"][0]["index"] = self.index
         return payload
 
     # -- streaming --------------------------------------------------------------------------
     def _chunk(
-        self, text: str | None, finish: str | None = None, logprobs: dict | None = None, role: bool = False
+        self,
+        text: str | None,
+        finish: str | None = None,
+        logprobs: dict | None = None,
+        role: bool = False,
+        delta: dict | None = None,
     ) -> bytes:
         common = dict(
             id=self.id,
@@ -175,9 +192,12 @@ class GenerationRun:
             include_usage=self.request.include_usage,
         )
         if self.request.chat:
-            delta = (
-                {"role": "assistant", "content": ""} if role else ({} if text is None else {"content": text})
-            )
+            if delta is None:
+                delta = (
+                    {"role": "assistant", "content": ""}
+                    if role
+                    else ({} if text is None else {"content": text})
+                )
             chunk = responses.chat_chunk(delta=delta, **common)
         else:
             chunk = responses.completion_chunk(text=text or "", **common)
@@ -204,20 +224,32 @@ class GenerationRun:
             self.offset += len(echo)
         self.first = False
         lp = self._logprobs(event.token_ids, event.token_logprobs, self.offset, top=event.top_logprobs)
-        if event.text or lp is not None:
-            out.append(self._chunk(event.text, logprobs=lp))
-            self.offset += len(event.text)
+        text = event.text if self.calls is None else self.calls.feed(event.text)
+        if text or lp is not None:
+            out.append(self._chunk(text, logprobs=lp))
+            self.offset += len(text)
         return out
 
     def finish_chunks(self, last: StreamEvent) -> list[bytes]:
         """After the finishing event: the finish chunk, or the error event."""
         reason = last.finish_reason
         if reason in ("stop", "length"):
-            out = [self._chunk(None, finish=reason)]
+            held, called = self._held_tool_text()
+            out = held + [self._chunk(None, finish="tool_calls" if called else reason)]
         else:
             out = [responses.sse(self.failure(last).body())]
         self.finish(reason)
         return out
+
+    def _held_tool_text(self) -> tuple[list[bytes], bool]:
+        """Tool calling: what the stream held back, as one tool_calls delta (True) or as content."""
+        if self.calls is None:
+            return [], False
+        rest, calls = self.calls.finish()
+        if calls:
+            delta = {"tool_calls": [call.render(i) for i, call in enumerate(calls)]}
+            return [self._chunk(None, delta=delta)], True
+        return ([self._chunk(rest)] if rest else []), False
 
     def usage_chunks(self, usage: dict) -> list[bytes]:
         """The final usage chunk (of every choice together) when ``include_usage`` asks for it."""

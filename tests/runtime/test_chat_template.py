@@ -299,3 +299,21 @@ def test_tokenizers_without_independent_segments_encode_whole_texts(tmp_path):
     assert endpoints == ()
     ids, endpoints = wrapped.render_chat(CONVERSATIONS[0], add_generation_prompt=False)
     assert _assert_endpoints_are_message_prefixes(wrapped, CONVERSATIONS[0], ids, endpoints) == [1]
+
+
+def test_tools_and_tool_turns_render_as_transformers_renders_them(qwen3):
+    """The server passes a request's tools as the template's `tools` variable and an assistant's
+    tool calls with their arguments as objects (serve/tool_calls.py): Qwen3's template then
+    writes what transformers' apply_chat_template(tools=...) writes."""
+    transformers = pytest.importorskip("transformers")
+    ref = transformers.PreTrainedTokenizerFast.from_pretrained(str(QWEN3))
+    tools = [{"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}]
+    call = {"type": "function", "function": {"name": "weather", "arguments": {"city": "Oslo"}}}
+    messages = [
+        {"role": "user", "content": "Weather in Oslo?"},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "content": "sunny"},
+    ]
+    text = ref.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
+    assert "<tools>" in text and '{"name": "weather", "arguments": {"city": "Oslo"}}' in text
+    assert qwen3.render_chat_text(messages, True, {"tools": tools}) == text
