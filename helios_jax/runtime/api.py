@@ -13,7 +13,7 @@ import dataclasses
 import math
 import queue
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 SEED_RANGE = (-(2**63), 2**64)  # seeds: any signed or unsigned 64-bit integer
@@ -153,10 +153,21 @@ class RequestStream:
         self._queue: queue.Queue[StreamEvent] = queue.Queue()
         self._cancel = cancel_callback
         self._cancelled = threading.Event()
+        self._listener: Callable[[], None] | None = None
         self.finished = False
 
     def put(self, event: StreamEvent) -> None:
         self._queue.put(event)
+        listener = self._listener
+        if listener is not None:
+            listener()
+
+    def set_listener(self, listener: Callable[[], None] | None) -> None:
+        """Have `listener()` called, in the producer's thread, after every event put from now on
+        (None: no longer). A consumer that waits for the call rather than in `get` checks
+        ``get(timeout=0)`` after setting it, so an event put just before is not missed; the
+        listener must be quick and must not raise (the engine's loop calls it)."""
+        self._listener = listener
 
     def get(self, timeout: float | None = None) -> StreamEvent:
         """The next event (raises queue.Empty after `timeout` seconds)."""

@@ -47,7 +47,6 @@ EngineFactory = Callable[[], Engine]  # builds the engine the server runs (slow:
 LISTEN_BACKLOG = 2048  # uvicorn's default; the kernel caps it at net.core.somaxconn
 KEEP_ALIVE_S = 5.0  # idle keep-alive connections close after this (uvicorn's and vLLM's default)
 PROMPT_CHARS_PER_TOKEN = 64  # the default --max_prompt_chars: this many per token of context
-EVENT_WAITERS = 4096  # worker threads that may wait for engine events at once
 ABORT_GRACE_S = 5.0  # after aborting, how long the aborted responses get to finish writing
 
 log = logging.getLogger(__name__)
@@ -81,7 +80,6 @@ class HeliosServer:
         self.in_flight = 0  # HTTP requests being answered (the event loop's thread writes it)
         self.abort = asyncio.Event()  # set on the loop when the drain's time is up
         self.parse_limiter = anyio.CapacityLimiter(4)  # tokenizing worker threads
-        self.event_limiter = anyio.CapacityLimiter(EVENT_WAITERS)
         self.socket = bind(config.host, config.port)
         self.app = build_app(self)
         uv_config = uvicorn.Config(

@@ -8,7 +8,8 @@ A request's life (``/v1/completions`` and ``/v1/chat/completions``):
    loop is writing; a small body is parsed on the loop, where it costs less than the hop to a
    thread (about 0.2 ms).
 2. ``engine.submit`` returns a :class:`RequestStream`. Its events are read without blocking the
-   loop (:func:`next_event`: a queued event at once, otherwise a wait in a worker thread).
+   loop (:func:`next_event`: a queued event at once, otherwise a wait for the stream's
+   listener, which the engine calls on every put: no thread per waiting request).
 3. While the request waits and streams, two watchers run beside it (:func:`run_watched`): one
    reads the ASGI ``receive`` channel, which yields ``http.disconnect`` when the client hangs
    up; the other waits for the server's abort event (a shutdown past its drain timeout).
@@ -50,24 +51,37 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 INLINE_PARSE_BYTES = 8192  # bodies up to this size are parsed and tokenized on the event loop
-EVENT_WAIT_S = 5.0  # a waiting worker thread re-checks this often (engines end cancelled streams)
 SHUTTING_DOWN = ApiError(503, "the server is shutting down", code="server_shutting_down")
 
 
-async def next_event(stream: RequestStream, limiter: anyio.CapacityLimiter) -> StreamEvent:
-    """The stream's next event without blocking the event loop: a queued one at once, else a
-    wait in a worker thread (abandoned, not blocked on, when the caller is cancelled)."""
+async def next_event(stream: RequestStream) -> StreamEvent:
+    """The stream's next event without blocking the event loop and without a thread: a queued
+    one at once, else a wait for the stream's listener (called by the engine on every put) to
+    wake this task."""
     try:
         return stream.get(timeout=0)
     except queue.Empty:
         pass
-    while True:
+    loop = asyncio.get_running_loop()
+    ready = asyncio.Event()
+
+    def wake() -> None:
         try:
-            return await anyio.to_thread.run_sync(
-                stream.get, EVENT_WAIT_S, limiter=limiter, abandon_on_cancel=True
-            )
-        except queue.Empty:
-            continue
+            loop.call_soon_threadsafe(ready.set)
+        except RuntimeError:  # the loop has closed: nobody is waiting any more
+            pass
+
+    stream.set_listener(wake)
+    try:
+        while True:
+            try:
+                return stream.get(timeout=0)
+            except queue.Empty:
+                pass
+            await ready.wait()
+            ready.clear()
+    finally:
+        stream.set_listener(None)
 
 
 async def wait_for_disconnect(receive: Receive) -> None:
@@ -189,7 +203,7 @@ async def _full_response(request: Request, server: HeliosServer, choices: list[C
     async def collect() -> None:
         for choice, choice_events in zip(choices, events):
             while not choice.stream.finished:
-                event = await next_event(choice.stream, server.event_limiter)
+                event = await next_event(choice.stream)
                 choice.run.observe(event)
                 choice_events.append(event)
 
@@ -244,7 +258,7 @@ class EventStreamResponse(Response):
         """One choice's chunks, as its events arrive, through its finish chunk."""
         run, stream = choice.run, choice.stream
         while True:
-            event = await next_event(stream, self.server.event_limiter)
+            event = await next_event(stream)
             chunks = run.event_chunks(event)
             if event.finish_reason is not None:
                 _log_failure(run, event)

@@ -1,0 +1,43 @@
+"""Waiting for engine events takes no thread: the stream's listener wakes the waiting task."""
+
+import asyncio
+import threading
+
+from helios_jax.runtime.api import RequestStream, StreamEvent
+from helios_jax.serve.generation import next_event
+
+
+def test_a_thousand_waiting_requests_hold_no_thread_and_each_gets_its_event():
+    async def scenario():
+        streams = [RequestStream(f"r{i}") for i in range(1000)]
+        before = threading.active_count()
+        waits = [asyncio.create_task(next_event(s)) for s in streams]
+        await asyncio.sleep(0.05)
+        assert threading.active_count() == before  # no thread waits on a queue
+        assert not any(w.done() for w in waits)
+        producer = threading.Thread(
+            target=lambda: [s.put(StreamEvent(text=s.request_id, token_ids=(), finish_reason="stop")) for s in streams]
+        )
+        producer.start()
+        events = await asyncio.wait_for(asyncio.gather(*waits), timeout=10)
+        producer.join()
+        assert [e.text for e in events] == [s.request_id for s in streams]
+        assert all(s._listener is None for s in streams)  # removed once served
+
+    asyncio.run(scenario())
+
+
+def test_an_event_put_before_the_wait_is_taken_at_once_and_a_cancelled_wait_leaves_no_listener():
+    async def scenario():
+        stream = RequestStream("r")
+        stream.put(StreamEvent(text="a", token_ids=()))
+        assert (await next_event(stream)).text == "a"
+        wait = asyncio.create_task(next_event(stream))
+        await asyncio.sleep(0.01)
+        wait.cancel()
+        await asyncio.gather(wait, return_exceptions=True)
+        assert stream._listener is None
+        stream.put(StreamEvent(text="b", token_ids=()))  # nobody listening: just queued
+        assert (await next_event(stream)).text == "b"
+
+    asyncio.run(scenario())
