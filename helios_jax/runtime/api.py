@@ -209,11 +209,14 @@ class Tokenizer(Protocol):
         messages: Sequence[Mapping],
         add_generation_prompt: bool = True,
         template_kwargs: Mapping | None = None,
+        *,
+        continue_final_message: bool = False,
     ) -> tuple[list[int], tuple[int, ...]]:
         """The model's chat template over `messages` (content a string or text parts) with
         `template_kwargs` (``chat_template_kwargs``): token ids, in which no message text is a
         control token, and the exact endpoints of the messages whose rendering is a prefix of the
-        prompt (docs/chat-templates.md)."""
+        prompt (docs/chat-templates.md); `continue_final_message` leaves the final message open
+        (the prompt ends with its content)."""
         ...
 
 

@@ -100,6 +100,16 @@ def normalize_messages(messages: Sequence[Mapping]) -> list[dict]:
     return out
 
 
+def cut_after_final_message(text: str, final: str) -> str:
+    """`text` up to the end of the final message's content (transformers' rule: its last
+    occurrence, else that of its stripped form; ValueError when neither appears)."""
+    for content in (final, final.strip()):
+        at = text.rfind(content)
+        if content and at >= 0:
+            return text[: at + len(content)]
+    raise ValueError("continue_final_message: the template does not render the final message's content")
+
+
 class HFTokenizer:
     def __init__(
         self,
@@ -190,6 +200,8 @@ class HFTokenizer:
         messages: Sequence[Mapping],
         add_generation_prompt: bool = True,
         template_kwargs: Mapping | None = None,
+        *,
+        continue_final_message: bool = False,
     ) -> tuple[list[int], tuple[int, ...]]:
         """Token ids of the rendered conversation and the exact token endpoints of its messages.
 
@@ -199,6 +211,9 @@ class HFTokenizer:
           add_generation_prompt: end with the assistant turn's opening.
           template_kwargs: extra template variables (``{"enable_thinking": False}``); their
             strings are user text too.
+          continue_final_message: leave the final message open (the model continues it): the
+            rendering without the generation prompt, cut after the final message's content, as
+            transformers' ``apply_chat_template(continue_final_message=True)`` cuts it.
         Returns:
           (ids, endpoints): endpoints sorted, each the token count of the rendering up to and
           including one message, for the messages whose rendering is a prefix of the prompt.
@@ -209,7 +224,9 @@ class HFTokenizer:
         """
         kwargs = mark_control_tokens(dict(template_kwargs or {}), self._tokens_re)
         marked = mark_control_tokens(normalize_messages(messages), self._tokens_re)
-        text = self._render(marked, add_generation_prompt, kwargs)
+        text = self._render(marked, add_generation_prompt and not continue_final_message, kwargs)
+        if continue_final_message:
+            text = cut_after_final_message(text, marked[-1].get("content", ""))
         encoder = chat_encoding.SegmentEncoder(self._tok, self._segments_re)
 
         def encode(rendered: str) -> list[int]:

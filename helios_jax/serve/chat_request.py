@@ -101,11 +101,13 @@ def render(
     messages: list[dict],
     add_generation_prompt: bool = True,
     template_kwargs: Mapping | None = None,
+    continue_final_message: bool = False,
 ) -> tuple[list[int], tuple[int, ...]]:
     """The tokenizer's chat template over `messages`: (ids, message endpoints); what the
     template or the tokenizer refuses is a 400."""
+    extra = {"continue_final_message": True} if continue_final_message else {}
     try:
-        ids, endpoints = tokenizer.render_chat(messages, add_generation_prompt, template_kwargs)
+        ids, endpoints = tokenizer.render_chat(messages, add_generation_prompt, template_kwargs, **extra)
     except (jinja2.TemplateError, ValueError) as e:
         raise ApiError(
             400,
@@ -114,6 +116,20 @@ def render(
             code="invalid_chat_template_input",
         ) from None
     return list(ids), tuple(endpoints)
+
+
+def _prompt_ending(body: ChatBody) -> tuple[bool, bool]:
+    """(add_generation_prompt, continue_final_message): vLLM's defaults (true, false), and its
+    400 when both are true (continuing the final message needs add_generation_prompt false)."""
+    add = True if body.add_generation_prompt is None else body.add_generation_prompt
+    continued = bool(body.continue_final_message)
+    if add and continued:
+        raise bad_request(
+            "continue_final_message and add_generation_prompt cannot both be true "
+            "(set add_generation_prompt to false)",
+            "continue_final_message",
+        )
+    return add, continued
 
 
 def _chat_logprobs(body: ChatBody) -> tuple[bool, int | None]:
@@ -143,15 +159,14 @@ def parse_chat_request(raw: dict, *, tokenizer: Tokenizer, limits: proto.Limits)
     source = proto.parse_proposal_source(body)
     model = proto.check_model(body.model, limits.served_model)
     messages = chat_messages(body)
-    add_generation_prompt = True if body.add_generation_prompt is None else body.add_generation_prompt
+    add_generation_prompt, continued = _prompt_ending(body)
     tools = tool_calls.check_tools(body.tools)
     chars = sum(len(m.get("content", "")) for m in messages) + (len(json.dumps(tools)) if tools else 0)
     proto.check_prompt_chars(chars, limits.max_prompt_chars, "messages")
     parse_tools = tool_calls.parse_tool_choice(body.tool_choice, tools, limits.tool_parser)
-    kwargs = (
-        body.chat_template_kwargs if tools is None else {"tools": tools, **(body.chat_template_kwargs or {})}
-    )
-    prompt_tokens, endpoints = render(tokenizer, messages, add_generation_prompt, kwargs)
+    variables = {"tools": tools, "documents": body.documents}
+    kwargs = {**{k: v for k, v in variables.items() if v}, **(body.chat_template_kwargs or {})}
+    prompt_tokens, endpoints = render(tokenizer, messages, add_generation_prompt, kwargs, continued)
     keep = prompt_truncation.kept_tokens(body.truncate_prompt_tokens, limits.max_model_len)
     kept = prompt_truncation.truncate(prompt_tokens, keep)
     endpoints = prompt_truncation.shift_endpoints(endpoints, len(prompt_tokens) - len(kept))
@@ -176,4 +191,5 @@ def parse_chat_request(raw: dict, *, tokenizer: Tokenizer, limits: proto.Limits)
         top_logprobs=top_logprobs or 0,
         prompt_logprobs=prompt_k,
         tool_parser=limits.tool_parser if parse_tools else None,
+        tokens_as_ids=bool(body.return_tokens_as_token_ids),
     )

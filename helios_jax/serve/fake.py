@@ -89,12 +89,15 @@ class CharTokenizer:
         messages: Sequence[Mapping],
         add_generation_prompt: bool = True,
         template_kwargs: Mapping | None = None,
+        *,
+        continue_final_message: bool = False,
     ) -> tuple[list[int], tuple[int, ...]]:
         """The fake template (module docstring): content text parts joined with "\\n", a
         ``"{key}={value!r}\\n"`` line per template kwarg after the messages, and
         ``"assistant: "`` with `add_generation_prompt`. A ``raise_exception`` kwarg makes it
         raise ``jinja2.TemplateError`` with that message (as a template's ``raise_exception``
-        does), a ``messages`` kwarg ValueError (as ``HFTokenizer`` refuses reserved names)."""
+        does), a ``messages`` kwarg ValueError (as ``HFTokenizer`` refuses reserved names);
+        `continue_final_message` ends the prompt with the final message's content."""
         kwargs = dict(template_kwargs or {})
         if "messages" in kwargs or "add_generation_prompt" in kwargs:
             raise ValueError("template kwargs cannot set messages or add_generation_prompt")
@@ -108,6 +111,8 @@ class CharTokenizer:
             text += f"{message['role']}: {content}\n"
             endpoints.append(len(text))  # one token per character
         text += "".join(f"{key}={value!r}\n" for key, value in kwargs.items())
+        if continue_final_message:  # open: the final message's content ends the prompt
+            return self.encode(text[: text.rindex(content) + len(content)]), tuple(endpoints[:-1])
         if add_generation_prompt:
             text += "assistant: "
         return self.encode(text), tuple(endpoints)

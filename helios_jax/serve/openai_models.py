@@ -54,6 +54,7 @@ class _Common(_Body):
     presence_penalty: float | None = Field(None, allow_inf_nan=False)
     frequency_penalty: float | None = Field(None, allow_inf_nan=False)
     repetition_penalty: float | None = Field(None, allow_inf_nan=False)
+    return_tokens_as_token_ids: bool | None = None  # vLLM's: logprobs name tokens "token_id:N"
     truncate_prompt_tokens: int | None = None  # vLLM's: keep the prompt's last k tokens
     spaces_between_special_tokens: bool | None = None  # vLLM's; no effect (docs/serving.md)
 
@@ -80,6 +81,8 @@ class ChatBody(_Common):
     max_completion_tokens: int | None = None
     chat_template_kwargs: dict | None = None
     add_generation_prompt: bool | None = None
+    continue_final_message: bool | None = None  # vLLM's: the model continues the final message
+    documents: list[dict] | None = None  # vLLM's: the template's `documents` (retrieval)
     tools: list[dict] | None = None
     tool_choice: str | dict | None = None
     parallel_tool_calls: bool | None = None
@@ -112,6 +115,7 @@ _EXPECTED = {
     "include_stop_str_in_output": "a boolean",
     "skip_special_tokens": "a boolean",
     "truncate_prompt_tokens": "an integer",
+    "return_tokens_as_token_ids": "a boolean",
     "spaces_between_special_tokens": "a boolean",
     "logit_bias": "an object",
     "prompt": "a string or a list of token ids",
@@ -126,6 +130,8 @@ _EXPECTED = {
     "tool_calls": "a list of tool calls",
     "tool_call_id": "a string",
     "tools": "a list of tools",
+    "continue_final_message": "a boolean",
+    "documents": "a list of objects",
     "tool_choice": "a string or an object",
     "parallel_tool_calls": "a boolean",
 }

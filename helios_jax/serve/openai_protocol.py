@@ -87,9 +87,6 @@ _NEUTRAL: dict[str, tuple] = {
     "bad_words": ([],),
     "logits_processors": (),
     "chat_template": (),
-    "continue_final_message": (False,),
-    "documents": (),
-    "return_tokens_as_token_ids": (False,),
 }
 _NEUTRAL_COMPLETION = _NEUTRAL  # completions: echo is a supported field
 _NEUTRAL_CHAT = {**_NEUTRAL, "echo": (False,)}  # vLLM's chat echo (of the last message)
@@ -104,6 +101,8 @@ _WHY = {
     "frequency_penalty": "frequency_penalty other than 0 is not supported",
     "repetition_penalty": "repetition_penalty other than 1 is not supported",
     "modalities": "only the text modality is supported",
+    "chat_template": "a request's chat_template is refused (vLLM refuses it too unless started with "
+    "--trust-request-chat-template): requests render with the model folder's template",
 }
 
 
@@ -169,6 +168,7 @@ class ParsedRequest:
     top_logprobs: int = 0  # alternatives shown per generated token
     prompt_logprobs: int | None = None  # vLLM's prompt_logprobs: alternatives per prompt token
     tool_parser: str | None = None  # chat: the output is parsed for tool calls (serve/tool_calls.py)
+    tokens_as_ids: bool = False  # vLLM's return_tokens_as_token_ids: logprobs say "token_id:N"
 
     def choice_requests(self) -> list[tuple[int, ParsedRequest]]:
         """(choice index, the request of that choice) for every prompt and sample: the index is
@@ -419,6 +419,7 @@ def parse_completion_request(raw: dict, *, tokenizer: Tokenizer, limits: Limits)
         proposal_source=source,
         top_logprobs=logprobs or 0,
         prompt_logprobs=prompt_k,
+        tokens_as_ids=bool(body.return_tokens_as_token_ids),
     )
 
 

@@ -84,8 +84,13 @@ class GenerationRun:
             )
             self.metrics.e2e.observe(time.monotonic() - self.arrival)
 
+    def _token_text(self, token: int) -> str:
+        """A token as logprobs name it: its text, or vLLM's "token_id:N" when the request asks
+        (``return_tokens_as_token_ids``: tokens whose text is not valid UTF-8 alone stay apart)."""
+        return f"token_id:{token}" if self.request.tokens_as_ids else self.tokenizer.decode([token])
+
     def _token_texts(self, ids) -> list[str]:
-        return [self.tokenizer.decode([i]) for i in ids]
+        return [self._token_text(i) for i in ids]
 
     def _logprobs(self, ids, values, offset: int, always: bool = False, top=None) -> dict | None:
         """The logprobs object for `ids` (None when not requested, or when there are no tokens
@@ -98,7 +103,7 @@ class GenerationRun:
         values = (values + [None] * len(ids))[: len(ids)]
         top = (list(top or ()) + [None] * len(ids))[: len(ids)]
         k = self.request.top_logprobs  # the engine may hold more (the larger prompt_logprobs)
-        top = [None if a is None else [(self.tokenizer.decode([i]), v) for i, v in a[:k]] for a in top]
+        top = [None if a is None else [(self._token_text(i), v) for i, v in a[:k]] for a in top]
         if self.request.chat:
             return responses.chat_logprobs(texts, values, top)
         return responses.completion_logprobs(texts, values, offset, top)

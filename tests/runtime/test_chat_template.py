@@ -317,3 +317,15 @@ def test_tools_and_tool_turns_render_as_transformers_renders_them(qwen3):
     text = ref.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
     assert "<tools>" in text and '{"name": "weather", "arguments": {"city": "Oslo"}}' in text
     assert qwen3.render_chat_text(messages, True, {"tools": tools}) == text
+
+
+def test_continue_final_message_renders_as_transformers_renders_it(qwen3):
+    transformers = pytest.importorskip("transformers")
+    ref = transformers.PreTrainedTokenizerFast.from_pretrained(str(QWEN3))
+    messages = [{"role": "user", "content": "Capital of France?"}, {"role": "assistant", "content": "It is"}]
+    text = ref.apply_chat_template(messages, tokenize=False, continue_final_message=True)
+    assert text.endswith("It is")
+    ids, endpoints = qwen3.render_chat(messages, False, continue_final_message=True)
+    assert qwen3.decode(ids, skip_special_tokens=False) == text
+    whole, _ = qwen3.render_chat(messages, False)
+    assert endpoints and max(endpoints) < len(ids) < len(whole)  # the open message has no endpoint
