@@ -168,8 +168,9 @@ def parse_chat_request(raw: dict, *, tokenizer: Tokenizer, limits: proto.Limits)
     kwargs = {**{k: v for k, v in variables.items() if v}, **(body.chat_template_kwargs or {})}
     prompt_tokens, endpoints = render(tokenizer, messages, add_generation_prompt, kwargs, continued)
     keep = prompt_truncation.kept_tokens(body.truncate_prompt_tokens, limits.max_model_len)
-    kept = prompt_truncation.truncate(prompt_tokens, keep)
-    endpoints = prompt_truncation.shift_endpoints(endpoints, len(prompt_tokens) - len(kept))
+    side = prompt_truncation.side(body.truncation_side)
+    kept = prompt_truncation.truncate(prompt_tokens, keep, side)
+    endpoints = prompt_truncation.cut_endpoints(endpoints, len(prompt_tokens), len(kept), side)
     prompt_tokens = list(kept)
     budget = max_completion_tokens if max_completion_tokens is not None else max_tokens
     budget = proto._fit_context(len(prompt_tokens), budget, limits.max_model_len, "messages")
@@ -192,4 +193,5 @@ def parse_chat_request(raw: dict, *, tokenizer: Tokenizer, limits: proto.Limits)
         prompt_logprobs=prompt_k,
         tool_parser=limits.tool_parser if parse_tools else None,
         tokens_as_ids=bool(body.return_tokens_as_token_ids),
+        return_token_ids=bool(body.return_token_ids),
     )

@@ -56,6 +56,8 @@ class _Common(_Body):
     repetition_penalty: float | None = Field(None, allow_inf_nan=False)
     return_tokens_as_token_ids: bool | None = None  # vLLM's: logprobs name tokens "token_id:N"
     truncate_prompt_tokens: int | None = None  # vLLM's: keep the prompt's last k tokens
+    truncation_side: str | None = None  # vLLM's: "left" (default: keep the end) or "right"
+    return_token_ids: bool | None = None  # vLLM's: token ids beside the text
     spaces_between_special_tokens: bool | None = None  # vLLM's; no effect (docs/serving.md)
 
 
@@ -116,6 +118,8 @@ _EXPECTED = {
     "skip_special_tokens": "a boolean",
     "truncate_prompt_tokens": "an integer",
     "return_tokens_as_token_ids": "a boolean",
+    "truncation_side": "a string",
+    "return_token_ids": "a boolean",
     "spaces_between_special_tokens": "a boolean",
     "logit_bias": "an object",
     "prompt": "a string or a list of token ids",

@@ -169,6 +169,7 @@ class ParsedRequest:
     prompt_logprobs: int | None = None  # vLLM's prompt_logprobs: alternatives per prompt token
     tool_parser: str | None = None  # chat: the output is parsed for tool calls (serve/tool_calls.py)
     tokens_as_ids: bool = False  # vLLM's return_tokens_as_token_ids: logprobs say "token_id:N"
+    return_token_ids: bool = False  # vLLM's: prompt and output token ids beside the text
 
     def choice_requests(self) -> list[tuple[int, ParsedRequest]]:
         """(choice index, the request of that choice) for every prompt and sample: the index is
@@ -396,7 +397,8 @@ def parse_completion_request(raw: dict, *, tokenizer: Tokenizer, limits: Limits)
     model = check_model(body.model, limits.served_model)
     prompts = _completion_prompts(body.prompt, tokenizer, limits.max_prompt_chars)
     keep = prompt_truncation.kept_tokens(body.truncate_prompt_tokens, limits.max_model_len)
-    prompts = tuple(prompt_truncation.truncate(p, keep) for p in prompts)
+    side = prompt_truncation.side(body.truncation_side)
+    prompts = tuple(prompt_truncation.truncate(p, keep, side) for p in prompts)
     budget = max_tokens or COMPLETIONS_DEFAULT_MAX_TOKENS
     max_tokens = min(_fit_context(len(p), budget, limits.max_model_len, "prompt") for p in prompts)
     prompt_k = prompt_logprobs.parse(body.prompt_logprobs, stream)
@@ -420,6 +422,7 @@ def parse_completion_request(raw: dict, *, tokenizer: Tokenizer, limits: Limits)
         top_logprobs=logprobs or 0,
         prompt_logprobs=prompt_k,
         tokens_as_ids=bool(body.return_tokens_as_token_ids),
+        return_token_ids=bool(body.return_token_ids),
     )
 
 

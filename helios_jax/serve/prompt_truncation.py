@@ -1,12 +1,14 @@
-"""vLLM's ``truncate_prompt_tokens``: keep only the last k tokens of a prompt.
+"""vLLM's ``truncate_prompt_tokens`` and ``truncation_side``: keep only k tokens of a prompt.
 
 A client that sends more context than it wants served (a long chat history, a document) asks the
-server to cut the prompt from the left after tokenizing, as vLLM does: ``k >= 1`` keeps the last
-k tokens, ``-1`` keeps the last ``max_model_len`` (the most the model can hold), ``null`` keeps
-everything. A k above ``max_model_len`` is a 400, as in vLLM. Chat requests are cut after the
-template renders the conversation; the message endpoints the scheduler's checkpoints use move
-with the cut, and an endpoint inside the cut part is dropped (its prefix no longer exists).
-The output budget is checked on the kept prompt (``openai_protocol._fit_context``).
+server to cut the prompt after tokenizing, as vLLM does: ``k >= 1`` keeps k tokens, ``-1`` keeps
+``max_model_len`` (the most the model can hold), ``null`` keeps everything; ``truncation_side``
+"left" (the default) cuts from the start and keeps the last k, "right" keeps the first k. A k
+above ``max_model_len`` is a 400, as in vLLM. Chat requests are cut after the template renders
+the conversation; the message endpoints the scheduler's checkpoints use move with a left cut
+(an endpoint inside the cut part is dropped: its prefix no longer exists) and, with a right cut,
+those past the kept prompt are dropped. The output budget is checked on the kept prompt
+(``openai_protocol._fit_context``).
 """
 
 from __future__ import annotations
@@ -35,10 +37,34 @@ def kept_tokens(value: int | None, max_model_len: int) -> int | None:
     return value
 
 
-def truncate(tokens: Sequence[int], keep: int | None) -> tuple[int, ...]:
-    """The last `keep` tokens (all when keep is None or the prompt is shorter)."""
+SIDES = ("left", "right")
+
+
+def side(value: str | None) -> str:
+    """vLLM's ``truncation_side``: "left" (the default) or "right"; anything else is a 400."""
+    if value is None:
+        return "left"
+    if value not in SIDES:
+        raise bad_request(
+            f"'truncation_side' must be 'left' or 'right', got {value!r}", param="truncation_side"
+        )
+    return value
+
+
+def truncate(tokens: Sequence[int], keep: int | None, cut: str = "left") -> tuple[int, ...]:
+    """`keep` tokens: the last ones for a left cut, the first for a right cut (all when keep is
+    None or the prompt is shorter)."""
     tokens = tuple(tokens)
-    return tokens if keep is None or len(tokens) <= keep else tokens[len(tokens) - keep :]
+    if keep is None or len(tokens) <= keep:
+        return tokens
+    return tokens[len(tokens) - keep :] if cut == "left" else tokens[:keep]
+
+
+def cut_endpoints(endpoints: Sequence[int], before: int, after: int, cut: str) -> tuple[int, ...]:
+    """Message endpoints of a prompt of `before` tokens cut to `after` from the `cut` side."""
+    if cut == "left":
+        return shift_endpoints(endpoints, before - after)
+    return tuple(e for e in endpoints if e <= after)
 
 
 def shift_endpoints(endpoints: Sequence[int], removed: int) -> tuple[int, ...]:

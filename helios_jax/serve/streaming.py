@@ -55,6 +55,7 @@ class GenerationRun:
         self.offset = 0  # characters of text streamed so far (completions' text_offset)
         self.first = True
         self.calls = tool_calls.StreamingCalls() if request.tool_parser else None
+        self.prompt_ids_sent = False  # return_token_ids: the prompt's ids go out once
 
     # -- shared bookkeeping -----------------------------------------------------------------
     def observe(self, event: StreamEvent) -> None:
@@ -159,6 +160,8 @@ class GenerationRun:
         )
         if request.tool_parser:
             self._with_tool_calls(body["choices"][0])
+        if request.return_token_ids:
+            self._with_token_ids(body, ids)
         if request.prompt_logprobs is not None:  # vLLM's: on the choice (completions), the response (chat)
             scores = prompt_logprobs.render(
                 self.tokenizer, request.prompt_tokens, prompt_values, prompt_top, request.prompt_logprobs
@@ -187,6 +190,7 @@ class GenerationRun:
         logprobs: dict | None = None,
         role: bool = False,
         delta: dict | None = None,
+        token_ids=(),
     ) -> bytes:
         common = dict(
             id=self.id,
@@ -208,7 +212,18 @@ class GenerationRun:
             chunk = responses.completion_chunk(text=text or "", **common)
         if self.request.continuous_usage:  # vLLM's continuous_usage_stats: this choice's usage so far
             chunk["usage"] = self._usage()
+        if self.request.return_token_ids:
+            self._with_token_ids(chunk, token_ids, first=not self.prompt_ids_sent)
+            self.prompt_ids_sent = True
         return responses.sse(self._indexed(chunk))
+
+    def _with_token_ids(self, body: dict, token_ids, first: bool = True) -> None:
+        """vLLM's return_token_ids: the choice's (new) output token ids, and the prompt's ids
+        once (on the choice for completions, on the response for chat)."""
+        choice = body["choices"][0]
+        choice["token_ids"] = list(token_ids)
+        if first:
+            (body if self.request.chat else choice)["prompt_token_ids"] = list(self.request.prompt_tokens)
 
     def opening_chunks(self) -> list[bytes]:
         """What a stream starts with: chat's role chunk."""
@@ -230,8 +245,8 @@ class GenerationRun:
         self.first = False
         lp = self._logprobs(event.token_ids, event.token_logprobs, self.offset, top=event.top_logprobs)
         text = event.text if self.calls is None else self.calls.feed(event.text)
-        if text or lp is not None:
-            out.append(self._chunk(text, logprobs=lp))
+        if text or lp is not None or (request.return_token_ids and event.token_ids):
+            out.append(self._chunk(text, logprobs=lp, token_ids=event.token_ids))
             self.offset += len(text)
         return out
 

@@ -69,3 +69,23 @@ def test_return_tokens_as_token_ids_names_every_token_by_id(server, chat):
     assert alternatives and all(a.startswith("token_id:") for a in alternatives)
     plain = {k: v for k, v in body.items() if k != "return_tokens_as_token_ids"}
     assert json.dumps(post(server, CHAT if chat else COMPLETIONS, plain).json()).count("token_id:") == 0
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_return_token_ids_in_vllms_places(server, engine, chat):
+    path = CHAT if chat else COMPLETIONS
+    body = {"messages": PREFILLED} if chat else {"prompt": "hi"}
+    body.update(max_tokens=4, return_token_ids=True)
+    whole = post(server, path, body).json()
+    prompt = list(engine.submitted[-1].prompt_tokens)
+    choice = whole["choices"][0]
+    text = choice["message"]["content"] if chat else choice["text"]
+    assert choice["token_ids"] == [ord(c) for c in text]
+    assert (whole if chat else choice)["prompt_token_ids"] == prompt
+    chunks = [json.loads(d) for d in post(server, path, {**body, "stream": True}).sse_data()[:-1]]
+    holders = [c if chat else c["choices"][0] for c in chunks]
+    assert [h.get("prompt_token_ids") for h in holders] == [prompt] + [None] * (len(chunks) - 1)
+    streamed = [t for c in chunks for t in c["choices"][0]["token_ids"]]
+    assert streamed == choice["token_ids"]
+    plain = post(server, path, {k: v for k, v in body.items() if k != "return_token_ids"}).json()
+    assert "token_ids" not in plain["choices"][0] and "prompt_token_ids" not in json.dumps(plain)

@@ -74,3 +74,15 @@ def test_spaces_between_special_tokens_is_accepted(server, value):
     assert post(server, COMPLETIONS, body).status == 200
     r = post(server, COMPLETIONS, {**body, "spaces_between_special_tokens": "no"})
     assert r.status == 400 and r.json()["error"]["param"] == "spaces_between_special_tokens"
+
+
+def test_truncation_side_right_keeps_the_start_as_vllm_does(server, engine):
+    body = {"prompt": "abcdefgh", "max_tokens": 1, "truncate_prompt_tokens": 3, "truncation_side": "right"}
+    assert post(server, COMPLETIONS, body).status == 200 and submitted_text(engine) == "abc"
+    r = post(server, COMPLETIONS, {**body, "truncation_side": "middle"})
+    assert r.status == 400 and r.json()["error"]["param"] == "truncation_side"
+    messages = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "yo"}]
+    chat = {"messages": messages, "max_tokens": 1, "truncate_prompt_tokens": 14, "truncation_side": "right"}
+    assert post(server, CHAT, chat).status == 200
+    assert submitted_text(engine) == "user: hello\nas"
+    assert engine.submitted[-1].message_endpoints == (12,)  # the first message's, still whole
