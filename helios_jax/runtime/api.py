@@ -143,6 +143,7 @@ class StreamEvent:
     # probable (token id, log-probability) pairs (None for the first token, which has no score)
     prompt_top_logprobs: tuple[tuple[tuple[int, float], ...] | None, ...] | None = None
     error: str | None = None
+    queue_time_s: float | None = None  # first event only: submission to admission, in seconds
 
 
 class RequestStream:

@@ -74,6 +74,8 @@ class _Active:
     output: list[int] = dataclasses.field(default_factory=list)  # every token produced so far
     admission: GenerationRequest | None = None  # a preempted request's continuation, once queued
     queued_ns: int = 0  # when it joined the admission queue (the preemption delay counts from here)
+    queue_s: float | None = None  # submission to first admission (seconds), until the first event reports it
+    queue_reported: bool = False
 
 
 class HeliosEngine(FaultContainment):
@@ -288,6 +290,8 @@ class HeliosEngine(FaultContainment):
                 continue
             seed = program_seed(s.seed) if s.seed is not None else (self._seed + handle.rid) % (1 << 31)
             active.handle = handle
+            if active.queue_s is None:
+                active.queue_s = (self._now() - active.queued_ns) / 1e9
             self._copies.admit(handle, tuple(req.prompt_tokens), req.proposal_source)
             active.inputs = RequestInputs(
                 tuple(req.prompt_tokens),
@@ -408,6 +412,8 @@ class HeliosEngine(FaultContainment):
         text = active.text.feed(tokens, final=generated.finished)
         if active.prompt_scores is not None and (text or tokens):
             fields.update(active.prompt_scores.first_event_fields())
+        if not active.queue_reported and (text or tokens):
+            fields["queue_time_s"], active.queue_reported = active.queue_s, True
         if text or tokens:
             # A visible burst (or tokens swallowed by a stop string) is reported before the
             # next completion is processed; an entirely buffered burst publishes nothing.

@@ -108,5 +108,11 @@ def render_engine(engine: HeliosEngine) -> str:
         f"helios_engine_waiting_requests {engine.waiting}",
         "# TYPE helios_engine_resident_requests gauge",
         f"helios_engine_resident_requests {len(engine.scheduler.requests)}",
+        "# HELP helios_engine_free_slots Request slots no resident request holds.",
+        "# TYPE helios_engine_free_slots gauge",
+        f"helios_engine_free_slots {engine.scheduler.slots.available}",
+        "# HELP helios_engine_free_kv_pages KV pages of the request pool that no resident request holds.",
+        "# TYPE helios_engine_free_kv_pages gauge",
+        f"helios_engine_free_kv_pages {engine.scheduler.pages.available}",
     ]
     return "\n".join(lines) + "\n"

@@ -272,7 +272,7 @@ class FakeEngine:
             if error is not None:
                 stream.put(StreamEvent("", (), "error", error=error, **counts))
                 return
-            prompt_logprobs = _prompt_scores(request)
+            prompt_logprobs = {**_prompt_scores(request), "queue_time_s": 0.0}  # admitted at once
             source = self._source(request)
             generated, emitted, pending = "", 0, []
 

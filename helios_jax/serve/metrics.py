@@ -25,6 +25,8 @@ TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75
 TTFT_BUCKETS += (20.0, 40.0, 80.0)
 ITL_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1)
 ITL_BUCKETS += (0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
+QUEUE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+QUEUE_BUCKETS += (10.0, 30.0, 60.0)
 E2E_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0)
 E2E_BUCKETS += (60.0, 120.0, 240.0, 480.0)
 HTTP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -108,6 +110,12 @@ class ServerMetrics:
             "helios_e2e_request_latency_seconds",
             "Request arrival to the final event.",
             buckets=E2E_BUCKETS,
+            registry=r,
+        )
+        self.queue_time = Histogram(
+            "helios_request_queue_time_seconds",
+            "Submission to the engine to admission (vLLM's request_queue_time_seconds).",
+            buckets=QUEUE_BUCKETS,
             registry=r,
         )
         self.draining = Gauge("helios_server_draining", "1 while the server drains for shutdown.", registry=r)

@@ -61,6 +61,8 @@ class GenerationRun:
     def observe(self, event: StreamEvent) -> None:
         if event.prompt_tokens:
             self.prompt_tokens = event.prompt_tokens
+        if event.queue_time_s is not None:
+            self.metrics.queue_time.observe(event.queue_time_s)
         self.token_count += len(event.token_ids)
         self.completion_tokens = max(self.completion_tokens, event.completion_tokens, self.token_count)
         if event.token_ids or event.text:

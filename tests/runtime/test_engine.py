@@ -84,6 +84,8 @@ def test_concurrent_greedy_requests_equal_offline_greedy_decoding(engine):
         events = list(s)
         tokens = [t for e in events for t in e.token_ids]
         assert events[-1].finish_reason in ("length", "stop")
+        queue = [e.queue_time_s for e in events]  # reported once, with the first output
+        assert queue[0] is not None and queue[0] >= 0 and queue[1:] == [None] * (len(events) - 1)
         expect = offline_greedy(p, len(tokens))
         assert tokens == expect
         assert events[-1].completion_tokens == len(tokens)
@@ -223,6 +225,10 @@ def test_serving_a_mixed_workload_after_warm_up_compiles_nothing(engine):
     text = engine.metrics_text()
     assert f"helios_xla_compilations_total {compilations.compilation_count()}" in text
     assert 'helios_frame_observations_total{observation="waited"}' in text
+    slots = engine.scheduler.slots.available
+    assert slots == engine.config.request_slots  # everything finished: every slot free
+    assert f"helios_engine_free_slots {slots}" in text
+    assert f"helios_engine_free_kv_pages {engine.scheduler.pages.available}" in text
 
 
 def _offline_scores(sequence):

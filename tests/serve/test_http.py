@@ -459,6 +459,7 @@ def test_metrics_after_traffic():
     # each is the TTFT, the later ones observe their gap once per token.
     assert value("helios_inter_token_latency_seconds_count") == 2 + 1
     assert value("helios_e2e_request_latency_seconds_count") == 2
+    assert value("helios_request_queue_time_seconds_count") == 2  # once per request (its first event)
     assert value("helios_requests_running") == 0
     assert value("helios_fake_engine_requests_total") == 2  # the engine's own text is appended
     for family in (

@@ -15,9 +15,12 @@ def test_a_thousand_waiting_requests_hold_no_thread_and_each_gets_its_event():
         await asyncio.sleep(0.05)
         assert threading.active_count() == before  # no thread waits on a queue
         assert not any(w.done() for w in waits)
-        producer = threading.Thread(
-            target=lambda: [s.put(StreamEvent(text=s.request_id, token_ids=(), finish_reason="stop")) for s in streams]
-        )
+
+        def produce():
+            for s in streams:
+                s.put(StreamEvent(text=s.request_id, token_ids=(), finish_reason="stop"))
+
+        producer = threading.Thread(target=produce)
         producer.start()
         events = await asyncio.wait_for(asyncio.gather(*waits), timeout=10)
         producer.join()
