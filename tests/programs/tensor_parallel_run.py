@@ -1,0 +1,68 @@
+"""Runs the tensor-parallel trace on one device and over a `tp` mesh, in a process of its own.
+
+    python -m tests.programs.tensor_parallel_run CASE [CASE ...]
+
+XLA_FLAGS=--xla_force_host_platform_device_count=4 must be in place before jax starts its CPU
+backend, so the test suite (one device per process) runs this module as a subprocess. Cases:
+
+    default-tp2  the embedded default model (6 heads, 2 KV heads; loaded as float32), N = 2
+    kv4-tp4      a seeded random tiny config with 8 heads and 4 KV heads, N = 4 (the default
+                 model's 6 heads do not split four ways, and KV heads are not replicated)
+
+For each case it records `tensor_parallel_trace.record` with tensor_parallel 1 and N, asserts
+`compare`, and prints one JSON line per case: the largest float difference, the emitted tokens
+and the seconds each degree took (first-call compilation included).
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
+).strip()
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import json  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+
+from helios_jax.model import tiny_config  # noqa: E402
+from helios_jax.model.default import load_default_model  # noqa: E402
+from helios_jax.programs import build_programs  # noqa: E402
+
+from .helpers import SPECULATIVE_ENGINE, random_params, speculative_catalog  # noqa: E402
+from .tensor_parallel_trace import ROUNDS, compare, record  # noqa: E402
+
+
+def _model(case: str):
+    if case == "default-tp2":
+        loaded = load_default_model(dtype="float32")
+        return loaded.config, loaded.params, 2
+    if case == "kv4-tp4":
+        config = tiny_config(num_heads=8, num_kv_heads=4, mtp_num_layers=1)
+        return config, random_params(config, seed=0), 4
+    raise SystemExit(f"unknown case {case!r}")
+
+
+def run(case: str) -> dict:
+    config, params, degree = _model(case)
+    traces, seconds = {}, {}
+    for tp in (1, degree):
+        start = time.perf_counter()
+        programs = build_programs(
+            config, params, SPECULATIVE_ENGINE.replace(tensor_parallel=tp), speculative_catalog()
+        )
+        traces[tp] = record(programs, params)
+        seconds[tp] = round(time.perf_counter() - start, 2)
+    diffs = compare(traces[1], traces[degree])
+    tokens = [traces[1][f"round{i}.tokens"][:, :].tolist() for i in range(len(ROUNDS))]
+    counts = [traces[1][f"round{i}.counts"].tolist() for i in range(len(ROUNDS))]
+    return dict(
+        case=case, degree=degree, max_diff=max(diffs.values()), counts=counts, tokens=tokens, seconds=seconds
+    )
+
+
+if __name__ == "__main__":
+    for case in sys.argv[1:]:
+        print(json.dumps(run(case)), flush=True)
