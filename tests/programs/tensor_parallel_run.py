@@ -8,6 +8,9 @@ backend, so the test suite (one device per process) runs this module as a subpro
     default-tp2  the embedded default model (6 heads, 2 KV heads; loaded as float32), N = 2
     kv4-tp4      a seeded random tiny config with 8 heads and 4 KV heads, N = 4 (the default
                  model's 6 heads do not split four ways, and KV heads are not replicated)
+    kernels      the ragged paged attention kernel alone under `shard_attention_kernel`, XLA
+                 path and Pallas in interpret mode, N = 2 and 4, against the unsharded call on
+                 the kernel tests' adversarial case (shuffled pages, NaN padding), 4 KV heads
 
 For each case it records `tensor_parallel_trace.record` with tensor_parallel 1 and N, asserts
 `compare`, and prints one JSON line per case: the largest float difference, the emitted tokens
@@ -45,7 +48,37 @@ def _model(case: str):
     raise SystemExit(f"unknown case {case!r}")
 
 
+def run_kernels() -> dict:
+    import functools
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from helios_jax.kernels.ragged_paged_attention import ragged_paged_attention
+    from helios_jax.model.sharding import tensor_parallel_mesh
+    from helios_jax.programs.impls import shard_attention_kernel
+
+    from ..kernels.test_ragged_paged_attention import SCENARIOS, make_case
+
+    q, k_pages, v_pages, *rows = make_case(SCENARIOS[5], 2, jnp.float32, seed=7, num_kv_heads=4)
+    poison = jnp.full_like(k_pages, jnp.nan)
+    k_stack, v_stack = jnp.stack([poison, k_pages]), jnp.stack([poison, v_pages])  # layer 1 is read
+    diffs = {}
+    for impl in ("xla", "pallas"):
+        kernel = functools.partial(ragged_paged_attention, impl=impl, interpret=impl == "pallas")
+        want = np.asarray(kernel(q, k_stack, v_stack, *rows, sm_scale=0.25, layer=1))
+        for degree in (2, 4):
+            sharded = shard_attention_kernel(kernel, tensor_parallel_mesh(degree))
+            have = jax.jit(lambda *a, f=sharded: f(*a, sm_scale=0.25, layer=1))(q, k_stack, v_stack, *rows)
+            np.testing.assert_allclose(np.asarray(have), want, rtol=0, atol=1e-6, err_msg=f"{impl} {degree}")
+            diffs[f"{impl}-tp{degree}"] = float(np.max(np.abs(np.asarray(have) - want)))
+    return dict(case="kernels", degree=4, max_diff=max(diffs.values()), diffs=diffs)
+
+
 def run(case: str) -> dict:
+    if case == "kernels":
+        return run_kernels()
     config, params, degree = _model(case)
     traces, seconds = {}, {}
     for tp in (1, degree):

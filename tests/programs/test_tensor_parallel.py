@@ -29,11 +29,10 @@ spec = pytest.mark.spec
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-@pytest.fixture(scope="module")
-def sharded_runs():
+def _run_cases(*cases: str) -> dict[str, dict]:
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     done = subprocess.run(
-        [sys.executable, "-m", "tests.programs.tensor_parallel_run", "default-tp2", "kv4-tp4"],
+        [sys.executable, "-m", "tests.programs.tensor_parallel_run", *cases],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -42,6 +41,11 @@ def sharded_runs():
     )
     assert done.returncode == 0, done.stderr[-4000:]
     return {r["case"]: r for r in map(json.loads, done.stdout.splitlines())}
+
+
+@pytest.fixture(scope="module")
+def sharded_runs():
+    return _run_cases("default-tp2", "kv4-tp4")
 
 
 @spec("confidence-acceptance/rank-agreement", "confidence-acceptance/peer-valid-probs")
@@ -56,6 +60,14 @@ def test_sharded_programs_equal_the_single_device_programs(sharded_runs, case):
     if case == "default-tp2":
         # The trained head's proposals are accepted: multi-token rounds were compared too.
         assert max(max(c) for c in run["counts"]) > 2
+
+
+@pytest.mark.slow
+def test_sharded_attention_kernel_equals_the_unsharded_kernel_on_both_paths():
+    """The XLA path and the Pallas kernel (interpret mode) under shard_map at N = 2 and 4 equal
+    the unsharded call (asserted in the subprocess within 1e-6) on shuffled, NaN-poisoned pages."""
+    run = _run_cases("kernels")["kernels"]
+    assert set(run["diffs"]) == {"xla-tp2", "xla-tp4", "pallas-tp2", "pallas-tp4"}
 
 
 @pytest.mark.parametrize(
