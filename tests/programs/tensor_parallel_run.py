@@ -11,6 +11,9 @@ backend, so the test suite (one device per process) runs this module as a subpro
     kernels      the ragged paged attention kernel alone under `shard_attention_kernel`, XLA
                  path and Pallas in interpret mode, N = 2 and 4, against the unsharded call on
                  the kernel tests' adversarial case (shuffled pages, NaN padding), 4 KV heads
+    engine-tp2   the whole engine (every catalog program compiled ahead of time, the scheduler,
+                 the executor) over the default model at N = 1 and 2: three concurrent greedy
+                 requests, text identical
 
 For each case it records `tensor_parallel_trace.record` with tensor_parallel 1 and N, asserts
 `compare`, and prints one JSON line per case: the largest float difference, the emitted tokens
@@ -48,6 +51,31 @@ def _model(case: str):
     raise SystemExit(f"unknown case {case!r}")
 
 
+def _sharded_load(programs, params):
+    """The default model loaded as the server loads it at this degree: each tensor straight into
+    its shards (`load_checkpoint(..., tensor_parallel=N)`); asserts the layout the programs were
+    lowered for and the values of the unsharded load."""
+    import jax
+    import numpy as np
+
+    from helios_jax.model.checkpoint import load_checkpoint
+    from helios_jax.model.default import default_model_path
+    from helios_jax.model.sharding import param_shardings
+
+    degree = programs.engine_config.tensor_parallel
+    if degree == 1:
+        return params
+    loaded = load_checkpoint(default_model_path(), dtype="float32", tensor_parallel=degree).params
+    for have, want, sharding in zip(
+        jax.tree_util.tree_leaves(loaded),
+        jax.tree_util.tree_leaves(params),
+        jax.tree_util.tree_leaves(param_shardings(programs.mesh, params)),
+    ):
+        assert have.sharding == sharding, (have.sharding, sharding)
+        np.testing.assert_array_equal(np.asarray(have), np.asarray(want))
+    return loaded
+
+
 def run_kernels() -> dict:
     import functools
 
@@ -76,9 +104,50 @@ def run_kernels() -> dict:
     return dict(case="kernels", degree=4, max_diff=max(diffs.values()), diffs=diffs)
 
 
+def run_engine() -> dict:
+    from helios_jax.engine_config import EngineConfig
+    from helios_jax.runtime.api import GenerationRequest, SamplingParams
+    from helios_jax.runtime.engine import HeliosEngine
+    from helios_jax.runtime.tokenizer import HFTokenizer
+
+    loaded = load_default_model(dtype="float32")
+    tokenizer = HFTokenizer.from_model(loaded)
+    prompts = ["The quick brown fox", "def add(a, b):\n", "Once upon a time, there"]
+    texts, seconds = {}, {}
+    for tp in (1, 2):
+        start = time.perf_counter()
+        engine_config = EngineConfig(
+            request_slots=4, prefill_chunks=(64,), max_model_len=256, snapshot_rows=1, tensor_parallel=tp
+        )
+        engine = HeliosEngine(
+            model_config=loaded.config,
+            params=loaded.params,
+            tokenizer=tokenizer,
+            engine_config=engine_config,
+            progress=None,
+        )
+        try:
+            streams = [
+                engine.submit(
+                    GenerationRequest(
+                        f"r{i}", tuple(tokenizer.encode(p)), SamplingParams(max_tokens=24, temperature=0.0)
+                    )
+                )
+                for i, p in enumerate(prompts)
+            ]
+            texts[tp] = [[t for e in s for t in e.token_ids] for s in streams]
+        finally:
+            engine.shutdown()
+        seconds[tp] = round(time.perf_counter() - start, 2)
+    assert texts[1] == texts[2], texts
+    return dict(case="engine-tp2", degree=2, max_diff=0.0, tokens=texts[1], seconds=seconds)
+
+
 def run(case: str) -> dict:
     if case == "kernels":
         return run_kernels()
+    if case == "engine-tp2":
+        return run_engine()
     config, params, degree = _model(case)
     traces, seconds = {}, {}
     for tp in (1, degree):
@@ -86,7 +155,7 @@ def run(case: str) -> dict:
         programs = build_programs(
             config, params, SPECULATIVE_ENGINE.replace(tensor_parallel=tp), speculative_catalog()
         )
-        traces[tp] = record(programs, params)
+        traces[tp] = record(programs, _sharded_load(programs, params) if case == "default-tp2" else params)
         seconds[tp] = round(time.perf_counter() - start, 2)
     diffs = compare(traces[1], traces[degree])
     tokens = [traces[1][f"round{i}.tokens"][:, :].tolist() for i in range(len(ROUNDS))]
