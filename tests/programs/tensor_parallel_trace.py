@@ -11,8 +11,9 @@ cursors) and the float32 logits of each row's newest hidden state.
 The same trace run on one device and over a `tp` mesh must agree: integers exactly, floats
 within 1e-5 (`compare`). Over a mesh every device is a rank holding its own copy of the outputs
 and of the row state: `record` also asserts that those copies agree bitwise on every rank (the
-emitted tokens, counts and query lengths, the committed cursor, pending token and count) and that
-every rank's confidence sidecar holds probabilities (`assert_ranks_agree`). Programs compile
+emitted tokens, counts and query lengths, the committed cursor, pending token and count), that
+every rank's confidence sidecar holds probabilities (`assert_ranks_agree`), and that each device
+holds only its block of the KV pools and of the split weights (`assert_split`). Programs compile
 lazily, so only the shapes used here are compiled.
 """
 
@@ -20,9 +21,10 @@ from __future__ import annotations
 
 import jax
 import numpy as np
+from jax.sharding import PartitionSpec
 
 from helios_jax.model import compute_logits
-from helios_jax.model.sharding import param_shardings
+from helios_jax.model.sharding import AXIS, KV_PAGES, param_shardings
 
 from .helpers import RAGGED_DEVICE, RECT, Driver
 
@@ -67,6 +69,8 @@ def record(programs, params) -> dict[str, np.ndarray]:
         got[f"round{i}.survival"] = np.asarray(out.survival)
     s = d.state
     assert_ranks_agree(programs.mesh, s.replace(target=None, draft=None), "state")
+    assert_split(programs.mesh, {"target": s.target, "draft": s.draft}, KV_PAGES)
+    assert_split(programs.mesh, params, param_shardings(programs.mesh, params) if programs.mesh else None)
     for name in ("cursor", "pending", "generated", "last_hidden"):
         got[f"state.{name}"] = np.asarray(getattr(s, name))
     for pool in ("target", "draft"):
@@ -90,6 +94,24 @@ def assert_ranks_agree(mesh, tree, where: str) -> None:
             np.testing.assert_array_equal(copy, copies[0], err_msg=name)
             if name.endswith(".sidecar"):
                 assert np.all((copy >= 0) & (copy <= 1)), name
+
+
+def assert_split(mesh, tree, specs) -> None:
+    """Each device holds only its block of every split leaf: the leaf's shape with each dimension
+    that `specs` (one PartitionSpec, or a tree of NamedShardings) names `tp` divided by N.
+    No-op on one device."""
+    if mesh is None:
+        return
+    leaves = jax.tree_util.tree_leaves(tree)
+    if isinstance(specs, PartitionSpec):
+        specs = [specs] * len(leaves)
+    else:
+        specs = [sharding.spec for sharding in jax.tree_util.tree_leaves(specs)]
+    assert len(specs) == len(leaves)
+    for leaf, spec in zip(leaves, specs):
+        axes = tuple(spec) + (None,) * (leaf.ndim - len(spec))
+        block = tuple(n // mesh.size if axis == AXIS else n for n, axis in zip(leaf.shape, axes))
+        assert {shard.data.shape for shard in leaf.addressable_shards} == {block}, (leaf.shape, spec)
 
 
 def _logits(programs, params, hidden):
