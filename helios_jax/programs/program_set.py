@@ -157,6 +157,8 @@ def build_program(
     params_spec=None,
 ) -> Program:
     """One program; over a mesh (`impl.mesh`) `params_spec` names the parameter tree to shard."""
+    if impl.mesh is not None and params_spec is None:
+        raise ValueError("a program over a tensor-parallel mesh needs params_spec (the tree to shard)")
     shape = ProgramShape.of(descriptor, engine_config)
     fn = BUILDERS[descriptor.kind](model_config, shape, impl)
     state_spec = None if impl.mesh is None else state_shapes(model_config, engine_config)
