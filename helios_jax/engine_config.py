@@ -93,6 +93,9 @@ class EngineConfig:
         only copy) or "both" (each round takes the source its request's estimates favour,
         `scheduler/sources.py`). It changes no program: every speculative program verifies
         either source.
+      tensor_parallel: N, the devices every program runs on, sharded over a `tp` mesh axis
+        (docs/distributed.md); 1 is the single-device program, with no mesh. It must divide the
+        model's heads, KV heads, intermediate size and vocabulary (`build_programs` checks).
     """
 
     request_slots: int = 4
@@ -110,6 +113,7 @@ class EngineConfig:
     decode_steps: tuple[int, ...] = (1,)
     prefill_batch: tuple[int, ...] = (1,)
     proposal_source: str = "learned"
+    tensor_parallel: int = 1
 
     def __post_init__(self):
         def fail(field: str, message: str):
@@ -126,6 +130,7 @@ class EngineConfig:
         integer("max_model_len", self.max_model_len, 1)
         integer("page_size", self.page_size, 1)
         integer("speculative_token_capacity", self.speculative_token_capacity, 0)
+        integer("tensor_parallel", self.tensor_parallel, 1)
         if self.snapshot_rows is None:
             object.__setattr__(self, "snapshot_rows", self.request_slots)
         integer("snapshot_rows", self.snapshot_rows, 0)

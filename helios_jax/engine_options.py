@@ -134,6 +134,8 @@ class EngineOptions:
         prompt per prefill.
       proposal_source: "learned", "copy" or "both" (`EngineConfig.proposal_source`); ``None``:
         learned with an MTP head, copy without one.
+      tensor_parallel: devices each program is sharded over (`EngineConfig.tensor_parallel`);
+        1: one device, no mesh.
     """
 
     model: str | None = None
@@ -156,6 +158,7 @@ class EngineOptions:
     decode_steps: tuple[int, ...] = (1,)
     prefill_batch: tuple[int, ...] = (1,)
     proposal_source: str | None = None
+    tensor_parallel: int = 1
 
     def __post_init__(self):
         if self.model is not None and not self.model.strip():
@@ -182,6 +185,7 @@ class EngineOptions:
         for b in self.prefill_batch:
             _check_int("prefill_batch", b, 1)
         _check_int("speculative_token_capacity", self.speculative_token_capacity, 0)
+        _check_int("tensor_parallel", self.tensor_parallel, 1)
         if self.mixed_prefill is not None and not isinstance(self.mixed_prefill, bool):
             _fail("mixed_prefill", f"must be true or false, got {self.mixed_prefill!r}")
         if self.dtype is not None and self.dtype not in DTYPES:
@@ -288,6 +292,7 @@ class EngineOptions:
             decode_steps=self.decode_steps,
             prefill_batch=self.prefill_batch,
             proposal_source=source,
+            tensor_parallel=self.tensor_parallel,
         )
         if self.max_model_len is not None:
             fields["max_model_len"] = self.max_model_len
@@ -399,6 +404,14 @@ def _define_context_and_memory_flags(fv: flags.FlagValues) -> None:
         None,
         list(DTYPES),
         "Compute dtype (default: float32 on a CPU, bfloat16 on a GPU).",
+        flag_values=fv,
+    )
+    flags.DEFINE_integer(
+        "tensor_parallel",
+        1,
+        "Devices every program is sharded over (a `tp` mesh axis: heads, KV heads, MLP and "
+        "vocabulary split; docs/distributed.md); must divide the model's heads, KV heads, "
+        "intermediate size and vocabulary. 1: one device.",
         flag_values=fv,
     )
 

@@ -40,7 +40,6 @@ OPEN: dict[str, str] = {
     "mixed-execution/mtp-shared": "open: XLA owns buffer allocation inside compiled programs",
     # Not built yet.
     "mixed-execution/image-offset": "open: no vision programs yet (the server refuses images)",
-    "confidence-acceptance/rank-agreement": "open: tensor parallelism (several ranks) is not built yet",
     "verification/http-env-gate": "deliberately different: the HTTP scheduler scenarios run in CI on the CPU "
     "with a tiny model, not behind FLARE_RUN_CUDA_TESTS",
 }

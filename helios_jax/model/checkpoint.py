@@ -28,6 +28,7 @@ from tokenizers import Tokenizer
 from helios_jax.model.config import ModelConfig
 from helios_jax.model.forward import forward_full, forward_full_logits
 from helios_jax.model.qwen3 import Params
+from helios_jax.model.sharding import check_tensor_parallel, tensor_parallel_mesh
 from helios_jax.model.tokenizer_files import TokenizerFiles, read_tokenizer_files
 from helios_jax.model.weights import checkpoint_tensor_files, load_params, mtp_layers_in, save_params
 
@@ -64,7 +65,9 @@ class LoadedModel:
         save_checkpoint(folder, self.config, self.params, self.tokenizer, max_shard_size=max_shard_size)
 
 
-def load_checkpoint(folder: str | os.PathLike, *, dtype: str | None = None) -> LoadedModel:
+def load_checkpoint(
+    folder: str | os.PathLike, *, dtype: str | None = None, tensor_parallel: int = 1
+) -> LoadedModel:
     """Loads a Hugging Face style Qwen3 folder, with the MTP head when its tensors are present.
 
     The head's size comes from config.json (`mtp_num_hidden_layers` or
@@ -74,10 +77,13 @@ def load_checkpoint(folder: str | os.PathLike, *, dtype: str | None = None) -> L
     Args:
       folder: the checkpoint folder.
       dtype: "float32" or "bfloat16" to override config.json's dtype.
+      tensor_parallel: N > 1 loads each tensor straight into its shards over the first N
+        devices (`sharding.tensor_parallel_mesh`, the mesh the programs are built on).
     Raises:
       FileNotFoundError: config.json or the weights are missing.
       ValueError: a missing/unexpected tensor or a shape mismatch (named in the message), or a
-        malformed tokenizer_config.json or generation_config.json.
+        malformed tokenizer_config.json or generation_config.json, or a tensor_parallel
+        degree that does not divide the model or exceeds the devices.
     """
     folder = pathlib.Path(folder)
     config_path = folder / CONFIG_FILE
@@ -88,7 +94,11 @@ def load_checkpoint(folder: str | os.PathLike, *, dtype: str | None = None) -> L
         config = config.replace(dtype=dtype)
     if not config.has_mtp:
         config = config.replace(mtp_num_layers=mtp_layers_in(checkpoint_tensor_files(folder)))
-    params = load_params(folder, config)
+    mesh = None
+    if tensor_parallel > 1:
+        check_tensor_parallel(config, tensor_parallel, devices=jax.device_count())
+        mesh = tensor_parallel_mesh(tensor_parallel)
+    params = load_params(folder, config, mesh=mesh)
     tokenizer_path = folder / TOKENIZER_FILE
     tokenizer = Tokenizer.from_file(str(tokenizer_path)) if tokenizer_path.exists() else None
     files = read_tokenizer_files(folder) if tokenizer is not None else None

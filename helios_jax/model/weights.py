@@ -30,16 +30,19 @@ import os
 import pathlib
 import re
 
+import jax
 import jax.numpy as jnp
 import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy; safetensors' numpy path needs it)
 import numpy as np
 from flax import traverse_util
+from jax.sharding import Mesh, NamedSharding
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from helios_jax.model.config import ModelConfig
 from helios_jax.model.forward import param_shapes
 from helios_jax.model.qwen3 import Params
+from helios_jax.model.sharding import param_spec
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -99,11 +102,12 @@ def mtp_layers_in(names) -> int:
     return max(layers) + 1 if layers else 0
 
 
-def load_params(folder: str | os.PathLike, config: ModelConfig) -> Params:
+def load_params(folder: str | os.PathLike, config: ModelConfig, *, mesh: Mesh | None = None) -> Params:
     """Reads and validates every tensor of `config` from a checkpoint folder.
 
     Tensors are cast to `config.dtype`. For tied embeddings a stored `lm_head.weight` is ignored,
-    as transformers does.
+    as transformers does. With a tensor-parallel `mesh` each tensor goes from the host straight to
+    its shards (`sharding.param_spec`): no device ever holds a whole split matrix.
 
     Raises:
       FileNotFoundError: no weights file (see `checkpoint_tensor_files`).
@@ -136,8 +140,16 @@ def load_params(folder: str | os.PathLike, config: ModelConfig) -> Params:
                     )
                 if transposed:
                     array = array.T
-                flat[tree_path] = jnp.asarray(array).astype(config.jnp_dtype)
+                flat[tree_path] = _place(array, config, tree_path, mesh)
     return traverse_util.unflatten_dict(flat)
+
+
+def _place(array: np.ndarray, config: ModelConfig, tree_path, mesh: Mesh | None) -> jax.Array:
+    if mesh is None:
+        return jnp.asarray(array).astype(config.jnp_dtype)
+    # The host cast rounds to nearest even, as the device cast does (ml_dtypes for bfloat16).
+    host = np.asarray(array).astype(config.jnp_dtype)
+    return jax.device_put(host, NamedSharding(mesh, param_spec(tuple(tree_path))))
 
 
 def parse_size(size: int | str) -> int:

@@ -93,6 +93,7 @@ def prepare(
         params = jax.tree_util.tree_map(lambda x: x.astype(model_config.jnp_dtype), params)
     catalog = engine.catalog(name)
     programs = build_programs(model_config, params, engine, catalog)
+    params = programs.place_params(params)  # sharded over the tp mesh (already so when loaded so)
     start = time.perf_counter()
 
     def report(i: int, n: int, program: Program) -> None:

@@ -46,7 +46,7 @@ def main(argv) -> int:
     fv = flags.FLAGS
     cache = enable_compilation_cache(fv.compilation_cache_dir)
     options = EngineOptions.from_flags(fv)
-    model = load_engine_model(options.model, dtype=options.dtype)
+    model = load_engine_model(options.model, dtype=options.dtype, tensor_parallel=options.tensor_parallel)
     config = model.config
     engine = options.engine_config(config)
     catalog = engine.catalog(fv.name)

@@ -24,14 +24,17 @@ def default_dtype() -> str:
     return "float32" if jax.default_backend() == "cpu" else "bfloat16"
 
 
-def load_engine_model(path: str | None = None, *, dtype: str | None = None) -> LoadedModel:
+def load_engine_model(
+    path: str | None = None, *, dtype: str | None = None, tensor_parallel: int = 1
+) -> LoadedModel:
     """A checkpoint folder, or the embedded default model when `path` is None, in `dtype`
-    (``None``: :func:`default_dtype`)."""
+    (``None``: :func:`default_dtype`); `tensor_parallel` > 1 loads the weights sharded over that
+    many devices (`load_checkpoint`)."""
     if path is None:
         from helios_jax.model.default import default_model_path
 
         path = str(default_model_path())
-    return load_checkpoint(path, dtype=dtype or default_dtype())
+    return load_checkpoint(path, dtype=dtype or default_dtype(), tensor_parallel=tensor_parallel)
 
 
 def default_model_config(dtype: str = "float32") -> ModelConfig:

@@ -7,7 +7,9 @@
   (`prefix_allocation_reference`, the XLA path) elsewhere. Both follow the same rule and agree
   on the shared golden cases (tests/kernels).
 
-`Impl` is frozen and hashable; builders take it so tests can force a path.
+`Impl` is frozen and hashable; builders take it so tests can force a path. Its `mesh` (None on
+one device) is the tensor-parallel mesh: the attention kernel then runs under `shard_map` on each
+shard's heads (`helios_jax.model.sharding` documents the layout).
 """
 
 from __future__ import annotations
@@ -16,9 +18,11 @@ import dataclasses
 import functools
 
 import jax
+from jax.sharding import Mesh, PartitionSpec
 
 from helios_jax.kernels.prefix_allocation import prefix_allocation, prefix_allocation_reference
 from helios_jax.kernels.ragged_paged_attention import ragged_paged_attention
+from helios_jax.model.sharding import AXIS, KV_PAGES, REPLICATED
 
 ATTENTION_IMPLS = ("auto", "xla", "pallas")
 ALLOCATION_IMPLS = ("auto", "reference", "pallas")
@@ -28,6 +32,7 @@ ALLOCATION_IMPLS = ("auto", "reference", "pallas")
 class Impl:
     attention: str = "auto"
     allocation: str = "auto"
+    mesh: Mesh | None = None
 
     def __post_init__(self):
         if self.attention not in ATTENTION_IMPLS:
@@ -36,7 +41,8 @@ class Impl:
             raise ValueError(f"allocation impl must be one of {ALLOCATION_IMPLS}, got {self.allocation!r}")
 
     def attention_kernel(self):
-        return functools.partial(ragged_paged_attention, impl=self.attention)
+        kernel = functools.partial(ragged_paged_attention, impl=self.attention)
+        return kernel if self.mesh is None else shard_attention_kernel(kernel, self.mesh)
 
     def resolved_allocation(self) -> str:
         if self.allocation != "auto":
@@ -51,3 +57,38 @@ class Impl:
 
 
 DEFAULT_IMPL = Impl()
+
+
+_HEADS = PartitionSpec(None, AXIS)  # q and the output: [T, heads, head_dim]
+
+
+def shard_attention_kernel(kernel, mesh: Mesh):
+    """The ragged paged attention kernel on each tensor-parallel shard's own heads.
+
+    Query heads and KV pages are split by head along the mesh's `tp` axis and the row metadata
+    is replicated, so each device runs the unchanged kernel on [T, heads/N, head_dim] queries
+    over [layers, kv_heads/N, ...] pages; no collective is needed, since shard i's query heads
+    read only its KV heads. `layer` is a Python int closed over, as on one device.
+    """
+
+    def sharded(q, k_pages, v_pages, page_tables, context_lens, query_starts, query_lens, *, sm_scale, layer):
+        def local(q, k_pages, v_pages, page_tables, context_lens, query_starts, query_lens):
+            return kernel(
+                q,
+                k_pages,
+                v_pages,
+                page_tables,
+                context_lens,
+                query_starts,
+                query_lens,
+                sm_scale=sm_scale,
+                layer=layer,
+            )
+
+        rows = (REPLICATED,) * 4
+        # check_vma=False: the Pallas call has no replication rule; outputs are per-shard heads.
+        return jax.shard_map(
+            local, mesh=mesh, in_specs=(_HEADS, KV_PAGES, KV_PAGES, *rows), out_specs=_HEADS, check_vma=False
+        )(q, k_pages, v_pages, page_tables, context_lens, query_starts, query_lens)
+
+    return sharded

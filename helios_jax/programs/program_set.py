@@ -6,6 +6,10 @@
     prefill = programs[key]                     # key: a catalog CostKey (or use .find(...))
     state, out = prefill(params, state, prefill.pack(slot=0, tokens=..., page_table=...))
 
+Over a tensor-parallel mesh (`EngineConfig.tensor_parallel > 1`) the programs are lowered with the
+shardings of `placement.py`; `programs.place_params(params)` lays the weights out to match and
+`init_state()` allocates the state sharded. On one device both are the plain forms.
+
 The state argument is donated: the caller must use the returned state (the old buffers are
 deleted after the call). `Program.pack` forwards to `packing.py` with the program's shape.
 """
@@ -22,10 +26,12 @@ import jax
 from helios_jax.catalog import Catalog, CostKey, GraphDescriptor, GraphKind
 from helios_jax.engine_config import EngineConfig
 from helios_jax.model import ModelConfig
+from helios_jax.model.sharding import check_tensor_parallel, place_params, tensor_parallel_mesh
 from helios_jax.programs import packing
 from helios_jax.programs.builders import BUILDERS
 from helios_jax.programs.impls import DEFAULT_IMPL, Impl
 from helios_jax.programs.inputs import ProgramShape, input_spec
+from helios_jax.programs.placement import init_sharded_state, jit_program
 from helios_jax.programs.state import DeviceState, init_state, state_shapes
 
 _PACKERS: dict[GraphKind, Callable[..., Any]] = {
@@ -106,8 +112,21 @@ class ProgramSet(Mapping):
     def state_spec(self) -> DeviceState:
         return state_shapes(self.model_config, self.engine_config)
 
+    @property
+    def mesh(self) -> jax.sharding.Mesh | None:
+        """The tensor-parallel mesh; None on one device."""
+        return self.impl.mesh
+
     def init_state(self, *, fill: float = 0.0) -> DeviceState:
-        return init_state(self.model_config, self.engine_config, fill=fill)
+        if self.mesh is None:
+            return init_state(self.model_config, self.engine_config, fill=fill)
+        return init_sharded_state(
+            self.mesh, lambda: init_state(self.model_config, self.engine_config, fill=fill), self.state_spec
+        )
+
+    def place_params(self, params):
+        """The parameters laid out as the programs were lowered (unchanged on one device)."""
+        return params if self.mesh is None else place_params(self.mesh, params)
 
     def find(self, kind: GraphKind | str, **extents) -> Program:
         """The one program of `kind` whose descriptor matches `extents` (descriptor field names)."""
@@ -135,10 +154,15 @@ def build_program(
     engine_config: EngineConfig,
     descriptor: GraphDescriptor,
     impl: Impl = DEFAULT_IMPL,
+    params_spec=None,
 ) -> Program:
+    """One program; over a mesh (`impl.mesh`) `params_spec` names the parameter tree to shard."""
+    if impl.mesh is not None and params_spec is None:
+        raise ValueError("a program over a tensor-parallel mesh needs params_spec (the tree to shard)")
     shape = ProgramShape.of(descriptor, engine_config)
     fn = BUILDERS[descriptor.kind](model_config, shape, impl)
-    jitted = jax.jit(fn, donate_argnums=1)
+    state_spec = None if impl.mesh is None else state_shapes(model_config, engine_config)
+    jitted = jit_program(fn, impl.mesh, params_spec, state_spec)
     return Program(descriptor=descriptor, shape=shape, fn=jitted, input_spec=input_spec(shape))
 
 
@@ -158,6 +182,11 @@ def build_programs(
       params_shapes: the parameter tree (arrays or ShapeDtypeStructs) used to lower.
       engine_config: the engine the catalog was planned for.
       catalog: the graphs to build; its request_slots must equal the engine's.
+      impl: kernel choices; its mesh is set here from `engine_config.tensor_parallel`.
+
+    Raises:
+      ValueError: mismatched dtype or slots, or a tensor-parallel degree that does not divide the
+        model (`model.sharding.check_tensor_parallel`) or exceeds the devices.
     """
     if model_config.dtype != engine_config.dtype:
         raise ValueError(f"model dtype {model_config.dtype} differs from the engine's {engine_config.dtype}")
@@ -167,5 +196,11 @@ def build_programs(
             f"{engine_config.request_slots}"
         )
     params_spec = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params_shapes)
-    programs = {g.key: build_program(model_config, engine_config, g, impl) for g in catalog.graphs}
+    degree = engine_config.tensor_parallel
+    if degree > 1:
+        check_tensor_parallel(model_config, degree, devices=jax.device_count())
+        impl = dataclasses.replace(impl, mesh=tensor_parallel_mesh(degree))
+    programs = {
+        g.key: build_program(model_config, engine_config, g, impl, params_spec) for g in catalog.graphs
+    }
     return ProgramSet(model_config, engine_config, catalog, params_spec, programs, impl)

@@ -476,7 +476,7 @@ def build_real_engine(options: EngineOptions, progress: Callable[[str], None] | 
     enable_compilation_cache()
     if progress:
         progress(f"loading model from {options.model or 'the embedded default model'}")
-    model = load_engine_model(options.model, dtype=options.dtype)
+    model = load_engine_model(options.model, dtype=options.dtype, tensor_parallel=options.tensor_parallel)
     if model.tokenizer is None:
         raise ValueError(f"{options.model} has no tokenizer.json")
     name = os.path.basename(os.path.normpath(options.model)) if options.model else "helios-default"
