@@ -290,8 +290,7 @@ class HeliosEngine(FaultContainment):
                 continue
             seed = program_seed(s.seed) if s.seed is not None else (self._seed + handle.rid) % (1 << 31)
             active.handle = handle
-            if active.queue_s is None:
-                active.queue_s = (self._now() - active.queued_ns) / 1e9
+            active.queue_s = active.queue_s or (self._now() - active.queued_ns) / 1e9  # the first admission
             self._copies.admit(handle, tuple(req.prompt_tokens), req.proposal_source)
             active.inputs = RequestInputs(
                 tuple(req.prompt_tokens),
