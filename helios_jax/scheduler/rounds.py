@@ -72,7 +72,11 @@ def allocate_cohort_rows(joint_prob: np.ndarray, ceilings: np.ndarray, capacity:
     remaining = capacity - b
     if remaining <= 0:
         return np.ones(b, dtype=np.int32)
-    return _greedy(prob.tolist(), [1] * b, np.asarray(ceilings).tolist(), remaining)
+    limit = np.asarray(ceilings)
+    full = np.maximum(limit, 1)  # where the greedy ends when the rows run out last
+    if int(full.sum()) <= capacity:  # room for every lane's rows up to its ceiling
+        return full.astype(np.int32)
+    return _greedy(prob.tolist(), [1] * b, limit.tolist(), remaining)
 
 
 def _greedy(rows: list[list[float]], length: list[int], limit: list[int], remaining: int) -> np.ndarray:

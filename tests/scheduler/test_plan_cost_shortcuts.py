@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from helios_jax.scheduler import utility
+from helios_jax.scheduler import rounds, utility
 from helios_jax.scheduler.rounds import prefix_allocation_order
 
 
@@ -66,3 +66,23 @@ def test_adaptive_ragged_evaluates_each_distinct_ordering_once(monkeypatch):
     ceilings = np.array([3, 1, 2])
     lanes, depths = prefix_allocation_order(extension, ceilings)
     assert _prefix_calls(monkeypatch, (base, extension, ceilings, lanes, depths), 1, 3) == 3
+
+
+def test_cohort_rows_with_room_for_every_ceiling_equal_the_greedy(monkeypatch):
+    """When the rows reach every lane's ceiling, the allocation is the ceilings (the greedy's
+    end) without running the frontier; one row short, the frontier decides who waits."""
+    prob = np.array([[0.9, 0.2, 0.1], [0.6, 0.5, 0.4], [0.3, 0.3, 0.3]])
+    ceilings = np.array([4, 2, 3])
+    calls = []
+    real = rounds._greedy
+    monkeypatch.setattr(rounds, "_greedy", lambda *a: calls.append(1) or real(*a))
+    for capacity in (9, 10, 12):
+        got = rounds.allocate_cohort_rows(prob, ceilings, capacity)
+        assert got.dtype == np.int32
+        assert got.tolist() == [4, 2, 3]
+    assert calls == []
+    assert rounds.allocate_cohort_rows(prob, ceilings, 8).tolist() == [3, 2, 3]
+    assert rounds.allocate_cohort_rows(prob, ceilings, 7).tolist() == [2, 2, 3]
+    assert len(calls) == 2
+    with pytest.raises(ValueError, match="NaN"):
+        rounds.allocate_cohort_rows(np.full_like(prob, np.nan), ceilings, 12)
