@@ -73,9 +73,8 @@ def allocate_cohort_rows(joint_prob: np.ndarray, ceilings: np.ndarray, capacity:
     if remaining <= 0:
         return np.ones(b, dtype=np.int32)
     limit = np.asarray(ceilings)
-    full = np.maximum(limit, 1)  # where the greedy ends when the rows run out last
-    if int(full.sum()) <= capacity:  # room for every lane's rows up to its ceiling
-        return full.astype(np.int32)
+    if int(limit.sum()) <= capacity:  # room for every lane up to its ceiling: the greedy's end
+        return limit.astype(np.int32)
     return _greedy(prob.tolist(), [1] * b, limit.tolist(), remaining)
 
 
