@@ -86,3 +86,71 @@ def test_cohort_rows_with_room_for_every_ceiling_equal_the_greedy(monkeypatch):
     assert len(calls) == 2
     with pytest.raises(ValueError, match="NaN"):
         rounds.allocate_cohort_rows(np.full_like(prob, np.nan), ceilings, 12)
+
+
+def _decoding_scheduler():
+    """An adaptive scheduler with learned and copy decoders, one without a prior (own evidence)."""
+    from helios_jax.catalog import DecodeMode
+    from helios_jax.scheduler.speculation import SOURCE_LEARNED, PrefixEstimate
+
+    from .helpers import SPEC
+    from .test_core import scheduler
+
+    s = scheduler(SPEC, mode=DecodeMode.ADAPTIVE)
+    own = PrefixEstimate(np.linspace(0.9, 0.2, 7), np.linspace(5.0, 1.0, 7), 0)  # origin None
+    s.admit([1] * 8, max_output=300, acceptance_history={SOURCE_LEARNED: own})
+    s.admit([1] * 8, max_output=300, proposal_source="copy")
+    for n in (8, 60, 200, 9, 30):
+        s.admit([1] * n, max_output=300)
+    return s
+
+
+def _same_value(a, b) -> bool:
+    if isinstance(a, np.ndarray):
+        return isinstance(b, np.ndarray) and a.dtype == b.dtype and np.array_equal(a, b)
+    return a == b
+
+
+def test_views_without_optimistic_estimates_equal_the_full_views_but_for_them():
+    """views(optimistic=False) leaves every decoder's optimistic estimate empty and every other
+    field as views() has it (both the batched and the per-estimate path)."""
+    from .test_core import run_once
+
+    s, t, seen = _decoding_scheduler(), 0.0, 0
+    for fence in range(1, 25):
+        _, _, t = run_once(s, fence, t, accepted=fence % 4)
+        full, lean = s.views(), s.views(optimistic=False)
+        assert [v.rid for v in full] == [v.rid for v in lean]
+        for a, b in zip(full, lean):
+            assert b.optimistic.size == 0 and not b.optimistic.flags.writeable
+            seen += a.optimistic.size > 0
+            rest_a = {k: v for k, v in a.__dict__.items() if k != "optimistic"}
+            rest_b = {k: v for k, v in b.__dict__.items() if k != "optimistic"}
+            assert rest_a.keys() == rest_b.keys()
+            assert all(_same_value(v, rest_b[k]) for k, v in rest_a.items()), a.rid
+    assert seen > 0
+
+
+def test_plan_reads_optimistic_estimates_only_when_a_probe_can_be_funded(monkeypatch):
+    """plan() asks views() for the optimistic estimates exactly when the acceptance ledger can
+    start a probe (their only reader)."""
+    from helios_jax.scheduler import pricing
+
+    from .test_core import run_once
+
+    s, asked = _decoding_scheduler(), []
+    real = pricing.views
+    monkeypatch.setattr(
+        pricing,
+        "views",
+        lambda inp, start: (
+            asked.append((inp.optimistic, s.acceptance_ledger.can_start())) or real(inp, start)
+        ),
+    )
+    t = 0.0
+    for fence in range(1, 40):
+        if fence % 5 == 0:
+            s.acceptance_ledger.earn(495.0)  # a full ledger (test_core: the probe's own test)
+        _, _, t = run_once(s, fence, t, accepted=fence % 4)
+    assert asked and all(flag == funded for flag, funded in asked)
+    assert {flag for flag, _ in asked} == {True, False}
