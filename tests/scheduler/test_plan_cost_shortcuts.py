@@ -154,3 +154,71 @@ def test_plan_reads_optimistic_estimates_only_when_a_probe_can_be_funded(monkeyp
         _, _, t = run_once(s, fence, t, accepted=fence % 4)
     assert asked and all(flag == funded for flag, funded in asked)
     assert {flag for flag, _ in asked} == {True, False}
+
+
+def _plain_best_prompt(sel, g):
+    """One prefill program's pick as the selector made it before (one capacity at a time)."""
+    from helios_jax.catalog import GraphKind
+
+    prompts = sel.prompts
+    work = prompts.work(g.token_capacity)
+    allowed = (prompts.needs_scores == (g.kind is GraphKind.SCORED_PREFILL)) & (work > 0)
+    smaller = sel.prepared.largest_smaller_chunk.get(id(g))
+    if smaller is not None:
+        allowed &= prompts.work(smaller) != work
+    if not sel.costs.is_known(g.key):
+        smaller_capacities = [h.token_capacity for h in sel.prepared.smaller_prefill[g]]
+        allowed &= ~prompts.excluded_from_exploration(smaller_capacities, work)
+    return prompts.pick(allowed, g.token_capacity)
+
+
+def _prompt_views(rng: np.random.Generator):
+    """Prompts of random length, stops, spans, endpoints, scores and recency; some exact ties."""
+    from .helpers import prompt
+
+    out = []
+    for rid in range(int(rng.integers(1, 14))):
+        tokens = int(rng.choice([1, 40, 64, 100, 128, 300, 700, 5000]))
+        kw = {"last_selected_ns": int(rng.choice([-1, 5, 9]))}
+        if rng.random() < 0.3:
+            kw["prompt_limit"] = int(rng.integers(1, tokens + 1))
+        if rng.random() < 0.2 and tokens > 80:
+            kw["atomic_spans"] = ((50, 80),)
+        if rng.random() < 0.3:
+            kw["endpoint"] = int(rng.integers(1, tokens + 1))
+        kw["needs_scores"] = bool(rng.random() < 0.25)
+        out.append(prompt(rid, tokens, x=float(rng.choice([1.0, 2.0])), **kw))
+    return out
+
+
+def test_prefill_picks_of_every_program_at_once_equal_each_programs_own():
+    """prefill_candidates scores every prefill program from [programs, prompts] matrices; each
+    pick, value and score equals the per-program computation, ties, spans, limits, scored
+    prompts and unmeasured capacities (exploration exclusion) included."""
+    from helios_jax.scheduler import policy
+    from helios_jax.scheduler.cost import CostModel
+    from helios_jax.scheduler.policy.prefill import prefill_candidates
+
+    from .helpers import POLICY, SPEC, inputs, measured
+
+    rng = np.random.default_rng(11)
+    prefill = [g for g in SPEC.graphs if g.kind.is_prefill and g.batch_capacity == 1]
+    measured_costs = measured(SPEC)
+    for trial in range(40):
+        costs = measured_costs
+        if trial % 3 == 0:  # some capacities unmeasured: exploration exclusion applies
+            unmeasured = {g.key for g in prefill[int(rng.integers(0, 4)) :: 3]}
+            costs = CostModel(POLICY.estimate_ttl_ns)
+            for g in SPEC.graphs:
+                if g.duration_ms is not None and g.key not in unmeasured:
+                    costs.observe(g.key, [g.duration_ms * 1e6], 0)
+        sel = policy.Selection(inputs(_prompt_views(rng), costs=costs))
+        fresh = policy.Selection(sel.inp)  # its per-capacity work and values, one at a time
+        plain = [(g, _plain_best_prompt(fresh, g)) for g in sel.prepared.prefill]
+        want = [(g.key, i) for g, i in plain if g.batch_capacity == 1 and i is not None]
+        got = prefill_candidates(sel)
+        assert [(r.graph.key, r.build().lanes[0].rid) for r in got] == [
+            (k, int(sel.prompts.rids[i])) for k, i in want
+        ], trial
+        for r, (g, i) in zip(got, [(g, i) for g, i in plain if g.batch_capacity == 1 and i is not None]):
+            assert r.build().lanes[0].value == float(sel.prompts.values(g.token_capacity)[i])

@@ -208,6 +208,37 @@ class PromptTable:
             self._values[capacity] = hit
         return hit
 
+    def rows_at(self, capacities: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`work` and :meth:`values` at several capacities as [k, n] matrices in one pass
+        (the same elementwise arithmetic), kept per capacity for them as well."""
+        caps = np.array(capacities, dtype=np.int64)
+        work = np.minimum(np.minimum(self.prompt_remaining, self.prompt_limit)[None, :], caps[:, None])
+        for i in self.span_rows:
+            work[:, i] = [self.views[i].prompt_work(c) for c in capacities]
+        ends = np.where(work == self.prompt_remaining, self.output_price, 0.0)
+        values = np.where(work > 0, self.prefill_price * work + ends, 0.0)
+        for j, c in enumerate(capacities):
+            self._work.setdefault(c, work[j])
+            self._values.setdefault(c, values[j])
+        return work, values
+
+    def pick_rows(self, allowed: np.ndarray, values: np.ndarray, work: np.ndarray) -> list[int | None]:
+        """:meth:`pick` for each row of [k, n] `allowed`, `values` and `work` (each row one
+        capacity's), the values and thresholds compared elementwise in one pass."""
+        vals = np.where(allowed, values, -np.inf)
+        top = vals.max(axis=1)
+        near = allowed & (vals >= (top - utility.REL_TIE * np.maximum(1.0, np.abs(top)))[:, None])
+        counts, first = near.sum(axis=1).tolist(), near.argmax(axis=1).tolist()
+        out: list[int | None] = []
+        for j, count in enumerate(counts):
+            if count <= 1:  # no allowed row (count 0), or one best
+                out.append(first[j] if count else None)
+                continue
+            tied = np.flatnonzero(near[j])
+            keys = (self.rids[tied], -work[j][tied], self.last_selected_ns[tied])
+            out.append(int(tied[np.lexsort(keys)[0]]))
+        return out
+
     def excluded_from_exploration(self, smaller_capacities: Iterable[int], work: np.ndarray) -> np.ndarray:
         """Rows for which a smaller prepared capacity consumes the same tokens up to the endpoint."""
         mine = np.minimum(work, self.endpoint)
