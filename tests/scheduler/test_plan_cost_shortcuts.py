@@ -181,9 +181,9 @@ def _prompt_views(rng: np.random.Generator):
         tokens = int(rng.choice([1, 40, 64, 100, 128, 300, 700, 5000]))
         kw = {"last_selected_ns": int(rng.choice([-1, 5, 9]))}
         if rng.random() < 0.3:
-            kw["prompt_limit"] = int(rng.integers(1, tokens + 1))
+            kw["prompt_limit"] = int(rng.integers(0, tokens + 1))  # 0: a stop at the cursor
         if rng.random() < 0.2 and tokens > 80:
-            kw["atomic_spans"] = ((50, 80),)
+            kw["atomic_spans"] = ((int(rng.choice([0, 50])), 80),)  # from 0: no work below 80
         if rng.random() < 0.3:
             kw["endpoint"] = int(rng.integers(1, tokens + 1))
         kw["needs_scores"] = bool(rng.random() < 0.25)
@@ -222,3 +222,33 @@ def test_prefill_picks_of_every_program_at_once_equal_each_programs_own():
         ], trial
         for r, (g, i) in zip(got, [(g, i) for g, i in plain if g.batch_capacity == 1 and i is not None]):
             assert r.build().lanes[0].value == float(sel.prompts.values(g.token_capacity)[i])
+
+
+def test_prompt_rows_picked_at_once_equal_one_capacity_at_a_time():
+    """PromptTable.pick_rows equals pick row by row on a table in any order: values within the
+    tie tolerance tie (then the lower rid, the larger work, the less recent use), just beyond
+    it they do not, and a row with no allowed prompt picks none."""
+    from helios_jax.scheduler import policy
+    from helios_jax.scheduler.policy.tables import PromptTable
+
+    from .helpers import inputs, prompt
+
+    rng = np.random.default_rng(5)
+    for trial in range(30):
+        n = int(rng.integers(2, 9))
+        views = [
+            prompt(
+                int(rid),
+                int(rng.choice([64, 100, 300])),
+                log_x=float(rng.choice([0.0, 1e-10, 3e-9])),  # values equal, within or beyond REL_TIE
+                last_selected_ns=int(rng.choice([-1, 5, 9])),
+                prompt_limit=int(rng.choice([0, 64, 500])),
+            )
+            for rid in rng.permutation(20)[:n]
+        ]
+        table = PromptTable(views, policy.Selection(inputs(views)).decision)  # in the given order
+        caps = [64, 128, 512]
+        work, values = table.rows_at(caps)
+        allowed = (rng.random((3, n)) < 0.7) & (work > 0)
+        got = table.pick_rows(allowed, values, work)
+        assert got == [table.pick(allowed[j], c) for j, c in enumerate(caps)], trial
