@@ -248,6 +248,10 @@ def test_prompt_rows_picked_at_once_equal_one_capacity_at_a_time():
         ]
         table = PromptTable(views, policy.Selection(inputs(views)).decision)  # in the given order
         caps = [64, 128, 512]
+        if trial % 2:  # equal values at capacity 512 from different work: the work order decides
+            at_512 = np.minimum(np.minimum(table.prompt_remaining, table.prompt_limit), 512)
+            table.prefill_price = 600.0 / np.maximum(at_512, 1)
+            table.output_price = np.zeros(n)
         work, values = table.rows_at(caps)
         allowed = (rng.random((3, n)) < 0.7) & (work > 0)
         got = table.pick_rows(allowed, values, work)
