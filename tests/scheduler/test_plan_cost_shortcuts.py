@@ -256,3 +256,26 @@ def test_prompt_rows_picked_at_once_equal_one_capacity_at_a_time():
         allowed = (rng.random((3, n)) < 0.7) & (work > 0)
         got = table.pick_rows(allowed, values, work)
         assert got == [table.pick(allowed[j], c) for j, c in enumerate(caps)], trial
+
+
+def test_a_prompt_table_without_prompts_shares_empty_arrays_of_the_built_kinds():
+    """No prompts: the table's arrays are shared, read-only and of the dtypes and shapes the
+    constructor builds (those of a one-prompt table with its row removed); its work and values
+    are empty at every capacity."""
+    from helios_jax.scheduler import policy
+    from helios_jax.scheduler.policy.tables import PromptTable
+
+    from .helpers import inputs, prompt
+
+    views = [prompt(3, 100, endpoint=40, atomic_spans=((10, 20),))]
+    decision = policy.Selection(inputs(views)).decision
+    one, empty, again = PromptTable(views, decision), PromptTable([], decision), PromptTable([], decision)
+    for name in ("rids", "last_selected_ns", "prefill_price", "output_price", "prompt_remaining"):
+        assert getattr(empty, name) is getattr(again, name), name
+    for name in ("prompt_limit", "needs_scores", "endpoint") + ("rids", "prefill_price", "output_price"):
+        built, shared = getattr(one, name)[:0], getattr(empty, name)
+        assert (shared.dtype, shared.shape) == (built.dtype, built.shape), name
+        assert not shared.flags.writeable, name
+    assert empty.count == 0 and list(empty.span_rows) == [] and one.span_rows == [0]
+    assert empty.work(64).shape == (0,) and empty.values(64).shape == (0,)
+    assert empty.pick(np.zeros(0, dtype=bool), 64) is None

@@ -170,6 +170,11 @@ class PromptTable:
     def __init__(self, views: list[RequestView], decision: utility.Decision):
         self.views = views
         self.count = len(views)
+        self._work: dict[int, np.ndarray] = {}
+        self._values: dict[int, np.ndarray] = {}
+        if not views:  # no prompt (a decode-only decision): the arrays below, empty and read-only
+            self.__dict__.update(_NO_PROMPTS)
+            return
         self.rids = np.array([v.rid for v in views], dtype=np.int64)
         self.last_selected_ns = np.array([v.last_selected_ns for v in views], dtype=np.int64)
         self.prefill_price = decision.scaled(np.array([v.log_prefill_price for v in views], dtype=np.float64))
@@ -185,8 +190,6 @@ class PromptTable:
         )
         # i64[n]: tokens to the next message or prompt endpoint, within what a chunk may consume
         self.endpoint = np.minimum(np.minimum(endpoint, self.prompt_remaining), self.prompt_limit)
-        self._work: dict[int, np.ndarray] = {}
-        self._values: dict[int, np.ndarray] = {}
 
     def work(self, capacity: int) -> np.ndarray:
         """i64[n]: prompt tokens each request's chunk of `capacity` consumes."""
@@ -269,3 +272,22 @@ class PromptTable:
             value=float(self.values(capacity)[i]),
             expected_tokens=1.0 if n == self.prompt_remaining[i] else 0.0,
         )
+
+
+def _read_only(a: np.ndarray) -> np.ndarray:
+    a.setflags(write=False)
+    return a
+
+
+# PromptTable's arrays without prompts (what its constructor builds from no views).
+_NO_PROMPTS = {
+    "rids": _read_only(np.zeros(0, dtype=np.int64)),
+    "last_selected_ns": _read_only(np.zeros(0, dtype=np.int64)),
+    "prefill_price": _read_only(np.zeros(0, dtype=np.float64)),
+    "output_price": _read_only(np.zeros(0, dtype=np.float64)),
+    "prompt_remaining": _read_only(np.zeros(0, dtype=np.int64)),
+    "prompt_limit": _read_only(np.zeros(0, dtype=np.int64)),
+    "needs_scores": _read_only(np.zeros(0, dtype=bool)),
+    "span_rows": (),
+    "endpoint": _read_only(np.zeros(0, dtype=np.int64)),
+}
