@@ -226,7 +226,7 @@ def test_prefill_picks_of_every_program_at_once_equal_each_programs_own():
 
 def test_prompt_rows_picked_at_once_equal_one_capacity_at_a_time():
     """PromptTable.pick_rows equals pick row by row on a table in any order: values within the
-    tie tolerance tie (then the lower rid, the larger work, the less recent use), just beyond
+    tie tolerance tie (then the less recent use, the larger work, the lower rid), just beyond
     it they do not, and a row with no allowed prompt picks none."""
     from helios_jax.scheduler import policy
     from helios_jax.scheduler.policy.tables import PromptTable
