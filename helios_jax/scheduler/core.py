@@ -280,16 +280,13 @@ class Scheduler(SchedulerReads, ProposalSources):
             self._normalizer_cache = (version, service.Normalizers.measure(self.graphs.delivery, self.costs))
         return self._normalizer_cache[1]
 
-    def views(self, start_ns: int | None = None) -> list[RequestView]:
-        """Request views with prices and ages projected to the planning start (``pricing.views``)."""
+    def views(self, start_ns: int | None = None, optimistic: bool = True) -> list[RequestView]:
+        """Request views with prices and ages projected to the planning start (``pricing.views``;
+        `optimistic` false: the decoders' optimistic estimates, read only by a probe, left empty)."""
         start = self._planning_start_ns() if start_ns is None else start_ns
+        pools, norm = self.population.acceptance_pools, self._normalizers()
         inputs = pricing.PricingInputs(
-            self.requests,
-            tuple(self.frames),
-            self.policy,
-            self._normalizers(),
-            self.population.acceptance_pools,
-            self.max_model_len,
+            self.requests, tuple(self.frames), self.policy, norm, pools, self.max_model_len, optimistic
         )
         return pricing.views(inputs, start)
 
@@ -307,7 +304,7 @@ class Scheduler(SchedulerReads, ProposalSources):
         if self._window_blocked():
             return None
         start = self._planning_start_ns()
-        views = self.views(start)
+        views = self.views(start, optimistic=self.acceptance_ledger.can_start())  # a probe's only
         if not any(v.runnable for v in views):
             return None
         inp = policy.SelectionInput(views, self.graphs, self.costs, self.now_ns, self.policy, self.mode)

@@ -27,7 +27,7 @@ from helios_jax.scheduler.plan import Frame, Handle
 from helios_jax.scheduler.requests import Request
 from helios_jax.scheduler.service import NS_PER_MS, ServiceHistory, missing_rate, resident_rates
 from helios_jax.scheduler.speculation import SOURCE_COPY, PrefixEstimate, batch_estimates
-from helios_jax.scheduler.view import Phase, RequestView
+from helios_jax.scheduler.view import NO_ESTIMATE, Phase, RequestView
 
 Histories = dict[int, ServiceHistory]
 BATCH_MIN = 3  # decoders of one proposal source from which their estimates are batched
@@ -43,6 +43,9 @@ class PricingInputs:
     normalizers: service.Normalizers  # of the loaded catalog's measured generation programs
     acceptance_pools: Mapping[str, PrefixEstimate]  # pooled observations per proposal source
     max_model_len: int
+    # Decoders' optimistic estimates (``RequestView.optimistic``, read only by an acceptance
+    # probe); false: left empty, for a decision that cannot probe.
+    optimistic: bool = True
 
 
 class _PromptFields(TypedDict):
@@ -173,7 +176,7 @@ def queued_advances(frames: Sequence[Frame]) -> dict[Handle, int]:
 def _acceptance(inp: PricingInputs, decoders: list[Request]) -> dict[int, tuple[np.ndarray, np.ndarray]]:
     """Each decoder's (survival, optimistic) estimates: ``means(pool)`` and
     ``optimistic(len(output), pool)`` of its proposal source, computed per source and depth at once
-    (``speculation.batch_estimates``)."""
+    (``speculation.batch_estimates``); the optimistic ones empty unless ``inp.optimistic``."""
     groups: dict[tuple[str, int], list[tuple[Request, PrefixEstimate]]] = {}
     for r in decoders:
         est = r.acceptance.get(r.proposal_source)
@@ -182,12 +185,17 @@ def _acceptance(inp: PricingInputs, decoders: list[Request]) -> dict[int, tuple[
     for (source, _), members in groups.items():
         pool = inp.acceptance_pools[source]
         if len(members) < BATCH_MIN:  # a batch's fixed cost exceeds a few estimates' own
-            out.update({r.rid: (e.means(pool), e.optimistic(len(r.output), pool)) for r, e in members})
+            out.update({r.rid: (e.means(pool), _optimistic(inp, r, e, pool)) for r, e in members})
             continue
         ests, tokens = [e for _, e in members], [len(r.output) for r, _ in members]
-        means, optimistic = batch_estimates(ests, tokens, pool)
-        out.update({r.rid: (m, o) for (r, _), m, o in zip(members, means, optimistic)})
+        means, optimistic = batch_estimates(ests, tokens, pool, inp.optimistic)
+        uppers = [NO_ESTIMATE] * len(means) if optimistic is None else optimistic
+        out.update({r.rid: (m, o) for (r, _), m, o in zip(members, means, uppers)})
     return out
+
+
+def _optimistic(inp: PricingInputs, r: Request, est: PrefixEstimate, pool: PrefixEstimate) -> np.ndarray:
+    return est.optimistic(len(r.output), pool) if inp.optimistic else NO_ESTIMATE
 
 
 def _decode_fields(

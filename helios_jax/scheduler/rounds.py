@@ -72,7 +72,10 @@ def allocate_cohort_rows(joint_prob: np.ndarray, ceilings: np.ndarray, capacity:
     remaining = capacity - b
     if remaining <= 0:
         return np.ones(b, dtype=np.int32)
-    return _greedy(prob.tolist(), [1] * b, np.asarray(ceilings).tolist(), remaining)
+    limit = np.asarray(ceilings)
+    if int(limit.sum()) <= capacity:  # room for every lane up to its ceiling: the greedy's end
+        return limit.astype(np.int32)
+    return _greedy(prob.tolist(), [1] * b, limit.tolist(), remaining)
 
 
 def _greedy(rows: list[list[float]], length: list[int], limit: list[int], remaining: int) -> np.ndarray:

@@ -190,13 +190,16 @@ class PrefixEstimate:
 
 
 def batch_estimates(
-    estimates: Sequence[PrefixEstimate], tokens: Sequence[int], pool: PrefixEstimate | None
-) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    estimates: Sequence[PrefixEstimate],
+    tokens: Sequence[int],
+    pool: PrefixEstimate | None,
+    optimistic: bool = True,
+) -> tuple[list[np.ndarray], list[np.ndarray] | None]:
     """``means(pool)`` and ``optimistic(tokens[i], pool)`` of many estimates of one depth as
     rows of two read-only matrices: the same elementwise arithmetic, one numpy call per step
-    for all of them instead of several per estimate (``pricing.views`` reads every resident)."""
+    for all of them instead of several per estimate (``pricing.views`` reads every resident).
+    `optimistic` false: the means only (None in place of the optimistic rows)."""
     mean = np.array([e.mean for e in estimates], dtype=np.float64)
-    weight = np.array([e.weight for e in estimates], dtype=np.float64)
     pooled = mean
     rows = [i for i, e in enumerate(estimates) if e.origin is not None]
     if pool is not None and rows:
@@ -204,13 +207,16 @@ def batch_estimates(
         share = np.array([estimates[i].prior_share for i in rows])
         pooled = mean.copy()
         pooled[rows] = mean[rows] + share * (pool.mean - origin)
+    means = monotone(pooled)
+    means.setflags(write=False)
+    if not optimistic:
+        return list(means), None
+    weight = np.array([e.weight for e in estimates], dtype=np.float64)
     aged = [0.5 ** (max(0, t - e.tokens_at) / HALF_LIFE_TOKENS) for e, t in zip(estimates, tokens)]
     bonus = np.sqrt(OPTIMISM_NUMERATOR / (2.0 * (weight * np.array(aged)[:, None])))
-    means = monotone(pooled)
-    optimistic = monotone(np.minimum(1.0, pooled + bonus))
-    means.setflags(write=False)
-    optimistic.setflags(write=False)
-    return list(means), list(optimistic)
+    upper = monotone(np.minimum(1.0, pooled + bonus))
+    upper.setflags(write=False)
+    return list(means), list(upper)
 
 
 def _frozen(a: np.ndarray) -> np.ndarray:

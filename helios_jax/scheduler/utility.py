@@ -325,7 +325,9 @@ def adaptive_ragged(
     ext_vals = extension[alloc_lanes, alloc_depths - 1] if alloc_lanes.size else np.zeros(0)
     ms = np.arange(1, min(batch, n, rows) + 1)
     best: AdaptiveCohort | None = None  # ties keep the earlier ordering
-    for order in orderings:
+    for j, order in enumerate(orderings):
+        if _repeats(order, orderings[:j]):
+            continue  # the same prefixes as an earlier ordering: a tie, which keeps that one
         taken, totals = _ordering_prefixes(order, base, alloc_lanes, ext_vals, ms, rows, new, new_bonus)
         i = int(np.argmax(totals))
         if not np.isfinite(totals[i]):
@@ -338,6 +340,13 @@ def adaptive_ragged(
     if best is None:
         return AdaptiveCohort(0.0, [], np.zeros(n, dtype=np.int64))
     return best
+
+
+def _repeats(order: np.ndarray, earlier: tuple[np.ndarray, ...]) -> bool:
+    """`order` equals an earlier ordering (element for element), so its cohorts and totals are
+    that ordering's, which can only tie: a later ordering replaces the best only when greater by
+    more than ``REL_TIE``, far above any rounding of the same sums."""
+    return any(np.array_equal(order, e) for e in earlier)
 
 
 def _ordering_prefixes(

@@ -143,10 +143,11 @@ _DEFAULTS = {
 _FACTORIES = tuple(
     f.name for f in dataclasses.fields(RequestView) if f.default_factory is not dataclasses.MISSING
 )
-_EMPTY = np.zeros(0)
-_EMPTY.setflags(write=False)
+# An estimate left empty (a view without survival, optimistic or forecast rows), read-only.
+NO_ESTIMATE = np.zeros(0)
+NO_ESTIMATE.setflags(write=False)
 # unchecked()'s defaults: the factories' empty arrays are one shared read-only array.
-_UNCHECKED_DEFAULTS = {**_DEFAULTS, **{name: _EMPTY for name in _FACTORIES}}
+_UNCHECKED_DEFAULTS = {**_DEFAULTS, **{name: NO_ESTIMATE for name in _FACTORIES}}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,9 +13,10 @@ Population: a closed loop of N resident requests (prompts drawn from 64/512/2048
 outputs from 16/128/512; a finished request is replaced at once), driven by the simulator's fake
 executor (per-position acceptance 0.8..0.2) one plan at a time: each decision is timed right
 after the previous completion, as in serving. After ``--warmup`` decisions, ``--decisions`` are
-timed. Beside each ``plan()`` the same state's ``views()`` and ``policy.select`` are timed on
-their own (both are pure), which splits the cost; "other" is plan minus the two (ledger checks,
-a refresh alternative or an acceptance probe when funded, freezing).
+timed. Beside each ``plan()`` the same state's ``views()`` (with optimistic estimates only when
+a probe can be funded, as ``plan()`` asks for them) and ``policy.select`` are timed on their own
+(both are pure), which splits the cost; "other" is plan minus the two (ledger checks, a refresh
+alternative or an acceptance probe when funded, freezing).
 
 ``--catalog=engine`` benches the catalog HeliosEngine builds from a default ``EngineConfig()``
 (its request slots, decode mode, context, draft storage and initialize programs, as the engine
@@ -199,7 +200,7 @@ def measure(catalog: Catalog, mode: DecodeMode, n: int, **kwargs) -> dict:
         # The split, on the same (unchanged) state: both calls are pure.
         t0 = time.perf_counter()
         start = s._planning_start_ns()
-        views = s.views(start)
+        views = s.views(start, optimistic=s.acceptance_ledger.can_start())  # as plan() asks
         t1 = time.perf_counter()
         policy.select(policy.SelectionInput(views, s.graphs, s.costs, s.now_ns, s.policy, s.mode))
         t2 = time.perf_counter()

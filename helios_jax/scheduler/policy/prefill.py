@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import functools
 
+import numpy as np
+
 from helios_jax.catalog import GraphDescriptor, GraphKind
 from helios_jax.scheduler.policy.ranking import ScoredCandidate
 from helios_jax.scheduler.policy.selection import Selection
@@ -23,11 +25,9 @@ def prefill_candidates(sel: Selection) -> list[ScoredCandidate]:
     prompts = sel.prompts
     if prompts.count == 0:
         return []
+    programs = [g for g in sel.prepared.prefill if g.batch_capacity == 1]  # else `batchprefill`
     found = []
-    for g in sel.prepared.prefill:
-        if g.batch_capacity > 1:  # multi-prompt prefill: `batchprefill`
-            continue
-        i = _best_prompt(sel, g)
+    for g, i in zip(programs, _best_prompts(sel, programs)):
         if i is not None:
             cap = g.token_capacity
             found.append(
@@ -42,17 +42,27 @@ def prefill_candidates(sel: Selection) -> list[ScoredCandidate]:
     return found
 
 
-def _best_prompt(sel: Selection, g: GraphDescriptor) -> int | None:
+def _best_prompts(sel: Selection, programs: list[GraphDescriptor]) -> list[int | None]:
+    """Each program's best allowed prompt row, every program's rows at once (one row of the
+    [programs, prompts] matrices each)."""
     prompts = sel.prompts
-    work = prompts.work(g.token_capacity)
-    allowed = (prompts.needs_scores == (g.kind is GraphKind.SCORED_PREFILL)) & (work > 0)
-    smaller = sel.prepared.largest_smaller_chunk.get(id(g))
-    if smaller is not None:  # the same work on a smaller chunk (work grows with the chunk)
-        allowed &= prompts.work(smaller) != work
-    if not sel.costs.is_known(g.key):
-        smaller_capacities = [h.token_capacity for h in sel.prepared.smaller_prefill[g]]
-        allowed &= ~prompts.excluded_from_exploration(smaller_capacities, work)
-    return prompts.pick(allowed, g.token_capacity)
+    caps = [g.token_capacity for g in programs]
+    smaller = [sel.prepared.largest_smaller_chunk.get(id(g)) for g in programs]
+    index = {c: j for j, c in enumerate(dict.fromkeys(caps + [c for c in smaller if c is not None]))}
+    work_at, values_at = prompts.rows_at(list(index))
+    rows = [index[c] for c in caps]
+    work = work_at[rows]
+    scored = np.array([g.kind is GraphKind.SCORED_PREFILL for g in programs])
+    allowed = (prompts.needs_scores[None, :] == scored[:, None]) & (work > 0)
+    below = [(j, index[c]) for j, c in enumerate(smaller) if c is not None]
+    if below:  # the same work on a smaller chunk (work grows with the chunk)
+        mine, theirs = [j for j, _ in below], [k for _, k in below]
+        allowed[mine] &= work_at[theirs] != work[mine]
+    for j, g in enumerate(programs):
+        if not sel.costs.is_known(g.key):
+            smaller_capacities = [h.token_capacity for h in sel.prepared.smaller_prefill[g]]
+            allowed[j] &= ~prompts.excluded_from_exploration(smaller_capacities, work[j])
+    return prompts.pick_rows(allowed, values_at[rows], work)
 
 
 def _prompt_lanes(prompts: PromptTable, i: int, capacity: int) -> list[Lane]:

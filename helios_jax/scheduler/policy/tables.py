@@ -170,6 +170,11 @@ class PromptTable:
     def __init__(self, views: list[RequestView], decision: utility.Decision):
         self.views = views
         self.count = len(views)
+        self._work: dict[int, np.ndarray] = {}
+        self._values: dict[int, np.ndarray] = {}
+        if not views:  # no prompt (a decode-only decision): the arrays below, empty and read-only
+            self.__dict__.update(_NO_PROMPTS)
+            return
         self.rids = np.array([v.rid for v in views], dtype=np.int64)
         self.last_selected_ns = np.array([v.last_selected_ns for v in views], dtype=np.int64)
         self.prefill_price = decision.scaled(np.array([v.log_prefill_price for v in views], dtype=np.float64))
@@ -185,8 +190,6 @@ class PromptTable:
         )
         # i64[n]: tokens to the next message or prompt endpoint, within what a chunk may consume
         self.endpoint = np.minimum(np.minimum(endpoint, self.prompt_remaining), self.prompt_limit)
-        self._work: dict[int, np.ndarray] = {}
-        self._values: dict[int, np.ndarray] = {}
 
     def work(self, capacity: int) -> np.ndarray:
         """i64[n]: prompt tokens each request's chunk of `capacity` consumes."""
@@ -207,6 +210,37 @@ class PromptTable:
             hit = np.where(n > 0, self.prefill_price * n + ends, 0.0)
             self._values[capacity] = hit
         return hit
+
+    def rows_at(self, capacities: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`work` and :meth:`values` at several capacities as [k, n] matrices in one pass
+        (the same elementwise arithmetic), kept per capacity for them as well."""
+        caps = np.array(capacities, dtype=np.int64)
+        work = np.minimum(np.minimum(self.prompt_remaining, self.prompt_limit)[None, :], caps[:, None])
+        for i in self.span_rows:
+            work[:, i] = [self.views[i].prompt_work(c) for c in capacities]
+        ends = np.where(work == self.prompt_remaining, self.output_price, 0.0)
+        values = np.where(work > 0, self.prefill_price * work + ends, 0.0)
+        for j, c in enumerate(capacities):
+            self._work.setdefault(c, work[j])
+            self._values.setdefault(c, values[j])
+        return work, values
+
+    def pick_rows(self, allowed: np.ndarray, values: np.ndarray, work: np.ndarray) -> list[int | None]:
+        """:meth:`pick` for each row of [k, n] `allowed`, `values` and `work` (each row one
+        capacity's), the values and thresholds compared elementwise in one pass."""
+        vals = np.where(allowed, values, -np.inf)
+        top = vals.max(axis=1)
+        near = allowed & (vals >= (top - utility.REL_TIE * np.maximum(1.0, np.abs(top)))[:, None])
+        counts, first = near.sum(axis=1).tolist(), near.argmax(axis=1).tolist()
+        out: list[int | None] = []
+        for j, count in enumerate(counts):
+            if count <= 1:  # no allowed row (count 0), or one best
+                out.append(first[j] if count else None)
+                continue
+            tied = np.flatnonzero(near[j])
+            keys = (self.rids[tied], -work[j][tied], self.last_selected_ns[tied])
+            out.append(int(tied[np.lexsort(keys)[0]]))
+        return out
 
     def excluded_from_exploration(self, smaller_capacities: Iterable[int], work: np.ndarray) -> np.ndarray:
         """Rows for which a smaller prepared capacity consumes the same tokens up to the endpoint."""
@@ -238,3 +272,22 @@ class PromptTable:
             value=float(self.values(capacity)[i]),
             expected_tokens=1.0 if n == self.prompt_remaining[i] else 0.0,
         )
+
+
+def _read_only(a: np.ndarray) -> np.ndarray:
+    a.setflags(write=False)
+    return a
+
+
+# PromptTable's arrays without prompts (what its constructor builds from no views).
+_NO_PROMPTS = {
+    "rids": _read_only(np.zeros(0, dtype=np.int64)),
+    "last_selected_ns": _read_only(np.zeros(0, dtype=np.int64)),
+    "prefill_price": _read_only(np.zeros(0, dtype=np.float64)),
+    "output_price": _read_only(np.zeros(0, dtype=np.float64)),
+    "prompt_remaining": _read_only(np.zeros(0, dtype=np.int64)),
+    "prompt_limit": _read_only(np.zeros(0, dtype=np.int64)),
+    "needs_scores": _read_only(np.zeros(0, dtype=bool)),
+    "span_rows": (),
+    "endpoint": _read_only(np.zeros(0, dtype=np.int64)),
+}
