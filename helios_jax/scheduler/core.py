@@ -197,6 +197,7 @@ class Scheduler(SchedulerReads, ProposalSources):
         )
         if needs_scores:
             self.graphs.require(GraphKind.SCORED_PREFILL, "a request for prompt scores")
+        self.population.check_preseeded(acceptance_history)
         windows = self.captures.admission_windows(admission["image_spans"], len(admission["prompt"]))
         pages_needed = self.pages_needed(len(admission["prompt"]), max_output)
         req = self.residents.new_request(

@@ -124,6 +124,19 @@ class Population:
     def new_acceptance(self, preseeded: dict[str, PrefixEstimate] | None) -> AcceptanceHistory:
         return AcceptanceHistory(self.acceptance_priors, preseeded=preseeded)
 
+    def check_preseeded(self, preseeded: dict[str, PrefixEstimate] | None) -> None:
+        """ValueError for a preseeded acceptance estimate of another depth than the catalog's
+        proposal depth: its observations, conditional acceptance and probe information are
+        all per depth 1..D, and a shorter one would leave depths no estimate covers."""
+        for source, estimate in (preseeded or {}).items():
+            if source not in SOURCES:
+                raise ValueError(f"acceptance_history: unknown proposal source {source!r}")
+            if len(estimate.mean) != self.depth:
+                raise ValueError(
+                    f"acceptance_history[{source!r}] has depth {len(estimate.mean)}; "
+                    f"the catalog's proposal depth is {self.depth}"
+                )
+
     def new_forecast(self, history: PrefixEstimate | None) -> PrefixEstimate:
         return PrefixEstimate.from_prior(self.forecast_prior.mean) if history is None else history.copy()
 

@@ -484,3 +484,23 @@ def test_mixed_shapes_set_the_reference_and_follow_prerequisites():
     prompt_value = (1 + 16 / 0.3) * 40 + (64 + 16 / 0.3)
     assert c.kind is GraphKind.INITIALIZE and c.following.graph.name == m2 and c.following.prefill_row == 0
     assert unscaled(c) == pytest.approx((prompt_value + 88 + 0.1 * 4.885 * (10 + u)) / u - u / 2 * 0.1)
+
+
+def test_a_preseeded_acceptance_estimate_of_another_depth_is_refused_and_changes_nothing():
+    """A depth-3 estimate on a depth-7 catalog left depths 4..7 uncovered: a funded probe then
+    took the minimum of an empty slice (ValueError deep inside plan()). Admission refuses it."""
+    from helios_jax.scheduler.speculation import PrefixEstimate
+
+    s = scheduler(SPEC)
+    free = (s.slots.available, s.pages.available)
+    shallow = {SOURCE_LEARNED: PrefixEstimate(np.full(3, 0.9), np.full(3, 64.0), 0)}
+    with pytest.raises(ValueError, match="depth 3; the catalog's proposal depth is 7"):
+        s.admit([1] * 8, max_output=500, acceptance_history=shallow)
+    with pytest.raises(ValueError, match="unknown proposal source"):
+        s.admit([1] * 8, max_output=500, acceptance_history={"oracle": shallow[SOURCE_LEARNED]})
+    assert not s.requests and (s.slots.available, s.pages.available) == free
+    s.admit(
+        [1] * 8,
+        max_output=500,
+        acceptance_history={SOURCE_LEARNED: PrefixEstimate(np.full(7, 0.9), np.full(7, 64.0), 0)},
+    )
