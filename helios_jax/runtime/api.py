@@ -14,7 +14,10 @@ import math
 import queue
 import threading
 from collections.abc import Mapping, Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from helios_jax.runtime.grammar import CompiledConstraint
 
 SEED_RANGE = (-(2**63), 2**64)  # seeds: any signed or unsigned 64-bit integer
 MAX_TOP_LOGPROBS = 20  # alternatives per token (the programs' static top-N, OpenAI's cap)
@@ -124,6 +127,7 @@ class GenerationRequest:
     sampling: SamplingParams
     message_endpoints: tuple[int, ...] = ()  # chat template message ends (checkpoint anchors)
     proposal_source: str | None = None  # "learned", "copy" or "both"; None: the engine's
+    grammar: CompiledConstraint | None = None  # structured output: the output's grammar
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,14 +8,15 @@ one order for both endpoints, so the first problem a client sees is the most bas
 
 1. JSON types of every field the pydantic models name (``openai_models``; ``param`` names the
    field), then the ranges of the sampling fields;
-2. fields the server knows and cannot honour (best_of other than n, tools, response_format,
-   grammar, logit_bias, nonzero penalties, vLLM's min_p and min_tokens, ...: a 400
-   ``unsupported_parameter`` unless the value means "off"); any other unknown field is ignored
-   (logged at debug), as vLLM does;
+2. fields the server knows and cannot honour (best_of other than n, tools, logit_bias, nonzero
+   penalties, vLLM's min_p and min_tokens, ...: a 400 ``unsupported_parameter`` unless the
+   value means "off"); any other unknown field is ignored (logged at debug), as vLLM does;
 3. the model name (404 when it is not the served one);
 4. the prompt's length in characters (``max_prompt_chars``), before any tokenizing; then the
    prompt or messages, tokenized through the engine's tokenizer;
-5. the context: prompt tokens plus ``max_tokens`` must fit ``max_model_len``.
+5. the context: prompt tokens plus ``max_tokens`` must fit ``max_model_len``;
+6. the structured-output constraint (``structured``, called by ``generation``): checked, then
+   compiled by the engine's grammars.
 
 The server runs this in a worker thread: tokenizing a long prompt never stalls the event loop.
 The answers are built by ``openai_responses``, pure functions the server calls. Chat requests
@@ -39,6 +40,7 @@ import logging
 from pydantic import BaseModel
 
 from helios_jax.runtime.api import MAX_TOP_LOGPROBS, SamplingParams, Tokenizer
+from helios_jax.runtime.grammar import CompiledConstraint
 from helios_jax.serve import prompt_logprobs
 from helios_jax.serve.openai_errors import ApiError, bad_request, unsupported
 from helios_jax.serve.openai_models import ChatBody, CompletionBody, validate
@@ -62,14 +64,7 @@ _NEUTRAL: dict[str, tuple] = {
     "functions": ([],),
     "tool_choice": ("none",),
     "function_call": ("none",),
-    "response_format": ({"type": "text"},),
-    "guided_json": (),
-    "guided_regex": (),
-    "guided_choice": (),
-    "guided_grammar": (),
-    "guided_decoding_backend": (),
     "guided_whitespace_pattern": (),
-    "structured_outputs": (),
     "grammar": (),
     "logit_bias": ({},),
     "presence_penalty": (0, 0.0),
@@ -103,8 +98,6 @@ _WHY = {
     "functions": "functions (tool and function calling) are not supported",
     "tool_choice": "tool_choice is not supported (tool and function calling)",
     "function_call": "function_call is not supported (tool and function calling)",
-    "response_format": "response_format (JSON mode, structured and grammar-constrained output) is not "
-    'supported; only {"type": "text"}',
     "logit_bias": "logit_bias is not supported",
     "presence_penalty": "presence_penalty other than 0 is not supported",
     "frequency_penalty": "frequency_penalty other than 0 is not supported",
@@ -124,8 +117,8 @@ def _check_unsupported(body: dict, table: dict[str, tuple]) -> None:
         value = body.get(name)
         if value is None or any(_same(value, v) for v in neutral):
             continue
-        if name.startswith("guided_") or name in ("grammar", "structured_outputs"):
-            raise unsupported(f"{name}: grammar-constrained output is not supported", name)
+        if name.startswith("guided_") or name == "grammar":
+            raise unsupported(f"{name} is not supported (structured output: docs/serving.md)", name)
         allowed = " or ".join(repr(v) for v in neutral) or "null"
         raise unsupported(_WHY.get(name, f"{name} is not supported yet (only {allowed})"), name)
 
@@ -157,6 +150,7 @@ class ParsedRequest:
       n: choices per prompt (engine requests sharing the prompt; ``choice_requests``).
       prompts: completions with a list of prompts: every prompt (``prompt_tokens`` is the first).
       proposal_source: the helios extension: which speculative proposals serve the request.
+      grammar: the structured-output constraint, compiled (``serve/structured.py``).
     """
 
     chat: bool
@@ -174,6 +168,7 @@ class ParsedRequest:
     proposal_source: str | None = None
     top_logprobs: int = 0  # alternatives shown per generated token
     prompt_logprobs: int | None = None  # vLLM's prompt_logprobs: alternatives per prompt token
+    grammar: CompiledConstraint | None = None  # structured output (serve/structured.py)
 
     def choice_requests(self) -> list[tuple[int, ParsedRequest]]:
         """(choice index, the request of that choice) for every prompt and sample: the index is

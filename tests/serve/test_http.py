@@ -176,7 +176,18 @@ BAD_REQUESTS = [
         "frequency_penalty",
         "unsupported_parameter",
     ),
-    (COMPLETIONS, {"prompt": "a", "guided_json": {}}, 400, "guided_json", "unsupported_parameter"),
+    (COMPLETIONS, {"prompt": "a", "guided_json": {}}, 400, "guided_json", "unsupported_parameter"),  # fake
+    (COMPLETIONS, {"prompt": "a", "guided_regex": "a("}, 400, "guided_regex", "invalid_grammar"),
+    (
+        CHAT_PATH,
+        {
+            "messages": CHAT,
+            "response_format": {"type": "json_schema", "json_schema": {"schema": {"type": 1}}},
+        },
+        400,
+        "response_format",
+        "invalid_grammar",
+    ),
     (COMPLETIONS, {"prompt": "a", "grammar": "root ::= x"}, 400, "grammar", "unsupported_parameter"),
     (COMPLETIONS, {"prompt": "a", "stream_options": {"include_usage": True}}, 400, "stream_options", None),
     (CHAT_PATH, {"max_tokens": 1}, 400, "messages", "missing_field"),
@@ -217,7 +228,7 @@ BAD_REQUESTS = [
         {"messages": CHAT, "response_format": {"type": "json_schema"}},
         400,
         "response_format",
-        "unsupported_parameter",
+        "missing_field",
     ),
     (CHAT_PATH, {"messages": CHAT, "n": 3, "best_of": 1}, 400, "best_of", "unsupported_parameter"),
     (CHAT_PATH, {"messages": CHAT, "logprobs": 1}, 400, "logprobs", "invalid_type"),
