@@ -73,6 +73,8 @@ def build_prefill(config: ModelConfig, shape: ProgramShape, impl: Impl) -> Progr
             prompt_ends=inputs.prompt_ends,
             copy_tokens=copy_tokens,
             copy_lengths=copy_lengths,
+            token_mask=inputs.token_mask,
+            masked=inputs.masked,
         )
         state, out, prompt_scores = packed_round(
             config, params, state, x, plan, impl, sidecar_shape=_sidecar_shape(shape)
@@ -122,6 +124,8 @@ def build_decode_step(config: ModelConfig, shape: ProgramShape, impl: Impl) -> P
             prompt_ends=jnp.asarray(False),
             copy_tokens=copy_tokens,
             copy_lengths=copy_lengths,
+            token_mask=inputs.token_mask,
+            masked=inputs.masked,
         )
         state, out, _ = packed_round(
             config, params, state, x, plan, impl, sidecar_shape=_sidecar_shape(shape)
@@ -157,6 +161,8 @@ def build_speculative(config: ModelConfig, shape: ProgramShape, impl: Impl) -> P
             prompt_ends=jnp.asarray(False),
             copy_tokens=inputs.copy_tokens,
             copy_lengths=inputs.copy_lengths,
+            token_mask=inputs.token_mask,
+            masked=inputs.masked,
         )
         state, out, _ = packed_round(
             config, params, state, x, plan, impl, sidecar_shape=_sidecar_shape(shape)
@@ -194,6 +200,8 @@ def build_mixed(config: ModelConfig, shape: ProgramShape, impl: Impl) -> Program
             prompt_ends=inputs.prompt_ends[0],
             copy_tokens=inputs.copy_tokens,
             copy_lengths=inputs.copy_lengths,
+            token_mask=inputs.token_mask,
+            masked=inputs.masked,
         )
         state, out, _ = packed_round(
             config, params, state, x, plan, impl, sidecar_shape=_sidecar_shape(shape)

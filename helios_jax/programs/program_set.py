@@ -22,7 +22,7 @@ import jax
 from helios_jax.catalog import Catalog, CostKey, GraphDescriptor, GraphKind
 from helios_jax.engine_config import EngineConfig
 from helios_jax.model import ModelConfig
-from helios_jax.programs import packing
+from helios_jax.programs import packing, row_packing
 from helios_jax.programs.builders import BUILDERS
 from helios_jax.programs.impls import DEFAULT_IMPL, Impl
 from helios_jax.programs.inputs import ProgramShape, input_spec
@@ -34,9 +34,9 @@ _PACKERS: dict[GraphKind, Callable[..., Any]] = {
     GraphKind.DECODE: packing.pack_decode,
     GraphKind.SPECULATIVE: packing.pack_speculative,
     GraphKind.MIXED: packing.pack_mixed,
-    GraphKind.INITIALIZE: packing.pack_initialize,
-    GraphKind.SNAPSHOT: packing.pack_snapshot,
-    GraphKind.RESTORE: packing.pack_restore,
+    GraphKind.INITIALIZE: row_packing.pack_initialize,
+    GraphKind.SNAPSHOT: row_packing.pack_snapshot,
+    GraphKind.RESTORE: row_packing.pack_restore,
 }
 
 
@@ -136,7 +136,7 @@ def build_program(
     descriptor: GraphDescriptor,
     impl: Impl = DEFAULT_IMPL,
 ) -> Program:
-    shape = ProgramShape.of(descriptor, engine_config)
+    shape = ProgramShape.of(descriptor, engine_config, vocab=model_config.vocab_size)
     fn = BUILDERS[descriptor.kind](model_config, shape, impl)
     jitted = jax.jit(fn, donate_argnums=1)
     return Program(descriptor=descriptor, shape=shape, fn=jitted, input_spec=input_spec(shape))

@@ -51,6 +51,7 @@ from helios_jax.programs.inputs import RoundOutputs
 from helios_jax.programs.proposals import copy_only_proposals, draft_proposals
 from helios_jax.programs.scores import prompt_logprobs, token_logprobs
 from helios_jax.programs.state import DeviceState, wrap_keys
+from helios_jax.programs.token_mask import apply_token_mask
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,6 +79,8 @@ class RoundInputs:
     prompt_ends: jax.Array  # bool[] or bool[B] (per prompt lane): the chunk is the prompt's last
     copy_tokens: jax.Array  # i32[B, D]
     copy_lengths: jax.Array  # i32[B]
+    token_mask: jax.Array | None = None  # i32[B, ceil(V/32)] (token_mask.py); None: no lane masked
+    masked: jax.Array | None = None  # bool[B]
 
 
 @struct.dataclass
@@ -375,6 +378,9 @@ def _accept(
         lanes.is_prompt[:, None], starts[:, None] + lens[:, None] - 1, starts[:, None] + column
     )
     logits = compute_logits(config, params, hidden[jnp.clip(sample_index, 0, t_cap - 1)])  # f32[B, W, V]
+    sampled = logits  # what the draw sees; the scores keep the raw model distribution
+    if x.token_mask is not None:
+        sampled = apply_token_mask(sampled, x.token_mask, x.masked.astype(bool), lanes.active)
 
     def per_row(values):  # a lane's setting for each of its W rows
         return jnp.broadcast_to(values[:, None], (b, w))
@@ -387,7 +393,7 @@ def _accept(
     positions = lanes.cursor[:, None] + jnp.where(lanes.is_prompt[:, None], lens[:, None], column + 1)
     # All-greedy live lanes skip the softmax/inverse-CDF work (same tokens: `sample_and_accept`).
     acc = sample_and_accept(
-        logits,
+        sampled,
         *settings,
         drafts.q,
         drafts.proposals,
