@@ -128,6 +128,13 @@ class GenerationRequest:
     message_endpoints: tuple[int, ...] = ()  # chat template message ends (checkpoint anchors)
     proposal_source: str | None = None  # "learned", "copy" or "both"; None: the engine's
     grammar: CompiledConstraint | None = None  # structured output: the output's grammar
+    # multi-token bad words as token sequences: the last token is banned after the others
+    bad_word_sequences: tuple[tuple[int, ...], ...] = ()
+
+    @property
+    def host_masked(self) -> bool:
+        """Its samples take a token mask the host computes from its committed output."""
+        return self.grammar is not None or bool(self.bad_word_sequences)
 
 
 @dataclasses.dataclass(frozen=True)

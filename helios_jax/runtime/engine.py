@@ -57,6 +57,7 @@ from helios_jax.runtime.logprobs import PromptScores, lane_logprobs
 from helios_jax.runtime.preemption import Preemptions, continuation
 from helios_jax.runtime.scheduling import build_scheduler
 from helios_jax.runtime.state_copies import CheckpointStats, StateCopies
+from helios_jax.runtime.token_masks import frame_token_masks
 from helios_jax.runtime.tokenizer import HFTokenizer
 from helios_jax.scheduler.config import PolicyConfig
 
@@ -252,6 +253,9 @@ class HeliosEngine(FaultContainment):
     def _inputs_of(self, plan):
         return {lane.handle.rid: self._by_rid[lane.handle.rid].inputs for lane in plan.lanes}
 
+    def _token_masks(self, plan) -> dict:
+        return frame_token_masks(plan, self._by_rid, self.vocab_size)  # lane index -> allowed tokens
+
     def _admit(self) -> None:
         while self._waiting:
             active = self._waiting[0]
@@ -269,10 +273,10 @@ class HeliosEngine(FaultContainment):
                     message_endpoints=req.message_endpoints,
                     stop_token_ids=stops,
                     needs_scores=s.prompt_logprobs,
-                    host_stops=bool(s.stop) or req.grammar is not None,  # grammars need feedback
+                    host_stops=bool(s.stop) or req.host_masked,  # host masks need feedback
                     sampling=s,
-                    width_limit=1 if req.grammar is not None else None,  # the mask binds one row
-                    host_mask=req.grammar is not None,  # no K-step lanes (they take no mask)
+                    width_limit=1 if req.host_masked else None,  # the mask binds one row
+                    host_mask=req.host_masked,  # no K-step lanes (they take no mask)
                 )
             except ValueError as e:  # a request no program can serve: it alone fails
                 self._fail_request(active, f"not admitted: {e}")
