@@ -53,6 +53,7 @@ from helios_jax.runtime.executor import Dispatch, Executor, RequestInputs, compl
 from helios_jax.runtime.faults import STALL_LIMIT_S, FaultContainment
 from helios_jax.runtime.logprobs import PromptScores, lane_logprobs
 from helios_jax.runtime.preemption import Preemptions, continuation
+from helios_jax.runtime.sampling_controls import processor_settings
 from helios_jax.runtime.scheduling import build_scheduler
 from helios_jax.runtime.state_copies import CheckpointStats, StateCopies
 from helios_jax.runtime.tokenizer import HFTokenizer
@@ -299,6 +300,7 @@ class HeliosEngine(FaultContainment):
                 coupled=s.seed is not None,  # seeded text must not depend on speculation
                 stop_tokens=stops,
                 logprobs=s.logprobs or s.top_logprobs > 0,  # gates the programs' scoring
+                processors=processor_settings(s, stops, req.prompt_tokens),
             )
             if s.prompt_logprobs:
                 active.prompt_scores = PromptScores(len(req.prompt_tokens), s.top_logprobs)
