@@ -27,6 +27,7 @@ from helios_jax.programs.inputs import (
     SpeculativeInputs,
 )
 from helios_jax.programs.multistep import build_multistep_decode
+from helios_jax.programs.processors import gather_rows, loaded_rows, select_rows, write_rows
 from helios_jax.programs.round import RoundInputs, RoundPlan, packed_round
 from helios_jax.programs.state import DeviceState, key_data
 
@@ -234,10 +235,15 @@ def build_initialize(config: ModelConfig, shape: ProgramShape, impl: Impl) -> Pr
             coupled=put(state.coupled, inputs.coupled),
             logprobs=put(state.logprobs, inputs.logprobs),
             generated=put(state.generated, jnp.zeros((b,), jnp.int32)),
+            processors=write_rows(state.processors, rows, loaded_rows(inputs.processors, vocab_of(state))),
         )
         return state, None
 
     return initialize
+
+
+def vocab_of(state: DeviceState) -> int:
+    return state.processors.counts.shape[1]
 
 
 def copy_pages(cache: PagedKVCache, src: jax.Array, dst: jax.Array) -> PagedKVCache:
@@ -288,6 +294,15 @@ def build_copy(config: ModelConfig, shape: ProgramShape, impl: Impl) -> ProgramF
             coupled=setting(state.coupled, inputs.coupled),
             logprobs=setting(state.logprobs, inputs.logprobs),
             generated=setting(state.generated, jnp.zeros_like(inputs.top_k)),
+            processors=write_rows(
+                state.processors,
+                dst_rows,
+                select_rows(
+                    load,
+                    loaded_rows(inputs.processors, vocab_of(state)),
+                    gather_rows(state.processors, src_rows),
+                ),
+            ),
         )
         return state, None
 

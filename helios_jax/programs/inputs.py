@@ -21,6 +21,7 @@ from flax import struct
 
 from helios_jax.catalog import Allocation, GraphDescriptor, GraphKind
 from helios_jax.engine_config import EngineConfig
+from helios_jax.programs.processors import ProcessorInputs, processor_input_spec
 
 
 @dataclasses.dataclass(frozen=True)
@@ -205,6 +206,7 @@ class InitializeInputs:
     seed: jax.Array  # u32[B]
     coupled: jax.Array  # bool[B]
     logprobs: jax.Array  # bool[B] the request asked for its generated tokens' scores
+    processors: ProcessorInputs  # the request's logits processors (processors.py)
 
 
 @struct.dataclass
@@ -237,6 +239,7 @@ class CopyInputs:
     seed: jax.Array  # u32[B]
     coupled: jax.Array  # bool[B] (load_settings lanes): the request's draws are keyed by seed
     logprobs: jax.Array  # bool[B] (load_settings lanes): the request asked for scores
+    processors: ProcessorInputs  # (load_settings lanes) the request's logits processors
 
 
 # -- outputs -----------------------------------------------------------------------------------
@@ -345,6 +348,7 @@ def _row_spec(shape: ProgramShape):
             s((b,), u32),
             s((b,), b8),
             s((b,), b8),
+            processor_input_spec(b, shape.vocab),
         )
     return CopyInputs(
         s((b,), i32),
@@ -361,4 +365,5 @@ def _row_spec(shape: ProgramShape):
         s((b,), u32),
         s((b,), b8),
         s((b,), b8),
+        processor_input_spec(b, shape.vocab),
     )

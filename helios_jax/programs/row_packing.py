@@ -13,6 +13,7 @@ import numpy as np
 from helios_jax.catalog import GraphKind
 from helios_jax.programs.inputs import CopyInputs, InitializeInputs, ProgramShape
 from helios_jax.programs.packing import InputError, _check_kind, _lanes, page_table_array
+from helios_jax.programs.processor_packing import ProcessorSettings, pack_processors
 
 
 def pack_initialize(
@@ -25,10 +26,12 @@ def pack_initialize(
     seeds: Sequence[int],
     coupled: Sequence[bool] | None = None,
     logprobs: Sequence[bool] | None = None,
+    processors: Sequence[ProcessorSettings | None] | None = None,
 ) -> InitializeInputs:
     """Rows for new requests. `coupled[i]`: lane i's draws are keyed by its seed and position
     (requests that set a seed; RESOLUTIONS.md 30); `logprobs[i]`: lane i's programs score the
-    tokens they emit (`scores.py`); None: no lane is / does."""
+    tokens they emit (`scores.py`); None: no lane is / does. `processors[i]`: lane i's logits
+    processors (`processor_packing.ProcessorSettings`; None: none)."""
     _check_kind(shape, GraphKind.INITIALIZE)
     n = len(slots)
     coupled = [False] * n if coupled is None else list(coupled)
@@ -53,7 +56,17 @@ def pack_initialize(
         seed=column(np.asarray(seeds, np.int64) % (1 << 32), np.uint32, 0),
         coupled=column(np.asarray(coupled, bool), bool, False),
         logprobs=column(np.asarray(logprobs, bool), bool, False),
+        processors=_processors(shape, processors, n),
     )
+
+
+def _processors(shape: ProgramShape, processors, n: int):
+    if processors is not None and len(processors) != n:
+        raise InputError(f"{len(processors)} processor settings for {n} lanes")
+    try:
+        return pack_processors(shape.lanes, shape.vocab, processors)
+    except ValueError as error:
+        raise InputError(str(error)) from None
 
 
 def pack_copy(
@@ -72,9 +85,9 @@ def pack_copy(
     partial last page included; destination pages must be distinct and not read by any lane.
 
     `cursors` (per lane, None: copy the source's) sets the destination cursor; `settings` (per
-    lane, None: copy the source's) loads (temperature, top_p, top_k, seed, coupled, logprobs) like
-    `initialize`:
-    a restore into another request reuses the prefix, not the sampling of its owner."""
+    lane, None: copy the source's) loads (temperature, top_p, top_k, seed, coupled, logprobs[,
+    processors]) like `initialize`: a restore into another request reuses the prefix, not the
+    sampling of its owner."""
     _check_kind(shape, GraphKind.SNAPSHOT, GraphKind.RESTORE)
     n = len(src_rows)
     if not len(dst_rows) == len(src_pages) == len(dst_pages) == n:
@@ -113,7 +126,8 @@ def pack_copy(
     )
 
 
-Settings = tuple[float, float, int, int, bool, bool]  # temperature, top_p, top_k, seed, coupled, logprobs
+# temperature, top_p, top_k, seed, coupled, logprobs[, processors: ProcessorSettings | None]
+Settings = tuple
 
 
 def _copy_overrides(shape: ProgramShape, n: int, cursors, settings) -> dict[str, np.ndarray]:
@@ -138,13 +152,15 @@ def _copy_overrides(shape: ProgramShape, n: int, cursors, settings) -> dict[str,
         logprobs=np.zeros((b,), bool),
     )
     if settings is None:
+        out["processors"] = _processors(shape, None, n)
         return out
     if len(settings) != n:
         raise InputError("one settings tuple (or None) per lane")
+    out["processors"] = _processors(shape, [None if e is None or len(e) < 7 else e[6] for e in settings], n)
     for i, each in enumerate(settings):
         if each is None:
             continue
-        temperature, top_p, top_k, seed, coupled, logprobs = each
+        temperature, top_p, top_k, seed, coupled, logprobs = each[:6]
         _check_sampling(i, temperature, top_p, top_k)
         out["load_settings"][i] = True
         out["temperature"][i], out["top_p"][i], out["top_k"][i] = temperature, top_p, top_k

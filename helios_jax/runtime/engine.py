@@ -55,6 +55,7 @@ from helios_jax.runtime.grammar import Grammars, RequestGrammar
 from helios_jax.runtime.invariants import verify_pool
 from helios_jax.runtime.logprobs import PromptScores, lane_logprobs
 from helios_jax.runtime.preemption import Preemptions, continuation
+from helios_jax.runtime.sampling_controls import processor_settings
 from helios_jax.runtime.scheduling import build_scheduler
 from helios_jax.runtime.state_copies import CheckpointStats, StateCopies
 from helios_jax.runtime.token_masks import frame_token_masks
@@ -296,6 +297,7 @@ class HeliosEngine(FaultContainment):
                 coupled=s.seed is not None,  # seeded text must not depend on speculation
                 stop_tokens=stops,
                 logprobs=s.logprobs or s.top_logprobs > 0,  # gates the programs' scoring
+                processors=processor_settings(s, stops, req.prompt_tokens),
             )
             if s.prompt_logprobs:
                 active.prompt_scores = PromptScores(len(req.prompt_tokens), s.top_logprobs)

@@ -40,6 +40,7 @@ import jax
 import numpy as np
 
 from helios_jax.catalog import Allocation, GraphKind
+from helios_jax.programs.processor_packing import ProcessorSettings
 from helios_jax.scheduler.plan import CompletionRecord, ExecutionTiming, ScheduledPlan
 from helios_jax.scheduler.view import LaneRole
 
@@ -58,6 +59,7 @@ class RequestInputs:
     logprobs: bool = False  # the request wants its generated tokens' scores (programs/scores.py)
     stop_tokens: tuple[int, ...] = ()  # multi-step decode lanes stop after one of these
     copy: tuple[int, ...] | None = None  # the next round's copy proposals; None: learned (copying.py)
+    processors: ProcessorSettings | None = None  # logits processors (runtime/sampling_controls.py)
 
 
 # Widest window between "seen pending" and "seen ready" that still counts as an observation of
@@ -122,15 +124,7 @@ def pack_inputs(program, plan: ScheduledPlan, info: Mapping[int, RequestInputs],
             **masks,
         )
     if kind is GraphKind.INITIALIZE:
-        return program.pack(
-            slots=[each.slot for each in lanes],
-            temperature=[r.temperature for r in req],
-            top_p=[r.top_p for r in req],
-            top_k=[r.top_k for r in req],
-            seeds=[r.seed for r in req],
-            coupled=[r.coupled for r in req],
-            logprobs=[r.logprobs for r in req],
-        )
+        return _initialize_inputs(program, [each.slot for each in lanes], req)
     slots = [each.slot for each in lanes]
     tables = [r.page_table for r in req]
     if kind is GraphKind.DECODE and plan.graph.steps > 1:  # each lane's steps and stop tokens
@@ -176,6 +170,20 @@ def _pack_mixed(program, plan: ScheduledPlan, req: list[RequestInputs], slots, t
         prompt_ends=ends,
         copy_proposals=copy_proposals(req, plan.graph.token_capacity - 1, row),
         **masks,
+    )
+
+
+def _initialize_inputs(program, slots: list[int], req: list[RequestInputs]):
+    """The `initialize` program's inputs: each request's sampling settings and processors."""
+    return program.pack(
+        slots=slots,
+        temperature=[r.temperature for r in req],
+        top_p=[r.top_p for r in req],
+        top_k=[r.top_k for r in req],
+        seeds=[r.seed for r in req],
+        coupled=[r.coupled for r in req],
+        logprobs=[r.logprobs for r in req],
+        processors=[r.processors for r in req],
     )
 
 

@@ -54,6 +54,10 @@ class _Common(_Body):
     presence_penalty: float | None = Field(None, allow_inf_nan=False)
     frequency_penalty: float | None = Field(None, allow_inf_nan=False)
     repetition_penalty: float | None = Field(None, allow_inf_nan=False)
+    min_p: float | None = Field(None, allow_inf_nan=False)  # vLLM's
+    min_tokens: int | None = None  # vLLM's
+    allowed_token_ids: list[int] | None = None  # vLLM's
+    bad_words: list[str] | None = None  # vLLM's
 
 
 class CompletionBody(_Common):

@@ -8,9 +8,11 @@ one order for both endpoints, so the first problem a client sees is the most bas
 
 1. JSON types of every field the pydantic models name (``openai_models``; ``param`` names the
    field), then the ranges of the sampling fields;
-2. fields the server knows and cannot honour (best_of other than n, tools, logit_bias, nonzero
-   penalties, vLLM's min_p and min_tokens, ...: a 400 ``unsupported_parameter`` unless the
-   value means "off"); any other unknown field is ignored (logged at debug), as vLLM does;
+2. fields the server knows and cannot honour (best_of other than n, tools, a top-level grammar,
+   ...: a 400 ``unsupported_parameter`` unless the value means "off"); any other unknown field
+   is ignored (logged at debug), as vLLM does. The sampling controls (penalties, logit_bias,
+   min_p, min_tokens, allowed_token_ids, bad_words) are checked by ``sampling_controls`` once
+   max_tokens is known;
 3. the model name (404 when it is not the served one);
 4. the prompt's length in characters (``max_prompt_chars``), before any tokenizing; then the
    prompt or messages, tokenized through the engine's tokenizer;
@@ -41,7 +43,7 @@ from pydantic import BaseModel
 
 from helios_jax.runtime.api import MAX_TOP_LOGPROBS, SamplingParams, Tokenizer
 from helios_jax.runtime.grammar import CompiledConstraint
-from helios_jax.serve import prompt_logprobs
+from helios_jax.serve import prompt_logprobs, sampling_controls
 from helios_jax.serve.openai_errors import ApiError, bad_request, unsupported
 from helios_jax.serve.openai_models import ChatBody, CompletionBody, validate
 
@@ -66,23 +68,15 @@ _NEUTRAL: dict[str, tuple] = {
     "function_call": ("none",),
     "guided_whitespace_pattern": (),
     "grammar": (),
-    "logit_bias": ({},),
-    "presence_penalty": (0, 0.0),
-    "frequency_penalty": (0, 0.0),
-    "repetition_penalty": (1, 1.0),
     "modalities": (["text"],),
     "audio": (),
     "prediction": (),
     "reasoning_effort": (),
     "web_search_options": (),
     # vLLM's extensions
-    "min_p": (0, 0.0),
-    "min_tokens": (0,),
     "spaces_between_special_tokens": (True,),
     "use_beam_search": (False,),
     "length_penalty": (1, 1.0),
-    "allowed_token_ids": (),
-    "bad_words": ([],),
     "logits_processors": (),
     "truncate_prompt_tokens": (),
     "chat_template": (),
@@ -98,10 +92,6 @@ _WHY = {
     "functions": "functions (tool and function calling) are not supported",
     "tool_choice": "tool_choice is not supported (tool and function calling)",
     "function_call": "function_call is not supported (tool and function calling)",
-    "logit_bias": "logit_bias is not supported",
-    "presence_penalty": "presence_penalty other than 0 is not supported",
-    "frequency_penalty": "frequency_penalty other than 0 is not supported",
-    "repetition_penalty": "repetition_penalty other than 1 is not supported",
     "modalities": "only the text modality is supported",
 }
 
@@ -400,7 +390,9 @@ def parse_completion_request(raw: dict, *, tokenizer: Tokenizer, limits: Limits)
     scores = prompt_logprobs.sampling_fields(
         logprobs is not None, logprobs or 0, prompt_k, echo and logprobs is not None
     )
-    sampling = SamplingParams(max_tokens=max_tokens, **scores, **fields)
+    sampling = SamplingParams(
+        max_tokens=max_tokens, **scores, **fields, **sampling_controls.controls(body, tokenizer, max_tokens)
+    )
     return ParsedRequest(
         chat=False,
         model=model,
