@@ -68,6 +68,9 @@ class SamplingParams:
     min_tokens: int = 0
     allowed_token_ids: tuple[int, ...] | None = None  # None: every token
     bad_token_ids: tuple[int, ...] = ()  # single-token bad words
+    # multi-token bad words as token sequences: the last token is banned after the others
+    # (runtime/bad_words.py: a host token mask)
+    bad_word_sequences: tuple[tuple[int, ...], ...] = ()
 
     def __post_init__(self):
         if not _is_int(self.max_tokens) or self.max_tokens < 1:
@@ -135,6 +138,10 @@ def _check_processors(s: SamplingParams) -> None:
         raise ValueError("allowed_token_ids must be None or a nonempty tuple of nonnegative token ids")
     if not _token_ids(s.bad_token_ids):
         raise ValueError("bad_token_ids must be a tuple of nonnegative token ids")
+    if not isinstance(s.bad_word_sequences, tuple) or not all(
+        _token_ids(w) and len(w) >= 2 for w in s.bad_word_sequences
+    ):
+        raise ValueError("bad_word_sequences must be a tuple of tuples of at least two token ids")
     if s.allowed_token_ids is not None and not set(s.allowed_token_ids) - set(s.bad_token_ids):
         raise ValueError("allowed_token_ids: every allowed token is a bad word")
 
@@ -152,13 +159,14 @@ def check_stop_ids(
     sampling: SamplingParams, eos_token_ids: Sequence[int], vocab_size: int, capacity: int
 ) -> None:
     """ValueError (naming the field) for a token id outside the vocabulary (``stop_token_ids``,
-    ``logit_bias``, ``allowed_token_ids``, ``bad_token_ids``), or for more stop ids, EOS included,
-    than the programs' `capacity` per lane."""
+    ``logit_bias``, ``allowed_token_ids``, ``bad_token_ids``, ``bad_word_sequences``), or for
+    more stop ids, EOS included, than the programs' `capacity` per lane."""
     named = {
         "stop_token_ids": sampling.stop_token_ids,
         "logit_bias": tuple(t for t, _ in sampling.logit_bias),
         "allowed_token_ids": sampling.allowed_token_ids or (),
         "bad_token_ids": sampling.bad_token_ids,
+        "bad_word_sequences": tuple(t for word in sampling.bad_word_sequences for t in word),
     }
     for name, ids in named.items():
         bad = next((t for t in ids if t >= vocab_size), None)
@@ -188,13 +196,12 @@ class GenerationRequest:
     message_endpoints: tuple[int, ...] = ()  # chat template message ends (checkpoint anchors)
     proposal_source: str | None = None  # "learned", "copy" or "both"; None: the engine's
     grammar: CompiledConstraint | None = None  # structured output: the output's grammar
-    # multi-token bad words as token sequences: the last token is banned after the others
-    bad_word_sequences: tuple[tuple[int, ...], ...] = ()
 
     @property
     def host_masked(self) -> bool:
-        """Its samples take a token mask the host computes from its committed output."""
-        return self.grammar is not None or bool(self.bad_word_sequences)
+        """Its samples take a token mask the host computes from its committed output (a grammar,
+        multi-token bad words)."""
+        return self.grammar is not None or bool(self.sampling.bad_word_sequences)
 
 
 @dataclasses.dataclass(frozen=True)

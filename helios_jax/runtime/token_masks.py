@@ -27,10 +27,10 @@ SAMPLING_ROLES = (LaneRole.DECODE, LaneRole.PROMPT)
 
 def request_mask(active, vocab_size: int) -> np.ndarray | None:
     """i32 words restricting the next sample of one engine request record (its ``grammar``,
-    ``request.bad_word_sequences`` and ``output``), or None when nothing is restricted."""
+    ``request.sampling.bad_word_sequences`` and ``output``), or None when nothing is restricted."""
     grammar = active.grammar
     mask = None if grammar is None else grammar.next_token_mask()
-    banned = banned_next(active.request.bad_word_sequences, active.output)
+    banned = banned_next(active.request.sampling.bad_word_sequences, active.output)
     if banned:
         ban = ban_mask(banned, vocab_size)
         mask = ban if mask is None else mask & ban

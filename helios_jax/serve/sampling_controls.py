@@ -9,14 +9,15 @@ the device (`programs/processors.py`).
 - min_p in [0, 1]; min_tokens an integer from 0 to the request's max_tokens;
 - allowed_token_ids: a nonempty list of ids inside the vocabulary;
 - bad_words: strings, tokenized as vLLM does (the word, and with a leading space when that is
-  another token sequence of the same length); a word whose tokens are one token is banned on the
-  device; a multi-token bad word is a 400 (not supported yet).
+  another token sequence of the same length); a word of one token is banned on the device
+  (``bad_token_ids``), a word of several tokens on the host (``bad_word_sequences``: its last
+  token is masked out whenever the output ends with its other tokens, ``runtime/bad_words.py``).
 """
 
 from __future__ import annotations
 
 from helios_jax.runtime.api import MAX_LOGIT_BIAS, Tokenizer
-from helios_jax.serve.openai_errors import bad_request, unsupported
+from helios_jax.serve.openai_errors import bad_request
 
 
 def controls(body, tokenizer: Tokenizer, max_tokens: int) -> dict:
@@ -51,7 +52,7 @@ def controls(body, tokenizer: Tokenizer, max_tokens: int) -> dict:
     if body.allowed_token_ids is not None:
         out["allowed_token_ids"] = _ids(body.allowed_token_ids, vocab, "allowed_token_ids")
     if body.bad_words:
-        out["bad_token_ids"] = _bad_words(body.bad_words, tokenizer)
+        out["bad_token_ids"], out["bad_word_sequences"] = _bad_words(body.bad_words, tokenizer)
         if "allowed_token_ids" in out and not set(out["allowed_token_ids"]) - set(out["bad_token_ids"]):
             raise bad_request("every allowed token is a bad word", param="bad_words")
     return out
@@ -90,21 +91,19 @@ def _logit_bias(bias: dict, vocab: int | None) -> tuple[tuple[int, float], ...]:
     return tuple(out)
 
 
-def _bad_words(words: list[str], tokenizer: Tokenizer) -> tuple[int, ...]:
-    """The banned tokens of single-token bad words (vLLM's two spellings of each word)."""
+def _bad_words(words: list[str], tokenizer: Tokenizer) -> tuple[tuple[int, ...], tuple[tuple[int, ...], ...]]:
+    """(banned tokens of single-token words, token sequences of multi-token words), from vLLM's
+    two spellings of each word: the word without leading spaces, and with one leading space when
+    that is as many tokens and starts with another token."""
     encode = getattr(tokenizer, "encode_plain", tokenizer.encode)
-    banned: list[int] = []
+    spellings: list[tuple[int, ...]] = []
     for word in words:
-        bare = encode(word.lstrip())
+        bare = tuple(encode(word.lstrip()))
         if not bare:
             raise bad_request("bad_words must not be empty or blank", param="bad_words")
-        if len(bare) != 1:
-            raise unsupported(
-                f"bad_words: {word!r} is {len(bare)} tokens; only single-token bad words are supported",
-                "bad_words",
-            )
-        spaced = encode(" " + word.lstrip())
-        banned.append(bare[0])
-        if len(spaced) == 1 and spaced[0] != bare[0]:
-            banned.append(spaced[0])
-    return tuple(dict.fromkeys(banned))
+        spaced = tuple(encode(" " + word.lstrip()))
+        spellings.append(bare)
+        if len(spaced) == len(bare) and spaced[0] != bare[0]:
+            spellings.append(spaced)
+    single = tuple(dict.fromkeys(s[0] for s in spellings if len(s) == 1))
+    return single, tuple(dict.fromkeys(s for s in spellings if len(s) > 1))

@@ -42,7 +42,7 @@ def test_frame_masks_join_grammar_and_bad_words_on_sampling_lanes_only():
     grammar = Grammars(tok, vocab, tok.eos_token_ids).compile(GrammarSpec("choice", json.dumps(["ab", "ac"])))
 
     def active(words, output, with_grammar):
-        request = types.SimpleNamespace(bad_word_sequences=words)
+        request = types.SimpleNamespace(sampling=types.SimpleNamespace(bad_word_sequences=words))
         matcher = grammar.start() if with_grammar else None
         if matcher is not None:
             matcher.accept(output)

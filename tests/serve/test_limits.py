@@ -57,7 +57,6 @@ def test_unknown_fields_and_neutral_extensions_are_accepted(server, engine, path
 @pytest.mark.parametrize(
     "path, body, param",
     [
-        (COMPLETIONS, {"prompt": "a", "bad_words": ["ab"]}, "bad_words"),  # two tokens: not yet
         (CHAT_PATH, {"messages": CHAT, "response_format": {"type": "json_object"}}, "response_format"),
         (CHAT_PATH, {"messages": CHAT, "echo": True}, "echo"),
     ],

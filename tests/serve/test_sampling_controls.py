@@ -2,10 +2,11 @@
 
 Against the fake engine (its tokenizer maps each character to its code point, vocabulary
 0x110000): both endpoints accept every control and hand the engine the same `SamplingParams`
-fields (bad words tokenized as vLLM does: "a" bans token 97; " b" is stripped to "b"); bad values
-are 400s naming the field (a multi-token bad word is `unsupported_parameter`), and nothing is
-submitted. `SamplingParams` itself refuses the same ranges with a ValueError naming the field, and
-`check_stop_ids` refuses ids outside the vocabulary.
+fields (bad words tokenized as vLLM does: "a" bans token 97; " b" is stripped to "b"; "cd" is
+the sequence 99, 100, its spaced spelling " cd" three tokens, so not a second spelling); bad
+values are 400s naming the field, and nothing is submitted. `SamplingParams` itself refuses the
+same ranges with a ValueError naming the field, and `check_stop_ids` refuses ids outside the
+vocabulary.
 """
 
 import pytest
@@ -25,7 +26,7 @@ CONTROLS = {
     "min_p": 0.1,
     "min_tokens": 2,
     "allowed_token_ids": [97, 98, 99, 7],
-    "bad_words": ["a", " b"],
+    "bad_words": ["a", " b", "cd"],
     "max_tokens": 4,
 }
 EXPECTED = dict(
@@ -37,6 +38,7 @@ EXPECTED = dict(
     min_tokens=2,
     allowed_token_ids=(97, 98, 99, 7),
     bad_token_ids=(97, 98),
+    bad_word_sequences=((99, 100),),
 )
 
 
@@ -76,7 +78,6 @@ BAD = [
     ({"allowed_token_ids": [0x110000]}, "allowed_token_ids", None),
     ({"allowed_token_ids": [97], "bad_words": ["a"]}, "bad_words", None),
     ({"bad_words": [" "]}, "bad_words", None),
-    ({"bad_words": ["ab"]}, "bad_words", "unsupported_parameter"),
     ({"presence_penalty": "much"}, "presence_penalty", "invalid_type"),
 ]
 
@@ -104,6 +105,7 @@ def test_bad_controls_are_400s_naming_the_field(server, engine, path, base, body
         (dict(logit_bias=((-3, 1.0),)), "logit_bias"),
         (dict(allowed_token_ids=()), "allowed_token_ids"),
         (dict(bad_token_ids=(-1,)), "bad_token_ids"),
+        (dict(bad_word_sequences=((5,),)), "bad_word_sequences"),  # one token: bad_token_ids
     ],
 )
 def test_sampling_params_refuse_out_of_range_controls(fields, name):
@@ -117,6 +119,7 @@ def test_sampling_params_refuse_out_of_range_controls(fields, name):
         (dict(logit_bias=((300, 1.0),)), "logit_bias"),
         (dict(allowed_token_ids=(1, 300)), "allowed_token_ids"),
         (dict(bad_token_ids=(300,)), "bad_token_ids"),
+        (dict(bad_word_sequences=((1, 300),)), "bad_word_sequences"),
     ],
 )
 def test_ids_outside_the_vocabulary_are_refused(fields, name):
