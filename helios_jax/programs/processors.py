@@ -184,7 +184,7 @@ def apply_processors(
         out = out + row.bias[:, None]
         steps = jax.nn.one_hot(proposals, v, dtype=jnp.int32)  # i32[B, W-1, V]
         prior = jnp.concatenate([jnp.zeros((b, 1, v), jnp.int32), jnp.cumsum(steps, axis=1)], axis=1)
-        counts = row.counts[:, None] + 0 * prior  # i32[B, W, V] outputs before row j
+        counts = row.counts[:, None] + prior  # i32[B, W, V] outputs before row j
         seen = unpack_token_mask(row.seen, v)[:, None] | (counts > 0)
         rp = row.repetition[:, None, None]
         out = jnp.where(seen, jnp.where(out > 0, out / rp, out * rp), out)  # 4

@@ -7,8 +7,10 @@ penalty, a logit bias, a single-token bad word and min_tokens with a stop token;
 it has none and must follow plain greedy decoding. Prefill's first output, single-step decode,
 K-step decode, speculative rounds (fixed query lengths and adaptive device allocation) and mixed
 rounds must all give the oracle's tokens: speculative output equals non-speculative output with
-penalties on because verification row j counts proposals 0..j-1 as output. Compared over the
-prefix whose processed top-2 margin exceeds MARGIN_TOL.
+penalties on because verification row j counts proposals 0..j-1 as output. The speculative and
+mixed rounds verify the oracle's own next tokens as copy proposals, so every one of a lane's four
+rows decides an emitted token (all four are accepted only if each row's processed argmax is the
+oracle's). Compared over the prefix whose processed top-2 margin exceeds MARGIN_TOL.
 """
 
 import jax.numpy as jnp
@@ -24,6 +26,7 @@ from .helpers import (
     MAX_LEN,
     MIXED_W4,
     MODEL,
+    MULTISTEP_K,
     RAGGED_DEVICE,
     RECT,
     Driver,
@@ -95,6 +98,15 @@ ROUNDS = {
 }
 
 
+def _copies(kind, streams, want):
+    """Speculative and mixed rounds verify copy proposals: slot 0's next three oracle tokens
+    (every row of a round then decides a token), slot 2 learned proposals."""
+    if ROUNDS[kind][0] != "spec":
+        return {}
+    ahead = want[0][len(streams[0]) : len(streams[0]) + 3]
+    return dict(copy_proposals=[ahead if len(ahead) == 3 else None, None])
+
+
 @pytest.mark.parametrize("kind", sorted(ROUNDS))
 def test_greedy_output_with_processors_equals_the_step_by_step_oracle(
     ordinary_programs, spec_programs, multistep_programs, params, expected, kind
@@ -108,11 +120,22 @@ def test_greedy_output_with_processors_equals_the_step_by_step_oracle(
         d.initialize(slot, processors=settings if slot == 0 else None)
         streams[slot] = [d.prefill(slot, prompt)[0]]  # the prefill program's first output
     slots = sorted(PROMPTS)
+    accepted = 0
     while min(len(s) for s in streams.values()) < N:
-        out = d.run(graph, slots=slots, page_tables=d.tables(slots), **lengths)
+        out = d.run(
+            graph, slots=slots, page_tables=d.tables(slots), **lengths, **_copies(kind, streams, want)
+        )
+        accepted = max(accepted, int(out.counts[0]))
         for lane, slot in enumerate(slots):
             streams[slot].extend(emitted(out, lane))
     for slot in slots:
         assert streams[slot][: len(want[slot])] == want[slot], slot
+    # Whole rounds emitted (the adaptive program's device allocation may grant fewer rows).
+    assert (
+        accepted
+        >= {"ordinary": 1, "multistep": MULTISTEP_K, "spec": 4 if kind != "speculative_adaptive" else 2}[
+            family
+        ]
+    )
     counts = np.asarray(d.state.processors.counts)
     assert counts[0].sum() == int(d.state.generated[0]) and not counts[2].any()  # only slot 0 counts

@@ -22,7 +22,17 @@ from helios_jax.programs.inputs import ProgramShape
 from helios_jax.programs.packing import InputError, pack_decode, pack_speculative
 from helios_jax.programs.token_mask import allowed_tokens, apply_token_mask, mask_words, words_of
 
-from .helpers import DECODE, MODEL, RAGGED_DEVICE, RECT, SPECULATIVE_ENGINE, Driver, as_bits, emitted
+from .helpers import (
+    DECODE,
+    MODEL,
+    PREFILLS,
+    RAGGED_DEVICE,
+    RECT,
+    SPECULATIVE_ENGINE,
+    Driver,
+    as_bits,
+    emitted,
+)
 
 V = MODEL.vocab_size
 PROMPTS = {0: [7, 3, 250, 1, 19, 19, 4, 88, 2], 2: [40, 2, 9, 33, 5]}
@@ -43,6 +53,7 @@ def test_masked_logits_equal_xgrammars_own_application():
     assert words_of([31], 40).tolist() == [-(2**31), 0]
 
 
+@pytest.mark.spec("verification/input-sampling-masks", "useful-service/conditional-acceptance")
 def test_packing_refuses_masks_a_program_cannot_honour():
     def shape(graph):
         return ProgramShape.of(graph, SPECULATIVE_ENGINE, vocab=V)
@@ -85,6 +96,7 @@ def _round(d, kind, masks):
     return d.run(RECT, slots=slots, page_tables=d.tables(slots), query_lengths=[3, 1], token_masks=masks)
 
 
+@pytest.mark.spec("verification/input-sampling-masks")
 @pytest.mark.parametrize("kind", ["decode", "speculative"])
 def test_sampled_tokens_stay_inside_the_mask(ordinary_programs, spec_programs, params, kind):
     d, _ = _started(ordinary_programs if kind == "decode" else spec_programs, params, temperature=1.5)
@@ -110,3 +122,16 @@ def test_a_greedy_masked_lane_takes_the_best_allowed_token(ordinary_programs, sp
     assert emitted(out, 1) == [best[0]]
     assert emitted(out, 0) == emitted(ref, 0)  # the unmasked lane beside it is untouched
     np.testing.assert_array_equal(as_bits(out.logprobs[0]), as_bits(ref.logprobs[0]))
+
+
+def test_the_prompt_end_sample_of_prefill_honours_the_mask(spec_programs, params):
+    prompt = PROMPTS[0]
+    logits = np.asarray(forward_full_logits(MODEL, params, jnp.asarray(prompt, jnp.int32))[-1])
+    allowed = [t for t in ALLOWED if t != int(np.argmax(logits))]
+    best = sorted(allowed, key=lambda t: -logits[t])
+    assert logits[best[0]] - logits[best[1]] > 1e-3
+    d = Driver(spec_programs, params, seed=3)
+    d.initialize(0)
+    host = dict(slot=0, tokens=prompt, page_table=d.pages[0], prompt_ends=True)
+    out = d.run(PREFILLS[0], token_masks={0: words_of(allowed, V)}, **host)
+    assert int(out.counts[0]) == 1 and int(out.tokens[0]) == best[0]
