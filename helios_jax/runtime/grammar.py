@@ -47,6 +47,22 @@ def _xgrammar():
     return xgrammar
 
 
+def import_in_background() -> threading.Thread:
+    """Import xgrammar in a daemon thread (when installed), so that the first structured-output
+    request does not pay its import (it imports torch: seconds); a request that needs it meanwhile
+    waits on the import lock as for any import."""
+
+    def load() -> None:
+        try:
+            _xgrammar()
+        except GrammarUnavailable:
+            pass
+
+    thread = threading.Thread(target=load, name="xgrammar-import", daemon=True)
+    thread.start()
+    return thread
+
+
 def choice_grammar(choices: Sequence[str]) -> str:
     """EBNF whose language is exactly `choices` (vLLM's guided_choice): ``root ::= "a" | "b"``,
     each choice a JSON-escaped string literal (EBNF strings take JSON's escapes)."""
