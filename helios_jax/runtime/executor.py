@@ -309,8 +309,10 @@ class Executor:
         change every step: a frame with any is packed afresh."""
         if plan.graph.kind in (GraphKind.SNAPSHOT, GraphKind.RESTORE) and self.copies is not None:
             return self.copies(program, plan, info)
-        if token_masks or plan.graph.kind not in (GraphKind.DECODE, GraphKind.SPECULATIVE):
-            return pack_inputs(program, plan, info, token_masks or None)
+        if token_masks:
+            return pack_inputs(program, plan, info, token_masks=token_masks)
+        if plan.graph.kind not in (GraphKind.DECODE, GraphKind.SPECULATIVE):
+            return pack_inputs(program, plan, info)
         key = tuple(
             (lane.handle.rid, id(info[lane.handle.rid]), lane.slot, lane.query_length, lane.ceiling)
             for lane in plan.lanes
