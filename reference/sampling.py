@@ -1,7 +1,12 @@
 """Deliberately naive numpy oracles for sampling and speculative acceptance (float64, loops).
 
-- `sampling_probs_naive(logits, temperature, top_k, top_p)`: one row's sampling distribution,
-  built with Python sorting: greedy one-hot for temperature 0; else tempered softmax, top-k
+- `processed_logits_naive(logits, ...)`: one row's logits after vLLM's logits processors, token
+  by token in Python: allowed_token_ids and bad words (-inf), min_tokens (stop tokens -inf while
+  fewer outputs exist), logit_bias, then the repetition (prompt or output tokens: logit / rp if
+  positive else logit * rp), frequency (- f * count) and presence (- p if counted) penalties.
+- `sampling_probs_naive(logits, temperature, top_k, top_p, min_p)`: one row's sampling
+  distribution, built with Python sorting: greedy one-hot for temperature 0; else tempered
+  softmax, min-p (keep probabilities >= min_p * the largest), top-k
   (keep probabilities >= the k-th largest), top-p (keep the most probable tokens up to and
   including the one whose cumulative mass reaches top_p; ties at the threshold kept), renormalised.
 - `draw_inverse_cdf(probs, u)`: the first token whose cumulative mass exceeds u * total.
@@ -23,7 +28,42 @@ from __future__ import annotations
 import numpy as np
 
 
-def sampling_probs_naive(logits, temperature: float, top_k: int = 0, top_p: float = 1.0) -> np.ndarray:
+def processed_logits_naive(
+    logits,
+    *,
+    outputs=(),
+    prompt=(),
+    presence: float = 0.0,
+    frequency: float = 0.0,
+    repetition: float = 1.0,
+    logit_bias=None,
+    allowed=None,
+    banned=(),
+    stops=(),
+    min_tokens: int = 0,
+) -> np.ndarray:
+    """One row's logits after the processors, given the output tokens generated before it."""
+    out = [float(x) for x in logits]
+    counts = {}
+    for token in outputs:
+        counts[int(token)] = counts.get(int(token), 0) + 1
+    seen = set(int(t) for t in prompt) | set(counts)
+    for v in range(len(out)):
+        if (allowed is not None and v not in allowed) or v in banned:
+            out[v] = -np.inf
+        if len(outputs) < min_tokens and v in stops:
+            out[v] = -np.inf
+        out[v] += (logit_bias or {}).get(v, 0.0)
+        if v in seen:
+            out[v] = out[v] / repetition if out[v] > 0 else out[v] * repetition
+        out[v] -= frequency * counts.get(v, 0)
+        out[v] -= presence * (v in counts)
+    return np.asarray(out, np.float64)
+
+
+def sampling_probs_naive(
+    logits, temperature: float, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0
+) -> np.ndarray:
     logits = np.asarray(logits, np.float64)
     if temperature <= 0:
         out = np.zeros_like(logits)
@@ -32,6 +72,9 @@ def sampling_probs_naive(logits, temperature: float, top_k: int = 0, top_p: floa
     z = logits / temperature
     probs = np.exp(z - z.max())
     probs /= probs.sum()
+    if min_p > 0:
+        probs = np.where(probs >= min_p * max(probs), probs, 0.0)
+        probs /= probs.sum()
     if top_k > 0:
         kth = sorted(probs, reverse=True)[min(top_k, len(probs)) - 1]
         probs = np.where(probs >= kth, probs, 0.0)

@@ -134,6 +134,7 @@ def sample_and_accept(
     coupled: jax.Array | None = None,  # bool[B] lanes under the coupled rule (None: none)
     noise_key: jax.Array | None = None,  # typed keys [B]: the seed's key of a coupled lane
     positions: jax.Array | None = None,  # i32[B, W] absolute position of row j's token
+    min_p: jax.Array | None = None,  # f32[B, W] (None: off)
 ) -> Acceptance:
     """The target distributions (`sampling_probs`), their uniforms and `accept_proposals` (for
     `coupled` lanes: the keyed noise and `accept_coupled`); or, when every live lane is greedy,
@@ -145,7 +146,7 @@ def sample_and_accept(
         return accept_greedy(jnp.argmax(logits, axis=-1).astype(jnp.int32), draft_probs, proposals, lengths)
 
     def full(logits):
-        p = sampling_probs(logits, temperature, top_k, top_p)
+        p = sampling_probs(logits, temperature, top_k, top_p, min_p)
 
         def rejection():
             accept_u = jax.vmap(

@@ -27,6 +27,7 @@ from helios_jax.programs.inputs import (
     SpeculativeInputs,
 )
 from helios_jax.programs.multistep import build_multistep_decode
+from helios_jax.programs.processors import gather_rows, loaded_rows, select_rows, write_rows
 from helios_jax.programs.round import RoundInputs, RoundPlan, packed_round
 from helios_jax.programs.state import DeviceState, key_data
 
@@ -73,6 +74,8 @@ def build_prefill(config: ModelConfig, shape: ProgramShape, impl: Impl) -> Progr
             prompt_ends=inputs.prompt_ends,
             copy_tokens=copy_tokens,
             copy_lengths=copy_lengths,
+            token_mask=inputs.token_mask,
+            masked=inputs.masked,
         )
         state, out, prompt_scores = packed_round(
             config, params, state, x, plan, impl, sidecar_shape=_sidecar_shape(shape)
@@ -122,6 +125,8 @@ def build_decode_step(config: ModelConfig, shape: ProgramShape, impl: Impl) -> P
             prompt_ends=jnp.asarray(False),
             copy_tokens=copy_tokens,
             copy_lengths=copy_lengths,
+            token_mask=inputs.token_mask,
+            masked=inputs.masked,
         )
         state, out, _ = packed_round(
             config, params, state, x, plan, impl, sidecar_shape=_sidecar_shape(shape)
@@ -157,6 +162,8 @@ def build_speculative(config: ModelConfig, shape: ProgramShape, impl: Impl) -> P
             prompt_ends=jnp.asarray(False),
             copy_tokens=inputs.copy_tokens,
             copy_lengths=inputs.copy_lengths,
+            token_mask=inputs.token_mask,
+            masked=inputs.masked,
         )
         state, out, _ = packed_round(
             config, params, state, x, plan, impl, sidecar_shape=_sidecar_shape(shape)
@@ -194,6 +201,8 @@ def build_mixed(config: ModelConfig, shape: ProgramShape, impl: Impl) -> Program
             prompt_ends=inputs.prompt_ends[0],
             copy_tokens=inputs.copy_tokens,
             copy_lengths=inputs.copy_lengths,
+            token_mask=inputs.token_mask,
+            masked=inputs.masked,
         )
         state, out, _ = packed_round(
             config, params, state, x, plan, impl, sidecar_shape=_sidecar_shape(shape)
@@ -226,10 +235,15 @@ def build_initialize(config: ModelConfig, shape: ProgramShape, impl: Impl) -> Pr
             coupled=put(state.coupled, inputs.coupled),
             logprobs=put(state.logprobs, inputs.logprobs),
             generated=put(state.generated, jnp.zeros((b,), jnp.int32)),
+            processors=write_rows(state.processors, rows, loaded_rows(inputs.processors, vocab_of(state))),
         )
         return state, None
 
     return initialize
+
+
+def vocab_of(state: DeviceState) -> int:
+    return state.processors.counts.shape[1]
 
 
 def copy_pages(cache: PagedKVCache, src: jax.Array, dst: jax.Array) -> PagedKVCache:
@@ -280,6 +294,15 @@ def build_copy(config: ModelConfig, shape: ProgramShape, impl: Impl) -> ProgramF
             coupled=setting(state.coupled, inputs.coupled),
             logprobs=setting(state.logprobs, inputs.logprobs),
             generated=setting(state.generated, jnp.zeros_like(inputs.top_k)),
+            processors=write_rows(
+                state.processors,
+                dst_rows,
+                select_rows(
+                    load,
+                    loaded_rows(inputs.processors, vocab_of(state)),
+                    gather_rows(state.processors, src_rows),
+                ),
+            ),
         )
         return state, None
 

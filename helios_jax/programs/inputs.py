@@ -21,6 +21,7 @@ from flax import struct
 
 from helios_jax.catalog import Allocation, GraphDescriptor, GraphKind
 from helios_jax.engine_config import EngineConfig
+from helios_jax.programs.processors import ProcessorInputs, processor_input_spec
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,9 +42,10 @@ class ProgramShape:
     draft_capacity: int  # sidecar columns
     total_pages: int
     steps: int = 1  # K decode steps per execution (multi-step decode)
+    vocab: int = 0  # V: the token mask's extent (0: unknown, every mask is refused)
 
     @classmethod
-    def of(cls, g: GraphDescriptor, engine: EngineConfig) -> ProgramShape:
+    def of(cls, g: GraphDescriptor, engine: EngineConfig, vocab: int = 0) -> ProgramShape:
         kind = g.kind
         if kind.is_prefill:  # B prompt rows of up to C tokens each, packed by prefix sums
             width, packed, prompt = 1, g.batch_capacity * g.token_capacity, g.token_capacity
@@ -78,11 +80,24 @@ class ProgramShape:
             draft_capacity=engine.draft_capacity,
             total_pages=engine.kv_pages,
             steps=g.steps,
+            vocab=vocab,
         )
 
     @property
     def device_allocation(self) -> bool:
         return self.allocation is Allocation.PREFIX_LIMIT
+
+    @property
+    def mask_words(self) -> int:
+        """ceil(V / 32): int32 words of one lane's token mask (`token_mask.py`)."""
+        return (self.vocab + 31) // 32
+
+    @property
+    def takes_token_mask(self) -> bool:
+        """Every program that samples takes a token mask, except K-step decode."""
+        if self.kind is GraphKind.DECODE:
+            return self.steps == 1
+        return self.kind.is_prefill or self.kind in (GraphKind.SPECULATIVE, GraphKind.MIXED)
 
 
 # -- inputs ------------------------------------------------------------------------------------
@@ -101,15 +116,20 @@ class PrefillInputs:
     length: jax.Array  # i32[B] valid tokens per row, 0..C (0: the row changes nothing)
     prompt_ends: jax.Array  # bool[B] the row's chunk finishes its prompt: sample the first output
     page_table: jax.Array  # i32[B, N]
+    token_mask: jax.Array  # i32[B, ceil(V/32)] allowed tokens of each row's sample (token_mask.py)
+    masked: jax.Array  # bool[B] the row's sample is restricted to its token_mask
 
 
 @struct.dataclass
 class DecodeInputs:
-    """Ordinary decode: one token per active lane; tokens and cursors come from the state."""
+    """Ordinary decode: one token per active lane; tokens and cursors come from the state. The
+    token mask is None inside multi-step decode (K-step lanes are never masked)."""
 
     slots: jax.Array  # i32[B]
     active: jax.Array  # bool[B]
     page_tables: jax.Array  # i32[B, N]
+    token_mask: jax.Array | None = None  # i32[B, ceil(V/32)] (token_mask.py)
+    masked: jax.Array | None = None  # bool[B]
 
 
 @struct.dataclass
@@ -144,6 +164,8 @@ class SpeculativeInputs:
     lane_rows: jax.Array  # i32[B] query lengths or ceilings, per the program's allocation
     copy_tokens: jax.Array  # i32[B, D]
     copy_lengths: jax.Array  # i32[B]; -1: learned proposals
+    token_mask: jax.Array  # i32[B, ceil(V/32)] (token_mask.py); a masked lane verifies one row
+    masked: jax.Array  # bool[B]
 
 
 @struct.dataclass
@@ -165,6 +187,8 @@ class MixedInputs:
     prompt_ends: jax.Array  # bool[1]
     copy_tokens: jax.Array  # i32[B, W-1]
     copy_lengths: jax.Array  # i32[B]
+    token_mask: jax.Array  # i32[B, ceil(V/32)] (token_mask.py); a masked decode lane has one row
+    masked: jax.Array  # bool[B]
 
 
 @struct.dataclass
@@ -182,6 +206,7 @@ class InitializeInputs:
     seed: jax.Array  # u32[B]
     coupled: jax.Array  # bool[B]
     logprobs: jax.Array  # bool[B] the request asked for its generated tokens' scores
+    processors: ProcessorInputs  # the request's logits processors (processors.py)
 
 
 @struct.dataclass
@@ -214,6 +239,7 @@ class CopyInputs:
     seed: jax.Array  # u32[B]
     coupled: jax.Array  # bool[B] (load_settings lanes): the request's draws are keyed by seed
     logprobs: jax.Array  # bool[B] (load_settings lanes): the request asked for scores
+    processors: ProcessorInputs  # (load_settings lanes) the request's logits processors
 
 
 # -- outputs -----------------------------------------------------------------------------------
@@ -266,22 +292,30 @@ class PrefillOutputs:
 
 def input_spec(shape: ProgramShape):
     """The program's input pytree as `jax.ShapeDtypeStruct`s."""
-    i32, f32, b8, u32 = jnp.int32, jnp.float32, jnp.bool_, jnp.uint32
+    i32, b8 = jnp.int32, jnp.bool_
     s = jax.ShapeDtypeStruct
     b, n = shape.lanes, shape.pages_per_row
     kind = shape.kind
+    mask = dict(token_mask=s((b, shape.mask_words), i32), masked=s((b,), b8))
     if kind.is_prefill:
         c = shape.prefill_capacity
-        return PrefillInputs(s((b,), i32), s((b * c,), i32), s((b,), i32), s((b,), b8), s((b, n), i32))
+        lanes = (s((b,), i32), s((b * c,), i32), s((b,), i32), s((b,), b8), s((b, n), i32))
+        return PrefillInputs(*lanes, **mask)
     if kind is GraphKind.DECODE and shape.steps > 1:
         return MultiStepInputs(
             s((b,), i32), s((b,), b8), s((b, n), i32), s((b,), i32), s((b, STOP_CAPACITY), i32)
         )
     if kind is GraphKind.DECODE:
-        return DecodeInputs(s((b,), i32), s((b,), b8), s((b, n), i32))
+        return DecodeInputs(s((b,), i32), s((b,), b8), s((b, n), i32), **mask)
     if kind is GraphKind.SPECULATIVE:
         return SpeculativeInputs(
-            s((b,), i32), s((b,), b8), s((b, n), i32), s((b,), i32), s((b, shape.depth), i32), s((b,), i32)
+            s((b,), i32),
+            s((b,), b8),
+            s((b, n), i32),
+            s((b,), i32),
+            s((b, shape.depth), i32),
+            s((b,), i32),
+            **mask,
         )
     if kind is GraphKind.MIXED:
         return MixedInputs(
@@ -294,8 +328,17 @@ def input_spec(shape: ProgramShape):
             s((1,), b8),
             s((b, shape.width - 1), i32),
             s((b,), i32),
+            **mask,
         )
-    if kind is GraphKind.INITIALIZE:
+    return _row_spec(shape)
+
+
+def _row_spec(shape: ProgramShape):
+    """The input pytree of `initialize` and the copy programs."""
+    i32, f32, b8, u32 = jnp.int32, jnp.float32, jnp.bool_, jnp.uint32
+    s = jax.ShapeDtypeStruct
+    b, n = shape.lanes, shape.pages_per_row
+    if shape.kind is GraphKind.INITIALIZE:
         return InitializeInputs(
             s((b,), i32),
             s((b,), b8),
@@ -305,6 +348,7 @@ def input_spec(shape: ProgramShape):
             s((b,), u32),
             s((b,), b8),
             s((b,), b8),
+            processor_input_spec(b, shape.vocab),
         )
     return CopyInputs(
         s((b,), i32),
@@ -321,4 +365,5 @@ def input_spec(shape: ProgramShape):
         s((b,), u32),
         s((b,), b8),
         s((b,), b8),
+        processor_input_spec(b, shape.vocab),
     )

@@ -12,7 +12,11 @@ Contract highlights (spec "Mixed execution contract", "Speculative graph coverag
 - the prompt row (`prefill_row`, an index into the dense lane list, -1 for none) gets its tokens
   at its packed offset in the packed token array;
 - page tables are padded with `total_pages`, an out-of-range id: a write outside the row's
-  reservation is dropped on the device instead of landing in another request's page.
+  reservation is dropped on the device instead of landing in another request's page;
+- token masks (`token_masks`: lane -> i32[ceil(V/32)] words in xgrammar's layout, None or
+  absent: unmasked; `token_mask.py`) restrict a lane's sample; every program that samples takes
+  them except K-step decode, and a masked lane must verify exactly one target row (its query
+  length, or its ceiling under device allocation, is 1).
 
 Worked example (mixed, B = 4, W = 2, C = 64, T = 70): lanes [decode, prompt(5 tokens), decode],
 query_lengths [2, 5, 1] -> offsets [0, 2, 7]; the prompt occupies tokens[2:7]; lane 3 is padding.
@@ -27,15 +31,14 @@ import numpy as np
 from helios_jax.catalog import Allocation, GraphKind
 from helios_jax.programs.inputs import (
     STOP_CAPACITY,
-    CopyInputs,
     DecodeInputs,
-    InitializeInputs,
     MixedInputs,
     MultiStepInputs,
     PrefillInputs,
     ProgramShape,
     SpeculativeInputs,
 )
+from helios_jax.programs.token_mask import TokenMasks, pack_token_masks
 
 
 class InputError(ValueError):
@@ -103,6 +106,19 @@ def _copy_arrays(shape: ProgramShape, depth: int, copies, lanes: int):
     return tokens, lengths
 
 
+def _masks(shape: ProgramShape, token_masks: TokenMasks | None, lanes: int, rows=None) -> dict:
+    """{token_mask, masked} for a program's inputs; `rows` (i32[B], None: one row per lane): each
+    lane's target rows (query length or ceiling), which must be 1 for a masked lane."""
+    try:
+        mask, masked = pack_token_masks(shape.lanes, shape.mask_words, shape.vocab, token_masks, lanes)
+    except ValueError as error:
+        raise InputError(str(error)) from None
+    if rows is not None:
+        for i in np.flatnonzero(masked & (np.asarray(rows) != 1)):
+            raise InputError(f"lane {i}: a masked lane verifies one target row, got {int(rows[i])}")
+    return dict(token_mask=mask, masked=masked)
+
+
 def _check_kind(shape: ProgramShape, *kinds: GraphKind) -> None:
     if shape.kind not in kinds:
         raise InputError(f"a {shape.kind.value} program cannot take these inputs")
@@ -118,9 +134,11 @@ def pack_prefill(
     slots: Sequence[int] | None = None,
     chunks: Sequence[Sequence[int]] | None = None,
     page_tables: Sequence[Sequence[int]] | None = None,
+    token_masks: TokenMasks | None = None,
 ) -> PrefillInputs:
     """One chunk of 1..C prompt tokens for request slot `slot`; or, on a B-row prefill, one chunk
-    per row (`slots`, `chunks`, `page_tables`, `prompt_ends` per row), packed by prefix sums."""
+    per row (`slots`, `chunks`, `page_tables`, `prompt_ends` per row), packed by prefix sums.
+    `token_masks` (row -> words) restrict the first output token a prompt-ending row samples."""
     _check_kind(shape, GraphKind.PREFILL, GraphKind.SCORED_PREFILL)
     if slots is None:
         if slot is None or tokens is None or page_table is None:
@@ -147,6 +165,7 @@ def pack_prefill(
         length=lengths,
         prompt_ends=row_ends,
         page_table=page_table_array(shape, page_tables),
+        **_masks(shape, token_masks, len(slots)),
     )
 
 
@@ -157,9 +176,11 @@ def pack_decode(
     page_tables: Sequence[Sequence[int]],
     steps: Sequence[int] | None = None,
     stop_tokens: Sequence[Sequence[int]] | None = None,
+    token_masks: TokenMasks | None = None,
 ) -> DecodeInputs | MultiStepInputs:
     """Decode lanes; a multi-step program (K > 1) also takes each lane's step limit (1..K,
-    default K) and its stop tokens (at most STOP_CAPACITY each, default none)."""
+    default K) and its stop tokens (at most STOP_CAPACITY each, default none), and no token
+    masks (a masked lane needs one step per frame)."""
     _check_kind(shape, GraphKind.DECODE)
     if len(page_tables) != len(slots):
         raise InputError(f"{len(page_tables)} page tables for {len(slots)} lanes")
@@ -168,7 +189,11 @@ def pack_decode(
     if shape.steps == 1:
         if steps is not None and any(int(k) != 1 for k in steps) or stop_tokens:
             raise InputError("a single-step decode program takes no step limits or stop tokens")
-        return DecodeInputs(slots=lane_slots, active=active, page_tables=tables)
+        return DecodeInputs(
+            slots=lane_slots, active=active, page_tables=tables, **_masks(shape, token_masks, len(slots))
+        )
+    if any(m is not None for m in (token_masks or {}).values()):
+        raise InputError("a multi-step decode program takes no token masks")
     return MultiStepInputs(
         slots=lane_slots,
         active=active,
@@ -196,30 +221,8 @@ def _step_arrays(shape: ProgramShape, lanes: int, steps, stop_tokens) -> dict:
     return {"steps": limits, "stop_tokens": stops}
 
 
-def pack_speculative(
-    shape: ProgramShape,
-    *,
-    slots: Sequence[int],
-    page_tables: Sequence[Sequence[int]],
-    query_lengths: Sequence[int] | None = None,
-    ceilings: Sequence[int] | None = None,
-    copy_proposals: Sequence[Sequence[int] | None] | None = None,
-) -> SpeculativeInputs:
-    """A complete speculative round.
-
-    Args:
-      query_lengths: QueryLength binding: each lane's exact target rows, 1..W, summing within P;
-        a copy lane also needs rows <= its supplied prefix + 1.
-      ceilings: SpeculativePrefixLimit binding: immutable lane ceilings, 1..min(D + 1, W); they
-        may sum above P (the device allocates within P).
-      copy_proposals: per lane None (learned proposals) or a supplied prefix of <= D tokens.
-    """
-    _check_kind(shape, GraphKind.SPECULATIVE)
-    n = len(slots)
-    if len(page_tables) != n:
-        raise InputError(f"{len(page_tables)} page tables for {n} lanes")
-    lane_slots, active = _lanes(shape, slots)
-    copy_tokens, copy_lengths = _copy_arrays(shape, shape.depth, copy_proposals, n)
+def _speculative_rows(shape: ProgramShape, n: int, query_lengths, ceilings, copy_lengths) -> np.ndarray:
+    """i32[B] the binding's values: query lengths (within P, copy prefixes) or lane ceilings."""
     rows = np.zeros((shape.lanes,), np.int32)
     if shape.allocation is Allocation.PREFIX_LIMIT:
         if ceilings is None or query_lengths is not None:
@@ -246,6 +249,37 @@ def pack_speculative(
                     f"lane {i}: query length {rows[i]} needs {rows[i] - 1} proposals; "
                     f"the copy prefix has {copy_lengths[i]}"
                 )
+    return rows
+
+
+def pack_speculative(
+    shape: ProgramShape,
+    *,
+    slots: Sequence[int],
+    page_tables: Sequence[Sequence[int]],
+    query_lengths: Sequence[int] | None = None,
+    ceilings: Sequence[int] | None = None,
+    copy_proposals: Sequence[Sequence[int] | None] | None = None,
+    token_masks: TokenMasks | None = None,
+) -> SpeculativeInputs:
+    """A complete speculative round.
+
+    Args:
+      query_lengths: QueryLength binding: each lane's exact target rows, 1..W, summing within P;
+        a copy lane also needs rows <= its supplied prefix + 1.
+      ceilings: SpeculativePrefixLimit binding: immutable lane ceilings, 1..min(D + 1, W); they
+        may sum above P (the device allocates within P).
+      copy_proposals: per lane None (learned proposals) or a supplied prefix of <= D tokens.
+      token_masks: lane -> token mask words (`token_mask.py`); a masked lane's query length or
+        ceiling must be 1.
+    """
+    _check_kind(shape, GraphKind.SPECULATIVE)
+    n = len(slots)
+    if len(page_tables) != n:
+        raise InputError(f"{len(page_tables)} page tables for {n} lanes")
+    lane_slots, active = _lanes(shape, slots)
+    copy_tokens, copy_lengths = _copy_arrays(shape, shape.depth, copy_proposals, n)
+    rows = _speculative_rows(shape, n, query_lengths, ceilings, copy_lengths)
     return SpeculativeInputs(
         slots=lane_slots,
         active=active,
@@ -253,6 +287,7 @@ def pack_speculative(
         lane_rows=rows,
         copy_tokens=copy_tokens,
         copy_lengths=copy_lengths,
+        **_masks(shape, token_masks, n, rows),
     )
 
 
@@ -292,9 +327,11 @@ def pack_mixed(
     prompt_tokens: Sequence[int] = (),
     prompt_ends: bool = False,
     copy_proposals: Sequence[Sequence[int] | None] | None = None,
+    token_masks: TokenMasks | None = None,
 ) -> MixedInputs:
     """A mixed frame: `slots` is the dense active lane list; `prefill_row` indexes it (None: a
-    decode-only population); `prompt_tokens` are the prompt row's chunk."""
+    decode-only population); `prompt_tokens` are the prompt row's chunk; `token_masks` (lane ->
+    words) restrict samples (a masked decode lane verifies one row)."""
     _check_kind(shape, GraphKind.MIXED)
     n = len(slots)
     if len(page_tables) != n or len(query_lengths) != n:
@@ -326,6 +363,7 @@ def pack_mixed(
         prompt_ends=np.array([bool(prompt_ends)]),
         copy_tokens=copy_tokens,
         copy_lengths=copy_lengths,
+        **_masks(shape, token_masks, n, np.where(np.arange(shape.lanes) == prefill_row, 1, lengths)),
     )
 
 
@@ -341,159 +379,3 @@ def sampling_mask(
     elif prefill_row is not None:
         mask[prefill_row] = prompt_ends
     return mask
-
-
-def pack_initialize(
-    shape: ProgramShape,
-    *,
-    slots: Sequence[int],
-    temperature: Sequence[float],
-    top_p: Sequence[float],
-    top_k: Sequence[int],
-    seeds: Sequence[int],
-    coupled: Sequence[bool] | None = None,
-    logprobs: Sequence[bool] | None = None,
-) -> InitializeInputs:
-    """Rows for new requests. `coupled[i]`: lane i's draws are keyed by its seed and position
-    (requests that set a seed; RESOLUTIONS.md 30); `logprobs[i]`: lane i's programs score the
-    tokens they emit (`scores.py`); None: no lane is / does."""
-    _check_kind(shape, GraphKind.INITIALIZE)
-    n = len(slots)
-    coupled = [False] * n if coupled is None else list(coupled)
-    logprobs = [False] * n if logprobs is None else list(logprobs)
-    if not len(temperature) == len(top_p) == len(top_k) == len(seeds) == len(coupled) == len(logprobs) == n:
-        raise InputError("one temperature, top_p, top_k, seed, coupled and logprobs flag per lane")
-    for i in range(n):
-        _check_sampling(i, temperature[i], top_p[i], top_k[i])
-    lane_slots, active = _lanes(shape, slots)
-
-    def column(values, dtype, fill):
-        out = np.full((shape.lanes,), fill, dtype)
-        out[:n] = values
-        return out
-
-    return InitializeInputs(
-        slots=lane_slots,
-        active=active,
-        temperature=column(temperature, np.float32, 0),
-        top_p=column(top_p, np.float32, 1),
-        top_k=column(top_k, np.int32, 0),
-        seed=column(np.asarray(seeds, np.int64) % (1 << 32), np.uint32, 0),
-        coupled=column(np.asarray(coupled, bool), bool, False),
-        logprobs=column(np.asarray(logprobs, bool), bool, False),
-    )
-
-
-def pack_copy(
-    shape: ProgramShape,
-    *,
-    src_rows: Sequence[int],
-    dst_rows: Sequence[int],
-    src_pages: Sequence[Sequence[int]],
-    dst_pages: Sequence[Sequence[int]],
-    role: str = "copy",
-    cursors: Sequence[int] | None = None,
-    settings: Sequence[Settings | None] | None = None,
-) -> CopyInputs:
-    """Row-and-page copies. Roles: "snapshot" (request slot -> snapshot row), "restore"
-    (snapshot row -> request slot), "copy" (any rows). Each lane copies whole pages, the
-    partial last page included; destination pages must be distinct and not read by any lane.
-
-    `cursors` (per lane, None: copy the source's) sets the destination cursor; `settings` (per
-    lane, None: copy the source's) loads (temperature, top_p, top_k, seed, coupled, logprobs) like
-    `initialize`:
-    a restore into another request reuses the prefix, not the sampling of its owner."""
-    _check_kind(shape, GraphKind.SNAPSHOT, GraphKind.RESTORE)
-    n = len(src_rows)
-    if not len(dst_rows) == len(src_pages) == len(dst_pages) == n:
-        raise InputError("one destination row and one page list pair per lane")
-    request = range(shape.request_slots)
-    snapshot = range(shape.request_slots, shape.state_rows)
-    for i, (s, d) in enumerate(zip(src_rows, dst_rows)):
-        if role == "snapshot" and (s not in request or d not in snapshot):
-            raise InputError(
-                f"lane {i}: a snapshot copies a request slot into a snapshot row, got {s} -> {d}"
-            )
-        if role == "restore" and (s not in snapshot or d not in request):
-            raise InputError(f"lane {i}: a restore copies a snapshot row into a request slot, got {s} -> {d}")
-        if role not in ("snapshot", "restore", "copy"):
-            raise InputError(f"unknown copy role {role!r}")
-        if len(src_pages[i]) != len(dst_pages[i]):
-            raise InputError(
-                f"lane {i}: {len(src_pages[i])} source pages for {len(dst_pages[i])} destinations"
-            )
-    _, active = _lanes(shape, dst_rows, allow_snapshot_rows=True)
-    sources, _ = _lanes(shape, src_rows, allow_snapshot_rows=True)
-    written = [int(p) for pages in dst_pages for p in pages]
-    read = {int(p) for pages in src_pages for p in pages}
-    if len(set(written)) != len(written) or read & set(written):
-        raise InputError("destination pages must be distinct and disjoint from the source pages")
-    dst = np.zeros((shape.lanes,), np.int32)
-    dst[:n] = dst_rows
-    return CopyInputs(
-        src_rows=sources,
-        dst_rows=dst,
-        active=active,
-        src_pages=page_table_array(shape, src_pages),
-        dst_pages=page_table_array(shape, dst_pages),
-        page_counts=np.array([len(p) for p in src_pages] + [0] * (shape.lanes - n), np.int32),
-        **_copy_overrides(shape, n, cursors, settings),
-    )
-
-
-Settings = tuple[float, float, int, int, bool, bool]  # temperature, top_p, top_k, seed, coupled, logprobs
-
-
-def _copy_overrides(shape: ProgramShape, n: int, cursors, settings) -> dict[str, np.ndarray]:
-    """CopyInputs' per-lane cursor and settings overrides (-1 and unloaded: copy the source)."""
-    b = shape.lanes
-    cursor = np.full((b,), -1, np.int32)
-    if cursors is not None:
-        if len(cursors) != n:
-            raise InputError("one cursor (or None) per lane")
-        for i, c in ((i, c) for i, c in enumerate(cursors) if c is not None):
-            if int(c) < 0:
-                raise InputError(f"lane {i}: cursor {c} must be >= 0")
-            cursor[i] = int(c)
-    out = dict(
-        cursor=cursor,
-        load_settings=np.zeros((b,), bool),
-        temperature=np.zeros((b,), np.float32),
-        top_p=np.ones((b,), np.float32),
-        top_k=np.zeros((b,), np.int32),
-        seed=np.zeros((b,), np.uint32),
-        coupled=np.zeros((b,), bool),
-        logprobs=np.zeros((b,), bool),
-    )
-    if settings is None:
-        return out
-    if len(settings) != n:
-        raise InputError("one settings tuple (or None) per lane")
-    for i, each in enumerate(settings):
-        if each is None:
-            continue
-        temperature, top_p, top_k, seed, coupled, logprobs = each
-        _check_sampling(i, temperature, top_p, top_k)
-        out["load_settings"][i] = True
-        out["temperature"][i], out["top_p"][i], out["top_k"][i] = temperature, top_p, top_k
-        out["seed"][i] = int(seed) % (1 << 32)
-        out["coupled"][i] = bool(coupled)
-        out["logprobs"][i] = bool(logprobs)
-    return out
-
-
-def _check_sampling(i: int, temperature: float, top_p: float, top_k: int) -> None:
-    if not (np.isfinite(temperature) and temperature >= 0):
-        raise InputError(f"lane {i}: temperature {temperature} must be finite and >= 0")
-    if not 0 < top_p <= 1:
-        raise InputError(f"lane {i}: top_p {top_p} outside (0, 1]")
-    if top_k < 0:
-        raise InputError(f"lane {i}: top_k {top_k} must be >= 0")
-
-
-def pack_snapshot(shape: ProgramShape, **kwargs) -> CopyInputs:
-    return pack_copy(shape, role="snapshot", **kwargs)
-
-
-def pack_restore(shape: ProgramShape, **kwargs) -> CopyInputs:
-    return pack_copy(shape, role="restore", **kwargs)

@@ -27,7 +27,7 @@ from helios_jax.catalog import Catalog, CostKey, GraphDescriptor, GraphKind
 from helios_jax.engine_config import EngineConfig
 from helios_jax.model import ModelConfig
 from helios_jax.model.sharding import check_tensor_parallel, place_params, tensor_parallel_mesh
-from helios_jax.programs import packing
+from helios_jax.programs import packing, row_packing
 from helios_jax.programs.builders import BUILDERS
 from helios_jax.programs.impls import DEFAULT_IMPL, Impl
 from helios_jax.programs.inputs import ProgramShape, input_spec
@@ -40,9 +40,9 @@ _PACKERS: dict[GraphKind, Callable[..., Any]] = {
     GraphKind.DECODE: packing.pack_decode,
     GraphKind.SPECULATIVE: packing.pack_speculative,
     GraphKind.MIXED: packing.pack_mixed,
-    GraphKind.INITIALIZE: packing.pack_initialize,
-    GraphKind.SNAPSHOT: packing.pack_snapshot,
-    GraphKind.RESTORE: packing.pack_restore,
+    GraphKind.INITIALIZE: row_packing.pack_initialize,
+    GraphKind.SNAPSHOT: row_packing.pack_snapshot,
+    GraphKind.RESTORE: row_packing.pack_restore,
 }
 
 
@@ -159,7 +159,7 @@ def build_program(
     """One program; over a mesh (`impl.mesh`) `params_spec` names the parameter tree to shard."""
     if impl.mesh is not None and params_spec is None:
         raise ValueError("a program over a tensor-parallel mesh needs params_spec (the tree to shard)")
-    shape = ProgramShape.of(descriptor, engine_config)
+    shape = ProgramShape.of(descriptor, engine_config, vocab=model_config.vocab_size)
     fn = BUILDERS[descriptor.kind](model_config, shape, impl)
     state_spec = None if impl.mesh is None else state_shapes(model_config, engine_config)
     jitted = jit_program(fn, impl.mesh, params_spec, state_spec)

@@ -14,7 +14,8 @@ only in static extents and in which lanes carry a prompt:
   5. accept     target distributions at each decode lane's rows and at the prompt's last token;
                 greedy/rejection acceptance (`acceptance.py`); the prompt lane just samples
   6. commit     m committed tokens per lane (a + 1 for a decode lane, the chunk for the prompt):
-                cursor += m, pending = last emitted token, h = target hidden at c + m - 1.
+                cursor += m, pending = last emitted token, h = target hidden at c + m - 1,
+                emitted tokens added to the row's output counts (processors.py).
                 Rejected rows' KV stays past the cursor and never becomes visible context
   7. absorb     (draft maintenance) one packed MTP forward over the committed pairs
                 (h_{i}, x_{i+1}) at i = c-1 .. c+m-2, taken from the same packed layout: packed
@@ -48,9 +49,11 @@ from helios_jax.model.cache import packed_token_rows
 from helios_jax.programs.acceptance import sample_and_accept
 from helios_jax.programs.impls import Impl
 from helios_jax.programs.inputs import RoundOutputs
+from helios_jax.programs.processors import apply_processors, count_outputs
 from helios_jax.programs.proposals import copy_only_proposals, draft_proposals
 from helios_jax.programs.scores import prompt_logprobs, token_logprobs
 from helios_jax.programs.state import DeviceState, wrap_keys
+from helios_jax.programs.token_mask import apply_token_mask
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,6 +81,8 @@ class RoundInputs:
     prompt_ends: jax.Array  # bool[] or bool[B] (per prompt lane): the chunk is the prompt's last
     copy_tokens: jax.Array  # i32[B, D]
     copy_lengths: jax.Array  # i32[B]
+    token_mask: jax.Array | None = None  # i32[B, ceil(V/32)] (token_mask.py); None: no lane masked
+    masked: jax.Array | None = None  # bool[B]
 
 
 @struct.dataclass
@@ -98,6 +103,8 @@ class _Lanes:
     coupled: jax.Array  # bool[B] active lanes of seeded rows: keyed draws (RESOLUTIONS.md 30)
     seed_key: jax.Array  # typed keys [B] the row's key as stored: a coupled row's seed key
     logprobs: jax.Array  # bool[B] the row's request asked for generated tokens' scores (scores.py)
+    generated: jax.Array  # i32[B] output tokens the row emitted before this round
+    min_p: jax.Array  # f32[B] (processors.py; 0: off)
 
 
 def _gather(state: DeviceState, x: RoundInputs, plan: RoundPlan) -> _Lanes:
@@ -130,6 +137,8 @@ def _gather(state: DeviceState, x: RoundInputs, plan: RoundPlan) -> _Lanes:
         coupled=active & state.coupled[slots],
         seed_key=seed_key,
         logprobs=state.logprobs[slots],
+        generated=state.generated[slots],
+        min_p=jnp.where(state.processors.enabled[slots], state.processors.min_p[slots], 0.0),
     )
 
 
@@ -248,9 +257,8 @@ def packed_round(
     batch = _pack_target(lanes, x, plan, drafts.proposals, lens)  # 4. one packed target forward
     hidden, target_cache = forward_packed(config, params, state.target, batch, attention=attention)
     column = jnp.arange(plan.width, dtype=jnp.int32)[None, :]  # i32[1, W] a lane's row index
-    acc, counts, logits = _accept(  # 5
-        config, params, lanes, x, plan, hidden, batch, drafts, column, accept_key, sample_key
-    )
+    logits, sampled = _sample_logits(config, params, state, lanes, x, plan, hidden, batch, drafts, column)
+    acc, counts = _accept(lanes, x, plan, batch, drafts, column, sampled, accept_key, sample_key)  # 5
     committed, new_hidden, new_pending = _commit(lanes, hidden, batch, acc, counts, plan)  # 6
 
     draft_cache = drafts.cache
@@ -258,6 +266,7 @@ def packed_round(
         draft_cache = _absorb(config, params, draft_cache, lanes, batch, hidden, committed, attention)
 
     rows = jnp.where(lanes.active, lanes.slots, state.rows)  # 8. only active lanes write
+    tokens = jnp.where(column < counts[:, None], acc.tokens, 0).astype(jnp.int32)
     new_state = state.replace(
         target=target_cache,
         draft=draft_cache,
@@ -266,8 +275,8 @@ def packed_round(
         last_hidden=_scatter_rows(state.last_hidden, rows, new_hidden),
         rng=_scatter_rows(state.rng, rows, _next_key_data(lanes, next_key)),
         generated=_scatter_rows(state.generated, rows, state.generated[lanes.slots] + counts),
+        processors=count_outputs(state.processors, lanes.slots, lanes.active, tokens, counts),
     )
-    tokens = jnp.where(column < counts[:, None], acc.tokens, 0).astype(jnp.int32)
     outputs = RoundOutputs(
         tokens=tokens,
         counts=counts,
@@ -348,33 +357,49 @@ def _propose(
     )
 
 
-def _accept(
-    config,
-    params,
-    lanes: _Lanes,
-    x: RoundInputs,
-    plan: RoundPlan,
-    hidden,
-    batch: PackedBatch,
-    drafts: _Drafts,
-    column,
-    accept_key,
-    sample_key,
+def _sample_logits(
+    config, params, state: DeviceState, lanes: _Lanes, x: RoundInputs, plan, hidden, batch, drafts, column
 ):
-    """Stage 5: target distributions at each decode lane's W rows and at the prompt lane's last
-    token; greedy/rejection acceptance (`acceptance.py`); the prompt lane just samples.
-
-    Returns:
-      (the acceptance result, i32[B] tokens each lane emits: a + 1 for a decode lane, one for a
-      prompt lane whose chunk ends the prompt, none otherwise, the target logits f32[B, W, V]).
-    """
-    b, w, t_cap = plan.lanes, plan.width, plan.packed
+    """(raw target logits f32[B, W, V] at each decode lane's W rows and at the prompt lane's last
+    token, the logits the draw sees: the token mask and the rows' processors applied)."""
+    t_cap = plan.packed
     starts, lens = batch.query_starts, batch.query_lens
     # The prompt lane samples at its last prompt token, a decode lane at each of its W rows.
     sample_index = jnp.where(
         lanes.is_prompt[:, None], starts[:, None] + lens[:, None] - 1, starts[:, None] + column
     )
     logits = compute_logits(config, params, hidden[jnp.clip(sample_index, 0, t_cap - 1)])  # f32[B, W, V]
+    sampled = logits  # what the draw sees; the scores keep the raw model distribution
+    if x.token_mask is not None:
+        sampled = apply_token_mask(sampled, x.token_mask, x.masked.astype(bool), lanes.active)
+    # A prompt lane's row 0 follows no proposal; a decode lane's row j follows d_0..d_{j-1}.
+    proposals = jnp.where(lanes.is_decode[:, None], drafts.proposals, 0)
+    sampled = apply_processors(
+        sampled, state.processors, lanes.slots, lanes.active, lanes.generated, proposals
+    )
+    return logits, sampled
+
+
+def _accept(
+    lanes: _Lanes,
+    x: RoundInputs,
+    plan: RoundPlan,
+    batch: PackedBatch,
+    drafts: _Drafts,
+    column,
+    sampled,
+    accept_key,
+    sample_key,
+):
+    """Stage 5: greedy/rejection acceptance (`acceptance.py`) over the processed target logits
+    `sampled` f32[B, W, V]; the prompt lane just samples.
+
+    Returns:
+      (the acceptance result, i32[B] tokens each lane emits: a + 1 for a decode lane, one for a
+      prompt lane whose chunk ends the prompt, none otherwise).
+    """
+    b, w = plan.lanes, plan.width
+    lens = batch.query_lens
 
     def per_row(values):  # a lane's setting for each of its W rows
         return jnp.broadcast_to(values[:, None], (b, w))
@@ -387,7 +412,7 @@ def _accept(
     positions = lanes.cursor[:, None] + jnp.where(lanes.is_prompt[:, None], lens[:, None], column + 1)
     # All-greedy live lanes skip the softmax/inverse-CDF work (same tokens: `sample_and_accept`).
     acc = sample_and_accept(
-        logits,
+        sampled,
         *settings,
         drafts.q,
         drafts.proposals,
@@ -398,11 +423,12 @@ def _accept(
         coupled=lanes.coupled,
         noise_key=lanes.seed_key,
         positions=positions.astype(jnp.int32),
+        min_p=per_row(lanes.min_p),
     )
     counts = jnp.where(lanes.is_decode, acc.counts, 0)
     if plan.prompt_capacity:
         counts = jnp.where(lanes.is_prompt & x.prompt_ends, 1, counts)
-    return acc, counts.astype(jnp.int32), logits
+    return acc, counts.astype(jnp.int32)
 
 
 def _commit(lanes: _Lanes, hidden, batch: PackedBatch, acc, counts, plan: RoundPlan):

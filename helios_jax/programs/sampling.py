@@ -8,6 +8,8 @@ rejection sampling compares the distributions the tokens were really drawn from:
                     the special case of the acceptance rule where p and q are point masses
                     (accept iff the proposal is the target argmax; replacement = the argmax).
   temperature > 0   softmax(logits / temperature), then
+                    min_p > 0 (target rows only): keep tokens whose probability is >= min_p times
+                    the largest (vLLM's order: after temperature, before top-k/top-p),
                     top_k > 0: keep tokens whose probability is >= the k-th largest,
                     top_p < 1: keep the smallest most-probable set whose mass reaches top_p
                     (the token that crosses top_p is kept),
@@ -53,7 +55,11 @@ def greedy_only(temperature: jax.Array, live: jax.Array | None = None) -> jax.Ar
 
 
 def sampling_probs(
-    logits: jax.Array, temperature: jax.Array, top_k: jax.Array, top_p: jax.Array
+    logits: jax.Array,
+    temperature: jax.Array,
+    top_k: jax.Array,
+    top_p: jax.Array,
+    min_p: jax.Array | None = None,
 ) -> jax.Array:
     """The distribution a row samples from.
 
@@ -61,25 +67,33 @@ def sampling_probs(
       logits: f32[..., V].
       temperature, top_p: f32[...] per row (broadcast against logits' leading axes).
       top_k: i32[...] per row.
+      min_p: f32[...] per row (None: off everywhere).
     Returns:
       f32[..., V] probabilities (one-hot where temperature == 0).
     """
     logits = logits.astype(jnp.float32)
     vocab = logits.shape[-1]
-    truncated = jnp.any((temperature > 0) & ((top_k > 0) | (top_p < 1.0)))
+    cut = (top_k > 0) | (top_p < 1.0) if min_p is None else (top_k > 0) | (top_p < 1.0) | (min_p > 0)
+    truncated = jnp.any((temperature > 0) & cut)
     temperature = temperature[..., None]
     greedy = temperature <= 0
     onehot = jax.nn.one_hot(jnp.argmax(logits, axis=-1), vocab, dtype=jnp.float32)
     probs = jax.nn.softmax(logits / jnp.where(greedy, 1.0, temperature), axis=-1)
     # The two full-vocabulary sorts below are the cost of truncation: skip them (same result)
     # when no sampled row truncates.
-    probs = jax.lax.cond(truncated, lambda p: _truncate(p, top_k, top_p), lambda p: p, probs)
+    probs = jax.lax.cond(truncated, lambda p: _truncate(p, top_k, top_p, min_p), lambda p: p, probs)
     return jnp.where(greedy, onehot, probs)
 
 
-def _truncate(probs: jax.Array, top_k: jax.Array, top_p: jax.Array) -> jax.Array:
-    """top-k, then top-p, each renormalised (rows with top_k == 0 and top_p == 1 are unchanged)."""
+def _truncate(probs: jax.Array, top_k: jax.Array, top_p: jax.Array, min_p: jax.Array | None) -> jax.Array:
+    """min-p, top-k, then top-p, each renormalised (rows with min_p == 0, top_k == 0 and
+    top_p == 1 are unchanged)."""
     vocab = probs.shape[-1]
+    if min_p is not None:
+        floor = min_p[..., None] * jnp.max(probs, axis=-1, keepdims=True)
+        kept = jnp.where(probs < floor, 0.0, probs)
+        # Rows without min_p keep their exact bits (no renormalisation round trip).
+        probs = jnp.where(min_p[..., None] > 0, kept / jnp.sum(kept, axis=-1, keepdims=True), probs)
     # top-k: threshold at the k-th largest probability.
     descending = -jnp.sort(-probs, axis=-1)
     k = jnp.clip(top_k[..., None], 1, vocab)

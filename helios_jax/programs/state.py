@@ -31,6 +31,7 @@ from flax import struct
 
 from helios_jax.engine_config import EngineConfig
 from helios_jax.model import ModelConfig, PagedKVCache, init_paged_cache
+from helios_jax.programs.processors import RowProcessors, init_processors
 
 PRNG_IMPL = "threefry2x32"
 
@@ -52,6 +53,7 @@ class DeviceState:
     coupled: jax.Array  # bool[R] seeded rows: coupled, speculation-invariant draws
     logprobs: jax.Array  # bool[R] the row's request wants its tokens' scores (programs/scores.py)
     generated: jax.Array  # i32[R] output tokens emitted since initialize
+    processors: RowProcessors  # per-row logits processors and output counts (processors.py)
 
     @property
     def rows(self) -> int:
@@ -88,6 +90,7 @@ def init_state(model: ModelConfig, engine: EngineConfig, *, fill: float = 0.0) -
         coupled=jnp.zeros((rows,), bool),
         logprobs=jnp.zeros((rows,), bool),
         generated=jnp.zeros((rows,), jnp.int32),
+        processors=init_processors(rows, model.vocab_size),
     )
 
 

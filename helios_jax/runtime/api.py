@@ -14,10 +14,14 @@ import math
 import queue
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from helios_jax.runtime.grammar import CompiledConstraint
 
 SEED_RANGE = (-(2**63), 2**64)  # seeds: any signed or unsigned 64-bit integer
 MAX_TOP_LOGPROBS = 20  # alternatives per token (the programs' static top-N, OpenAI's cap)
+MAX_LOGIT_BIAS = 1024  # logit_bias entries per request (programs.processors.BIAS_CAPACITY)
 
 
 def _is_int(value) -> bool:
@@ -34,6 +38,13 @@ class SamplingParams:
     programs' 32-bit seed (`program_seed`); top_logprobs 0..20 alternatives per generated token;
     stop_token_ids nonnegative ids (the engine refuses ids outside its vocabulary and more stop ids,
     EOS included, than its programs hold: `request_stop_ids`).
+
+    Logits processors (vLLM's semantics, applied on the device: programs/processors.py):
+    presence_penalty and frequency_penalty in [-2, 2] (0: off), repetition_penalty > 0 (1: off),
+    logit_bias (token id, bias in [-100, 100]) pairs, min_p in [0, 1] (0: off), min_tokens 0..
+    max_tokens (the stop ids of `request_stop_ids` are banned until that many outputs exist),
+    allowed_token_ids None or a nonempty tuple, bad_token_ids (single-token bad words, banned).
+    Token ids must be nonnegative; the engine refuses ids outside its vocabulary.
     """
 
     max_tokens: int
@@ -49,6 +60,17 @@ class SamplingParams:
     ignore_eos: bool = False  # the tokenizer's EOS ids do not end this request
     include_stop_str_in_output: bool = False  # a matched stop string ends the text, included
     skip_special_tokens: bool = True  # special tokens' text left out of the output text
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias) pairs
+    min_p: float = 0.0
+    min_tokens: int = 0
+    allowed_token_ids: tuple[int, ...] | None = None  # None: every token
+    bad_token_ids: tuple[int, ...] = ()  # single-token bad words
+    # multi-token bad words as token sequences: the last token is banned after the others
+    # (runtime/bad_words.py: a host token mask)
+    bad_word_sequences: tuple[tuple[int, ...], ...] = ()
 
     def __post_init__(self):
         if not _is_int(self.max_tokens) or self.max_tokens < 1:
@@ -82,6 +104,46 @@ class SamplingParams:
         for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a boolean")
+        _check_processors(self)
+
+
+def _number(value) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def _token_ids(value) -> bool:
+    return isinstance(value, tuple) and all(_is_int(t) and t >= 0 for t in value)
+
+
+def _check_processors(s: SamplingParams) -> None:
+    """The logits processors' ranges (ValueError naming the field)."""
+    for name in ("presence_penalty", "frequency_penalty"):
+        value = getattr(s, name)
+        if not _number(value) or not -2 <= value <= 2:
+            raise ValueError(f"{name} must be a number in [-2, 2], got {value!r}")
+    if not _number(s.repetition_penalty) or s.repetition_penalty <= 0:
+        raise ValueError(f"repetition_penalty must be a number > 0, got {s.repetition_penalty!r}")
+    if not _number(s.min_p) or not 0 <= s.min_p <= 1:
+        raise ValueError(f"min_p must be a number in [0, 1], got {s.min_p!r}")
+    if not _is_int(s.min_tokens) or not 0 <= s.min_tokens <= s.max_tokens:
+        raise ValueError(f"min_tokens must be an integer from 0 to max_tokens, got {s.min_tokens!r}")
+    if not isinstance(s.logit_bias, tuple) or not all(
+        isinstance(e, tuple) and len(e) == 2 and _token_ids(e[:1]) and _number(e[1]) and -100 <= e[1] <= 100
+        for e in s.logit_bias
+    ):
+        raise ValueError("logit_bias must be (token id, bias in [-100, 100]) pairs")
+    if len(s.logit_bias) > MAX_LOGIT_BIAS:
+        raise ValueError(f"logit_bias: at most {MAX_LOGIT_BIAS} entries, got {len(s.logit_bias)}")
+    if s.allowed_token_ids is not None and (not _token_ids(s.allowed_token_ids) or not s.allowed_token_ids):
+        raise ValueError("allowed_token_ids must be None or a nonempty tuple of nonnegative token ids")
+    if not _token_ids(s.bad_token_ids):
+        raise ValueError("bad_token_ids must be a tuple of nonnegative token ids")
+    if not isinstance(s.bad_word_sequences, tuple) or not all(
+        _token_ids(w) and len(w) >= 2 for w in s.bad_word_sequences
+    ):
+        raise ValueError("bad_word_sequences must be a tuple of tuples of at least two token ids")
+    if s.allowed_token_ids is not None and not set(s.allowed_token_ids) - set(s.bad_token_ids):
+        raise ValueError("allowed_token_ids: every allowed token is a bad word")
 
 
 def request_stop_ids(sampling: SamplingParams, eos_token_ids: Sequence[int]) -> tuple[int, ...]:
@@ -96,11 +158,20 @@ def request_stop_ids(sampling: SamplingParams, eos_token_ids: Sequence[int]) -> 
 def check_stop_ids(
     sampling: SamplingParams, eos_token_ids: Sequence[int], vocab_size: int, capacity: int
 ) -> None:
-    """ValueError (naming ``stop_token_ids``) for a stop id outside the vocabulary, or for more
-    stop ids, EOS included, than the programs' `capacity` per lane."""
-    bad = next((t for t in sampling.stop_token_ids if t >= vocab_size), None)
-    if bad is not None:
-        raise ValueError(f"stop_token_ids must lie below the vocabulary size {vocab_size}, got {bad}")
+    """ValueError (naming the field) for a token id outside the vocabulary (``stop_token_ids``,
+    ``logit_bias``, ``allowed_token_ids``, ``bad_token_ids``, ``bad_word_sequences``), or for
+    more stop ids, EOS included, than the programs' `capacity` per lane."""
+    named = {
+        "stop_token_ids": sampling.stop_token_ids,
+        "logit_bias": tuple(t for t, _ in sampling.logit_bias),
+        "allowed_token_ids": sampling.allowed_token_ids or (),
+        "bad_token_ids": sampling.bad_token_ids,
+        "bad_word_sequences": tuple(t for word in sampling.bad_word_sequences for t in word),
+    }
+    for name, ids in named.items():
+        bad = next((t for t in ids if t >= vocab_size), None)
+        if bad is not None:
+            raise ValueError(f"{name} must lie below the vocabulary size {vocab_size}, got {bad}")
     stops = request_stop_ids(sampling, eos_token_ids)
     if len(stops) > capacity:
         raise ValueError(
@@ -124,6 +195,13 @@ class GenerationRequest:
     sampling: SamplingParams
     message_endpoints: tuple[int, ...] = ()  # chat template message ends (checkpoint anchors)
     proposal_source: str | None = None  # "learned", "copy" or "both"; None: the engine's
+    grammar: CompiledConstraint | None = None  # structured output: the output's grammar
+
+    @property
+    def host_masked(self) -> bool:
+        """Its samples take a token mask the host computes from its committed output (a grammar,
+        multi-token bad words)."""
+        return self.grammar is not None or bool(self.sampling.bad_word_sequences)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -51,10 +51,14 @@ from helios_jax.runtime.copying import CopySource
 from helios_jax.runtime.detokenize import TextStream
 from helios_jax.runtime.executor import Dispatch, Executor, RequestInputs, completion_records, survival_rows
 from helios_jax.runtime.faults import STALL_LIMIT_S, FaultContainment
+from helios_jax.runtime.grammar import Grammars, RequestGrammar
+from helios_jax.runtime.invariants import verify_pool
 from helios_jax.runtime.logprobs import PromptScores, lane_logprobs
 from helios_jax.runtime.preemption import Preemptions, continuation
+from helios_jax.runtime.sampling_controls import processor_settings
 from helios_jax.runtime.scheduling import build_scheduler
 from helios_jax.runtime.state_copies import CheckpointStats, StateCopies
+from helios_jax.runtime.token_masks import frame_token_masks
 from helios_jax.runtime.tokenizer import HFTokenizer
 from helios_jax.scheduler.config import PolicyConfig
 
@@ -74,8 +78,8 @@ class _Active:
     output: list[int] = dataclasses.field(default_factory=list)  # every token produced so far
     admission: GenerationRequest | None = None  # a preempted request's continuation, once queued
     queued_ns: int = 0  # when it joined the admission queue (the preemption delay counts from here)
-    queue_s: float | None = None  # submission to first admission (seconds), until the first event reports it
-    queue_reported: bool = False
+    queue_s: float | None = None  # submission to first admission (seconds), until its first event reports it
+    grammar: RequestGrammar | None = None  # structured output: the matcher over its output
 
 
 class HeliosEngine(FaultContainment):
@@ -115,6 +119,8 @@ class HeliosEngine(FaultContainment):
         # built without a model, take the tokenizer's).
         self.vocab_size = model_config.vocab_size if model_config is not None else tokenizer.vocab_size
         self._programs = programs
+        # Structured output: compiled in the server's parsing threads, matched on the loop.
+        self.grammars = Grammars(tokenizer, self.vocab_size, tokenizer.eos_token_ids)
         copies = StateCopies(engine_config, self.scheduler.captures.checkpoints)
         self.executor = Executor(programs, params, programs.init_state(), copies=copies.pack)
         self._degraded = False  # rebuilding the device state after a failed program
@@ -244,26 +250,13 @@ class HeliosEngine(FaultContainment):
             self._verify_pool()
 
     def _verify_pool(self) -> None:
-        """The pool's occupancy equals the scheduler's reservations, and every frame in flight
-        addresses only pages reserved for its lanes' requests."""
-        owned = self.scheduler.owned_pages()
-        reserved = {}
-        for rid, req in self.scheduler.requests.items():
-            reserved.update({p: rid for p in req.pages})
-        if owned != reserved:
-            raise AssertionError(f"page pool {len(owned)} owned != {len(reserved)} reserved")
-        for frame in self.executor.inflight:
-            for lane in frame.plan.lanes:
-                active = self._by_rid.get(lane.handle.rid)
-                if active is not None and any(
-                    owned.get(p) != lane.handle.rid for p in active.inputs.page_table
-                ):
-                    raise AssertionError(
-                        f"fence {frame.fence}: {lane.handle} addresses pages it does not own"
-                    )
+        verify_pool(self.scheduler, self.executor, lambda rid: getattr(self._by_rid.get(rid), "inputs", None))
 
     def _inputs_of(self, plan):
         return {lane.handle.rid: self._by_rid[lane.handle.rid].inputs for lane in plan.lanes}
+
+    def _token_masks(self, plan) -> dict:
+        return frame_token_masks(plan, self._by_rid, self.vocab_size)  # lane index -> allowed tokens
 
     def _admit(self) -> None:
         while self._waiting:
@@ -282,15 +275,19 @@ class HeliosEngine(FaultContainment):
                     message_endpoints=req.message_endpoints,
                     stop_token_ids=stops,
                     needs_scores=s.prompt_logprobs,
-                    host_stops=bool(s.stop),
+                    host_stops=bool(s.stop) or req.host_masked,  # host masks need feedback
                     sampling=s,
+                    width_limit=1 if req.host_masked else None,  # the mask binds one row
+                    host_mask=req.host_masked,  # no K-step lanes (they take no mask)
                 )
             except ValueError as e:  # a request no program can serve: it alone fails
                 self._fail_request(active, f"not admitted: {e}")
                 continue
             seed = program_seed(s.seed) if s.seed is not None else (self._seed + handle.rid) % (1 << 31)
+            active.queue_s = active.queue_s if active.handle else (self._now() - active.queued_ns) / 1e9
             active.handle = handle
-            active.queue_s = active.queue_s or (self._now() - active.queued_ns) / 1e9  # the first admission
+            if req.grammar is not None and active.grammar is None:  # a continuation keeps its own
+                active.grammar = req.grammar.start()
             self._copies.admit(handle, tuple(req.prompt_tokens), req.proposal_source)
             active.inputs = RequestInputs(
                 tuple(req.prompt_tokens),
@@ -302,6 +299,7 @@ class HeliosEngine(FaultContainment):
                 coupled=s.seed is not None,  # seeded text must not depend on speculation
                 stop_tokens=stops,
                 logprobs=s.logprobs or s.top_logprobs > 0,  # gates the programs' scoring
+                processors=processor_settings(s, stops, req.prompt_tokens),
             )
             if s.prompt_logprobs:
                 active.prompt_scores = PromptScores(len(req.prompt_tokens), s.top_logprobs)
@@ -406,14 +404,16 @@ class HeliosEngine(FaultContainment):
             if scores is None:
                 raise ValueError(f"no log-probabilities for {active.request.request_id}")
             fields = scores.event_fields(len(tokens), sampling.top_logprobs)
+        if active.grammar is not None:
+            active.grammar.accept(tokens)
+        ended = active.grammar is not None and active.grammar.terminated  # the grammar is complete
         active.completion_tokens += len(tokens)
         active.output.extend(tokens)
-        text = active.text.feed(tokens, final=generated.finished)
+        text = active.text.feed(tokens, final=generated.finished or ended)
         if active.prompt_scores is not None and (text or tokens):
             fields.update(active.prompt_scores.first_event_fields())
-        if not active.queue_reported and (text or tokens):
-            fields["queue_time_s"], active.queue_reported = active.queue_s, True
         if text or tokens:
+            fields["queue_time_s"], active.queue_s = active.queue_s, None  # the first event's only
             # A visible burst (or tokens swallowed by a stop string) is reported before the
             # next completion is processed; an entirely buffered burst publishes nothing.
             if text:
@@ -428,8 +428,8 @@ class HeliosEngine(FaultContainment):
                     **fields,
                 )
             )
-        if active.text.stopped and not generated.finished:
-            self.scheduler.finish(active.handle, "stop")  # a host stop string
+        if (active.text.stopped or ended) and not generated.finished:
+            self.scheduler.finish(active.handle, "stop")  # a host stop string, or the grammar's end
             self._finish(active, "stop")
         elif generated.finished:
             reason = generated.finish_reason or "stop"

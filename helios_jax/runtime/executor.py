@@ -40,6 +40,7 @@ import jax
 import numpy as np
 
 from helios_jax.catalog import Allocation, GraphKind
+from helios_jax.programs.processor_packing import ProcessorSettings
 from helios_jax.scheduler.plan import CompletionRecord, ExecutionTiming, ScheduledPlan
 from helios_jax.scheduler.view import LaneRole
 
@@ -58,6 +59,7 @@ class RequestInputs:
     logprobs: bool = False  # the request wants its generated tokens' scores (programs/scores.py)
     stop_tokens: tuple[int, ...] = ()  # multi-step decode lanes stop after one of these
     copy: tuple[int, ...] | None = None  # the next round's copy proposals; None: learned (copying.py)
+    processors: ProcessorSettings | None = None  # logits processors (runtime/sampling_controls.py)
 
 
 # Widest window between "seen pending" and "seen ready" that still counts as an observation of
@@ -103,9 +105,11 @@ class Dispatch:
         return ExecutionTiming((float(device),), float(max(ready - self.called_ns, 0)), queued=self.queued)
 
 
-def pack_inputs(program, plan: ScheduledPlan, info: Mapping[int, RequestInputs]):
-    """Host data of a plan's lanes -> the program's inputs (``programs.packing`` validates)."""
+def pack_inputs(program, plan: ScheduledPlan, info: Mapping[int, RequestInputs], token_masks=None):
+    """Host data of a plan's lanes -> the program's inputs (``programs.packing`` validates).
+    `token_masks`: lane index -> i32 words (``programs/token_mask.py``) for the sampling programs."""
     kind = plan.graph.kind
+    masks = {} if token_masks is None else {"token_masks": token_masks}
     lanes = plan.lanes
     req = [info[each.handle.rid] for each in lanes]
     if kind.is_prefill:  # one chunk per prompt row (B-row prefill: several)
@@ -117,17 +121,10 @@ def pack_inputs(program, plan: ScheduledPlan, info: Mapping[int, RequestInputs])
             ],
             page_tables=[r.page_table for r in req],
             prompt_ends=[each.finishes_prompt for each in lanes],
+            **masks,
         )
     if kind is GraphKind.INITIALIZE:
-        return program.pack(
-            slots=[each.slot for each in lanes],
-            temperature=[r.temperature for r in req],
-            top_p=[r.top_p for r in req],
-            top_k=[r.top_k for r in req],
-            seeds=[r.seed for r in req],
-            coupled=[r.coupled for r in req],
-            logprobs=[r.logprobs for r in req],
-        )
+        return _initialize_inputs(program, [each.slot for each in lanes], req)
     slots = [each.slot for each in lanes]
     tables = [r.page_table for r in req]
     if kind is GraphKind.DECODE and plan.graph.steps > 1:  # each lane's steps and stop tokens
@@ -136,33 +133,58 @@ def pack_inputs(program, plan: ScheduledPlan, info: Mapping[int, RequestInputs])
             slots=slots, page_tables=tables, steps=steps, stop_tokens=[r.stop_tokens for r in req]
         )
     if kind is GraphKind.DECODE:
-        return program.pack(slots=slots, page_tables=tables)
+        return program.pack(slots=slots, page_tables=tables, **masks)
     if kind is GraphKind.SPECULATIVE:
         copies = copy_proposals(req, plan.graph.proposal_depth)
         if plan.graph.allocation is Allocation.PREFIX_LIMIT:
             ceilings = [each.ceiling for each in lanes]
-            return program.pack(slots=slots, page_tables=tables, ceilings=ceilings, copy_proposals=copies)
+            return program.pack(
+                slots=slots, page_tables=tables, ceilings=ceilings, copy_proposals=copies, **masks
+            )
         lengths = [each.query_length for each in lanes]
-        return program.pack(slots=slots, page_tables=tables, query_lengths=lengths, copy_proposals=copies)
-    if kind is GraphKind.MIXED:
-        row = plan.prefill_row
-        lengths = [each.prompt_tokens if i == row else each.query_length for i, each in enumerate(lanes)]
-        prompt = ()
-        ends = False
-        if row is not None:
-            lane = lanes[row]
-            prompt = req[row].prompt[lane.prompt_start : lane.prompt_start + lane.prompt_tokens]
-            ends = lane.finishes_prompt
         return program.pack(
-            slots=slots,
-            page_tables=tables,
-            query_lengths=lengths,
-            prefill_row=row,
-            prompt_tokens=prompt,
-            prompt_ends=ends,
-            copy_proposals=copy_proposals(req, plan.graph.token_capacity - 1, row),
+            slots=slots, page_tables=tables, query_lengths=lengths, copy_proposals=copies, **masks
         )
+    if kind is GraphKind.MIXED:
+        return _pack_mixed(program, plan, req, slots, tables, masks)
     raise ValueError(f"{kind.value} programs need the executor's state copies (images are not served)")
+
+
+def _pack_mixed(program, plan: ScheduledPlan, req: list[RequestInputs], slots, tables, masks: dict):
+    """A mixed plan's inputs: the prompt row's chunk, the decode rows' query lengths."""
+    lanes = plan.lanes
+    row = plan.prefill_row
+    lengths = [each.prompt_tokens if i == row else each.query_length for i, each in enumerate(lanes)]
+    prompt = ()
+    ends = False
+    if row is not None:
+        lane = lanes[row]
+        prompt = req[row].prompt[lane.prompt_start : lane.prompt_start + lane.prompt_tokens]
+        ends = lane.finishes_prompt
+    return program.pack(
+        slots=slots,
+        page_tables=tables,
+        query_lengths=lengths,
+        prefill_row=row,
+        prompt_tokens=prompt,
+        prompt_ends=ends,
+        copy_proposals=copy_proposals(req, plan.graph.token_capacity - 1, row),
+        **masks,
+    )
+
+
+def _initialize_inputs(program, slots: list[int], req: list[RequestInputs]):
+    """The `initialize` program's inputs: each request's sampling settings and processors."""
+    return program.pack(
+        slots=slots,
+        temperature=[r.temperature for r in req],
+        top_p=[r.top_p for r in req],
+        top_k=[r.top_k for r in req],
+        seeds=[r.seed for r in req],
+        coupled=[r.coupled for r in req],
+        logprobs=[r.logprobs for r in req],
+        processors=[r.processors for r in req],
+    )
 
 
 def copy_proposals(req, depth: int, prompt_row: int | None = None):
@@ -279,13 +301,16 @@ class Executor:
         # Per generation program: the last lanes it ran and their packed inputs on the device.
         self._packed: dict = {}
 
-    def _inputs(self, program, plan: ScheduledPlan, info: Mapping[int, RequestInputs]):
+    def _inputs(self, program, plan: ScheduledPlan, info: Mapping[int, RequestInputs], token_masks=None):
         """The program's inputs, on the device. Decode and speculative inputs (slots, page tables,
         query lengths or ceilings) depend only on the lanes and their requests' fixed host data,
         so while the same lanes run the same program (every step of a steady batch) the packed
-        inputs of the last call are reused: nothing is packed or transferred again."""
+        inputs of the last call are reused: nothing is packed or transferred again. Token masks
+        change every step: a frame with any is packed afresh."""
         if plan.graph.kind in (GraphKind.SNAPSHOT, GraphKind.RESTORE) and self.copies is not None:
             return self.copies(program, plan, info)
+        if token_masks:
+            return pack_inputs(program, plan, info, token_masks=token_masks)
         if plan.graph.kind not in (GraphKind.DECODE, GraphKind.SPECULATIVE):
             return pack_inputs(program, plan, info)
         key = tuple(
@@ -299,10 +324,11 @@ class Executor:
         self._packed[plan.graph.key] = (key, inputs)
         return inputs
 
-    def pack(self, plan: ScheduledPlan, info: Mapping[int, RequestInputs]):
+    def pack(self, plan: ScheduledPlan, info: Mapping[int, RequestInputs], token_masks=None):
         """The plan's program inputs (`dispatch` packs them itself when given none). Raises what
-        packing raises, before anything is dispatched: the engine packs ahead of committing."""
-        return self._inputs(self.programs[plan.graph.key], plan, info)
+        packing raises, before anything is dispatched: the engine packs ahead of committing.
+        `token_masks`: lane index -> i32 words of the lanes whose sample is restricted."""
+        return self._inputs(self.programs[plan.graph.key], plan, info, token_masks)
 
     def reset(self, state) -> None:
         """A failed program left the donated state unusable: serve on `state`, nothing in flight."""

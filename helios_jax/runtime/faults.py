@@ -25,6 +25,7 @@ import dataclasses
 import logging
 import time
 
+from helios_jax.catalog import GraphKind
 from helios_jax.runtime.api import GenerationRequest, SamplingParams, StreamEvent
 from helios_jax.runtime.state_copies import forget_stored
 from helios_jax.scheduler.plan import CompletionRecord, ExecutionTiming
@@ -60,6 +61,15 @@ class FaultContainment:
                 f"({request.sampling.max_tokens}) exceeds the context of {self.max_model_len}"
             )
         self._copies.resolve(request.proposal_source)  # a source the model can draft
+        masked_decoding = (GraphKind.SPECULATIVE, GraphKind.MIXED)  # and single-step decode
+        if request.host_masked and not any(
+            g.kind in masked_decoding or (g.kind is GraphKind.DECODE and g.steps == 1)
+            for g in self.scheduler.graphs.graphs
+        ):  # a masked decoder rides no K-step program (K-step decode takes no token mask)
+            raise ValueError(
+                "structured output and multi-token bad words need a single-step decode program "
+                "(--decode_steps with 1)"
+            )
         if request.request_id in self._by_id:
             raise ValueError(f"request_id {request.request_id!r} is already in use")
 
@@ -93,13 +103,14 @@ class FaultContainment:
         """The plan's inputs, or None after failing the requests whose lanes cannot be packed
         (each lane is packed alone to find them; when every lane packs alone, all are blamed)."""
         try:
-            return self.executor.pack(plan, self._inputs_of(plan))
+            return self.executor.pack(plan, self._inputs_of(plan), self._token_masks(plan))
         except Exception as e:
             log.exception("packing %s failed", plan.graph.name)
             culprits = []
             for lane in plan.lanes:
+                alone = dataclasses.replace(plan, lanes=(lane,))
                 try:
-                    self.executor.pack(dataclasses.replace(plan, lanes=(lane,)), self._inputs_of(plan))
+                    self.executor.pack(alone, self._inputs_of(plan), self._token_masks(alone))
                 except Exception:
                     culprits.append(lane)
             for lane in culprits or plan.lanes:

@@ -32,7 +32,11 @@ def continuation(request: GenerationRequest, output: list[int]) -> GenerationReq
     left = request.sampling.max_tokens - len(output)
     if left < 1:
         return None
-    sampling = dataclasses.replace(request.sampling, max_tokens=left, prompt_logprobs=False)
+    # min_tokens counts the outputs already produced (the continuation's own count restarts).
+    min_tokens = max(0, request.sampling.min_tokens - len(output))
+    sampling = dataclasses.replace(
+        request.sampling, max_tokens=left, prompt_logprobs=False, min_tokens=min_tokens
+    )
     return dataclasses.replace(
         request, prompt_tokens=tuple(request.prompt_tokens) + tuple(output), sampling=sampling
     )

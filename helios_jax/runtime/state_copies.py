@@ -40,7 +40,7 @@ class CopyLane:
     src_pages: tuple[int, ...]
     dst_pages: tuple[int, ...]
     tokens: int  # the checkpoint's length L: the destination's cursor
-    settings: tuple[float, float, int, int] | None = None  # restore: the request's own sampling
+    settings: tuple | None = None  # restore: the request's own sampling (packing's Settings)
 
 
 class StateCopies:
@@ -79,6 +79,7 @@ class StateCopies:
                     request.seed,
                     request.coupled,
                     request.logprobs,
+                    request.processors,
                 )
                 out.append(CopyLane(state_row, lane.slot, held, own, tokens, settings))
             else:

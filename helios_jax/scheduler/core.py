@@ -139,15 +139,7 @@ class Scheduler(SchedulerReads, ProposalSources):
         """Reproduce a measured catalog through the observation path (one sample per entry)."""
         return self.costs.seed_from_catalog(self.catalog, now_ns)
 
-    # == admission ==========================================================================
-    def pages_needed(self, prompt_len: int, max_output: int) -> int:
-        ceiling = min(prompt_len + max_output + self.draft_storage, self.max_model_len + self.draft_storage)
-        return pages_for(ceiling, self.page_size)
-
-    def can_admit(self, prompt_len: int, max_output: int) -> bool:
-        needed = self.pages_needed(prompt_len, max_output)
-        return self.slots.can_allocate() and self.pages.can_allocate(needed)
-
+    # == admission (pages_needed and can_admit: reads.py) ====================================
     def admit(
         self,
         prompt: Sequence[int],
@@ -163,6 +155,7 @@ class Scheduler(SchedulerReads, ProposalSources):
         acceptance_history: dict[str, PrefixEstimate] | None = None,
         width_limit: int | None = None,
         forecast_history: PrefixEstimate | None = None,
+        host_mask: bool = False,
     ) -> Handle:
         """Make a request resident; raises ResourceError when no slot or pages are free.
 
@@ -174,12 +167,11 @@ class Scheduler(SchedulerReads, ProposalSources):
           stop_token_ids: tokens that end the output.
           needs_scores: prompt log-probabilities requested (scored prefill).
           host_stops: stop strings or parsers on the host: rounds need completion feedback.
-          sampling: the engine's sampling settings (opaque here).
-          proposal_source: "learned" or "copy".
+          sampling, proposal_source: the engine's settings (opaque here); "learned" or "copy".
           acceptance_history, forecast_history: optional preseeded estimates (copied).
           width_limit: grammar or stop restrictions on one round: at most this many target rows
             (pending token included); None for none. :meth:`restrict_width` changes it later.
-
+          host_mask: samples take a host token mask (a grammar): no K-step decode lanes.
         A prompt that extends a stored checkpoint starts with a RESTORE of it and is charged only
         its uncached tokens. A request no eligible program can serve raises ValueError."""
         admission = admission_fields(
@@ -194,10 +186,10 @@ class Scheduler(SchedulerReads, ProposalSources):
             sampling=sampling,
             proposal_source=proposal_source,
             width_limit=width_limit,
+            host_mask=host_mask,
         )
         if needs_scores:
             self.graphs.require(GraphKind.SCORED_PREFILL, "a request for prompt scores")
-        self.population.check_preseeded(acceptance_history)
         windows = self.captures.admission_windows(admission["image_spans"], len(admission["prompt"]))
         pages_needed = self.pages_needed(len(admission["prompt"]), max_output)
         req = self.residents.new_request(

@@ -144,6 +144,7 @@ def views(inp: PricingInputs, start_ns: int) -> list[RequestView]:
             "log_prefill_price": prefill,
             "log_output_price": output,
             "log_delivery_price": delivery,
+            "host_mask": r.host_mask,
         }
         if phase is Phase.DECODE:
             last = delivered_at.get(rid, r.last_publication_ns)

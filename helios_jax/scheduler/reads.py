@@ -16,7 +16,7 @@ from helios_jax.scheduler.captures import Captures
 from helios_jax.scheduler.checkpoints import CheckpointStore
 from helios_jax.scheduler.plan import Frame, Handle, TraceRecord
 from helios_jax.scheduler.refresh import Ledger
-from helios_jax.scheduler.requests import Pool, Request
+from helios_jax.scheduler.requests import Pool, Request, pages_for
 from helios_jax.scheduler.residents import Residents
 from helios_jax.scheduler.stats import Counters, SchedulerStats
 
@@ -30,6 +30,17 @@ class SchedulerReads:
     frames: collections.deque[Frame]
     timing_ledger: Ledger
     acceptance_ledger: Ledger
+    draft_storage: int
+    max_model_len: int
+    page_size: int
+
+    def pages_needed(self, prompt_len: int, max_output: int) -> int:
+        ceiling = min(prompt_len + max_output + self.draft_storage, self.max_model_len + self.draft_storage)
+        return pages_for(ceiling, self.page_size)
+
+    def can_admit(self, prompt_len: int, max_output: int) -> bool:
+        needed = self.pages_needed(prompt_len, max_output)
+        return self.slots.can_allocate() and self.pages.can_allocate(needed)
 
     def page_table(self, handle: Handle) -> list[int]:
         """The request's reserved KV page ids, in position order."""

@@ -129,6 +129,7 @@ class Request:
         None  # grammar or stop restrictions: target rows per round, pending token included
     )
     copy_limit: int | None = None  # host copy prefix for the next round (sources.py); None: none
+    host_mask: bool = False  # samples take a host token mask (a grammar): no K-step lanes
 
     @property
     def rid(self) -> int:
@@ -219,6 +220,7 @@ class Admission(TypedDict):
     sampling: Any
     proposal_source: str
     width_limit: int | None
+    host_mask: bool
 
 
 def admission_fields(
@@ -234,6 +236,7 @@ def admission_fields(
     sampling: Any,
     proposal_source: str,
     width_limit: int | None,
+    host_mask: bool = False,
 ) -> Admission:
     """``Scheduler.admit``'s arguments checked and normalized; raises ValueError."""
     tokens = tuple(int(t) for t in prompt)
@@ -268,6 +271,7 @@ def admission_fields(
         sampling=sampling,
         proposal_source=proposal_source,
         width_limit=width_limit,
+        host_mask=bool(host_mask),
     )
 
 

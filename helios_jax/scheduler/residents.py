@@ -81,6 +81,7 @@ class Residents:
         """The record of a checked admission, holding its reserved slot and pages and fresh
         (or preseeded) estimates; the caller enters it in the table once its prerequisites are
         decided."""
+        self.population.check_preseeded(acceptance_history)  # before anything is reserved
         handle, slot, pages = self.reserve(pages_needed)
         return Request(
             handle=handle,

@@ -61,6 +61,7 @@ class RequestView:
     context_remaining: int = 1 << 30
     copy_limit: int | None = None  # copy proposals: supplied prefix length; None: learned
     width_limit: int | None = None  # grammar or stop restrictions: target rows per round (None: none)
+    host_mask: bool = False  # its samples take a host token mask: never a lane of a K-step program
     survival: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0))
     optimistic: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0))
     forecast: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0))

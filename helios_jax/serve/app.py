@@ -36,6 +36,7 @@ from collections.abc import Callable
 import anyio
 import uvicorn
 
+from helios_jax.runtime import grammar
 from helios_jax.runtime.api import Engine
 from helios_jax.serve.flags import ServerConfig
 from helios_jax.serve.metrics import ServerMetrics
@@ -120,7 +121,9 @@ class HeliosServer:
 
     # -- running -----------------------------------------------------------------------------
     def start(self, timeout: float = 30.0) -> None:
-        """Serve in a background thread; returns once uvicorn accepts connections."""
+        """Serve in a background thread; returns once uvicorn accepts connections. xgrammar (for
+        structured output) is imported meanwhile, off every request's path."""
+        grammar.import_in_background()
         self._thread = threading.Thread(target=self._run, name="http", daemon=True)
         self._thread.start()
         deadline = time.monotonic() + timeout

@@ -21,7 +21,7 @@ import jinja2
 
 from helios_jax.runtime.api import MAX_TOP_LOGPROBS, SamplingParams, Tokenizer
 from helios_jax.serve import openai_protocol as proto
-from helios_jax.serve import prompt_logprobs, prompt_truncation, tool_calls
+from helios_jax.serve import prompt_logprobs, prompt_truncation, sampling_controls, tool_calls
 from helios_jax.serve.openai_errors import ApiError, bad_request, unsupported
 from helios_jax.serve.openai_models import ChatBody, validate
 
@@ -176,7 +176,8 @@ def parse_chat_request(raw: dict, *, tokenizer: Tokenizer, limits: proto.Limits)
     budget = proto._fit_context(len(prompt_tokens), budget, limits.max_model_len, "messages")
     prompt_k = prompt_logprobs.parse(body.prompt_logprobs, stream)
     scores = prompt_logprobs.sampling_fields(logprobs, top_logprobs or 0, prompt_k)
-    sampling = SamplingParams(max_tokens=budget, **scores, **fields)
+    controls = sampling_controls.controls(body, tokenizer, budget)
+    sampling = SamplingParams(max_tokens=budget, **scores, **fields, **controls)
     return proto.ParsedRequest(
         chat=True,
         model=model,

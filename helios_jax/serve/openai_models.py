@@ -59,6 +59,10 @@ class _Common(_Body):
     truncation_side: str | None = None  # vLLM's: "left" (default: keep the end) or "right"
     return_token_ids: bool | None = None  # vLLM's: token ids beside the text
     spaces_between_special_tokens: bool | None = None  # vLLM's; no effect (docs/serving.md)
+    min_p: float | None = Field(None, allow_inf_nan=False)  # vLLM's
+    min_tokens: int | None = None  # vLLM's
+    allowed_token_ids: list[int] | None = None  # vLLM's
+    bad_words: list[str] | None = None  # vLLM's
 
 
 class CompletionBody(_Common):

@@ -8,14 +8,17 @@ one order for both endpoints, so the first problem a client sees is the most bas
 
 1. JSON types of every field the pydantic models name (``openai_models``; ``param`` names the
    field), then the ranges of the sampling fields;
-2. fields the server knows and cannot honour (best_of other than n, response_format,
-   grammar, logit_bias, nonzero penalties, vLLM's min_p and min_tokens, ...: a 400
-   ``unsupported_parameter`` unless the value means "off"); any other unknown field is ignored
-   (logged at debug), as vLLM does;
+2. fields the server knows and cannot honour (best_of other than n, a top-level grammar, ...:
+   a 400 ``unsupported_parameter`` unless the value means "off"); any other unknown field is
+   ignored (logged at debug), as vLLM does. The sampling controls (penalties, logit_bias,
+   min_p, min_tokens, allowed_token_ids, bad_words) are checked by ``sampling_controls`` once
+   max_tokens is known;
 3. the model name (404 when it is not the served one);
 4. the prompt's length in characters (``max_prompt_chars``), before any tokenizing; then the
    prompt or messages, tokenized through the engine's tokenizer;
-5. the context: prompt tokens plus ``max_tokens`` must fit ``max_model_len``.
+5. the context: prompt tokens plus ``max_tokens`` must fit ``max_model_len``;
+6. the structured-output constraint (``structured``, called by ``generation``): checked, then
+   compiled by the engine's grammars.
 
 The server runs this in a worker thread: tokenizing a long prompt never stalls the event loop.
 The answers are built by ``openai_responses``, pure functions the server calls. Chat requests
@@ -39,7 +42,8 @@ import logging
 from pydantic import BaseModel
 
 from helios_jax.runtime.api import MAX_TOP_LOGPROBS, SamplingParams, Tokenizer
-from helios_jax.serve import prompt_logprobs, prompt_truncation
+from helios_jax.runtime.grammar import CompiledConstraint
+from helios_jax.serve import prompt_logprobs, prompt_truncation, sampling_controls
 from helios_jax.serve.openai_errors import ApiError, bad_request, unsupported
 from helios_jax.serve.openai_models import ChatBody, CompletionBody, validate
 
@@ -60,31 +64,16 @@ _NEUTRAL: dict[str, tuple] = {
     "suffix": ("",),
     "functions": ([],),
     "function_call": ("none",),
-    "response_format": ({"type": "text"},),
-    "guided_json": (),
-    "guided_regex": (),
-    "guided_choice": (),
-    "guided_grammar": (),
-    "guided_decoding_backend": (),
     "guided_whitespace_pattern": (),
-    "structured_outputs": (),
     "grammar": (),
-    "logit_bias": ({},),
-    "presence_penalty": (0, 0.0),
-    "frequency_penalty": (0, 0.0),
-    "repetition_penalty": (1, 1.0),
     "modalities": (["text"],),
     "audio": (),
     "prediction": (),
     "reasoning_effort": (),
     "web_search_options": (),
     # vLLM's extensions
-    "min_p": (0, 0.0),
-    "min_tokens": (0,),
     "use_beam_search": (False,),
     "length_penalty": (1, 1.0),
-    "allowed_token_ids": (),
-    "bad_words": ([],),
     "logits_processors": (),
     "chat_template": (),
 }
@@ -94,12 +83,6 @@ _WHY = {
     "suffix": "suffix (insertion) is not supported",
     "functions": "functions (the deprecated function calling) are not supported; use tools",
     "function_call": "function_call (the deprecated function calling) is not supported; use tool_choice",
-    "response_format": "response_format (JSON mode, structured and grammar-constrained output) is not "
-    'supported; only {"type": "text"}',
-    "logit_bias": "logit_bias is not supported",
-    "presence_penalty": "presence_penalty other than 0 is not supported",
-    "frequency_penalty": "frequency_penalty other than 0 is not supported",
-    "repetition_penalty": "repetition_penalty other than 1 is not supported",
     "modalities": "only the text modality is supported",
     "chat_template": "a request's chat_template is refused (vLLM refuses it too unless started with "
     "--trust-request-chat-template): requests render with the model folder's template",
@@ -117,8 +100,8 @@ def _check_unsupported(body: dict, table: dict[str, tuple]) -> None:
         value = body.get(name)
         if value is None or any(_same(value, v) for v in neutral):
             continue
-        if name.startswith("guided_") or name in ("grammar", "structured_outputs"):
-            raise unsupported(f"{name}: grammar-constrained output is not supported", name)
+        if name.startswith("guided_") or name == "grammar":
+            raise unsupported(f"{name} is not supported (structured output: docs/serving.md)", name)
         allowed = " or ".join(repr(v) for v in neutral) or "null"
         raise unsupported(_WHY.get(name, f"{name} is not supported yet (only {allowed})"), name)
 
@@ -150,6 +133,7 @@ class ParsedRequest:
       n: choices per prompt (engine requests sharing the prompt; ``choice_requests``).
       prompts: completions with a list of prompts: every prompt (``prompt_tokens`` is the first).
       proposal_source: the helios extension: which speculative proposals serve the request.
+      grammar: the structured-output constraint, compiled (``serve/structured.py``).
     """
 
     chat: bool
@@ -170,6 +154,7 @@ class ParsedRequest:
     tool_parser: str | None = None  # chat: the output is parsed for tool calls (serve/tool_calls.py)
     tokens_as_ids: bool = False  # vLLM's return_tokens_as_token_ids: logprobs say "token_id:N"
     return_token_ids: bool = False  # vLLM's: prompt and output token ids beside the text
+    grammar: CompiledConstraint | None = None  # structured output (serve/structured.py)
 
     def choice_requests(self) -> list[tuple[int, ParsedRequest]]:
         """(choice index, the request of that choice) for every prompt and sample: the index is
@@ -405,7 +390,9 @@ def parse_completion_request(raw: dict, *, tokenizer: Tokenizer, limits: Limits)
     scores = prompt_logprobs.sampling_fields(
         logprobs is not None, logprobs or 0, prompt_k, echo and logprobs is not None
     )
-    sampling = SamplingParams(max_tokens=max_tokens, **scores, **fields)
+    sampling = SamplingParams(
+        max_tokens=max_tokens, **scores, **fields, **sampling_controls.controls(body, tokenizer, max_tokens)
+    )
     return ParsedRequest(
         chat=False,
         model=model,

@@ -6,10 +6,17 @@ in the session (and across runs through the persistent compilation cache).
 
 import pytest
 
+from helios_jax.catalog import Catalog
+
 from .helpers import (
+    DECODE,
+    DECODE_K,
     MODEL,
+    MULTISTEP_K,
     ORDINARY_ENGINE,
+    PREFILLS,
     SPECULATIVE_ENGINE,
+    STATE_OPS,
     build,
     ordinary_catalog,
     random_params,
@@ -30,3 +37,16 @@ def spec_programs(params):
 @pytest.fixture(scope="session")
 def ordinary_programs(params):
     return build(ORDINARY_ENGINE, ordinary_catalog(), params)
+
+
+@pytest.fixture(scope="session")
+def multistep_programs(params):
+    """The ordinary engine with single-step and K = 4 step decode."""
+    catalog = Catalog(
+        "test-multistep",
+        "ordinary",
+        ORDINARY_ENGINE.speculative_token_capacity,
+        ORDINARY_ENGINE.request_slots,
+        PREFILLS + (DECODE, DECODE_K) + STATE_OPS,
+    )
+    return build(ORDINARY_ENGINE.replace(decode_steps=(1, MULTISTEP_K)), catalog, params)

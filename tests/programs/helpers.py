@@ -79,6 +79,8 @@ MIXED_W1 = mixed_graph(4, 1, MIXED_PROMPT, True)
 MIXED_W4 = mixed_graph(4, 4, MIXED_PROMPT, True)
 MIXED_ORDINARY = mixed_graph(2, 1, MIXED_PROMPT, False)
 DECODE = GraphDescriptor(GraphKind.DECODE, 2, token_capacity=1, target_capacity=2)
+MULTISTEP_K = 4
+DECODE_K = dataclasses.replace(DECODE, steps=MULTISTEP_K)  # the `multistep_programs` fixture's
 
 
 def speculative_catalog() -> Catalog:
@@ -177,10 +179,20 @@ class Driver:
         self.state, out = program(self.params, self.state, program.pack(**host))
         return out
 
-    def initialize(self, slot, temperature=0.0, top_p=1.0, top_k=0, seed=0, coupled=False, logprobs=False):
+    def initialize(
+        self,
+        slot,
+        temperature=0.0,
+        top_p=1.0,
+        top_k=0,
+        seed=0,
+        coupled=False,
+        logprobs=False,
+        processors=None,
+    ):
         init = self.programs.find(GraphKind.INITIALIZE, batch_capacity=1)
         host = dict(temperature=[temperature], top_p=[top_p], top_k=[top_k], seeds=[seed], coupled=[coupled])
-        host["logprobs"] = [logprobs]
+        host.update(logprobs=[logprobs], processors=[processors])
         self.state, _ = init(self.params, self.state, init.pack(slots=[slot], **host))
 
     def prefill(self, slot, prompt, *, scored=False, tops=None):

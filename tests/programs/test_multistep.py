@@ -11,15 +11,11 @@ import dataclasses
 import numpy as np
 import pytest
 
-from helios_jax.catalog import Catalog, GraphKind
+from helios_jax.catalog import GraphKind
 
 from .helpers import (
     DECODE,
-    ORDINARY_ENGINE,
-    PREFILLS,
-    STATE_OPS,
     Driver,
-    build,
     emitted,
     greedy_reference,
     reliable_prefix,
@@ -31,18 +27,6 @@ DECODE_K = dataclasses.replace(DECODE, steps=K)
 PROMPTS = {0: [5, 9, 17, 3, 3, 41, 7], 2: [11, 2, 60, 9, 1, 33, 8, 19, 4, 4, 2]}
 SAMPLED = dict(temperature=0.9, top_p=0.95, top_k=40)
 COUPLED = dict(SAMPLED, coupled=True)  # a seeded request: draws keyed by seed and position
-
-
-@pytest.fixture(scope="module")
-def multistep_programs(params):
-    catalog = Catalog(
-        "test-multistep",
-        "ordinary",
-        ORDINARY_ENGINE.speculative_token_capacity,
-        ORDINARY_ENGINE.request_slots,
-        PREFILLS + (DECODE, DECODE_K) + STATE_OPS,
-    )
-    return build(ORDINARY_ENGINE.replace(decode_steps=(1, K)), catalog, params)
 
 
 def _started(programs, params, sampling: dict) -> Driver:

@@ -9,15 +9,14 @@ from helios_jax.catalog import Allocation, GraphDescriptor, GraphKind
 from helios_jax.programs.inputs import MixedInputs, ProgramShape, SpeculativeInputs, input_spec
 from helios_jax.programs.packing import (
     InputError,
-    pack_copy,
     pack_decode,
-    pack_initialize,
     pack_mixed,
     pack_prefill,
     pack_speculative,
     packed_offsets,
     sampling_mask,
 )
+from helios_jax.programs.row_packing import pack_copy, pack_initialize
 
 from .helpers import MIXED_W4, RAGGED_DEVICE, RAGGED_HOST, RECT, SPECULATIVE_ENGINE, mixed_graph
 

@@ -158,3 +158,31 @@ def test_a_restore_into_another_request_loads_its_settings_at_the_exact_cursor(s
     cold, _ = d.prefill(3, PROMPT)
     assert restored == cold
     assert _continue(d, 2)[0] == _continue(d, 3)[0]
+
+
+def test_processors_travel_with_a_snapshot_and_a_restore_loads_the_new_requests(spec_programs, params):
+    """A snapshot copies the row's processors and output counts; a restore that loads settings
+    loads the destination request's processors (dense bias, zero counts) or none at all."""
+    from helios_jax.programs.processor_packing import ProcessorSettings
+
+    d = Driver(spec_programs, params, seed=6)
+    d.initialize(0, processors=ProcessorSettings(presence_penalty=0.5, logit_bias=((9, 2.0),)))
+    d.prefill(0, PROMPT)
+    d.run(RECT, slots=[0], page_tables=d.tables([0]), query_lengths=[1])
+    pages = -(-len(PROMPT) // PAGE_SIZE)
+    copy = dict(src_pages=[d.pages[0][:pages]], dst_pages=[d.pages[SNAPSHOT_ROW][:pages]])
+    d.run(_snapshot(d), src_rows=[0], dst_rows=[SNAPSHOT_ROW], **copy)
+    p = d.state.processors
+    assert bool(p.enabled[SNAPSHOT_ROW]) and float(p.bias[SNAPSHOT_ROW, 9]) == 2.0
+    np.testing.assert_array_equal(np.asarray(p.counts[SNAPSHOT_ROW]), np.asarray(p.counts[0]))
+    assert int(np.asarray(p.counts[0]).sum()) == d.row(0)["generated"] == 2
+    back = dict(src_pages=copy["dst_pages"], dst_pages=[d.pages[2][:pages]])
+    loaded = ProcessorSettings(repetition_penalty=1.5, logit_bias=((4, -1.0),), prompt=(4, 40))
+    settings = [(0.0, 1.0, 0, 7, False, False, loaded)]
+    d.run(_restore(d), src_rows=[SNAPSHOT_ROW], dst_rows=[2], settings=settings, **back)
+    p = d.state.processors
+    assert bool(p.enabled[2]) and float(p.repetition[2]) == 1.5 and float(p.presence[2]) == 0.0
+    assert float(p.bias[2, 4]) == -1.0 and float(p.bias[2, 9]) == 0.0 and not np.asarray(p.counts[2]).any()
+    assert int(p.seen[2, 1]) == 1 << (40 - 32) and int(p.seen[2, 0]) == 1 << 4
+    d.run(_restore(d), src_rows=[SNAPSHOT_ROW], dst_rows=[2], settings=[settings[0][:6]], **back)
+    assert not bool(d.state.processors.enabled[2])

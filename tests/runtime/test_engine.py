@@ -16,6 +16,7 @@ from helios_jax.model import forward_full_logits
 from helios_jax.runtime import compilations
 from helios_jax.runtime.api import GenerationRequest, SamplingParams
 from helios_jax.runtime.engine import HeliosEngine
+from reference.sampling import processed_logits_naive
 
 from .helpers import model, tokenizer
 
@@ -660,3 +661,50 @@ def test_n_greedy_choices_of_a_prompt_batch_over_http_equal_plain_greedy_decodin
         enumerate([want[0], want[0], want[1], want[1]])
     )
     assert r["usage"]["prompt_tokens"] == sum(len(tok.encode(p)) for p in prompts)
+
+
+PROCESSED = dict(
+    presence_penalty=0.7,
+    frequency_penalty=0.5,
+    repetition_penalty=1.4,
+    logit_bias=((40, 2.0), (41, -5.0)),
+    min_tokens=6,
+    bad_token_ids=(10,),
+)
+
+
+def offline_processed(prompt, n, stops):
+    """Plain greedy decoding over the logits after the numpy processors (reference/sampling.py)."""
+    ids, out = list(prompt), []
+    for _ in range(n):
+        buf = np.zeros(BUFFER, np.int32)
+        buf[: len(ids)] = ids
+        logits = np.asarray(_logits(jnp.asarray(buf))[len(ids) - 1])
+        processed = processed_logits_naive(
+            logits,
+            outputs=out,
+            prompt=prompt,
+            presence=PROCESSED["presence_penalty"],
+            frequency=PROCESSED["frequency_penalty"],
+            repetition=PROCESSED["repetition_penalty"],
+            logit_bias=dict(PROCESSED["logit_bias"]),
+            banned=PROCESSED["bad_token_ids"],
+            stops=stops,
+            min_tokens=PROCESSED["min_tokens"],
+        )
+        out.append(int(np.argmax(processed)))
+        ids.append(out[-1])
+    return out
+
+
+def test_greedy_output_with_processors_equals_offline_processed_decoding(engine):
+    """Penalties, logit_bias, a bad word and min_tokens through the adaptive speculative engine
+    (prefill, mixed and speculative frames): the text of plain step-by-step processed greedy
+    decoding, and not the unprocessed one."""
+    tok = tokenizer()
+    prompt = tok.encode("def f(x):\n    return x + 1\n") * 2
+    _, tokens = run(engine, "processed", prompt, max_tokens=20, temperature=0.0, **PROCESSED)
+    stops = tuple(tok.eos_token_ids)
+    expect = offline_processed(prompt, len(tokens), stops)
+    assert tokens == expect and len(tokens) >= PROCESSED["min_tokens"]
+    assert tokens != offline_greedy(prompt, len(tokens))

@@ -215,3 +215,35 @@ def test_a_prompt_end_capture_is_scheduled_when_every_decode_program_runs_k_step
         ]
         s.complete(fence, recs, TIMING)
     assert not s.requests and snapshots
+
+
+@spec("useful-service/conditional-acceptance")
+def test_a_decoder_with_a_host_token_mask_is_never_a_k_step_lane():
+    """A grammar's token mask holds for one sample and K-step programs take no mask, so a
+    masked decoder (``host_mask``) rides only single-step programs, directly or as a follower,
+    while its unmasked neighbours still get K-step cohorts (K steps here cost 0.3 x K steps)."""
+    from helios_jax.scheduler.view import Phase
+
+    from .test_prerequisites import blocked
+
+    cat = _catalog(0.3)
+    views = [decoder(0, host_mask=True, width_limit=1), decoder(1), decoder(2, host_mask=True, width_limit=1)]
+    cands = policy.candidates(inputs(views, catalog=cat, mode="ordinary"))
+    k_step = [c for c in cands if c.graph.steps == K]
+    assert k_step and all(sorted(c.rids) == [1] for c in k_step)
+    assert any(sorted(c.rids) == [0, 1, 2] and c.graph.steps == 1 for c in cands)
+
+    def k_step_followers(host_mask: bool) -> list:
+        followed = [blocked(0, [GraphKind.INITIALIZE], Phase.DECODE, host_mask=host_mask), decoder(1)]
+        cands = policy.candidates(inputs(followed, catalog=k_step_only(cat), mode="ordinary"))
+        return [c.following for c in cands if c.following is not None and 0 in c.following.rids]
+
+    assert k_step_followers(False) and all(f.graph.steps == K for f in k_step_followers(False))
+    assert k_step_followers(True) == []  # with only K-step decode, nothing can follow it
+    ready = [blocked(0, [GraphKind.INITIALIZE], Phase.DECODE), decoder(1, host_mask=True)]
+    cands = policy.candidates(inputs(ready, catalog=k_step_only(cat), mode="ordinary"))
+    follow = [c.following for c in cands if c.following is not None]
+    assert follow and all(1 not in f.rids for f in follow)  # a masked ready decoder stays out
+    s = Scheduler(cat, kv_pages=64, page_size=16)
+    masked, plain = s.admit([1, 2, 3], max_output=6, host_mask=True), s.admit([4, 5], max_output=6)
+    assert {v.rid: v.host_mask for v in s.views()} == {masked.rid: True, plain.rid: False}

@@ -57,10 +57,6 @@ def test_unknown_fields_and_neutral_extensions_are_accepted(server, engine, path
 @pytest.mark.parametrize(
     "path, body, param",
     [
-        (COMPLETIONS, {"prompt": "a", "min_p": 0.1}, "min_p"),
-        (COMPLETIONS, {"prompt": "a", "min_tokens": 3}, "min_tokens"),
-        (CHAT_PATH, {"messages": CHAT, "logit_bias": {"5": 1}}, "logit_bias"),
-        (CHAT_PATH, {"messages": CHAT, "presence_penalty": 0.5}, "presence_penalty"),
         (CHAT_PATH, {"messages": CHAT, "response_format": {"type": "json_object"}}, "response_format"),
         (CHAT_PATH, {"messages": CHAT, "echo": True}, "echo"),
     ],

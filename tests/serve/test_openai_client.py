@@ -213,7 +213,9 @@ def test_streaming_stop_and_logprobs(client):
     [
         (lambda c: c.completions.create(model="gpt-4", prompt="a"), openai.NotFoundError, "model_not_found"),
         (
-            lambda c: c.completions.create(model=MODEL, prompt="a", presence_penalty=0.5),
+            lambda c: c.completions.create(
+                model=MODEL, prompt="a", extra_body={"guided_whitespace_pattern": " "}
+            ),
             openai.BadRequestError,
             "unsupported_parameter",
         ),

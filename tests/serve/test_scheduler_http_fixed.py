@@ -10,6 +10,9 @@ from .scheduler_http import (  # noqa: F401 (collected here, on this module's se
     test_greedy_output_over_http_equals_offline_greedy_decoding,
     test_long_prompt_during_decode_and_short_long_contention,
 )
+from .structured_http import (  # noqa: F401 (structured output on this module's server)
+    test_greedy_constrained_output_equals_the_masked_reference,
+)
 
 
 @pytest.fixture(scope="module")

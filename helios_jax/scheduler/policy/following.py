@@ -171,7 +171,11 @@ def populations(
         return [_prefill_population(sel, g2, new_views)]
     decoders, prompts = sel.decoders, sel.prompts
     b2 = g2.batch_capacity
-    new_dec = [new_decoder(sel, v, g2, u) for v in new_views if v.enables is Phase.DECODE]
+    new_dec = [
+        new_decoder(sel, v, g2, u)
+        for v in new_views
+        if v.enables is Phase.DECODE and not (g2.steps > 1 and v.host_mask)  # no K-step lane
+    ]
     ready_dec: list[tuple[float, Lane]] = []
     if decoders.count and g2.steps > 1:
         ready_dec = k_step_lanes(decoders, g2.steps, u)

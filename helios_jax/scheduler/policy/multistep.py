@@ -10,6 +10,9 @@ single steps or one K-step execution serve a cohort better is a comparison of va
 Every lane's work is fixed by its own limits (no aggregate row capacity binds the cohort), so
 the best cohort is the highest additive lane values, as for single-step decode. Lanes carry
 their steps as the ``ceiling`` of a DECODE lane (the device's immutable per-lane bound).
+
+A decoder whose samples take a host token mask (``host_mask``: a grammar) is never a K-step lane:
+the mask holds for one step only, and K-step programs take none.
 """
 
 from __future__ import annotations
@@ -52,12 +55,18 @@ def _lanes(decoders: DecoderTable, idx, steps: np.ndarray, values: np.ndarray) -
     ]
 
 
+def k_step_eligible(decoders: DecoderTable) -> np.ndarray:
+    """bool[n]: decoders a K-step program may hold (those without a host token mask)."""
+    return np.array([not v.host_mask for v in decoders.views], dtype=bool)
+
+
 def k_step_lanes(decoders: DecoderTable, steps: int, until_ms: float) -> list[tuple[float, Lane]]:
-    """(value, lane) of every decoder on a K-step program that completes `until_ms` from now:
-    its steps' tokens, one delivery and its age term (a prerequisite's follower)."""
+    """(value, lane) of every eligible decoder on a K-step program that completes `until_ms` from
+    now: its steps' tokens, one delivery and its age term (a prerequisite's follower)."""
     counts = lane_steps(decoders, steps)
     values = decoders.output_price * counts + decoders.delivery_value + decoders.age_value_per_ms * until_ms
-    return list(zip(values.tolist(), _lanes(decoders, range(decoders.count), counts, values)))
+    idx = np.flatnonzero(k_step_eligible(decoders))
+    return [(float(values[i]), lane) for i, lane in zip(idx, _lanes(decoders, idx, counts, values))]
 
 
 def multistep_candidate(sel: Selection, g: GraphDescriptor) -> ScoredCandidate | None:
@@ -75,10 +84,11 @@ def multistep_candidate(sel: Selection, g: GraphDescriptor) -> ScoredCandidate |
     steps = lane_steps(decoders, g.steps)
     values = decoders.output_price * steps + decoders.delivery_value
     order = np.lexsort((decoders.slots, decoders.last_selected_ns, -values))
+    order = order[k_step_eligible(decoders)[order]]
     t = sel.duration(g) or 0.0
     per_ms = decoders.age_value_per_ms
     best: tuple[float, np.ndarray] | None = None
-    for c in range(1, min(g.batch_capacity, decoders.count) + 1):
+    for c in range(1, min(g.batch_capacity, order.size) + 1):
         idx = _cohort(order, steps, c, sel.prepared.dominators[g])
         if idx is not None:
             total = float(np.cumsum(values[idx])[-1])
