@@ -17,19 +17,20 @@ import torch
 import xgrammar
 
 from helios_jax.catalog import GraphDescriptor, GraphKind
-from helios_jax.model import forward_full_logits
 from helios_jax.programs.inputs import ProgramShape
 from helios_jax.programs.packing import InputError, pack_decode, pack_speculative
 from helios_jax.programs.token_mask import allowed_tokens, apply_token_mask, mask_words, words_of
 
 from .helpers import (
     DECODE,
+    MAX_LEN,
     MODEL,
     PREFILLS,
     RAGGED_DEVICE,
     RECT,
     SPECULATIVE_ENGINE,
     Driver,
+    _full_logits,
     as_bits,
     emitted,
 )
@@ -79,6 +80,13 @@ def test_packing_refuses_masks_a_program_cannot_honour():
         pack_decode(multistep, token_masks=mask, **host)
 
 
+def _last_logits(params, context) -> np.ndarray:
+    """The full forward's logits after `context` (one compile, shared with greedy_reference)."""
+    padded = np.zeros((MAX_LEN,), np.int32)
+    padded[: len(context)] = context
+    return np.asarray(_full_logits(MODEL, params, jnp.asarray(padded)))[len(context) - 1]
+
+
 def _started(programs, params, temperature):
     """A driver with slots 0 and 2 initialized and prefilled, and each slot's context."""
     d = Driver(programs, params, seed=3)
@@ -114,7 +122,7 @@ def test_a_greedy_masked_lane_takes_the_best_allowed_token(ordinary_programs, sp
     plain, _ = _started(programs, params, temperature=0.0)
     ref = _round(plain, kind, None)
     d, contexts = _started(programs, params, temperature=0.0)
-    logits = np.asarray(forward_full_logits(MODEL, params, jnp.asarray(contexts[2], jnp.int32))[-1])
+    logits = _last_logits(params, contexts[2])
     allowed = [t for t in ALLOWED if t != int(np.argmax(logits))]
     best = sorted(allowed, key=lambda t: -logits[t])
     assert logits[best[0]] - logits[best[1]] > 1e-3  # a margin the packed forward cannot blur
@@ -126,7 +134,7 @@ def test_a_greedy_masked_lane_takes_the_best_allowed_token(ordinary_programs, sp
 
 def test_the_prompt_end_sample_of_prefill_honours_the_mask(spec_programs, params):
     prompt = PROMPTS[0]
-    logits = np.asarray(forward_full_logits(MODEL, params, jnp.asarray(prompt, jnp.int32))[-1])
+    logits = _last_logits(params, prompt)
     allowed = [t for t in ALLOWED if t != int(np.argmax(logits))]
     best = sorted(allowed, key=lambda t: -logits[t])
     assert logits[best[0]] - logits[best[1]] > 1e-3

@@ -67,7 +67,7 @@ def test_a_restore_loads_the_new_requests_settings():
     store, row = _store((3,) * 20)
     (lane,) = StateCopies(ENGINE, store).lanes(_plan(GraphKind.RESTORE, [_lane(1, 0, row)]), INFO)
     assert (lane.src_row, lane.dst_row, lane.dst_pages) == (2 + row, 0, (5, 2))
-    assert lane.tokens == 20 and lane.settings == (0.5, 0.8, 4, 9, True, True)  # seeded, scored: both kept
+    assert lane.tokens == 20 and lane.settings == (0.5, 0.8, 4, 9, True, True, None)  # seeded, scored: kept
 
 
 def test_a_checkpoint_longer_than_the_reservation_is_refused():

@@ -13,7 +13,10 @@ import pytest
 
 from helios_jax.runtime.api import SamplingParams, check_stop_ids
 from helios_jax.serve.fake import FakeEngine
+from helios_jax.serve.openai_models import CompletionBody, validate
+from helios_jax.serve.sampling_controls import controls
 
+from ..runtime.helpers import tokenizer
 from .helpers import live_server, post
 
 COMPLETIONS, CHAT_PATH = "/v1/completions", "/v1/chat/completions"
@@ -126,3 +129,13 @@ def test_ids_outside_the_vocabulary_are_refused(fields, name):
     check_stop_ids(SamplingParams(max_tokens=8), (0,), 300, 4)
     with pytest.raises(ValueError, match=name):
         check_stop_ids(SamplingParams(max_tokens=8, **fields), (0,), 300, 4)
+
+
+def test_bad_words_ban_both_spellings_that_are_one_token():
+    """vLLM tokenizes a bad word bare and with a leading space; on the byte-level BPE of the
+    engine tests "the" and " the" are one token each (both banned), " x" is two (only "x")."""
+    tok = tokenizer()
+    body = validate(CompletionBody, {"prompt": "x", "bad_words": ["the", " x"]})
+    (the,), (space_the,), (x,) = (tok.encode_plain(w) for w in ("the", " the", "x"))
+    assert the != space_the and len(tok.encode_plain(" x")) == 2
+    assert controls(body, tok, 4)["bad_token_ids"] == (the, space_the, x)
