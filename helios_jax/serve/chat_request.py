@@ -163,7 +163,7 @@ def parse_chat_request(raw: dict, *, tokenizer: Tokenizer, limits: proto.Limits)
     tools = tool_calls.check_tools(body.tools)
     chars = sum(len(m.get("content", "")) for m in messages) + (len(json.dumps(tools)) if tools else 0)
     proto.check_prompt_chars(chars, limits.max_prompt_chars, "messages")
-    parse_tools = tool_calls.parse_tool_choice(body.tool_choice, tools, limits.tool_parser)
+    tool_mode = tool_calls.parse_tool_choice(body.tool_choice, tools, limits.tool_parser)
     variables = {"tools": tools, "documents": body.documents}
     kwargs = {**{k: v for k, v in variables.items() if v}, **(body.chat_template_kwargs or {})}
     prompt_tokens, endpoints = render(tokenizer, messages, add_generation_prompt, kwargs, continued)
@@ -192,7 +192,7 @@ def parse_chat_request(raw: dict, *, tokenizer: Tokenizer, limits: proto.Limits)
         proposal_source=source,
         top_logprobs=top_logprobs or 0,
         prompt_logprobs=prompt_k,
-        tool_parser=limits.tool_parser if parse_tools else None,
+        tool_parser=tool_mode,
         tokens_as_ids=bool(body.return_tokens_as_token_ids),
         return_token_ids=bool(body.return_token_ids),
     )

@@ -121,6 +121,12 @@ def _parse(raw: bytes, chat: bool, engine: Engine, limits: proto.Limits) -> prot
     except ValueError as e:  # SamplingParams' own checks, should the protocol layer miss one
         raise bad_request(str(e)) from None
     grammar = structured.parse_grammar(body)
+    forced = structured.forced_tool_grammar(body, parsed.tool_parser)
+    if grammar is not None and forced is not None:
+        raise bad_request(
+            "a forced tool_choice constrains the output itself: give no other constraint", grammar[1]
+        )
+    grammar = grammar or forced
     if grammar is None:
         return parsed
     spec, param = grammar

@@ -54,7 +54,7 @@ class GenerationRun:
         self.finish_reason: str | None = None
         self.offset = 0  # characters of text streamed so far (completions' text_offset)
         self.first = True
-        self.calls = tool_calls.StreamingCalls() if request.tool_parser else None
+        self.calls = tool_calls.StreamingCalls(request.tool_parser) if request.tool_parser else None
         self.prompt_ids_sent = False  # return_token_ids: the prompt's ids go out once
 
     # -- shared bookkeeping -----------------------------------------------------------------
@@ -161,7 +161,7 @@ class GenerationRun:
             )
         )
         if request.tool_parser:
-            self._with_tool_calls(body["choices"][0])
+            self._with_tool_calls(body["choices"][0], request.tool_parser)
         if request.return_token_ids:
             self._with_token_ids(body, ids)
         if request.prompt_logprobs is not None:  # vLLM's: on the choice (completions), the response (chat)
@@ -172,13 +172,14 @@ class GenerationRun:
         return body
 
     @staticmethod
-    def _with_tool_calls(choice: dict) -> None:
+    def _with_tool_calls(choice: dict, mode: str) -> None:
         """A chat choice's message with the tool calls parsed out of its content."""
-        content, calls = tool_calls.extract(choice["message"]["content"])
+        content, calls = tool_calls.extract_calls(mode, choice["message"]["content"])
         if calls:
             choice["message"]["content"] = content
             choice["message"]["tool_calls"] = [call.render() for call in calls]
-            choice["finish_reason"] = "tool_calls"
+            if not mode.startswith(tool_calls.NAMED):  # a forced call keeps the engine's reason
+                choice["finish_reason"] = "tool_calls"
 
     def _indexed(self, payload: dict) -> dict:
         payload["choices"][0]["index"] = self.index
@@ -257,7 +258,8 @@ class GenerationRun:
         reason = last.finish_reason
         if reason in ("stop", "length"):
             held, called = self._held_tool_text()
-            out = held + [self._chunk(None, finish="tool_calls" if called else reason)]
+            named = (self.request.tool_parser or "").startswith(tool_calls.NAMED)
+            out = held + [self._chunk(None, finish="tool_calls" if called and not named else reason)]
         else:
             out = [responses.sse(self.failure(last).body())]
         self.finish(reason)

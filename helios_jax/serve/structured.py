@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 
 from helios_jax.runtime.grammar import CompiledConstraint, GrammarSpec, GrammarUnavailable
+from helios_jax.serve import tool_calls
 from helios_jax.serve.openai_errors import ApiError, bad_request, unsupported
 
 GUIDED = {
@@ -140,6 +141,25 @@ def parse_grammar(body: dict) -> tuple[GrammarSpec, str] | None:
     except ValueError as e:
         raise bad_request(f"{param}: {e}", param=param, code="invalid_grammar") from None
     return spec, param
+
+
+def forced_tool_grammar(body: dict, mode: str | None) -> tuple[GrammarSpec, str] | None:
+    """A forced tool choice's constraint (``tool_calls.forced_schema``, compact JSON), checked
+    like a ``json_schema`` response format; None for "none" and "auto"."""
+    if mode is None or not (mode == tool_calls.REQUIRED or mode.startswith(tool_calls.NAMED)):
+        return None
+    # Compact JSON: arguments are JSON text the client parses, so whitespace carries nothing, and
+    # a model allowed any whitespace can spend its budget on it (vLLM's default allows it).
+    parallel = body.get("parallel_tool_calls") is not False
+    schema = json.dumps(tool_calls.forced_schema(body["tools"], mode, parallel))
+    spec = GrammarSpec("json_schema", schema, any_whitespace=False)
+    try:
+        spec.check()
+    except GrammarUnavailable as e:
+        raise unsupported(str(e), "tool_choice") from None
+    except ValueError as e:
+        raise bad_request(f"tools: {e}", param="tools", code="invalid_grammar") from None
+    return spec, "tool_choice"
 
 
 def compile_grammar(spec: GrammarSpec, engine, param: str) -> CompiledConstraint:

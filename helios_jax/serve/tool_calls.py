@@ -13,8 +13,15 @@ parsed into objects, as vLLM parses them for templates) and a ``tool`` message's
   "auto"    the output is parsed for tool calls; as in vLLM, the server must be started with
             ``--enable_auto_tool_choice`` and ``--tool_call_parser`` (else a 400 that says so).
   "required", a named function
-            need the output constrained to the tools' JSON schemas (vLLM drives them through its
-            structured output backend): a 400 ``unsupported_parameter`` here.
+            the output is constrained, through the structured-output grammar (xgrammar), to JSON
+            that is a call, as vLLM constrains it: a named function's output is its arguments
+            (the function's ``parameters`` schema; any object without one) and becomes that one
+            call, finish reason as the engine ended it (as OpenAI reports a forced call);
+            "required" outputs a non-empty JSON list of ``{"name", "parameters"}`` objects, one
+            per call, each name one of the tools with its own schema, finish reason
+            ``"tool_calls"``. The JSON is compact (no whitespace between elements: the client
+            parses it, and a model allowed any whitespace may spend its budget there). A second
+            structured-output constraint in the request is a 400.
 
 The parser (``--tool_call_parser=hermes``, the format of Qwen2.5/Qwen3 and Hermes models, parsed
 as vLLM's ``Hermes2ProToolParser`` parses it): each ``<tool_call>{"name": ..., "arguments":
@@ -37,6 +44,7 @@ import uuid
 from helios_jax.serve.openai_errors import bad_request, unsupported
 
 TOOL_PARSERS = ("hermes",)
+REQUIRED, NAMED = "required", "named:"  # the forced tool choices (ParsedRequest.tool_parser)
 START, END = "<tool_call>", "</tool_call>"
 _BLOCKS = re.compile(r"<tool_call>(.*?)</tool_call>|<tool_call>(.*)", re.DOTALL)
 
@@ -81,12 +89,13 @@ def check_tools(tools: list | None) -> list[dict] | None:
     return list(tools)
 
 
-def parse_tool_choice(choice, tools: list[dict] | None, parser: str | None) -> bool:
-    """Whether the output is parsed for tool calls (True only for "auto"); 400s as vLLM's."""
+def parse_tool_choice(choice, tools: list[dict] | None, parser: str | None) -> str | None:
+    """How the output becomes tool calls: None (plain content), the server's parser for "auto",
+    ``REQUIRED``, or ``NAMED + name`` for a named function; 400s as vLLM's."""
     if choice is None:
         choice = "auto" if tools else "none"
     if choice == "none":
-        return False
+        return None
     if not tools:
         raise bad_request("tool_choice other than 'none' needs tools", "tool_choice")
     if choice == "auto":
@@ -96,16 +105,45 @@ def parse_tool_choice(choice, tools: list[dict] | None, parser: str | None) -> b
                 "--tool_call_parser",
                 "tool_choice",
             )
-        return True
-    if choice == "required" or isinstance(choice, dict):
-        raise unsupported(
-            "tool_choice 'required' or a named function needs output constrained to the tools' "
-            "schemas, which this server does not do; use 'auto' or 'none'",
-            "tool_choice",
-        )
+        return parser
+    if choice == REQUIRED:
+        return REQUIRED
+    function = choice.get("function") if isinstance(choice, dict) else None
+    name = function.get("name") if isinstance(function, dict) else None
+    if isinstance(name, str) and choice.get("type", "function") == "function":
+        if name not in {t["function"]["name"] for t in tools}:
+            raise bad_request(f"tool_choice names {name!r}, which is not among the tools", "tool_choice")
+        return NAMED + name
     raise bad_request(
         f"tool_choice must be 'none', 'auto', 'required' or a named function, got {choice!r}", "tool_choice"
     )
+
+
+def forced_schema(tools: list[dict], mode: str, parallel: bool = True) -> dict:
+    """The JSON schema a forced tool choice constrains the output to (vLLM's): the named
+    function's parameters, or for "required" a non-empty list of {"name", "parameters"} calls
+    (one call only with ``parallel_tool_calls: false``, OpenAI's meaning of it)."""
+
+    def parameters(tool: dict) -> dict:
+        return tool["function"].get("parameters") or {"type": "object"}
+
+    if mode.startswith(NAMED):
+        name = mode[len(NAMED) :]
+        return parameters(next(t for t in tools if t["function"]["name"] == name))
+    calls = [
+        {
+            "type": "object",
+            "properties": {
+                "name": {"type": "string", "enum": [t["function"]["name"]]},
+                "parameters": parameters(t),
+            },
+            "required": ["name", "parameters"],
+            "additionalProperties": False,
+        }
+        for t in tools
+    ]
+    listed = {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
+    return listed if parallel else {**listed, "maxItems": 1}
 
 
 def template_arguments(calls: list, param: str) -> list[dict]:
@@ -127,8 +165,23 @@ def template_arguments(calls: list, param: str) -> list[dict]:
     return out
 
 
+def extract_calls(mode: str, text: str) -> tuple[str | None, list[ToolCall]]:
+    """(content, calls) of a whole output under `mode` (a parser, ``REQUIRED`` or ``NAMED +
+    name``); no calls: the text itself is the content."""
+    if mode.startswith(NAMED):
+        return "", [ToolCall(mode[len(NAMED) :], text)]
+    if mode != REQUIRED:
+        return extract(text)
+    try:
+        listed = json.loads(text)
+        calls = [ToolCall(str(c["name"]), json.dumps(c["parameters"], ensure_ascii=False)) for c in listed]
+    except (json.JSONDecodeError, KeyError, TypeError):
+        return text, []  # cut short (max_tokens): not a list of calls
+    return ("", calls) if calls else (text, [])
+
+
 def extract(text: str) -> tuple[str | None, list[ToolCall]]:
-    """(content, calls) of a whole output; no calls: the text itself is the content."""
+    """(content, calls) of a whole hermes output; no calls: the text itself is the content."""
     if START not in text:
         return text, []
     try:
@@ -145,14 +198,17 @@ def extract(text: str) -> tuple[str | None, list[ToolCall]]:
 
 class StreamingCalls:
     """The streaming side: `feed` returns the content to send now; `finish` the rest as
-    (content, calls)."""
+    (content, calls). A forced choice holds the whole output (it is all one call or list)."""
 
-    def __init__(self):
+    def __init__(self, mode: str = "hermes"):
+        self.mode = mode
         self.sent = 0  # characters of the text sent as content
         self.text = ""
 
     def feed(self, piece: str) -> str:
         self.text += piece
+        if self.mode == REQUIRED or self.mode.startswith(NAMED):
+            return ""
         start = self.text.find(START)
         if start >= 0:
             safe = start
@@ -168,7 +224,7 @@ class StreamingCalls:
 
     def finish(self) -> tuple[str, list[ToolCall]]:
         """The content not yet sent and the calls (none: the held text is content)."""
-        _, calls = extract(self.text)
+        _, calls = extract_calls(self.mode, self.text)
         if calls:
             return "", calls
         rest, self.sent = self.text[self.sent :], len(self.text)

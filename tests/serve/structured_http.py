@@ -163,3 +163,74 @@ def test_multi_token_bad_words_equal_the_masked_reference(server):
     body = _complete(server, prompt=list(prompt), max_tokens=24, temperature=0, bad_words=[word])
     text = body["choices"][0]["text"]
     assert text == tok.decode(expect) and text != tok.decode(free), (word, text)
+
+
+ADD = {
+    "type": "function",
+    "function": {
+        "name": "add",
+        "parameters": {
+            "type": "object",
+            "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 9}, "b": {"type": "boolean"}},
+            "required": ["a", "b"],
+            "additionalProperties": False,
+        },
+    },
+}
+NOTE = {
+    "type": "function",
+    "function": {
+        "name": "note",
+        "parameters": {
+            "type": "object",
+            "properties": {"tag": {"enum": list(TAGS)}},
+            "required": ["tag"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+
+def _arguments_fit(name: str, arguments: str) -> bool:
+    args = json.loads(arguments)
+    if name == "add":
+        return (
+            set(args) == {"a", "b"}
+            and type(args["a"]) is int
+            and 0 <= args["a"] <= 9
+            and type(args["b"]) is bool
+        )
+    return name == "note" and set(args) == {"tag"} and args["tag"] in TAGS
+
+
+def test_forced_tool_choices_return_calls_that_fit_the_tools(server):
+    """tool_choice "required" and a named function constrain the output to calls of the tools
+    (serve/tool_calls.py): sampled calls (temperature 1, four samples each) name a tool and
+    carry arguments its schema accepts (one call each: parallel_tool_calls false, so that a
+    random model cannot run past max_tokens listing calls)."""
+    messages = [{"role": "user", "content": PROMPT}]
+    common = {
+        "model": "tiny",
+        "messages": messages,
+        "tools": [ADD, NOTE],
+        "max_tokens": 64,
+        "temperature": 1.0,
+    }
+    named = {"type": "function", "function": {"name": "note"}}
+    for choice, n in ((named, 4), ("required", 4)):
+        resp = post(
+            server,
+            "/v1/chat/completions",
+            common | {"tool_choice": choice, "n": n, "seed": 11, "parallel_tool_calls": False},
+            timeout=600,
+        )
+        assert resp.status == 200, resp.body
+        for c in resp.json()["choices"]:
+            calls = c["message"].get("tool_calls")
+            assert calls and all(
+                _arguments_fit(k["function"]["name"], k["function"]["arguments"]) for k in calls
+            ), c
+            if choice == "required":
+                assert c["finish_reason"] == "tool_calls"
+            else:
+                assert [k["function"]["name"] for k in calls] == ["note"] and c["finish_reason"] == "stop"

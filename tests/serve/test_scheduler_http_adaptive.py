@@ -11,6 +11,7 @@ from .scheduler_http import (  # noqa: F401 (collected here, on this module's se
     test_long_prompt_during_decode_and_short_long_contention,
 )
 from .structured_http import (  # noqa: F401 (structured output on this module's server)
+    test_forced_tool_choices_return_calls_that_fit_the_tools,
     test_greedy_constrained_output_equals_the_masked_reference,
     test_multi_token_bad_words_equal_the_masked_reference,
     test_sampled_choices_and_regexes_hold,

@@ -110,7 +110,7 @@ def test_a_conversation_with_calls_and_results_renders(server, engine):
     [
         ({"tools": [{"type": "function", "function": {}}]}, "tools[0].function.name"),
         ({"tools": [{"type": "code_interpreter"}]}, "tools[0]"),
-        ({"tools": [WEATHER], "tool_choice": "required"}, "tool_choice"),
+        ({"tools": [WEATHER], "tool_choice": "required"}, "tool_choice"),  # the fake: no grammars
         (
             {"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "weather"}}},
             "tool_choice",
@@ -160,3 +160,22 @@ def test_streaming_holds_only_what_could_begin_a_block():
     assert s.feed('"name": "f"}</tool_call>') == ""
     rest, calls = s.finish()
     assert rest == "" and calls[0].name == "f"
+
+
+def test_forced_schemas_are_vllms():
+    """A named function's schema is its parameters; "required" a non-empty list of calls, each
+    one tool's name and parameters (one call only without parallel tool calls)."""
+    params = WEATHER["function"]["parameters"]
+    assert tool_calls.forced_schema([WEATHER], "named:weather") == params
+    listed = tool_calls.forced_schema([WEATHER], "required")
+    assert listed["minItems"] == 1 and "maxItems" not in listed
+    (call,) = listed["items"]["anyOf"]
+    assert call["properties"] == {"name": {"type": "string", "enum": ["weather"]}, "parameters": params}
+    assert tool_calls.forced_schema([WEATHER], "required", parallel=False)["maxItems"] == 1
+    assert (
+        tool_calls.extract_calls("required", '[{"name": "weather", "parameters": {"city": "Oslo"}}]')[1][
+            0
+        ].name
+        == "weather"
+    )
+    assert tool_calls.extract_calls("required", '[{"name": "weather"')[1] == []  # cut short: content
