@@ -31,6 +31,7 @@ else:
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import json  # noqa: E402
+import time  # noqa: E402
 
 import numpy as np  # noqa: E402
 
@@ -61,9 +62,10 @@ def programs_and_params():
     return programs, programs.place_params(random_params(CONFIG, seed=0))
 
 
-def trace(programs, params, check) -> list[dict]:
+def trace(programs, params, check, seconds: list | None = None) -> list[dict]:
     """Runs the trace's frames, calling `check(program, outputs)` after each; returns the
-    outputs of the generating frames as host arrays."""
+    outputs of the generating frames as host arrays (`seconds`: gets each frame's wall time,
+    from the call through its check and the host's read of its tokens)."""
     n = ENGINE.pages_per_row
     tables = [list(range(s * n, (s + 1) * n)) for s in SLOTS]
     state, got = programs.init_state(), []
@@ -71,8 +73,12 @@ def trace(programs, params, check) -> list[dict]:
     def run(graph, **host):
         nonlocal state
         program = programs[graph.key]
+        start = time.perf_counter()
         state, out = program(params, state, program.pack(**host))
+        np.asarray(getattr(out, "tokens", 0))
         check(program, out)
+        if seconds is not None:
+            seconds.append(time.perf_counter() - start)
         return out
 
     for slot, prompt, table in zip(SLOTS, PROMPTS, tables):
@@ -114,15 +120,25 @@ def lead(programs, params, group) -> tuple[list[dict], dict]:
         except RanksDisagree as e:
             disagreed.append(str(e))
 
-    frames = trace(programs, params, check)
+    seconds = []
+    frames = trace(programs, params, check, seconds)
     programs.leader.stop()
-    return frames, dict(checked=checked, disagreed=disagreed, frames=programs.leader.seq)
+    return frames, dict(
+        checked=checked, disagreed=disagreed, frames=programs.leader.seq, decode_ms=_decode_ms(seconds)
+    )
+
+
+def _decode_ms(seconds: list[float]) -> float:
+    """The median wall time of the checked decode frames after the first (which compiles)."""
+    return round(1000 * float(np.median(seconds[5 : 4 + DECODE_STEPS])), 3)
 
 
 def main(argv) -> None:
     if argv[1] == "reference":
         programs, params = programs_and_params()
-        save(argv[2], "reference", trace(programs, params, lambda program, out: None), {})
+        seconds = []
+        frames = trace(programs, params, lambda program, out: None, seconds)
+        save(argv[2], "reference", frames, dict(decode_ms=_decode_ms(seconds)))
         return
     from helios_jax.distributed import group as group_lib
     from helios_jax.distributed.follower import follow
