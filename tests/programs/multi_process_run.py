@@ -36,6 +36,7 @@ import time  # noqa: E402
 import numpy as np  # noqa: E402
 
 from helios_jax.catalog import Catalog  # noqa: E402
+from helios_jax.compilation_cache import enable_compilation_cache  # noqa: E402
 from helios_jax.model import tiny_config  # noqa: E402
 from helios_jax.programs import build_programs  # noqa: E402
 
@@ -134,6 +135,7 @@ def _decode_ms(seconds: list[float]) -> float:
 
 
 def main(argv) -> None:
+    enable_compilation_cache()  # every compile cached, however short: a warm run compiles nothing
     if argv[1] == "reference":
         programs, params = programs_and_params()
         seconds = []
