@@ -95,8 +95,9 @@ class Leader:
         wrong = {p: have for p, have in answers.items() if have != want}
         if wrong:
             log.error("frame %d: ranks disagree: rank zero %s, others %s", seq, want, wrong)
+            errors = "".join(f"; process {p}: {a}" for p, a in wrong.items() if a.startswith("error"))
             raise RanksDisagree(
-                f"frame {seq}: processes {sorted(wrong)} committed other tokens than rank zero"
+                f"frame {seq}: processes {sorted(wrong)} committed other tokens than rank zero{errors}"
             )
 
     def stop(self) -> None:
