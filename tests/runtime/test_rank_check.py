@@ -1,6 +1,8 @@
 """Several processes (docs/distributed.md), the parts that need no second process: the flags,
 the committed-token digest, and the engine failing a frame whose ranks disagree."""
 
+import pickle
+
 import numpy as np
 import pytest
 from absl import flags
@@ -8,8 +10,10 @@ from absl import flags
 from helios_jax.catalog import GraphKind
 from helios_jax.distributed import group
 from helios_jax.distributed.channel import committed_digest
-from helios_jax.distributed.leader import RanksDisagree
+from helios_jax.distributed.follower import follow
+from helios_jax.distributed.leader import Leader, RanksDisagree
 from helios_jax.engine_config import EngineConfig
+from helios_jax.model.sharding import tensor_parallel_mesh
 from helios_jax.runtime.api import GenerationRequest, SamplingParams
 from helios_jax.runtime.engine import HeliosEngine
 
@@ -83,3 +87,54 @@ def test_a_frame_whose_ranks_disagree_fails_its_requests_loudly_and_the_engine_s
     assert first[-1].finish_reason == "error" and "committed other tokens than rank zero" in first[-1].error
     assert sum(len(e.token_ids) for e in first) < 10  # nothing of the failed frame was emitted
     assert later[-1].finish_reason == "length" and sum(len(e.token_ids) for e in later) == 4
+
+
+class FakeChannel:
+    """The key-value store's frames and answers, in memory."""
+
+    def __init__(self, frames=(), answers=None):
+        self.frames = [pickle.dumps(f) for f in frames]
+        self.answered, self.given, self.forgotten = {}, answers or {}, []
+
+    def receive(self, seq):
+        return self.frames[seq]
+
+    def answer(self, seq, digest):
+        self.answered[seq] = digest
+
+    def answers(self, seq):
+        return self.given[seq]
+
+    def forget(self, seq):
+        self.forgotten.append(seq)
+
+
+class FollowedPrograms(dict):
+    mesh = tensor_parallel_mesh(1)
+
+    def init_state(self, fill=0.0):
+        return {"fill": fill}
+
+
+def test_a_follower_runs_frames_in_order_and_answers_digests_or_errors():
+    def decode(params, state, inputs):
+        return state, FakeOutputs(tokens=inputs["tokens"], counts=np.asarray([1]))
+
+    def broken(params, state, inputs):
+        raise FloatingPointError("device fault")
+
+    tokens = np.asarray([[7]])
+    frames = [("init", 0.0), ("run", "decode", {"tokens": tokens}), ("run", "broken", {}), ("stop",)]
+    channel = FakeChannel(frames)
+    assert follow(FollowedPrograms(decode=decode, broken=broken), None, channel) == 4
+    want = committed_digest(FakeOutputs(tokens=tokens, counts=np.asarray([1])))
+    assert channel.answered == {0: "init", 1: want, 2: "error: FloatingPointError: device fault"}
+
+
+def test_the_leader_fails_a_frame_any_follower_disagrees_on_and_quotes_its_error():
+    channel = FakeChannel(answers={3: {1: "d", 2: "d"}, 4: {1: "d", 2: "error: ValueError: x"}})
+    leader = Leader(channel, tensor_parallel_mesh(1))
+    leader.verify(3, "d")
+    with pytest.raises(RanksDisagree, match=r"frame 4: processes \[2\] .*; process 2: error: ValueError: x"):
+        leader.verify(4, "d")
+    assert channel.forgotten == [3, 4]
