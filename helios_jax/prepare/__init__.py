@@ -36,6 +36,7 @@ import jax
 
 from helios_jax.catalog import Catalog
 from helios_jax.compilation_cache import DEFAULT_COMPILATION_CACHE_DIR, enable_compilation_cache
+from helios_jax.distributed.group import lead_if_leader
 from helios_jax.engine_config import EngineConfig
 from helios_jax.model import ModelConfig, Params
 from helios_jax.prepare.headroom import Headroom, capture_headroom
@@ -92,7 +93,7 @@ def prepare(
         model_config = model_config.replace(dtype=engine.dtype)
         params = jax.tree_util.tree_map(lambda x: x.astype(model_config.jnp_dtype), params)
     catalog = engine.catalog(name)
-    programs = build_programs(model_config, params, engine, catalog)
+    programs = lead_if_leader(build_programs(model_config, params, engine, catalog))  # several processes
     params = programs.place_params(params)  # sharded over the tp mesh (already so when loaded so)
     start = time.perf_counter()
 

@@ -151,5 +151,7 @@ def warm_up(programs: ProgramSet, params, progress: Callable[[str], None] | None
     for program in programs.values():
         state, outputs = program(params, state, measurement_inputs(program, programs.engine_config, 1))
         jax.block_until_ready(outputs)
+        if hasattr(program, "check"):  # several processes: the ranks agree (distributed/leader.py)
+            program.check(outputs)
     if progress:
         progress(f"warmed up {len(programs)} programs")

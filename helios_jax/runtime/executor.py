@@ -85,6 +85,7 @@ class Dispatch:
     pending_ns: int = 0  # the last observation that found the frame still running
     ready_ns: int | None = None  # the first observation that found it finished
     error: BaseException | None = None
+    checked: bool = False  # the program's completion check ran (Executor._check)
 
     @property
     def done(self) -> bool:
@@ -379,6 +380,7 @@ class Executor:
                     break
                 frame.ready_ns = now
                 self.observations["polled"] += 1
+                self._check(frame)
             done += 1
         return done
 
@@ -397,7 +399,21 @@ class Executor:
         if frame.ready_ns is None:
             frame.ready_ns = frame.pending_ns = self.clock()
             self.observations["waited"] += 1
+        self._check(frame)
         return frame
+
+    def _check(self, frame: Dispatch) -> None:
+        """A program may define ``check(outputs)``: run once its frame is stamped ready (so its
+        host work stays out of the device interval); what it raises fails the frame. Several
+        processes: the ranks' committed tokens agree (``distributed/leader.py``)."""
+        check = getattr(self.programs[frame.plan.graph.key], "check", None)
+        if check is None or frame.error is not None or frame.checked:
+            return
+        frame.checked = True
+        try:
+            check(frame.outputs)
+        except Exception as e:  # reported to the engine loop, which fails the frame's requests
+            frame.error = e
 
     def retire(self, frame: Dispatch) -> None:
         """The engine processed `frame`'s completion."""

@@ -1,0 +1,85 @@
+"""`python -m helios_jax.serve` over two processes (docs/distributed.md): the same completions
+as one process. Slow: each server compiles the default model's whole catalog at
+tensor_parallel=2 (minutes on a CPU); the program-level check runs in CI
+(tests/programs/test_multi_process.py)."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import urllib.request
+
+import pytest
+
+from .test_main import read_until
+
+ENGINE_FLAGS = (
+    "--port=0",
+    "--tensor_parallel=2",
+    "--concurrency=2",
+    "--speculation=off",
+    "--prefill_chunks=32",
+    "--max_model_len=128",
+    "--snapshot_rows=0",
+)
+PROMPTS = ("The quick brown fox", "def add(a, b):\n")
+
+
+def _start(*args: str, devices: int = 1, log=subprocess.PIPE) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env.update(PYTHONUNBUFFERED="1", JAX_PLATFORMS="cpu")
+    if devices > 1:
+        env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    command = [sys.executable, "-m", "helios_jax.serve", *ENGINE_FLAGS, *args]
+    return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, text=True, env=env)
+
+
+def _completions(proc: subprocess.Popen) -> list[dict]:
+    match, _ = read_until(proc, r"\[1/3\] listening on (http://127\.0\.0\.1:\d+)", timeout=60)
+    read_until(proc, r"\[3/3\] ready", timeout=1800)
+    got = []
+    for prompt in PROMPTS:
+        body = json.dumps({"prompt": prompt, "max_tokens": 16, "temperature": 0, "logprobs": 1}).encode()
+        request = urllib.request.Request(
+            f"{match.group(1)}/v1/completions", data=body, headers={"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(request, timeout=300) as r:
+            choice = json.load(r)["choices"][0]
+        got.append({"text": choice["text"], "tokens": choice["logprobs"]["tokens"]})
+    return got
+
+
+def _stop(proc: subprocess.Popen) -> int:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(timeout=60)
+    finally:
+        proc.kill()
+
+
+@pytest.mark.slow
+def test_two_processes_serve_the_completions_of_one(tmp_path):
+    single = _start(devices=2)
+    try:
+        want = _completions(single)
+    finally:
+        assert _stop(single) == 0
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        group = f"--coordinator_address=localhost:{s.getsockname()[1]}"
+    with open(tmp_path / "follower.log", "w") as log:
+        follower = _start(group, "--num_processes=2", "--process_id=1", log=log)
+        leader = _start(group, "--num_processes=2", "--process_id=0")
+        try:
+            have = _completions(leader)
+        finally:
+            status = _stop(leader)
+            try:
+                follower_status = follower.wait(timeout=120)  # process 0 published `stop`
+            finally:
+                follower.kill()
+    assert status == 0 and follower_status == 0, (tmp_path / "follower.log").read_text()[-4000:]
+    assert have == want and all(len(c["tokens"]) == 16 for c in want)
+    assert "follows process 0" in (tmp_path / "follower.log").read_text()
