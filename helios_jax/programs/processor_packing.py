@@ -2,18 +2,21 @@
 
 `ProcessorSettings` is the plain host form of one request's controls; `pack_processors` turns a
 lane list of them (None: no processors) into the `ProcessorInputs` arrays, validating every id
-against the vocabulary (a ValueError naming the lane and the field).
+against the vocabulary (a ValueError naming the lane and the field). A preemption continuation's
+earlier outputs (`outputs`) load as its row's output counts, so the presence and frequency
+penalties go on counting them; past COUNT_CAPACITY distinct tokens the most frequent load.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 from collections.abc import Sequence
 
 import numpy as np
 
-from helios_jax.programs.processors import BIAS_CAPACITY, ProcessorInputs
+from helios_jax.programs.processors import BIAS_CAPACITY, COUNT_CAPACITY, ProcessorInputs
 from helios_jax.programs.token_mask import mask_words, words_of
 
 
@@ -31,6 +34,7 @@ class ProcessorSettings:
     banned_token_ids: tuple[int, ...] = ()  # single-token bad words
     stop_token_ids: tuple[int, ...] = ()  # banned while fewer than min_tokens outputs exist
     prompt: tuple[int, ...] = ()  # the tokens the repetition penalty sees before any output
+    outputs: tuple[int, ...] = ()  # earlier outputs (a continuation) the penalties count
 
     @property
     def enabled(self) -> bool:
@@ -66,7 +70,8 @@ def check_processors(settings: ProcessorSettings, vocab: int) -> None:
         settings.banned_token_ids
     ):
         raise ValueError("allowed_token_ids must allow a token that is not a bad word")
-    for name in ("logit_bias", "allowed_token_ids", "banned_token_ids", "stop_token_ids", "prompt"):
+    listed = ("allowed_token_ids", "banned_token_ids", "stop_token_ids", "prompt", "outputs")
+    for name in ("logit_bias", *listed):
         value = getattr(settings, name) or ()
         ids = [t for t, _ in value] if name == "logit_bias" else list(value)
         bad = next((t for t in ids if not 0 <= int(t) < vocab), None)
@@ -91,6 +96,8 @@ def pack_processors(
         allowed=np.full((lanes, words), -1, np.int32),
         stops=np.zeros((lanes, words), np.int32),
         seen=np.zeros((lanes, words), np.int32),
+        count_tokens=np.full((lanes, COUNT_CAPACITY), -1, np.int32),
+        count_values=np.zeros((lanes, COUNT_CAPACITY), np.int32),
     )
     for i, each in enumerate(settings or ()):
         if each is None or not each.enabled:
@@ -114,3 +121,6 @@ def _fill(out: ProcessorInputs, i: int, s: ProcessorSettings, vocab: int) -> Non
     out.stops[i] = words_of(s.stop_token_ids, vocab)
     if s.repetition_penalty != 1.0:  # the prompt matters to the repetition penalty alone
         out.seen[i] = words_of(set(s.prompt), vocab)
+    if s.presence_penalty or s.frequency_penalty:  # the only processors output counts change
+        for j, (token, count) in enumerate(collections.Counter(s.outputs).most_common(COUNT_CAPACITY)):
+            out.count_tokens[i, j], out.count_values[i, j] = int(token), count

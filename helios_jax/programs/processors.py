@@ -23,7 +23,8 @@ State (`RowProcessors`, one entry per state row; `processors_of_rows` loads it f
 `ProcessorInputs` at `initialize`, or at a copy lane that loads settings): the settings above,
 `seen` (the prompt's tokens as mask words, loaded from the whole prompt: a prefix restored from
 a checkpoint is never prefilled, so marking chunks on the device would miss it) and `counts`
-(output-token counts, i32[R, V], zero at load). Every program that commits tokens adds them to
+(output-token counts, i32[R, V]; zero at load, or a preemption continuation's earlier outputs,
+uploaded as up to COUNT_CAPACITY (token, count) pairs). Every program that commits tokens adds them to
 `counts` (`count_outputs`): prefill's first output, decode, each step of K-step decode,
 speculative and mixed rounds.
 
@@ -47,6 +48,7 @@ from flax import struct
 from helios_jax.programs.token_mask import mask_words, unpack_token_mask
 
 BIAS_CAPACITY = 1024  # logit_bias entries a row loads (the state's bias itself is dense)
+COUNT_CAPACITY = 1024  # distinct earlier output tokens a continuation's row loads counted
 
 
 @struct.dataclass
@@ -81,6 +83,8 @@ class ProcessorInputs:
     allowed: jax.Array  # i32[B, ceil(V/32)]
     stops: jax.Array  # i32[B, ceil(V/32)]
     seen: jax.Array  # i32[B, ceil(V/32)]
+    count_tokens: jax.Array  # i32[B, COUNT_CAPACITY] earlier output tokens (-1: unused entry)
+    count_values: jax.Array  # i32[B, COUNT_CAPACITY] how often each was output
 
 
 def init_processors(rows: int, vocab: int) -> RowProcessors:
@@ -115,18 +119,19 @@ def processor_input_spec(lanes: int, vocab: int) -> ProcessorInputs:
         s((lanes, words), i32),
         s((lanes, words), i32),
         s((lanes, words), i32),
+        s((lanes, COUNT_CAPACITY), i32),
+        s((lanes, COUNT_CAPACITY), i32),
     )
 
 
 def loaded_rows(inputs: ProcessorInputs, vocab: int) -> RowProcessors:
-    """B lanes' processor rows as loaded: the bias made dense, output counts zero."""
+    """B lanes' processor rows as loaded: the bias and the earlier output counts made dense."""
     b = inputs.enabled.shape[0]
+    lanes = jnp.arange(b)[:, None]
     tokens = jnp.where(inputs.bias_tokens >= 0, inputs.bias_tokens, vocab)
-    bias = (
-        jnp.zeros((b, vocab), jnp.float32)
-        .at[jnp.arange(b)[:, None], tokens]
-        .add(inputs.bias_values.astype(jnp.float32), mode="drop")
-    )
+    bias = jnp.zeros((b, vocab), jnp.float32).at[lanes, tokens].add(inputs.bias_values, mode="drop")
+    earlier = jnp.where(inputs.count_tokens >= 0, inputs.count_tokens, vocab)
+    counts = jnp.zeros((b, vocab), jnp.int32).at[lanes, earlier].add(inputs.count_values, mode="drop")
     return RowProcessors(
         enabled=inputs.enabled,
         presence=inputs.presence,
@@ -138,7 +143,7 @@ def loaded_rows(inputs: ProcessorInputs, vocab: int) -> RowProcessors:
         allowed=inputs.allowed,
         stops=inputs.stops,
         seen=inputs.seen,
-        counts=jnp.zeros((b, vocab), jnp.int32),
+        counts=counts,
     )
 
 

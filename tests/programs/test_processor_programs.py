@@ -13,6 +13,8 @@ rows decides an emitted token (all four are accepted only if each row's processe
 oracle's). Compared over the prefix whose processed top-2 margin exceeds MARGIN_TOL.
 """
 
+import dataclasses
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -139,3 +141,35 @@ def test_greedy_output_with_processors_equals_the_step_by_step_oracle(
     )
     counts = np.asarray(d.state.processors.counts)
     assert counts[0].sum() == int(d.state.generated[0]) and not counts[2].any()  # only slot 0 counts
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(params, expected):
+    """The oracle's tokens with presence and frequency penalties alone among the penalties (the
+    repetition penalty would already keep the earlier outputs from repeating)."""
+    settings = dataclasses.replace(expected[0], repetition_penalty=1.0)
+    want, margins = _oracle(params, settings, N)
+    return settings, want[: reliable_prefix(margins)]
+
+
+def test_a_continuation_loaded_with_its_earlier_outputs_samples_the_uninterrupted_tokens(
+    ordinary_programs, params, uninterrupted
+):
+    """A preemption continuation's row (prompt plus the first K outputs, min_tokens lowered, the
+    outputs loaded as its counts) goes on with the uninterrupted row's tokens; with counts
+    restarting from zero the presence and frequency penalties would change them."""
+    settings, want = uninterrupted
+    k = 5
+    assert len(want) >= k + 5
+    resumed = dataclasses.replace(
+        settings,
+        min_tokens=max(0, settings.min_tokens - k),
+        prompt=tuple(PROMPTS[0]) + tuple(want[:k]),
+        outputs=tuple(want[:k]),
+    )
+    d = Driver(ordinary_programs, params, seed=5)
+    d.initialize(1, processors=resumed)
+    stream = [d.prefill(1, list(resumed.prompt))[0]]
+    while len(stream) < len(want) - k:
+        stream.extend(emitted(d.run(DECODE, slots=[1], page_tables=d.tables([1])), 0))
+    assert stream == want[k:]
