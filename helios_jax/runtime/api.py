@@ -196,6 +196,7 @@ class GenerationRequest:
     message_endpoints: tuple[int, ...] = ()  # chat template message ends (checkpoint anchors)
     proposal_source: str | None = None  # "learned", "copy" or "both"; None: the engine's
     grammar: CompiledConstraint | None = None  # structured output: the output's grammar
+    prior_outputs: int = 0  # a preemption continuation: the prompt's last tokens that were output
 
     @property
     def host_masked(self) -> bool:

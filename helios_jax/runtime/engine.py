@@ -299,7 +299,7 @@ class HeliosEngine(FaultContainment):
                 coupled=s.seed is not None,  # seeded text must not depend on speculation
                 stop_tokens=stops,
                 logprobs=s.logprobs or s.top_logprobs > 0,  # gates the programs' scoring
-                processors=processor_settings(s, stops, req.prompt_tokens),
+                processors=processor_settings(req, stops),
             )
             if s.prompt_logprobs:
                 active.prompt_scores = PromptScores(len(req.prompt_tokens), s.top_logprobs)

@@ -37,9 +37,9 @@ def continuation(request: GenerationRequest, output: list[int]) -> GenerationReq
     sampling = dataclasses.replace(
         request.sampling, max_tokens=left, prompt_logprobs=False, min_tokens=min_tokens
     )
-    return dataclasses.replace(
-        request, prompt_tokens=tuple(request.prompt_tokens) + tuple(output), sampling=sampling
-    )
+    prompt = tuple(request.prompt_tokens) + tuple(output)
+    # The presence and frequency penalties count the earlier outputs (`prior_outputs`).
+    return dataclasses.replace(request, prompt_tokens=prompt, sampling=sampling, prior_outputs=len(output))
 
 
 class Preemptions:

@@ -14,6 +14,7 @@ from helios_jax.engine_config import EngineConfig
 from helios_jax.runtime.api import GenerationRequest, SamplingParams
 from helios_jax.runtime.executor import RequestInputs
 from helios_jax.runtime.preemption import continuation
+from helios_jax.runtime.sampling_controls import processor_settings
 from helios_jax.runtime.state_copies import CheckpointStats, StateCopies, forget_stored
 from helios_jax.scheduler.checkpoints import CheckpointStore, Role
 from helios_jax.scheduler.plan import Handle, PlanLane
@@ -104,3 +105,10 @@ def test_a_continuation_is_the_prompt_plus_the_output_with_the_remaining_budget(
     assert resumed.prompt_tokens == (1, 2, 3, 7, 8) and resumed.sampling.max_tokens == 3
     assert not resumed.sampling.prompt_logprobs and resumed.message_endpoints == (2,)
     assert continuation(request, [7] * 5) is None
+    assert resumed.prior_outputs == 2 and processor_settings(resumed, ()) is None
+
+
+def test_a_penalised_continuation_loads_its_earlier_outputs_as_output_counts():
+    sampling = SamplingParams(max_tokens=9, temperature=0.0, frequency_penalty=0.5)
+    resumed = continuation(GenerationRequest("r", (1, 2), sampling), [7, 8, 7])
+    assert processor_settings(resumed, ()).outputs == (7, 8, 7)
