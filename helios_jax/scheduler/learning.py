@@ -125,13 +125,15 @@ class Population:
         return AcceptanceHistory(self.acceptance_priors, preseeded=preseeded)
 
     def check_preseeded(self, preseeded: dict[str, PrefixEstimate] | None) -> None:
-        """ValueError for a preseeded acceptance estimate of another depth than the catalog's
-        proposal depth: its observations, conditional acceptance and probe information are
-        all per depth 1..D, and a shorter one would leave depths no estimate covers."""
+        """ValueError for a preseeded acceptance estimate shallower than the catalog's proposal
+        depth (or of an unknown source): observations, conditional acceptance and the probe's
+        information are read per depth 1..D, and depths no estimate covers have no value (a
+        funded probe took the minimum of an empty slice). Deeper estimates are fine: the
+        depths past D are kept as they are."""
         for source, estimate in (preseeded or {}).items():
             if source not in SOURCES:
                 raise ValueError(f"acceptance_history: unknown proposal source {source!r}")
-            if len(estimate.mean) != self.depth:
+            if len(estimate.mean) < self.depth:
                 raise ValueError(
                     f"acceptance_history[{source!r}] has depth {len(estimate.mean)}; "
                     f"the catalog's proposal depth is {self.depth}"

@@ -486,7 +486,7 @@ def test_mixed_shapes_set_the_reference_and_follow_prerequisites():
     assert unscaled(c) == pytest.approx((prompt_value + 88 + 0.1 * 4.885 * (10 + u)) / u - u / 2 * 0.1)
 
 
-def test_a_preseeded_acceptance_estimate_of_another_depth_is_refused_and_changes_nothing():
+def test_a_preseeded_acceptance_estimate_shallower_than_the_catalog_is_refused_and_changes_nothing():
     """A depth-3 estimate on a depth-7 catalog left depths 4..7 uncovered: a funded probe then
     took the minimum of an empty slice (ValueError deep inside plan()). Admission refuses it."""
     from helios_jax.scheduler.speculation import PrefixEstimate

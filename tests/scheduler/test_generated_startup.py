@@ -2,8 +2,8 @@
 are a property of the scheduler over the family, not of the two shipped catalogs.
 
 ``python -m helios_jax.conformance --generated=50`` runs the same traces over fifty (the results
-and the causes of the remaining failures are in docs/conformance.md); CI runs the first six
-members of family seed 0: speculative and ordinary catalogs, 8 to 64 request slots, R from 32,
+and the causes of the remaining failures are in docs/conformance.md); CI runs members 2, 3 and 4
+of family seed 0: speculative and ordinary catalogs, 8 and 32 request slots, R from 32 to 256,
 so programs narrower than the stream count and P-limited device programs both occur.
 
 Every first-output and gap bound must hold wherever the catalog's costs allow it. The spread
@@ -19,8 +19,8 @@ from helios_jax.conformance import checks
 from helios_jax.scheduler.config import PolicyConfig
 
 FAMILY_SEED = 0
-CHOSEN = range(6)
-MEMBERS = {m.index: m for m in catalog_family.family(len(CHOSEN), FAMILY_SEED)}
+CHOSEN = (2, 3, 4)  # of the first six: the kinds below at half the CI time (the six: --generated)
+MEMBERS = {m.index: m for m in catalog_family.family(max(CHOSEN) + 1, FAMILY_SEED)}
 # docs/conformance.md, "Startup traces on the generated family": cause (A) and (C).
 KNOWN_SPREAD = {
     (1, "5 requests, 7 accepted drafts, untrained"),

@@ -134,7 +134,9 @@ def test_views_read_acceptance_estimates_like_each_estimate_would():
     from .test_core import run_once, scheduler
 
     s = scheduler(SPEC, mode=DecodeMode.ADAPTIVE)
-    own = PrefixEstimate(np.array([0.9, 0.7, 0.2]), np.array([5.0, 3.0, 1.0]), 0)  # origin None
+    own = PrefixEstimate(  # origin None; the catalog's depth, 7
+        np.array([0.9, 0.7, 0.2, 0.2, 0.1, 0.1, 0.1]), np.array([5.0, 3.0, 1.0, 1.0, 1.0, 1.0, 1.0]), 0
+    )
     s.admit([1] * 8, max_output=300, acceptance_history={SOURCE_LEARNED: own})
     s.admit([1] * 8, max_output=300, proposal_source="copy")
     for n in (8, 60, 200):
