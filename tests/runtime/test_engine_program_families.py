@@ -64,6 +64,7 @@ def _serve(engine) -> dict:
 @spec(
     "useful-service/output-progress", "useful-service/prompt-progress", "verification/runtime-phase-coverage"
 )
+@pytest.mark.slow  # two whole engines compiled (about 100 s of CI's cores): make test-slow
 def test_k_step_decode_and_multi_prompt_prefill_serve_the_same_text():
     plain, families = _engine((1,), (1,)), _engine((K,), (1, B))
     try:
