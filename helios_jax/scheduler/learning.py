@@ -198,8 +198,10 @@ def probe(
     # waiting cost, so that "beats the ordinary choice" compares like with like.
     opt_inp = dataclasses.replace(inp, views=list(optimistic_views), graphs=speculative, reference=prepared)
     best, best_key = None, None
-    # Only rows that beat the ordinary winner are materialised (building lanes is the cost).
-    for row in policy.scored(opt_inp, policy.Selection(opt_inp, base)):
+    # Only rows that beat the ordinary winner are materialised (building lanes is the cost), and
+    # an adaptive ragged program's cohort is searched only when its bound could beat it.
+    rows = policy.bounded_rows(policy.Selection(opt_inp, base), lambda _: ordinary.score, fresh=False)
+    for row in rows:
         if row.indeterminate or not row.score > ordinary.score:
             continue
         c = row.build()

@@ -39,7 +39,7 @@ from helios_jax.scheduler.policy.prepared import (
 )
 from helios_jax.scheduler.policy.ranking import ScoredCandidate, best, better, recency
 from helios_jax.scheduler.policy.selection import Selection, SelectionInput
-from helios_jax.scheduler.policy.selector import candidates, scored, select, selection_rows
+from helios_jax.scheduler.policy.selector import bounded_rows, candidates, scored, select, selection_rows
 
 __all__ = [
     "PREREQUISITE_KINDS",
@@ -50,6 +50,7 @@ __all__ = [
     "as_prepared",
     "best",
     "better",
+    "bounded_rows",
     "candidates",
     "capacities",
     "recency",

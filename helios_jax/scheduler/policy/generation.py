@@ -21,14 +21,23 @@ from helios_jax.scheduler.policy.selection import Selection
 from helios_jax.scheduler.policy.tables import LaneTable
 from helios_jax.scheduler.rounds import allocate_cohort_rows, prefix_allocation_order
 
+# Adaptive ragged programs left to their bound: (index among the returned rows, program).
+Deferred = list[tuple[int, GraphDescriptor]]
+
 
 def is_unconstrained(g: GraphDescriptor) -> bool:
     """Every lane gets its full width: no aggregate row capacity P binds the cohort."""
     return g.kind is GraphKind.DECODE or g.token_capacity == 1 or g.is_rectangular
 
 
-def generation_candidates(sel: Selection) -> list[ScoredCandidate]:
-    """Each generation program's best cohort of runnable decoders."""
+def generation_candidates(sel: Selection, defer: Deferred | None = None) -> list[ScoredCandidate]:
+    """Each generation program's best cohort of runnable decoders.
+
+    `defer`: adaptive ragged programs that :func:`boundable` admits are left out and listed
+    there instead, as (the index their candidate would have in the returned list, program), for
+    a caller that first compares :func:`ragged_upper_value` with the other rows
+    (``selector.bounded_rows``) and builds only those that could matter
+    (:func:`adaptive_ragged_candidate`)."""
     if sel.decoders.count == 0:
         return []
     found: list[ScoredCandidate] = []
@@ -43,6 +52,9 @@ def generation_candidates(sel: Selection) -> list[ScoredCandidate]:
             continue
         if sel.mode is DecodeMode.FIXED:
             candidate = _fixed_ragged_candidate(sel, g, table)
+        elif defer is not None and boundable(sel, g):
+            defer.append((len(found), g))
+            continue
         else:
             candidate = _adaptive_ragged_candidate(sel, g, table.widths, device)
         if candidate is not None:
@@ -82,6 +94,42 @@ def _fixed_ragged_candidate(sel: Selection, g: GraphDescriptor, table: LaneTable
         signature,
         lambda: decoders.lanes(idx, widths, t),
     )
+
+
+def boundable(sel: Selection, g: GraphDescriptor) -> bool:
+    """Whether an adaptive ragged program's candidate may be left to its bound: a known duration
+    (its score is a rate), and no program it dominates (leaving it out then changes no other
+    row's dominance)."""
+    return sel.duration(g) is not None and id(g) not in sel.prepared.dominating_ids
+
+
+def adaptive_ragged_candidate(sel: Selection, g: GraphDescriptor) -> ScoredCandidate | None:
+    """The adaptive ragged candidate of `g` that :func:`generation_candidates` builds."""
+    table = sel.decoders.table(g.token_capacity, g.proposal_depth)
+    return _adaptive_ragged_candidate(sel, g, table.widths, g.allocation is Allocation.PREFIX_LIMIT)
+
+
+def ragged_upper_value(sel: Selection, g: GraphDescriptor) -> float:
+    """An upper bound on the useful value (age terms at g's duration included) of any adaptive
+    ragged candidate of `g`, whatever its cohort and allocation: the largest, over cohort sizes
+    m up to min(B, decoders, P), of the m best pending rows plus the best of at most P - m
+    extension rows within the lanes' widths.
+
+    A candidate of m lanes earns each lane's pending row and the extension rows its allocation
+    gives (prefixes within the lane's width; each lane holds its pending row, so at most P - m of
+    them, the host's and the device's allocation alike); the bound drops the prefix and same-lane
+    constraints. Its sums are in another order than the candidate's, so a caller compares with a
+    margin (``selector.bounded_rows``)."""
+    decoders = sel.decoders
+    t = sel.duration(g) or 0.0
+    widths = decoders.table(g.token_capacity, g.proposal_depth).widths
+    pending = np.sort(decoders.output_price + decoders.delivery_value + decoders.age_value_per_ms * t)[::-1]
+    ext = decoders.extension_value
+    rows = ext[np.arange(ext.shape[1])[None, :] < (widths[:, None] - 1)]
+    best_rows = np.maximum.accumulate(np.concatenate([[0.0], np.cumsum(np.sort(rows)[::-1])]))
+    ms = np.arange(1, min(g.batch_capacity, decoders.count, g.target_capacity) + 1)
+    totals = np.cumsum(pending)[ms - 1] + best_rows[np.minimum(g.target_capacity - ms, rows.size)]
+    return float(totals.max())
 
 
 def _adaptive_ragged_candidate(

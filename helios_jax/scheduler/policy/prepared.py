@@ -60,6 +60,8 @@ class PreparedGraphs:
             g: [h for h in self.graphs if h.kind is g.kind and dominates(h, g)] for g in self.graphs
         }
         self.dominator_ids = {id(g): {id(h) for h in hs} for g, hs in self.dominators.items()}
+        # Programs that dominate another: leaving one's candidate out could keep a dominated row.
+        self.dominating_ids = frozenset(i for ids in self.dominator_ids.values() for i in ids)
         self.smaller_prefill = {
             g: [h for h in self.prefill if h.kind is g.kind and h.token_capacity < g.token_capacity]
             for g in self.prefill

@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
+
+from helios_jax.catalog import GraphDescriptor
 from helios_jax.scheduler import utility
 from helios_jax.scheduler.policy.batchprefill import batch_prefill_candidates
-from helios_jax.scheduler.policy.generation import generation_candidates
+from helios_jax.scheduler.policy.generation import (
+    Deferred,
+    adaptive_ragged_candidate,
+    generation_candidates,
+    ragged_upper_value,
+)
 from helios_jax.scheduler.policy.mixed import mixed_candidates
 from helios_jax.scheduler.policy.prefill import prefill_candidates
 from helios_jax.scheduler.policy.prerequisites import prerequisite_candidates
@@ -18,24 +27,82 @@ def scored(inp: SelectionInput, sel: Selection | None = None) -> list[ScoredCand
     """Every program's best non-dominated candidate(s), scored but not yet materialised
     (`sel`: ``Selection(inp)`` when the caller built it already)."""
     sel = Selection(inp) if sel is None else sel
-    found = (
-        generation_candidates(sel)
-        + prefill_candidates(sel)
+    return prune_dominated(generation_candidates(sel) + _other_families(sel), sel.prepared)
+
+
+def selection_rows(inp: SelectionInput) -> tuple[Selection, list[ScoredCandidate]]:
+    """``Selection(inp)`` and its rows, for a caller that reads them more than once
+    (``Scheduler._plan``: the ordinary choice, a refresh alternative, a probe's tables).
+
+    The rows are :func:`scored`'s but for the fresh adaptive ragged rows that cannot reach the
+    best row's score (:func:`bounded_rows`), which neither :func:`select` (they are below the
+    tie tolerance of its best) nor a refresh alternative (it reads stale rows only) would read.
+    They are not kept on the selection: their builders refer to it, and the cycle would leave
+    every decision's tables to the cyclic garbage collector."""
+    sel = Selection(inp)
+    return sel, bounded_rows(sel, _best_score, fresh=True)
+
+
+def _best_score(rows: list[ScoredCandidate]) -> float | None:
+    """What a determinate row must reach to matter to :func:`select`: the best score (an
+    indeterminate row takes precedence over every determinate one: inf)."""
+    if not rows:
+        return None
+    if any(r.indeterminate for r in rows):
+        return math.inf
+    return max(r.score for r in rows)
+
+
+def bounded_rows(
+    sel: Selection, floor_of: Callable[[list[ScoredCandidate]], float | None], *, fresh: bool
+) -> list[ScoredCandidate]:
+    """:func:`scored`'s rows without the adaptive ragged rows whose score cannot reach
+    `floor_of` the other rows (None: no floor), each checked against its upper bound
+    (``generation.ragged_upper_value``) before its cohort search; `fresh`: only programs whose
+    estimate is fresh may be left out. The rows kept are in :func:`scored`'s order.
+
+    Exact: a row left out scores below the floor by more than the tie tolerance and the bound's
+    rounding; the programs left out dominate none (``generation.boundable``), so every other
+    row's dominance is unchanged."""
+    deferred: Deferred = []
+    generation = generation_candidates(sel, deferred)
+    others = _other_families(sel)
+    rows = prune_dominated(generation + others, sel.prepared)
+    if not deferred:
+        return rows
+    floor = floor_of(rows)
+    added = 0
+    for i, g in deferred:
+        if floor is not None and not (fresh and sel.is_stale(g)) and _below(sel, g, floor):
+            continue
+        c = adaptive_ragged_candidate(sel, g)
+        if c is not None:
+            generation.insert(i + added, c)
+            added += 1
+    return prune_dominated(generation + others, sel.prepared) if added else rows
+
+
+def _below(sel: Selection, g: GraphDescriptor, floor: float) -> bool:
+    """Whether every adaptive ragged candidate of `g` scores below `floor` by more than the tie
+    tolerance (``utility.nearly_equal``) and the rounding of its bound's sums."""
+    if math.isinf(floor):
+        return floor > 0
+    t = sel.duration(g)
+    assert t is not None  # generation.boundable
+    value = ragged_upper_value(sel, g)
+    decision = sel.decision
+    margin = utility.REL_TIE * (2.0 * max(1.0, abs(floor)) + abs(value) / t + 0.5 * t * abs(decision.waiting))
+    return decision.rate(value, t) < floor - margin
+
+
+def _other_families(sel: Selection) -> list[ScoredCandidate]:
+    return (
+        prefill_candidates(sel)
         + batch_prefill_candidates(sel)
         + mixed_candidates(sel)
         + terminal_candidates(sel)
         + prerequisite_candidates(sel)
     )
-    return prune_dominated(found, sel.prepared)
-
-
-def selection_rows(inp: SelectionInput) -> tuple[Selection, list[ScoredCandidate]]:
-    """``Selection(inp)`` and its :func:`scored` rows, for a caller that reads them more than
-    once (``Scheduler._plan``: the ordinary choice, a refresh alternative, a probe's tables).
-    The rows are not kept on the selection: their builders refer to it, and the cycle would
-    leave every decision's tables to the cyclic garbage collector."""
-    sel = Selection(inp)
-    return sel, scored(inp, sel)
 
 
 def candidates(inp: SelectionInput) -> list[Candidate]:

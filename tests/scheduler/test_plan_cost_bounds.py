@@ -1,0 +1,173 @@
+"""Cheap decisions (issue 14), fifth round: an adaptive ragged program's cohort is searched only
+when an upper bound on its score could matter. Each test fails when the bound is wrong or the
+shortcut is dropped or widened."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from helios_jax.catalog import GraphKind
+from helios_jax.scheduler import learning, policy, utility
+from helios_jax.scheduler.policy import generation, selector
+
+from .helpers import RAGGED, SPEC, decoder, geometric, inputs, measured, prompt
+
+CATALOGS = {"spec": SPEC, "ragged": RAGGED}
+
+
+def _population(rng: np.random.Generator, prompts: bool = True) -> list:
+    """Decoders of random prices, ages, acceptance, output and width limits; some prompts."""
+    views = []
+    for rid in range(int(rng.integers(1, 40))):
+        kw = {"last_selected_ns": int(rng.choice([-1, 3, 7]))}
+        if rng.random() < 0.2:
+            kw["width_limit"] = int(rng.integers(1, 5))
+        views.append(
+            decoder(
+                rid,
+                x=float(rng.choice([0.5, 1.0, 2.0, 8.0])),
+                z=float(rng.choice([0.05, 0.25, 1.0])),
+                age_ms=float(rng.uniform(0.0, 80.0)),
+                survival=geometric(float(rng.uniform(0.1, 0.95))),
+                output_remaining=int(rng.choice([1, 2, 3, 9, 1000])),
+                **kw,
+            )
+        )
+    if prompts:
+        n = len(views)
+        views += [prompt(n + i, int(rng.choice([40, 700]))) for i in range(int(rng.integers(0, 3)))]
+    return views
+
+
+def _ragged(sel: policy.Selection) -> list:
+    return [g for g in sel.prepared.generation if g.steps == 1 and not generation.is_unconstrained(g)]
+
+
+def _key(r: policy.ScoredCandidate) -> tuple:
+    return (id(r.graph), r.score, r.duration_ms, r.signature)
+
+
+@pytest.mark.parametrize("name", sorted(CATALOGS))
+def test_ragged_upper_value_bounds_every_adaptive_ragged_candidate(name):
+    """The bound is at least the built candidate's useful value (age terms included), host and
+    device allocation alike, up to its sums' rounding."""
+    rng, checked = np.random.default_rng(3), 0
+    for _ in range(60):
+        sel = policy.Selection(inputs(_population(rng, prompts=False), catalog=CATALOGS[name]))
+        for g in _ragged(sel):
+            row = generation.adaptive_ragged_candidate(sel, g)
+            if row is None:
+                continue
+            value = row.build().useful_value
+            bound = generation.ragged_upper_value(sel, g)
+            assert value <= bound + 1e-12 * max(1.0, abs(bound)), (g.key, value, bound)
+            checked += 1
+    assert checked >= 60
+
+
+def _bounded_against_full(views, **kw) -> tuple[int, int]:
+    """selection_rows' rows are scored()'s, in order, less adaptive ragged rows that score below
+    the best by more than the tie tolerance; select() chooses the same. Returns (rows left
+    out, decisions)."""
+    inp = inputs(views, **kw)
+    sel, rows = policy.selection_rows(inp)
+    full = policy.scored(inp, policy.Selection(inp))
+    kept = [_key(r) for r in rows]
+    assert kept == [k for k in map(_key, full) if k in set(kept)]
+    left = [r for r in full if _key(r) not in set(kept)]
+    determinate = [r.score for r in full if not r.indeterminate]
+    for r in left:
+        assert r.graph in _ragged(sel) and not r.indeterminate
+        assert r.score < max(determinate) and not utility.nearly_equal(r.score, max(determinate))
+    assert policy.select(inp, rows=rows) == policy.select(inp, rows=full)
+    return len(left), 1
+
+
+@pytest.mark.parametrize("name", sorted(CATALOGS))
+def test_selection_rows_leave_out_only_ragged_rows_that_cannot_be_chosen(name):
+    rng, left, decisions = np.random.default_rng(11), 0, 0
+    for _ in range(80):
+        n, d = _bounded_against_full(_population(rng), catalog=CATALOGS[name])
+        left, decisions = left + n, decisions + d
+    assert left > 0  # the shortcut is taken
+
+
+def test_stale_ragged_programs_keep_their_rows():
+    """A stale program's row can be a timing-refresh alternative whatever its score: it is never
+    left out of selection_rows."""
+    rng = np.random.default_rng(11)
+    stale_ns = 10 * 30_000_000_000  # every estimate past PolicyConfig's freshness interval
+    for _ in range(40):
+        views = _population(rng)
+        inp = inputs(views, catalog=SPEC, costs=measured(SPEC), now_ns=stale_ns)
+        _, rows = policy.selection_rows(inp)
+        assert [_key(r) for r in rows] == [_key(r) for r in policy.scored(inp)]
+
+
+def test_a_ragged_program_that_dominates_another_is_always_scored():
+    """RAGGED's host ragged program (4, 4, P=6) dominates its device one (4, 4, P=8): leaving it
+    out could keep the device row that it would have dropped, so it is never deferred."""
+    sel = policy.Selection(inputs([decoder(i, survival=geometric(0.8)) for i in range(6)], catalog=RAGGED))
+    ragged = {g.target_capacity: g for g in _ragged(sel)}
+    assert not generation.boundable(sel, ragged[6]) and generation.boundable(sel, ragged[8])
+    deferred: generation.Deferred = []
+    generation.generation_candidates(sel, deferred)
+    assert [g for _, g in deferred] == [ragged[8]]
+
+
+def test_probe_with_bounded_rows_equals_the_probe_over_every_row(monkeypatch):
+    """An acceptance probe searches a drafted ragged program's cohort only when its bound can
+    beat the ordinary winner; the probe chosen is the same as with every row scored."""
+    rng, left, compared = np.random.default_rng(5), 0, 0
+    real = selector.bounded_rows
+
+    def counting(sel, floor_of, *, fresh):
+        nonlocal left
+        rows = real(sel, floor_of, fresh=fresh)
+        left += len(policy.scored(sel.inp, sel)) - len(rows)
+        return rows
+
+    for _ in range(60):
+        views = _population(rng, prompts=False)
+        inp = inputs(views, catalog=SPEC)
+        ordinary = policy.select(inp)
+        if ordinary is None or ordinary.indeterminate:
+            continue
+        optimistic = [dataclasses.replace(v, survival=np.minimum(1.0, v.survival + 0.3)) for v in views]
+        info = lambda rid, a, b: 1.0  # noqa: E731  (every added depth equally informed)
+        with monkeypatch.context() as m:
+            m.setattr(policy, "bounded_rows", counting)
+            bounded = learning.probe(inp, ordinary, optimistic, info)
+        with monkeypatch.context() as m:
+            m.setattr(policy, "bounded_rows", lambda sel, floor_of, fresh: policy.scored(sel.inp, sel))
+            full = learning.probe(inp, ordinary, optimistic, info)
+        assert bounded == full
+        compared += 1
+    assert compared > 20 and left > 0
+
+
+def test_every_ragged_row_is_scored_by_candidates_and_scored():
+    """The explicit listings (``policy.candidates``, ``policy.scored``) keep every row."""
+    rng = np.random.default_rng(2)
+    for _ in range(20):
+        inp = inputs(_population(rng, prompts=False), catalog=SPEC)
+        sel = policy.Selection(inp)
+        kinds = [c.graph for c in policy.candidates(inp) if c.kind is GraphKind.SPECULATIVE]
+        assert all(g in kinds for g in _ragged(sel) if generation.adaptive_ragged_candidate(sel, g))
+
+
+def test_a_row_is_left_out_only_below_the_floor_beyond_the_tie_tolerance():
+    """At a floor equal to the bound's score, or within the tie tolerance above it, the row is
+    searched; a floor clearly above leaves it out."""
+    sel = policy.Selection(inputs([decoder(i, survival=geometric(0.7)) for i in range(20)], catalog=SPEC))
+    (g,) = _ragged(sel)
+    t = sel.duration(g)
+    score = sel.decision.rate(generation.ragged_upper_value(sel, g), t)
+    tolerance = utility.REL_TIE * max(1.0, abs(score))
+    assert not selector._below(sel, g, score)
+    assert not selector._below(sel, g, score + 0.5 * tolerance)
+    assert selector._below(sel, g, score + 1e-6 * max(1.0, abs(score)))
+    assert selector._below(sel, g, float("inf")) and not selector._below(sel, g, float("-inf"))
