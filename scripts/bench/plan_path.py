@@ -14,8 +14,9 @@ outputs from 16/128/512; a finished request is replaced at once), driven by the 
 executor (per-position acceptance 0.8..0.2) one plan at a time: each decision is timed right
 after the previous completion, as in serving. After ``--warmup`` decisions, ``--decisions`` are
 timed. Beside each ``plan()`` the same state's ``views()`` (with optimistic estimates only when
-a probe can be funded, as ``plan()`` asks for them) and ``policy.select`` are timed on their own
-(both are pure), which splits the cost; "other" is plan minus the two (ledger checks, a refresh
+a probe can be funded, as ``plan()`` asks for them) and the selection (``policy.selection_rows``
+and ``policy.select`` on its rows, as ``plan()`` selects) are timed on their own (both are
+pure), which splits the cost; "other" is plan minus the two (ledger checks, a refresh
 alternative or an acceptance probe when funded, freezing).
 
 ``--catalog=engine`` benches the catalog HeliosEngine builds from a default ``EngineConfig()``
@@ -202,7 +203,8 @@ def measure(catalog: Catalog, mode: DecodeMode, n: int, **kwargs) -> dict:
         start = s._planning_start_ns()
         views = s.views(start, optimistic=s.acceptance_ledger.can_start())  # as plan() asks
         t1 = time.perf_counter()
-        policy.select(policy.SelectionInput(views, s.graphs, s.costs, s.now_ns, s.policy, s.mode))
+        inp = policy.SelectionInput(views, s.graphs, s.costs, s.now_ns, s.policy, s.mode)
+        policy.select(inp, rows=policy.selection_rows(inp)[1])  # as plan() selects
         t2 = time.perf_counter()
         views_ms.append((t1 - t0) * 1e3)
         select_ms.append((t2 - t1) * 1e3)

@@ -123,12 +123,19 @@ def ragged_upper_value(sel: Selection, g: GraphDescriptor) -> float:
     decoders = sel.decoders
     t = sel.duration(g) or 0.0
     widths = decoders.table(g.token_capacity, g.proposal_depth).widths
-    pending = np.sort(decoders.output_price + decoders.delivery_value + decoders.age_value_per_ms * t)[::-1]
+    pending = decoders.output_price + decoders.delivery_value + decoders.age_value_per_ms * t
+    pending.sort()  # a new array: ascending
     ext = decoders.extension_value
-    rows = ext[np.arange(ext.shape[1])[None, :] < (widths[:, None] - 1)]
-    best_rows = np.maximum.accumulate(np.concatenate([[0.0], np.cumsum(np.sort(rows)[::-1])]))
-    ms = np.arange(1, min(g.batch_capacity, decoders.count, g.target_capacity) + 1)
-    totals = np.cumsum(pending)[ms - 1] + best_rows[np.minimum(g.target_capacity - ms, rows.size)]
+    rows = ext[np.arange(ext.shape[1]) < (widths[:, None] - 1)]
+    rows.sort()
+    m_max = min(g.batch_capacity, decoders.count, g.target_capacity)
+    totals = np.cumsum(pending[: -m_max - 1 : -1])  # the m best pending rows, m = 1..m_max
+    if rows.size:
+        best_rows = np.cumsum(rows[::-1])  # the j best extension rows, j = 1..
+        if rows[0] < 0:  # at most k rows: the best of the prefixes up to k (and none)
+            best_rows = np.maximum.accumulate(np.maximum(best_rows, 0.0))
+        k = np.minimum(g.target_capacity - np.arange(1, m_max + 1), rows.size)
+        totals = totals + np.where(k > 0, best_rows[k - 1], 0.0)
     return float(totals.max())
 
 
