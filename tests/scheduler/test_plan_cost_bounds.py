@@ -171,3 +171,25 @@ def test_a_row_is_left_out_only_below_the_floor_beyond_the_tie_tolerance():
     assert not selector._below(sel, g, score + 0.5 * tolerance)
     assert selector._below(sel, g, score + 1e-6 * max(1.0, abs(score)))
     assert selector._below(sel, g, float("inf")) and not selector._below(sel, g, float("-inf"))
+
+
+def test_families_without_programs_do_no_work(monkeypatch):
+    """A probe's selection holds only drafted programs: with prompts and terminal rows present,
+    the prefill, mixed and snapshot families return nothing without building a row."""
+    from helios_jax.scheduler.policy import mixed, prefill, snapshots, tables
+    from helios_jax.scheduler.view import Phase, RequestView
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("built rows for no program")
+
+    terminal = RequestView(rid=90, slot=90, phase=Phase.TERMINAL, log_prefill_price=0.0, log_output_price=0.0)
+    views = [decoder(i) for i in range(3)] + [prompt(10, 700), terminal]
+    drafted = policy.as_prepared(inputs(views).graphs).drafted()
+    sel = policy.Selection(dataclasses.replace(inputs(views), graphs=drafted))
+    assert sel.prompts.count and sel.terminals
+    monkeypatch.setattr(tables.PromptTable, "rows_at", refuse)
+    monkeypatch.setattr(mixed, "MixedFamily", refuse)
+    monkeypatch.setattr(snapshots.np, "lexsort", refuse)
+    assert prefill.prefill_candidates(sel) == []
+    assert mixed.mixed_candidates(sel) == []
+    assert snapshots.terminal_candidates(sel) == []

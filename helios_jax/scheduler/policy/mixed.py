@@ -169,4 +169,6 @@ class MixedFamily:
 
 def mixed_candidates(sel: Selection) -> list[ScoredCandidate]:
     """Every mixed program's decode-only and prompt-row candidates."""
+    if not sel.prepared.mixed:  # (a probe's drafted programs)
+        return []
     return MixedFamily(sel).candidates()

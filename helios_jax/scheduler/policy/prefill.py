@@ -23,9 +23,9 @@ from helios_jax.scheduler.view import Lane
 def prefill_candidates(sel: Selection) -> list[ScoredCandidate]:
     """Each prefill program's best prompt row (scored prefill: only requests that need scores)."""
     prompts = sel.prompts
-    if prompts.count == 0:
-        return []
     programs = [g for g in sel.prepared.prefill if g.batch_capacity == 1]  # else `batchprefill`
+    if prompts.count == 0 or not programs:  # (a probe's drafted programs: no prefill)
+        return []
     found = []
     for g, i in zip(programs, _best_prompts(sel, programs)):
         if i is not None:

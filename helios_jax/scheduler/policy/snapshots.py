@@ -17,7 +17,7 @@ from helios_jax.scheduler.view import Lane, LaneRole, RequestView
 
 def terminal_candidates(sel: Selection) -> list[ScoredCandidate]:
     """Each snapshot program with the oldest terminal rows (ties: less recently used)."""
-    if not sel.terminals:
+    if not sel.terminals or not sel.prepared.snapshots:
         return []
     ages = np.array([v.terminal_age_ms for v in sel.terminals])
     order = np.lexsort((np.array([v.last_selected_ns for v in sel.terminals]), -ages))
