@@ -62,8 +62,8 @@ def test_ragged_upper_value_bounds_every_adaptive_ragged_candidate(name):
             if row is None:
                 continue
             value = row.build().useful_value
-            bound = generation.ragged_upper_value(sel, g)
-            assert value <= bound + 1e-12 * max(1.0, abs(bound)), (g.key, value, bound)
+            for bound in (generation.ragged_upper_value(sel, g), generation.ragged_dual_value(sel, g)):
+                assert value <= bound + 1e-12 * max(1.0, abs(bound)), (g.key, value, bound)
             checked += 1
     assert checked >= 60
 
@@ -165,7 +165,8 @@ def test_a_row_is_left_out_only_below_the_floor_beyond_the_tie_tolerance():
     sel = policy.Selection(inputs([decoder(i, survival=geometric(0.7)) for i in range(20)], catalog=SPEC))
     (g,) = _ragged(sel)
     t = sel.duration(g)
-    score = sel.decision.rate(generation.ragged_upper_value(sel, g), t)
+    value = min(generation.ragged_upper_value(sel, g), generation.ragged_dual_value(sel, g))
+    score = sel.decision.rate(value, t)
     tolerance = utility.REL_TIE * max(1.0, abs(score))
     assert not selector._below(sel, g, score)
     assert not selector._below(sel, g, score + 0.5 * tolerance)
@@ -193,3 +194,22 @@ def test_families_without_programs_do_no_work(monkeypatch):
     assert prefill.prefill_candidates(sel) == []
     assert mixed.mixed_candidates(sel) == []
     assert snapshots.terminal_candidates(sel) == []
+
+
+@pytest.mark.parametrize("name", sorted(CATALOGS))
+def test_the_dual_bound_leaves_out_rows_the_first_bound_cannot(monkeypatch, name):
+    """With the floor just above a ragged row's own score, the dual bound (extension rows kept
+    within the cohort's lanes) leaves the row out where the first bound alone would not."""
+    rng, both, first_only = np.random.default_rng(17), 0, 0
+    for _ in range(40):
+        sel = policy.Selection(inputs(_population(rng, prompts=False), catalog=CATALOGS[name]))
+        for g in _ragged(sel):
+            row = generation.adaptive_ragged_candidate(sel, g) if generation.boundable(sel, g) else None
+            if row is None:
+                continue
+            floor = row.score + 1e-3 * max(1.0, abs(row.score))
+            both += selector._below(sel, g, floor)
+            with monkeypatch.context() as m:
+                m.setattr(selector, "ragged_dual_value", lambda sel, g: np.inf)
+                first_only += selector._below(sel, g, floor)
+    assert both > first_only

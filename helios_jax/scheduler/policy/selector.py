@@ -12,6 +12,7 @@ from helios_jax.scheduler.policy.generation import (
     Deferred,
     adaptive_ragged_candidate,
     generation_candidates,
+    ragged_dual_value,
     ragged_upper_value,
 )
 from helios_jax.scheduler.policy.mixed import mixed_candidates
@@ -84,15 +85,18 @@ def bounded_rows(
 
 def _below(sel: Selection, g: GraphDescriptor, floor: float) -> bool:
     """Whether every adaptive ragged candidate of `g` scores below `floor` by more than the tie
-    tolerance (``utility.nearly_equal``) and the rounding of its bound's sums."""
+    tolerance (``utility.nearly_equal``) and the rounding of its bound's sums (either bound)."""
     if math.isinf(floor):
         return floor > 0
     t = sel.duration(g)
     assert t is not None  # generation.boundable
-    value = ragged_upper_value(sel, g)
     decision = sel.decision
-    margin = utility.REL_TIE * (2.0 * max(1.0, abs(floor)) + abs(value) / t + 0.5 * t * abs(decision.waiting))
-    return decision.rate(value, t) < floor - margin
+    tie = 2.0 * max(1.0, abs(floor)) + 0.5 * t * abs(decision.waiting)
+    for bound in (ragged_upper_value, ragged_dual_value):  # the cheaper first
+        value = bound(sel, g)
+        if decision.rate(value, t) < floor - utility.REL_TIE * (tie + abs(value) / t):
+            return True
+    return False
 
 
 def _other_families(sel: Selection) -> list[ScoredCandidate]:
