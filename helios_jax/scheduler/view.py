@@ -100,8 +100,9 @@ class RequestView:
         """This view with other survival estimates (``dataclasses.replace`` without its
         per-field dispatch: an acceptance probe copies every view of a decision)."""
         new = object.__new__(RequestView)
-        new.__dict__.update(self.__dict__)
-        new.__dict__["survival"] = survival
+        fields = self.__dict__.copy()
+        fields["survival"] = survival
+        object.__setattr__(new, "__dict__", fields)  # the copy itself: no second pass over it
         return new
 
     @property

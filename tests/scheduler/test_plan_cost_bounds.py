@@ -9,7 +9,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from helios_jax.catalog import GraphKind
+from helios_jax.catalog import DecodeMode, GraphKind
 from helios_jax.scheduler import learning, policy, utility
 from helios_jax.scheduler.policy import generation, selector
 
@@ -213,3 +213,52 @@ def test_the_dual_bound_leaves_out_rows_the_first_bound_cannot(monkeypatch, name
                 m.setattr(selector, "ragged_dual_value", lambda sel, g: np.inf)
                 first_only += selector._below(sel, g, floor)
     assert both > first_only
+
+
+def test_lanes_built_without_the_constructor_equal_constructed_ones():
+    """Plan lanes (``frames.plan_lane``) and decode lanes (``DecoderTable.lanes``) set every
+    field of their dataclass directly: the same objects the constructors make, no field
+    missing (a field added later must be set there too)."""
+    from helios_jax.scheduler.plan import PlanLane
+    from helios_jax.scheduler.view import Lane
+
+    from .test_core import run_once, scheduler
+
+    s = scheduler(SPEC, mode=DecodeMode.ADAPTIVE)
+    for n in (8, 60, 200):
+        s.admit([1] * n, max_output=50)
+    seen: set = set()
+    t = 0.0
+    for fence in range(1, 12):
+        plan = s.plan()
+        for lane in plan.lanes:
+            assert lane.__dict__.keys() == {f.name for f in dataclasses.fields(PlanLane)}
+            assert lane == PlanLane(**lane.__dict__)
+            seen.add(lane.role)
+        _, _, t = run_once(s, fence, t, accepted=fence % 3)
+    assert len(seen) >= 2
+    sel = policy.Selection(inputs([decoder(i, survival=geometric(0.6)) for i in range(5)]))
+    rows, ceilings = np.array([1, 2, 3, 4, 2]), np.array([2, 3, 3, 4, 5])
+    for lanes in (
+        sel.decoders.lanes(range(5), rows, 3.0),
+        sel.decoders.lanes(range(5), rows, 3.0, ceilings=ceilings),
+    ):
+        for lane in lanes:
+            assert lane.__dict__.keys() == {f.name for f in dataclasses.fields(Lane)}
+            assert lane == Lane(**lane.__dict__)
+
+
+def test_a_view_with_other_survival_copies_every_field():
+    from helios_jax.scheduler.view import RequestView
+
+    v = decoder(3, survival=geometric(0.5), optimistic=geometric(0.7))
+    w = v.with_survival(v.optimistic)
+    assert w.survival is v.optimistic and v.survival is not w.survival
+    assert dataclasses.replace(v, survival=v.optimistic).__dict__.keys() == w.__dict__.keys()
+    assert all(
+        getattr(w, f.name) is getattr(v, f.name)
+        for f in dataclasses.fields(RequestView)
+        if f.name != "survival"
+    )
+    w.__dict__["age_ms"] = 99.0  # its own dict
+    assert v.age_ms != 99.0

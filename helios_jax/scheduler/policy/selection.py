@@ -27,6 +27,7 @@ from helios_jax.scheduler.view import Candidate, Lane, LaneRole, Phase, RequestV
 
 LaneBuilder = Callable[[], Sequence[Lane]]
 _TIE_ORDER = operator.attrgetter("last_selected_ns", "rid")  # the views' order in every solver
+_PHASES = tuple(Phase)  # (iterating the enum itself costs a microsecond a decision)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,7 +70,7 @@ class Selection:
         # (duration-estimates/tie-order), whatever order the caller listed the views in.
         views = sorted(inp.views, key=_TIE_ORDER)
         self.decision = self._decision(views) if base is None else base.decision
-        by_phase: dict[Phase, list[RequestView]] = {phase: [] for phase in Phase}
+        by_phase: dict[Phase, list[RequestView]] = {phase: [] for phase in _PHASES}
         for v in views:
             if v.runnable:
                 by_phase[v.phase].append(v)

@@ -150,17 +150,19 @@ class DecoderTable:
             value = float(
                 self.output_price[i] * expected + self.delivery_value[i] + self.age_value_per_ms * until_ms
             )
-            out.append(
-                Lane(
-                    int(self.rids[i]),
-                    int(self.slots[i]),
-                    LaneRole.DECODE,
-                    query_length=0 if ceilings is not None else int(rows[i]),
-                    ceiling=int(ceilings[i]) if ceilings is not None else 0,
-                    expected_tokens=expected,
-                    value=value,
-                )
+            # Every field, without the frozen constructor's dispatch (test_plan_cost_bounds).
+            lane = object.__new__(Lane)
+            lane.__dict__.update(
+                rid=int(self.rids[i]),
+                slot=int(self.slots[i]),
+                role=LaneRole.DECODE,
+                prompt_tokens=0,
+                query_length=0 if ceilings is not None else int(rows[i]),
+                ceiling=int(ceilings[i]) if ceilings is not None else 0,
+                expected_tokens=expected,
+                value=value,
             )
+            out.append(lane)
         return out
 
 
