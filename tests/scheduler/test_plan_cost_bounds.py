@@ -68,10 +68,10 @@ def test_ragged_upper_value_bounds_every_adaptive_ragged_candidate(name):
     assert checked >= 60
 
 
-def _bounded_against_full(views, **kw) -> tuple[int, int]:
-    """selection_rows' rows are scored()'s, in order, less adaptive ragged rows that score below
-    the best by more than the tie tolerance; select() chooses the same. Returns (rows left
-    out, decisions)."""
+def _bounded_against_full(views, **kw) -> set:
+    """selection_rows' rows are scored()'s, in order, less adaptive ragged and mixed rows that
+    score below the best by more than the tie tolerance; select() chooses the same. Returns
+    the kinds of row left out ('ragged', 'mixed')."""
     inp = inputs(views, **kw)
     sel, rows = policy.selection_rows(inp)
     full = policy.scored(inp, policy.Selection(inp))
@@ -80,19 +80,18 @@ def _bounded_against_full(views, **kw) -> tuple[int, int]:
     left = [r for r in full if _key(r) not in set(kept)]
     determinate = [r.score for r in full if not r.indeterminate]
     for r in left:
-        assert r.graph in _ragged(sel) and not r.indeterminate
+        assert (r.graph in _ragged(sel) or r.graph.kind is GraphKind.MIXED) and not r.indeterminate
         assert r.score < max(determinate) and not utility.nearly_equal(r.score, max(determinate))
     assert policy.select(inp, rows=rows) == policy.select(inp, rows=full)
-    return len(left), 1
+    return {"mixed" if r.graph.kind is GraphKind.MIXED else "ragged" for r in left}
 
 
 @pytest.mark.parametrize("name", sorted(CATALOGS))
-def test_selection_rows_leave_out_only_ragged_rows_that_cannot_be_chosen(name):
-    rng, left, decisions = np.random.default_rng(11), 0, 0
+def test_selection_rows_leave_out_only_rows_that_cannot_be_chosen(name):
+    rng, left = np.random.default_rng(11), set()
     for _ in range(80):
-        n, d = _bounded_against_full(_population(rng), catalog=CATALOGS[name])
-        left, decisions = left + n, decisions + d
-    assert left > 0  # the shortcut is taken
+        left |= _bounded_against_full(_population(rng), catalog=CATALOGS[name])
+    assert left == {"ragged", "mixed"}  # both shortcuts are taken
 
 
 def test_stale_ragged_programs_keep_their_rows():
@@ -262,3 +261,40 @@ def test_a_view_with_other_survival_copies_every_field():
     )
     w.__dict__["age_ms"] = 99.0  # its own dict
     assert v.age_ms != 99.0
+
+
+@pytest.mark.parametrize("name", sorted(CATALOGS))
+def test_mixed_upper_rates_bound_every_mixed_row(name):
+    """Each mixed shape's bound is at least the scores of its prompt-row and decode-only rows,
+    prompts with and without decoders beside them."""
+    from helios_jax.scheduler.policy import mixed
+
+    rng, checked = np.random.default_rng(23), 0
+    for trial in range(60):
+        views = (
+            _population(rng) if trial % 3 else [prompt(i, int(rng.choice([40, 700, 5000]))) for i in range(3)]
+        )
+        sel = policy.Selection(inputs(views, catalog=CATALOGS[name]))
+        rates, _ = mixed.mixed_upper_rates(sel)
+        where = {id(g): j for j, g in enumerate(sel.prepared.mixed)}
+        for row in mixed.mixed_candidates(sel):
+            bound = rates[where[id(row.graph)]]
+            assert row.score <= bound + 1e-12 * max(1.0, abs(bound)), (row.graph.key, row.score, bound)
+            checked += 1
+    assert checked > 100
+
+
+def test_mixed_rows_with_unmeasured_programs_are_never_left_out():
+    """An unmeasured mixed program's rows are indeterminate (discovery outranks every
+    determinate row): the family is scored whatever the floor."""
+    rng = np.random.default_rng(29)
+    for _ in range(20):
+        views = _population(rng)
+        costs = measured(SPEC)
+        for kind in (GraphKind.MIXED, GraphKind.PREFILL):  # a prefill one too: a floor of inf
+            costs._entries.pop(next(g.key for g in SPEC.graphs if g.kind is kind))
+        inp = inputs(views, catalog=SPEC, costs=costs)
+        _, rows = policy.selection_rows(inp)
+        mixed = [_key(r) for r in policy.scored(inp) if r.graph.kind is GraphKind.MIXED]
+        assert [_key(r) for r in rows if r.graph.kind is GraphKind.MIXED] == mixed
+        assert any(r.indeterminate for r in rows if r.graph.kind is GraphKind.MIXED)

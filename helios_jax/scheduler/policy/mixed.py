@@ -167,6 +167,39 @@ class MixedFamily:
         return hit
 
 
+def mixed_upper_rates(sel: Selection) -> tuple[np.ndarray, np.ndarray] | None:
+    """Upper bounds on the scores of every mixed program's candidates, in ``prepared.mixed``
+    order, and each bound's magnitude (|value| / T + T / 2 * waiting, for the caller's rounding
+    margin); None when a mixed program's duration is unmeasured (its rows are indeterminate).
+
+    A shape's prompt-row candidate earns one prompt row's value at its prompt capacity (at most
+    the largest there, allowed or not) and its decoders' value, which is exactly the m best
+    lanes of the (W, D) lane table (m = min(B - 1, decoders)); its decode-only candidate the
+    min(B, decoders) best. Every shape in one array pass."""
+    prepared, decoders, prompts = sel.prepared, sel.decoders, sel.prompts
+    t = prepared.mixed_durations(sel.costs)
+    if t is None:
+        return None
+    n, per_ms = decoders.count, decoders.age_value_per_ms
+    batch = prepared.mixed_batch
+    m_row, m_all = np.minimum(batch - 1, n), np.minimum(batch, n)
+    if n:
+        tables = np.array([decoders.table(w, d).prefix_values for w, d in prepared.mixed_table_shapes])
+        rows = prepared.mixed_table_index
+        with_prompt, decode_only = tables[rows, m_row], tables[rows, m_all] + m_all * per_ms * t
+    else:
+        with_prompt, decode_only = np.zeros(len(batch)), np.full(len(batch), -np.inf)
+    if prompts.count:
+        best = np.array([prompts.values(c).max() for c in prepared.mixed_capacities])
+        value = np.maximum(
+            best[prepared.mixed_capacity_index] + with_prompt + m_row * per_ms * t, decode_only
+        )
+    else:
+        value = decode_only
+    waiting = sel.decision.waiting
+    return value / t - 0.5 * t * waiting, np.abs(value) / t + 0.5 * t * abs(waiting)
+
+
 def mixed_candidates(sel: Selection) -> list[ScoredCandidate]:
     """Every mixed program's decode-only and prompt-row candidates."""
     if not sel.prepared.mixed:  # (a probe's drafted programs)

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from helios_jax.catalog import GraphDescriptor, GraphKind
 from helios_jax.scheduler.service import batch_feasible_interval
 
@@ -87,6 +89,18 @@ class PreparedGraphs:
         # which are kept across decisions (``mixed.MixedFamily.rules``; bounded).
         self.mixed_table_shapes = tuple(sorted({(g.token_capacity, g.proposal_depth) for g in self.mixed}))
         self.mixed_rules: dict[tuple, dict[int, tuple[int, int | None] | None]] = {}
+        # The mixed shapes as arrays, for the family's upper bound (``mixed.mixed_upper_rates``):
+        # B, and indices into their distinct prompt capacities and (W, D) table shapes.
+        self.mixed_batch = np.array([g.batch_capacity for g in self.mixed], dtype=np.int64)
+        self.mixed_capacities = tuple(sorted({g.prefill_capacity for g in self.mixed}))
+        self.mixed_capacity_index = np.array(
+            [self.mixed_capacities.index(g.prefill_capacity) for g in self.mixed], dtype=np.intp
+        )
+        self.mixed_table_index = np.array(
+            [self.mixed_table_shapes.index((g.token_capacity, g.proposal_depth)) for g in self.mixed],
+            dtype=np.intp,
+        )
+        self._mixed_durations: tuple[dict, np.ndarray | None] | None = None
         self.max_width = max([g.token_capacity for g in self.delivery] + [1])
         self.max_depth = max([g.proposal_depth for g in self.delivery] + [0])
         self._durations: tuple[CostModel, int, dict[int, float | None]] | None = None
@@ -110,6 +124,17 @@ class PreparedGraphs:
             )
             self._sigmas.clear()
         return kept[2]
+
+    def mixed_durations(self, costs: CostModel) -> np.ndarray | None:
+        """Every mixed program's duration estimate (ms) as an array in ``mixed`` order, kept
+        with :meth:`durations`; None when one is unmeasured."""
+        durations = self.durations(costs)
+        kept = self._mixed_durations
+        if kept is None or kept[0] is not durations:
+            ts = [durations[id(g)] for g in self.mixed]
+            array = None if any(t is None for t in ts) else np.array(ts, dtype=np.float64)
+            kept = self._mixed_durations = (durations, array)
+        return kept[1]
 
     def reference_interval(self, family: str, k: int, costs: CostModel) -> float:
         """``utility.reference_interval`` over ``delivery`` or ``snapshots``, kept per cost version."""

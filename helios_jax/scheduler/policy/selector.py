@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+import numpy as np
+
 from helios_jax.catalog import GraphDescriptor
 from helios_jax.scheduler import utility
 from helios_jax.scheduler.policy.batchprefill import batch_prefill_candidates
@@ -15,7 +17,7 @@ from helios_jax.scheduler.policy.generation import (
     ragged_dual_value,
     ragged_upper_value,
 )
-from helios_jax.scheduler.policy.mixed import mixed_candidates
+from helios_jax.scheduler.policy.mixed import mixed_candidates, mixed_upper_rates
 from helios_jax.scheduler.policy.prefill import prefill_candidates
 from helios_jax.scheduler.policy.prerequisites import prerequisite_candidates
 from helios_jax.scheduler.policy.ranking import ScoredCandidate, best, prune_dominated
@@ -28,7 +30,10 @@ def scored(inp: SelectionInput, sel: Selection | None = None) -> list[ScoredCand
     """Every program's best non-dominated candidate(s), scored but not yet materialised
     (`sel`: ``Selection(inp)`` when the caller built it already)."""
     sel = Selection(inp) if sel is None else sel
-    return prune_dominated(generation_candidates(sel) + _other_families(sel), sel.prepared)
+    found = (
+        generation_candidates(sel) + _prompt_families(sel) + mixed_candidates(sel) + _capture_families(sel)
+    )
+    return prune_dominated(found, sel.prepared)
 
 
 def selection_rows(inp: SelectionInput) -> tuple[Selection, list[ScoredCandidate]]:
@@ -57,19 +62,22 @@ def _best_score(rows: list[ScoredCandidate]) -> float | None:
 def bounded_rows(
     sel: Selection, floor_of: Callable[[list[ScoredCandidate]], float | None], *, fresh: bool
 ) -> list[ScoredCandidate]:
-    """:func:`scored`'s rows without the adaptive ragged rows whose score cannot reach
-    `floor_of` the other rows (None: no floor), each checked against its upper bound
-    (``generation.ragged_upper_value``) before its cohort search; `fresh`: only programs whose
-    estimate is fresh may be left out. The rows kept are in :func:`scored`'s order.
+    """:func:`scored`'s rows without those that cannot reach `floor_of` the other rows (None:
+    no floor): each adaptive ragged row whose upper bounds (``generation.ragged_upper_value``,
+    ``ragged_dual_value``) fall below it is left out before its cohort search, and the mixed
+    family when every shape's bound does (``mixed.mixed_upper_rates``); `fresh`: only programs
+    whose estimate is fresh may be left out. The rows kept are in :func:`scored`'s order.
 
     Exact: a row left out scores below the floor by more than the tie tolerance and the bound's
-    rounding; the programs left out dominate none (``generation.boundable``), so every other
-    row's dominance is unchanged."""
+    rounding; the ragged programs left out dominate none (``generation.boundable``) and mixed
+    programs dominate only mixed ones, so every other row's dominance is unchanged."""
     deferred: Deferred = []
     generation = generation_candidates(sel, deferred)
-    others = _other_families(sel)
-    rows = prune_dominated(generation + others, sel.prepared)
-    if not deferred:
+    prompts, captures = _prompt_families(sel), _capture_families(sel)
+    mixed_later = _mixed_boundable(sel, fresh)
+    mixed = [] if mixed_later else mixed_candidates(sel)
+    rows = prune_dominated(generation + prompts + mixed + captures, sel.prepared)
+    if not deferred and not mixed_later:
         return rows
     floor = floor_of(rows)
     added = 0
@@ -80,7 +88,37 @@ def bounded_rows(
         if c is not None:
             generation.insert(i + added, c)
             added += 1
-    return prune_dominated(generation + others, sel.prepared) if added else rows
+    if mixed_later and (floor is None or not _mixed_below(sel, floor)):
+        mixed = mixed_candidates(sel)
+        added += len(mixed)
+    return prune_dominated(generation + prompts + mixed + captures, sel.prepared) if added else rows
+
+
+def _mixed_boundable(sel: Selection, fresh: bool) -> bool:
+    """Whether the mixed family may wait for the floor: it has programs and rows to offer, every
+    one of them measured, and (`fresh`) none of them stale (a refresh alternative reads stale rows whatever
+    their score; ``CostModel.any_stale`` over every loaded program, kept across decisions)."""
+    prepared = sel.prepared
+    if not prepared.mixed or not (sel.decoders.count or sel.prompts.count):
+        return False
+    if prepared.mixed_durations(sel.costs) is None:  # indeterminate rows: never left out
+        return False
+    if fresh and sel.costs.any_stale(prepared.graphs, sel.inp.now_ns):
+        return not any(sel.is_stale(g) for g in prepared.mixed)
+    return True
+
+
+def _mixed_below(sel: Selection, floor: float) -> bool:
+    """Whether every mixed candidate scores below `floor` by more than the tie tolerance and
+    its bound's rounding (False when a mixed duration is unmeasured)."""
+    bounds = mixed_upper_rates(sel)
+    if bounds is None:
+        return False
+    if math.isinf(floor):
+        return floor > 0
+    rates, magnitudes = bounds
+    margin = utility.REL_TIE * (2.0 * max(1.0, abs(floor)) + magnitudes)
+    return bool(np.all(rates < floor - margin))
 
 
 def _below(sel: Selection, g: GraphDescriptor, floor: float) -> bool:
@@ -99,14 +137,12 @@ def _below(sel: Selection, g: GraphDescriptor, floor: float) -> bool:
     return False
 
 
-def _other_families(sel: Selection) -> list[ScoredCandidate]:
-    return (
-        prefill_candidates(sel)
-        + batch_prefill_candidates(sel)
-        + mixed_candidates(sel)
-        + terminal_candidates(sel)
-        + prerequisite_candidates(sel)
-    )
+def _prompt_families(sel: Selection) -> list[ScoredCandidate]:
+    return prefill_candidates(sel) + batch_prefill_candidates(sel)
+
+
+def _capture_families(sel: Selection) -> list[ScoredCandidate]:
+    return terminal_candidates(sel) + prerequisite_candidates(sel)
 
 
 def candidates(inp: SelectionInput) -> list[Candidate]:
