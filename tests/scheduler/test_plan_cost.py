@@ -369,7 +369,7 @@ def test_rows_scored_once_per_decision_equal_a_fresh_scoring():
     equal rows computed afresh, and the refresh alternative chosen from them is the one a
     fresh scoring gives. The rows are not kept on the selection (no reference cycle)."""
     from helios_jax.scheduler import learning, policy
-    from helios_jax.scheduler.policy.generation import is_unconstrained
+    from helios_jax.scheduler.policy.prepared import is_unconstrained
 
     from .test_core import run_once, scheduler
 

@@ -11,7 +11,7 @@ import pytest
 
 from helios_jax.catalog import DecodeMode, GraphKind
 from helios_jax.scheduler import learning, policy, utility
-from helios_jax.scheduler.policy import generation, selector
+from helios_jax.scheduler.policy import generation, prepared, selector
 
 from .helpers import RAGGED, SPEC, decoder, geometric, inputs, measured, prompt
 
@@ -43,7 +43,7 @@ def _population(rng: np.random.Generator, prompts: bool = True) -> list:
 
 
 def _ragged(sel: policy.Selection) -> list:
-    return [g for g in sel.prepared.generation if g.steps == 1 and not generation.is_unconstrained(g)]
+    return [g for g in sel.prepared.generation if g.steps == 1 and not prepared.is_unconstrained(g)]
 
 
 def _key(r: policy.ScoredCandidate) -> tuple:

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from helios_jax.catalog import Allocation, DecodeMode, GraphDescriptor, GraphKind
+from helios_jax.catalog import Allocation, DecodeMode, GraphDescriptor
 from helios_jax.scheduler import utility
 from helios_jax.scheduler.policy.multistep import multistep_candidate
+from helios_jax.scheduler.policy.prepared import Route
 from helios_jax.scheduler.policy.ranking import ScoredCandidate
 from helios_jax.scheduler.policy.selection import Selection
 from helios_jax.scheduler.policy.tables import LaneTable
@@ -24,11 +25,6 @@ from helios_jax.scheduler.rounds import allocate_cohort_rows, prefix_allocation_
 # Adaptive ragged programs left to their bound: (index among the returned rows, program).
 Deferred = list[tuple[int, GraphDescriptor]]
 DUAL_MULTIPLIERS = 12  # row prices (besides 0) ragged_dual_value tries
-
-
-def is_unconstrained(g: GraphDescriptor) -> bool:
-    """Every lane gets its full width: no aggregate row capacity P binds the cohort."""
-    return g.kind is GraphKind.DECODE or g.token_capacity == 1 or g.is_rectangular
 
 
 def generation_candidates(sel: Selection, defer: Deferred | None = None) -> list[ScoredCandidate]:
@@ -42,22 +38,22 @@ def generation_candidates(sel: Selection, defer: Deferred | None = None) -> list
     if sel.decoders.count == 0:
         return []
     found: list[ScoredCandidate] = []
-    for g in sel.prepared.generation:
-        if g.steps > 1:
+    table = sel.decoders.table
+    for g, route, width, depth in sel.prepared.generation_routes:
+        if route is Route.MULTISTEP:
             found.extend(c for c in [multistep_candidate(sel, g)] if c is not None)
             continue
-        device = g.allocation is Allocation.PREFIX_LIMIT
-        table = sel.decoders.table(g.token_capacity, g.proposal_depth)
-        if is_unconstrained(g):
-            found.append(_unconstrained_candidate(sel, g, table, device))
+        if route is not Route.RAGGED:
+            found.append(_unconstrained_candidate(sel, g, table(width, depth), route is Route.DEVICE_WIDE))
             continue
         if sel.mode is DecodeMode.FIXED:
-            candidate = _fixed_ragged_candidate(sel, g, table)
+            candidate = _fixed_ragged_candidate(sel, g, table(width, depth))
         elif defer is not None and boundable(sel, g):
             defer.append((len(found), g))
             continue
         else:
-            candidate = _adaptive_ragged_candidate(sel, g, table.widths, device)
+            device = g.allocation is Allocation.PREFIX_LIMIT
+            candidate = _adaptive_ragged_candidate(sel, g, table(width, depth).widths, device)
         if candidate is not None:
             found.append(candidate)
     return found

@@ -8,12 +8,13 @@ once when the scheduler loads a mode.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from helios_jax.catalog import GraphDescriptor, GraphKind
+from helios_jax.catalog import Allocation, GraphDescriptor, GraphKind
 from helios_jax.scheduler.service import batch_feasible_interval
 
 if TYPE_CHECKING:
@@ -43,6 +44,28 @@ def dominates(small: GraphDescriptor, big: GraphDescriptor) -> bool:
     return a != b and all(x <= y for x, y in zip(a, b))
 
 
+class Route(enum.Enum):
+    """How ``generation.generation_candidates`` scores a generation program (fixed at load)."""
+
+    MULTISTEP = "multistep"  # K > 1 steps (``multistep``)
+    WIDE = "wide"  # unconstrained (decode, width one, rectangular): a prefix of the lane order
+    DEVICE_WIDE = "device_wide"  # unconstrained, device-allocated: widths are its ceilings
+    RAGGED = "ragged"  # an aggregate row capacity P binds the cohort
+
+
+def is_unconstrained(g: GraphDescriptor) -> bool:
+    """Every lane gets its full width: no aggregate row capacity P binds the cohort."""
+    return g.kind is GraphKind.DECODE or g.token_capacity == 1 or g.is_rectangular
+
+
+def generation_route(g: GraphDescriptor) -> Route:
+    if g.steps > 1:
+        return Route.MULTISTEP
+    if is_unconstrained(g):
+        return Route.DEVICE_WIDE if g.allocation is Allocation.PREFIX_LIMIT else Route.WIDE
+    return Route.RAGGED
+
+
 def mixed_shape(g: GraphDescriptor) -> MixedShape:
     return (g.batch_capacity, g.token_capacity, g.proposal_depth)
 
@@ -53,6 +76,10 @@ class PreparedGraphs:
     def __init__(self, graphs: Iterable[GraphDescriptor]):
         self.graphs = tuple(graphs)
         self.generation = [g for g in self.graphs if g.kind in (GraphKind.DECODE, GraphKind.SPECULATIVE)]
+        # Each generation program with its route and lane-table shape (W, D), classified once.
+        self.generation_routes = [
+            (g, generation_route(g), g.token_capacity, g.proposal_depth) for g in self.generation
+        ]
         self.prefill = [g for g in self.graphs if g.kind.is_prefill]
         self.mixed = [g for g in self.graphs if g.kind is GraphKind.MIXED]
         self.snapshots = [g for g in self.graphs if g.kind is GraphKind.SNAPSHOT]

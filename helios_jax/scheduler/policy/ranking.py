@@ -54,16 +54,22 @@ def prune_dominated(candidates: list[ScoredCandidate], prepared: PreparedGraphs)
     """The dominance filter within groups of equal kind, cohort and logical work."""
     groups: dict[Hashable, list[ScoredCandidate]] = {}
     for r in candidates:
-        if r.signature is not None:
-            groups.setdefault(r.signature, []).append(r)
+        signature = r.signature
+        if signature is not None:
+            group = groups.get(signature)
+            if group is None:
+                groups[signature] = [r]
+            else:
+                group.append(r)
+    dominators = prepared.dominator_ids
     dropped = set()
     for group in groups.values():
         if len(group) > 1:
             present = {id(o.graph) for o in group}
             for r in group:
-                if prepared.dominator_ids[id(r.graph)] & present:
+                if not dominators[id(r.graph)].isdisjoint(present):
                     dropped.add(id(r))
-    return [r for r in candidates if id(r) not in dropped]
+    return [r for r in candidates if id(r) not in dropped] if dropped else list(candidates)
 
 
 def better(a: Candidate, b: Candidate, recency: dict[int, int]) -> bool:
