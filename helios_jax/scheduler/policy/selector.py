@@ -40,11 +40,11 @@ def selection_rows(inp: SelectionInput) -> tuple[Selection, list[ScoredCandidate
     """``Selection(inp)`` and its rows, for a caller that reads them more than once
     (``Scheduler._plan``: the ordinary choice, a refresh alternative, a probe's tables).
 
-    The rows are :func:`scored`'s but for the fresh adaptive ragged rows that cannot reach the
-    best row's score (:func:`bounded_rows`), which neither :func:`select` (they are below the
-    tie tolerance of its best) nor a refresh alternative (it reads stale rows only) would read.
-    They are not kept on the selection: their builders refer to it, and the cycle would leave
-    every decision's tables to the cyclic garbage collector."""
+    The rows are :func:`scored`'s but for fresh adaptive ragged and mixed rows that cannot reach
+    the best row's score (:func:`bounded_rows`), which neither :func:`select` (they are below
+    the tie tolerance of its best) nor a refresh alternative (it reads stale rows only) would
+    read. They are not kept on the selection: their builders refer to it, and the cycle would
+    leave every decision's tables to the cyclic garbage collector."""
     sel = Selection(inp)
     return sel, bounded_rows(sel, _best_score, fresh=True)
 
@@ -95,13 +95,14 @@ def bounded_rows(
 
 
 def _mixed_boundable(sel: Selection, fresh: bool) -> bool:
-    """Whether the mixed family may wait for the floor: it has programs and rows to offer, every
-    one of them measured, and (`fresh`) none of them stale (a refresh alternative reads stale rows whatever
-    their score; ``CostModel.any_stale`` over every loaded program, kept across decisions)."""
+    """Whether the mixed family may wait for the floor: it has programs and rows to offer, all
+    of them measured (else their rows are indeterminate) and, `fresh`, none stale (a refresh
+    alternative reads stale rows whatever their score; ``CostModel.any_stale`` over every
+    loaded program first, kept across decisions)."""
     prepared = sel.prepared
     if not prepared.mixed or not (sel.decoders.count or sel.prompts.count):
         return False
-    if prepared.mixed_durations(sel.costs) is None:  # indeterminate rows: never left out
+    if prepared.mixed_durations(sel.costs) is None:
         return False
     if fresh and sel.costs.any_stale(prepared.graphs, sel.inp.now_ns):
         return not any(sel.is_stale(g) for g in prepared.mixed)
