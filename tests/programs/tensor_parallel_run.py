@@ -5,9 +5,14 @@
 XLA_FLAGS=--xla_force_host_platform_device_count=4 must be in place before jax starts its CPU
 backend, so the test suite (one device per process) runs this module as a subprocess. Cases:
 
-    default-tp2  the embedded default model (6 heads, 2 KV heads; loaded as float32), N = 2
-    kv4-tp4      a seeded random tiny config with 8 heads and 4 KV heads, N = 4 (the default
-                 model's 6 heads do not split four ways, and KV heads are not replicated)
+    kv4          a seeded random tiny config with 8 heads and 4 KV heads at N = 2 and 4 against
+                 one single-device trace (the default model's 6 heads do not split four ways,
+                 and KV heads are not replicated); then the embedded default model's weights
+                 loaded straight into their shards at N = 2 (`load_checkpoint(...,
+                 tensor_parallel=2)`, as the server loads them), against the unsharded load:
+                 layout and values (no program compiled)
+    default-tp2  the embedded default model (6 heads, 2 KV heads; loaded as float32), N = 2: its
+                 trained draft head gets proposals accepted, so multi-token rounds are compared
     kernels      the ragged paged attention kernel alone under `shard_attention_kernel`, XLA
                  path and Pallas in interpret mode, N = 2 and 4, against the unsharded call on
                  the kernel tests' adversarial case (shuffled pages, NaN padding), 4 KV heads
@@ -15,9 +20,10 @@ backend, so the test suite (one device per process) runs this module as a subpro
                  the executor) over the default model at N = 1 and 2: three concurrent greedy
                  requests, text identical
 
-For each case it records `tensor_parallel_trace.record` with tensor_parallel 1 and N, asserts
-`compare`, and prints one JSON line per case: the largest float difference, the emitted tokens
-and the seconds each degree took (first-call compilation included).
+For each model case it records `tensor_parallel_trace.record` with tensor_parallel 1 and each N,
+asserts `compare`, and prints one JSON line per case: the largest float difference per degree,
+the emitted tokens and counts, and the seconds each degree took (first-call compilation
+included).
 """
 
 from __future__ import annotations
@@ -42,34 +48,34 @@ from .tensor_parallel_trace import ROUNDS, compare, record  # noqa: E402
 
 
 def _model(case: str):
+    """(config, params, the degrees compared against one device)."""
     if case == "default-tp2":
         loaded = load_default_model(dtype="float32")
-        return loaded.config, loaded.params, 2
-    if case == "kv4-tp4":
+        return loaded.config, loaded.params, (2,)
+    if case == "kv4":
         config = tiny_config(num_heads=8, num_kv_heads=4, mtp_num_layers=1)
-        return config, random_params(config, seed=0), 4
+        return config, random_params(config, seed=0), (2, 4)
     raise SystemExit(f"unknown case {case!r}")
 
 
-def _sharded_load(programs, params):
-    """The default model loaded as the server loads it at this degree: each tensor straight into
-    its shards (`load_checkpoint(..., tensor_parallel=N)`); asserts the layout the programs were
-    lowered for and the values of the unsharded load."""
+def sharded_load(params, degree: int):
+    """The default model loaded as the server loads it at `degree`: each tensor straight into its
+    shards (`load_checkpoint(..., tensor_parallel=N)`); asserts the layout the programs are
+    lowered for (`param_shardings`) and the values of the unsharded load `params`."""
     import jax
     import numpy as np
 
     from helios_jax.model.checkpoint import load_checkpoint
     from helios_jax.model.default import default_model_path
-    from helios_jax.model.sharding import param_shardings
+    from helios_jax.model.sharding import param_shardings, tensor_parallel_mesh
 
-    degree = programs.engine_config.tensor_parallel
     if degree == 1:
         return params
     loaded = load_checkpoint(default_model_path(), dtype="float32", tensor_parallel=degree).params
     for have, want, sharding in zip(
         jax.tree_util.tree_leaves(loaded),
         jax.tree_util.tree_leaves(params),
-        jax.tree_util.tree_leaves(param_shardings(programs.mesh, params)),
+        jax.tree_util.tree_leaves(param_shardings(tensor_parallel_mesh(degree), params)),
     ):
         assert have.sharding == sharding, (have.sharding, sharding)
         np.testing.assert_array_equal(np.asarray(have), np.asarray(want))
@@ -148,21 +154,24 @@ def run(case: str) -> dict:
         return run_kernels()
     if case == "engine-tp2":
         return run_engine()
-    config, params, degree = _model(case)
+    config, params, degrees = _model(case)
     traces, seconds = {}, {}
-    for tp in (1, degree):
+    for tp in (1, *degrees):
         start = time.perf_counter()
         programs = build_programs(
             config, params, SPECULATIVE_ENGINE.replace(tensor_parallel=tp), speculative_catalog()
         )
-        traces[tp] = record(programs, _sharded_load(programs, params) if case == "default-tp2" else params)
+        traces[tp] = record(programs, sharded_load(params, tp) if case == "default-tp2" else params)
         seconds[tp] = round(time.perf_counter() - start, 2)
-    diffs = compare(traces[1], traces[degree])
+    max_diff = {tp: max(compare(traces[1], traces[tp]).values()) for tp in degrees}
     tokens = [traces[1][f"round{i}.tokens"][:, :].tolist() for i in range(len(ROUNDS))]
     counts = [traces[1][f"round{i}.counts"].tolist() for i in range(len(ROUNDS))]
-    return dict(
-        case=case, degree=degree, max_diff=max(diffs.values()), counts=counts, tokens=tokens, seconds=seconds
-    )
+    result = dict(case=case, max_diff=max_diff, counts=counts, tokens=tokens, seconds=seconds)
+    if case == "kv4":  # the server's sharded load of the default model, layout and values
+        start = time.perf_counter()
+        sharded_load(load_default_model(dtype="float32").params, 2)
+        result["default_load_seconds"] = round(time.perf_counter() - start, 2)
+    return result
 
 
 if __name__ == "__main__":

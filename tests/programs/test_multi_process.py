@@ -71,7 +71,6 @@ def _assert_equal(have: dict, want: dict, frames: int) -> float:
 
 
 @spec("confidence-acceptance/rank-agreement", "confidence-acceptance/rank-zero")
-@pytest.mark.slow  # three processes compiling at once (about 30 s of two cores): make test-slow
 def test_two_processes_run_the_programs_of_one_process_and_fail_a_diverged_frame(runs):
     reference, _ = runs["reference"]
     leader, summary = runs["leader"]
