@@ -27,7 +27,10 @@ if ROLE == "reference":
         os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2"
     ).strip()
 else:
-    os.environ.pop("XLA_FLAGS", None)
+    # One CPU device per member process, whatever the caller's flags force.
+    os.environ["XLA_FLAGS"] = " ".join(
+        f for f in os.environ.get("XLA_FLAGS", "").split() if "xla_force_host_platform_device_count" not in f
+    )
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import json  # noqa: E402

@@ -16,6 +16,7 @@ import sys
 import numpy as np
 import pytest
 
+from ..environment import subprocess_env
 from .multi_process_run import CHECKED_FRAMES, DECODE_STEPS
 from .tensor_parallel_trace import TOL
 
@@ -33,7 +34,7 @@ def _free_port() -> int:
 def runs(tmp_path_factory):
     out = str(tmp_path_factory.mktemp("multi_process"))
     port = str(_free_port())
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env = subprocess_env()  # multi_process_run forces the reference's two devices
     command = [sys.executable, "-m", "tests.programs.multi_process_run"]
     roles = {
         "reference": ["reference", out],

@@ -23,6 +23,7 @@ from helios_jax.model import tiny_config
 from helios_jax.model.sharding import check_tensor_parallel, param_spec
 from helios_jax.programs import build_programs
 
+from ..environment import subprocess_env
 from .helpers import MODEL, SPECULATIVE_ENGINE, speculative_catalog
 from .tensor_parallel_trace import TOL
 
@@ -31,7 +32,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def _run_cases(*cases: str) -> dict[str, dict]:
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env = subprocess_env()  # tensor_parallel_run forces its own four devices
     done = subprocess.run(
         [sys.executable, "-m", "tests.programs.tensor_parallel_run", *cases],
         cwd=ROOT,

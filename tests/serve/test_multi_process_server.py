@@ -5,13 +5,13 @@ snapshot rows: six programs); the leader/follower machinery itself is checked pr
 program in tests/programs/test_multi_process.py."""
 
 import json
-import os
 import signal
 import socket
 import subprocess
 import sys
 import urllib.request
 
+from ..environment import subprocess_env
 from .test_main import read_until
 
 ENGINE_FLAGS = (
@@ -28,10 +28,7 @@ PROMPTS = ("The quick brown fox", "def add(a, b):\n")
 
 
 def _start(*args: str, devices: int = 1, log=subprocess.PIPE) -> subprocess.Popen:
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    env.update(PYTHONUNBUFFERED="1", JAX_PLATFORMS="cpu")
-    if devices > 1:
-        env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    env = subprocess_env(devices, PYTHONUNBUFFERED="1", JAX_PLATFORMS="cpu")
     command = [sys.executable, "-m", "helios_jax.serve", *ENGINE_FLAGS, *args]
     return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, text=True, env=env)
 
