@@ -20,29 +20,15 @@ the same tokens.
 
 from __future__ import annotations
 
-import json
-import statistics
-import sys
-import time
-from contextlib import ExitStack
-from unittest import mock
-
 import jax
 import jax.numpy as jnp
 import numpy as np
-from absl import app, flags
+from absl import flags
+from program_variants import bench_engine, compile_variant, define_flags, interleave, run_main
 
-from helios_jax.catalog import GraphKind
-from helios_jax.engine_config import EngineConfig
 from helios_jax.prepare import load_engine_model
-from helios_jax.prepare.measurement import measurement_inputs
-from helios_jax.programs import build_programs
 
-flags.DEFINE_integer("batch", 16, "lanes (request slots)")
-flags.DEFINE_bool("speculative", False, "time a speculative program (D = 3) instead of decode")
-flags.DEFINE_integer("runs", 40, "timed executions per variant")
-flags.DEFINE_integer("context", 64, "decode cursor")
-flags.DEFINE_string("json_out", None, "write the figures as JSON here")
+define_flags()
 FLAGS = flags.FLAGS
 
 _IDENTITY = {
@@ -50,27 +36,6 @@ _IDENTITY = {
     "helios_jax.programs.round.count_outputs": lambda state, *a, **k: state,
     "helios_jax.programs.round.apply_token_mask": lambda logits, *a, **k: logits,
 }
-
-
-def _program(engine, config, params, *, shipped: bool):
-    programs = build_programs(config, params, engine, engine.catalog())
-    kind = GraphKind.SPECULATIVE if FLAGS.speculative else GraphKind.DECODE
-    candidates = [p for p in programs.values() if p.descriptor.kind is kind and p.shape.lanes == FLAGS.batch]
-    program = max(candidates, key=lambda p: (p.shape.width, p.shape.target_capacity))
-    with ExitStack() as stack:
-        if not shipped:
-            for target, fn in _IDENTITY.items():
-                stack.enter_context(mock.patch(target, fn))
-        program.compile(programs.params_spec, programs.state_spec)
-    return programs, program
-
-
-def _time(program, params, state, inputs):
-    jax.block_until_ready(state)
-    t0 = time.perf_counter()
-    state, out = program(params, state, inputs)
-    jax.block_until_ready((state, out))
-    return (time.perf_counter() - t0) * 1e3, state, out
 
 
 def _penalised(state, rows: int):
@@ -85,37 +50,21 @@ def _penalised(state, rows: int):
 
 def run() -> dict:
     model = load_engine_model(None, dtype="float32")
-    engine = EngineConfig(
-        request_slots=FLAGS.batch,
-        prefill_chunks=(64,),
-        speculation="adaptive" if FLAGS.speculative else "off",
-        draft_tokens=3 if FLAGS.speculative else 0,
-        speculative_token_capacity=4 * FLAGS.batch,
-        mixed_prefill=False,
-        max_model_len=256,
-    )
-    shipped = _program(engine, model.config, model.params, shipped=True)
-    before = _program(engine, model.config, model.params, shipped=False)
+    engine = bench_engine(FLAGS.batch, FLAGS.speculative)
+    compile_ = dict(engine=engine, config=model.config, params=model.params, speculative=FLAGS.speculative)
+    shipped = compile_variant(**compile_)
+    before = compile_variant(**compile_, patches=_IDENTITY)
+    variants = {"off": shipped, "on": shipped, "before": before}
     rows = engine.state_rows
-    variants = {"off": (shipped, False), "on": (shipped, True), "before": (before, False)}
-    cursors = np.full((rows,), FLAGS.context, np.int32)  # a fresh cursor per run: state is donated
-    states = {name: ps.init_state() for name, ((ps, _), _) in variants.items()}
-    samples: dict[str, list[float]] = {name: [] for name in variants}
-    outs = {}
-    names = list(variants)
-    for i in range(FLAGS.runs + 1):
-        for name in names[i % 3 :] + names[: i % 3]:  # rotate the order
-            (_, program), processed = variants[name]
-            inputs = measurement_inputs(program, engine, FLAGS.context)
-            state = states[name].replace(cursor=jnp.asarray(cursors))
-            state = _penalised(state, rows) if processed else state
-            ms, states[name], out = _time(program, model.params, state, inputs)
-            if i:  # the first run of each warms caches and allocators
-                samples[name].append(ms)
-            outs[name] = out
+
+    def row_state(name, state):
+        return _penalised(state, rows) if name == "on" else state
+
+    medians, outs = interleave(
+        variants, model.params, engine, runs=FLAGS.runs, context=FLAGS.context, row_state=row_state
+    )
     if not np.array_equal(np.asarray(outs["off"].tokens), np.asarray(outs["before"].tokens)):
         raise AssertionError("processors off changed the tokens")
-    medians = {name: statistics.median(s) for name, s in samples.items()}
     return dict(
         program=shipped[1].name,
         runs=FLAGS.runs,
@@ -126,16 +75,5 @@ def run() -> dict:
     )
 
 
-def main(argv) -> int:
-    del argv
-    result = run()
-    print(json.dumps(result, indent=1))
-    if FLAGS.json_out:
-        with open(FLAGS.json_out, "w") as f:
-            json.dump(result, f, indent=1)
-            f.write("\n")
-    return 0
-
-
 if __name__ == "__main__":
-    app.run(lambda argv: sys.exit(main(argv)))
+    run_main(run)
