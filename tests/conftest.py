@@ -16,8 +16,12 @@ from helios_jax.conformance.rules import rule_ids
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
-# Compile-heavy sessions reuse XLA executables across runs.
+# Compile-heavy sessions reuse XLA executables across runs, and across the files and subprocesses
+# of one run (`prepare` in a subprocess after the same catalog compiled in-process): every
+# executable is cached, however quickly it compiled (JAX's default keeps those over a second,
+# and at the optimisation level below most of the suite's programs compile faster than that).
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(ROOT / ".jax_cache"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 # The suite runs on the CPU (compiled Pallas classes skip there). HELIOS_TEST_PLATFORM=gpu
 # (scripts/gpu/check.sh) runs it on the GPU instead, and refuses to start on anything else, so
 # the compiled kernel classes execute rather than skip while the run looks green.
