@@ -19,6 +19,7 @@ from absl import flags
 from helios_jax.distributed.channel import FrameChannel
 
 _GROUP: Group | None = None
+HEARTBEAT_TIMEOUT_SECONDS = 100  # jax.distributed.initialize's default
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,10 +46,27 @@ def define_flags(fv: flags.FlagValues) -> None:
     flags.DEFINE_integer(
         "process_id", 0, "this process's rank: 0 serves HTTP and schedules", lower_bound=0, flag_values=fv
     )
+    flags.DEFINE_integer(
+        "heartbeat_timeout_seconds",
+        HEARTBEAT_TIMEOUT_SECONDS,
+        "seconds without a member's heartbeat after which JAX's coordination service ends the whole "
+        "group (several processes only)",
+        lower_bound=1,
+        flag_values=fv,
+    )
 
 
-def initialize(coordinator_address: str | None, num_processes: int, process_id: int) -> Group | None:
+def initialize(
+    coordinator_address: str | None,
+    num_processes: int,
+    process_id: int,
+    heartbeat_timeout_seconds: int = HEARTBEAT_TIMEOUT_SECONDS,
+) -> Group | None:
     """Joins the group (`jax.distributed.initialize`); None, and nothing done, for one process.
+
+    A member that dies (or hangs without heartbeats) for `heartbeat_timeout_seconds` makes JAX's
+    coordination service terminate every other member, process 0 included: the group ends as a
+    whole and restarts as a whole, instead of process 0 waiting out frames a follower never runs.
 
     Raises:
       ValueError: several processes without a coordinator, or a process id out of range.
@@ -62,13 +80,15 @@ def initialize(coordinator_address: str | None, num_processes: int, process_id: 
         raise ValueError(f"--process_id={process_id} is not in [0, {num_processes})")
     # The CPU backend's cross-process collectives; accelerators use their own (NCCL on GPUs).
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(coordinator_address, num_processes, process_id)
+    jax.distributed.initialize(
+        coordinator_address, num_processes, process_id, heartbeat_timeout_seconds=heartbeat_timeout_seconds
+    )
     _GROUP = Group(process_id, num_processes, FrameChannel.connect(process_id, num_processes))
     return _GROUP
 
 
 def initialize_from_flags(fv: flags.FlagValues) -> Group | None:
-    return initialize(fv.coordinator_address, fv.num_processes, fv.process_id)
+    return initialize(fv.coordinator_address, fv.num_processes, fv.process_id, fv.heartbeat_timeout_seconds)
 
 
 def current() -> Group | None:
