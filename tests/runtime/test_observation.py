@@ -148,7 +148,7 @@ def lane(rid, slot, query_length=0):
 
 
 def test_a_steady_batch_reuses_its_packed_inputs_and_any_change_repacks():
-    from helios_jax.runtime.executor import RequestInputs
+    from helios_jax.runtime.executor import PACKED_PER_PROGRAM, RequestInputs
 
     clock = Clock()
     program = CountingProgram(clock)
@@ -166,10 +166,19 @@ def test_a_steady_batch_reuses_its_packed_inputs_and_any_change_repacks():
     assert program.packs == 1
     run([lane(1, 0)], info)  # a lane left
     assert program.packs == 2
-    run([lane(1, 0), lane(2, 1)], info)
+    run([lane(1, 0), lane(2, 1)], info)  # groups taking turns: each keeps its packed inputs
+    run([lane(1, 0)], info)
+    assert program.packs == 2
     run([lane(1, 0), lane(2, 3)], info)  # another slot
-    assert program.packs == 4
+    assert program.packs == 3
     info = {**info, 2: RequestInputs((5,), (4, 5))}
     run([lane(1, 0), lane(2, 3)], info)  # new pages
     run([lane(1, 0), lane(2, 3, query_length=2)], info)  # another query length
+    assert program.packs == 5
+    equal = {**info, 2: RequestInputs((5,), (4, 5))}  # equal but another request's inputs
+    run([lane(1, 0), lane(2, 3)], equal)
     assert program.packs == 6
+    for slot in range(4, 4 + PACKED_PER_PROGRAM):  # the oldest lane sets are dropped
+        run([lane(1, slot)], info)
+    run([lane(1, 0)], info)
+    assert program.packs == 7 + PACKED_PER_PROGRAM
