@@ -263,7 +263,28 @@ def _to_device(leaf):
     return jax.device_put(leaf) if isinstance(leaf, np.ndarray) else leaf
 
 
-def _copy_to_host_async(outputs) -> None:
+# Output fields the engine reads only for some frames: scores when a lane asked for them, the
+# sidecar and survival rows after a round with proposals (RoundOutputs, PrefillOutputs).
+SCORE_FIELDS = frozenset({"logprobs", "top_logprobs", "top_tokens"})
+PROPOSAL_FIELDS = frozenset({"sidecar", "survival"})
+
+
+def unread_fields(plan: ScheduledPlan, info: Mapping[int, RequestInputs]) -> frozenset[str]:
+    """Output fields the engine will not read for `plan`: no copy to the host is started for
+    them (one read anyway copies synchronously)."""
+    unread = frozenset()
+    if not any(getattr(info.get(lane.handle.rid), "logprobs", True) for lane in plan.lanes):
+        unread |= SCORE_FIELDS
+    graph = plan.graph
+    if graph.kind not in (GraphKind.SPECULATIVE, GraphKind.MIXED) or graph.proposal_depth <= 0:
+        unread |= PROPOSAL_FIELDS
+    return unread
+
+
+def _copy_to_host_async(outputs, unread: frozenset[str] = frozenset()) -> None:
+    if unread and dataclasses.is_dataclass(outputs):
+        fields = dataclasses.fields(outputs)
+        outputs = [getattr(outputs, f.name) for f in fields if f.name not in unread]
     for leaf in jax.tree_util.tree_leaves(outputs):
         if isinstance(leaf, jax.Array):
             leaf.copy_to_host_async()
@@ -357,7 +378,8 @@ class Executor:
         called = self.clock()
         self.state, outputs = program(self.params, self.state, inputs)
         dispatched = self.clock()
-        _copy_to_host_async(outputs)  # the host reads them at completion: start the copy now
+        # The host reads them at completion: start the copy of the fields it will read now.
+        _copy_to_host_async(outputs, unread_fields(plan, info))
         frame = Dispatch(
             fence,
             plan,

@@ -182,3 +182,18 @@ def test_a_steady_batch_reuses_its_packed_inputs_and_any_change_repacks():
         run([lane(1, slot)], info)
     run([lane(1, 0)], info)
     assert program.packs == 7 + PACKED_PER_PROGRAM
+
+
+def test_the_copy_to_the_host_starts_only_for_outputs_the_engine_reads():
+    from helios_jax.runtime.executor import PROPOSAL_FIELDS, SCORE_FIELDS, RequestInputs, unread_fields
+
+    info = {1: RequestInputs((5,), (0,)), 2: RequestInputs((5,), (1,), logprobs=True)}
+    spec = GraphDescriptor(GraphKind.SPECULATIVE, 2, token_capacity=4, proposal_depth=3)
+
+    def plan(graph, *rids):
+        return SimpleNamespace(graph=graph, lanes=tuple(lane(r, r) for r in rids))
+
+    assert unread_fields(plan(DECODE, 1), info) == SCORE_FIELDS | PROPOSAL_FIELDS
+    assert unread_fields(plan(DECODE, 1, 2), info) == PROPOSAL_FIELDS  # one lane scores
+    assert unread_fields(plan(spec, 1), info) == SCORE_FIELDS  # a round with proposals
+    assert unread_fields(plan(DECODE, 1, 3), info) == PROPOSAL_FIELDS  # unknown inputs: read
