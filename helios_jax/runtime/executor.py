@@ -200,13 +200,18 @@ def copy_proposals(req, depth: int, prompt_row: int | None = None):
     return [None if r.copy is None or i == prompt_row else r.copy[:depth] for i, r in enumerate(req)]
 
 
+def _ints(values) -> list:
+    """An output array as (nested) Python ints, converted once."""
+    array = np.asarray(values)
+    return (array if array.dtype.kind in "iub" else array.astype(np.int64)).tolist()
+
+
 def completion_records(plan: ScheduledPlan, outputs) -> list[CompletionRecord]:
     """One record per lane, in plan order, from a program's outputs (numpy-convertible). The
     arrays become Python lists once (``tolist``), not element by element."""
     if outputs is None or plan.graph.kind.is_state_operation:
         return [CompletionRecord(lane.handle, lane.epoch) for lane in plan.lanes]
-    tokens = np.asarray(outputs.tokens, dtype=np.int64).tolist()
-    counts = np.asarray(outputs.counts, dtype=np.int64).tolist()
+    tokens, counts = _ints(outputs.tokens), _ints(outputs.counts)
     if plan.graph.kind.is_prefill:  # row b: its chunk, and its first output token if it ended the prompt
         return [
             CompletionRecord(
@@ -217,7 +222,7 @@ def completion_records(plan: ScheduledPlan, outputs) -> list[CompletionRecord]:
             )
             for b, lane in enumerate(plan.lanes)
         ]
-    query = np.asarray(outputs.query_lengths).tolist() if hasattr(outputs, "query_lengths") else None
+    query = _ints(outputs.query_lengths) if hasattr(outputs, "query_lengths") else None
     single = plan.graph.steps == 1  # K-step programs verify no proposals
     out = []
     for b, lane in enumerate(plan.lanes):
