@@ -1,10 +1,11 @@
 """Where the engine loop's time goes per frame, and how clean its device intervals are.
 
     python scripts/bench/intervals.py [--concurrency=1,16] [--new_tokens=128] [--prompt_tokens=64]
-        [--repeats=2] [--speculation=off] [--bare_runs=30] [--json_out=FILE]
+        [--repeats=2] [--speculation=off] [--bare_runs=30] [--readers=threads] [--json_out=FILE]
 
 Serves the embedded default model (float32, 16 request slots, greedy) with c concurrent requests
-and instruments the engine loop from outside (wrappers around the executor's methods; the engine
+(each stream read by its own thread, or with ``--readers=loop`` all on one asyncio loop through
+the server's ``next_event``, as the HTTP server reads them) and instruments the engine loop from outside (wrappers around the executor's methods; the engine
 is unchanged):
 
 - **host time per frame**: loop wall time not spent blocked in ``Executor.wait_oldest``, divided
@@ -52,6 +53,12 @@ flags.DEFINE_enum("speculation", "off", ["off", "fixed", "adaptive"], "the engin
 flags.DEFINE_integer("bare_runs", 30, "back-to-back executions per program for the bare baseline")
 flags.DEFINE_integer("seed", 0, "seed of the prompt windows")
 flags.DEFINE_string("json_out", None, "write the results as JSON here")
+flags.DEFINE_enum(
+    "readers",
+    "threads",
+    ["threads", "loop"],
+    "threads: a thread per stream; loop: every stream on one asyncio loop, as the server reads them",
+)
 
 
 # The loop's host phases timed by LoopProbe: (object attribute of the engine, method name).
@@ -116,6 +123,22 @@ class LoopProbe:
             delattr(target, name)
 
 
+def read_on_one_loop(streams):
+    """Read every stream on one asyncio loop with the server's `next_event` (no thread per stream)."""
+    import asyncio
+
+    from helios_jax.serve.generation import next_event
+
+    async def read(stream):
+        while (await next_event(stream)).finish_reason is None:
+            pass
+
+    async def read_all():
+        await asyncio.gather(*(read(s) for s in streams))
+
+    asyncio.run(read_all())
+
+
 def serve(engine, prompts, new_tokens):
     from helios_jax.runtime.api import GenerationRequest, SamplingParams
 
@@ -129,6 +152,9 @@ def serve(engine, prompts, new_tokens):
         )
         for i, p in enumerate(prompts)
     ]
+    if FLAGS.readers == "loop":
+        read_on_one_loop(streams)
+        return
     readers = [threading.Thread(target=lambda s=s: list(s)) for s in streams]
     for t in readers:
         t.start()
