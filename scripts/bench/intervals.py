@@ -5,7 +5,8 @@
 
 Serves the embedded default model (float32, 16 request slots, greedy) with c concurrent requests
 (each stream read by its own thread, or with ``--readers=loop`` all on one asyncio loop through
-the server's ``next_event``, as the HTTP server reads them) and instruments the engine loop from outside (wrappers around the executor's methods; the engine
+the server's ``next_event``, as the HTTP server reads them) and instruments the engine loop from
+outside (wrappers around the executor's, the scheduler's and the engine's methods; the engine
 is unchanged):
 
 - **host time per frame**: loop wall time not spent blocked in ``Executor.wait_oldest``, divided
