@@ -226,11 +226,14 @@ class StreamEvent:
 
 
 class RequestStream:
-    """A thread-safe event queue for one request; the producer is the engine."""
+    """A thread-safe event queue for one request; the producer is the engine.
+
+    The queue is a ``queue.SimpleQueue`` (C): a put appends and wakes a blocked reader without a
+    Python-level condition that the woken reader would contend for with the engine's loop."""
 
     def __init__(self, request_id: str, cancel_callback=None):
         self.request_id = request_id
-        self._queue: queue.Queue[StreamEvent] = queue.Queue()
+        self._queue: queue.SimpleQueue[StreamEvent] = queue.SimpleQueue()
         self._cancel = cancel_callback
         self._cancelled = threading.Event()
         self._listener: Callable[[], None] | None = None

@@ -31,16 +31,39 @@ CONTEXT_TOKENS = 6
 
 
 class TextStream:
+    """One request's output text: tokens in, newly visible text out (module docstring).
+
+    Only the unsent tail of the text is kept as a string (`_pending`, text decoded but not yet
+    visible, and `_lookback`, the last characters of the sent text a stop string could start
+    in): a burst costs the same at any output length. A decoder whose window text is not a
+    prefix of the full text switches the stream to whole-text bookkeeping (`_text`), where
+    earlier text may change."""
+
     def __init__(self, decode, stop: Sequence[str] = (), include_stop: bool = False):
         self._decode = decode
         self.stop = tuple(s for s in stop if s)
         self.include_stop = include_stop
         self.ids: list[int] = []
-        self.text = ""  # text of ids[:read_offset]
-        self.sent = ""  # text already made visible (a prefix of `text`)
         self.stopped = False
         self._prefix_offset = 0
         self._read_offset = 0
+        self._reach = max((len(s) for s in self.stop), default=1) - 1  # lookback a stop may need
+        self._sent_parts: list[str] = []  # text already made visible, in pieces
+        self._pending = ""  # decoded text after the sent text
+        self._lookback = ""  # the sent text's last `_reach` characters
+        self._text: str | None = None  # whole-text bookkeeping: text of ids[:read_offset]
+
+    @property
+    def sent(self) -> str:
+        """The text made visible so far."""
+        if len(self._sent_parts) > 1:
+            self._sent_parts = ["".join(self._sent_parts)]
+        return self._sent_parts[0] if self._sent_parts else ""
+
+    @property
+    def text(self) -> str:
+        """The text of the tokens read so far (`sent` is a prefix of it unless it changed)."""
+        return self._text if self._text is not None else self.sent + self._pending
 
     def _held(self, text: str) -> int:
         """Characters at the end of `text` that must wait (a prefix of a stop string)."""
@@ -51,7 +74,7 @@ class TextStream:
         return 0
 
     def _read(self, final: bool) -> None:
-        """Move decoded text of the unread tokens into `text`."""
+        """Move decoded text of the unread tokens into the text."""
         if self._read_offset == len(self.ids):
             return
         window = self.ids[self._prefix_offset :]
@@ -60,13 +83,26 @@ class TextStream:
         if full.endswith("\ufffd") and not final:
             return  # an incomplete character: wait for its remaining bytes
         if not full.startswith(known):  # a decoder whose window text is not a prefix: decode all
-            self.text = self._decode(self.ids)
+            self._text = self._decode(self.ids)
+        elif self._text is not None:
+            self._text += full[len(known) :]
         else:
-            self.text += full[len(known) :]
+            self._pending += full[len(known) :]
         if final:
-            self.text = self.text.rstrip("\ufffd")
+            self._strip_incomplete()
         self._read_offset = len(self.ids)
         self._prefix_offset = max(0, self._read_offset - CONTEXT_TOKENS)
+
+    def _strip_incomplete(self) -> None:
+        """The final text loses a trailing incomplete character (U+FFFD)."""
+        if self._text is not None:
+            self._text = self._text.rstrip("\ufffd")
+            return
+        stripped = self._pending.rstrip("\ufffd")
+        if stripped or not self.sent.endswith("\ufffd"):
+            self._pending = stripped
+        else:  # the strip reaches into sent text
+            self._text = (self.sent + self._pending).rstrip("\ufffd")
 
     def feed(self, ids: Sequence[int], *, final: bool = False) -> str:
         """Add tokens; returns newly visible text. `final`: flush what was held back."""
@@ -74,10 +110,37 @@ class TextStream:
             return ""
         self.ids.extend(int(i) for i in ids)
         self._read(final)
-        text = self.text
+        if self._text is not None:
+            return self._visible_whole(final)
+        # The tail from `base` characters before the unsent text: a stop string found from
+        # `start` on begins after the sent text's first len(sent) - len(s) + 1 characters.
+        tail, base = self._lookback + self._pending, len(self._lookback)
         cut = end = None
         for s in self.stop:
-            at = text.find(s, max(0, len(self.sent) - len(s) + 1))
+            at = tail.find(s, max(0, base - len(s) + 1))
+            if at >= 0 and (cut is None or at < cut):
+                cut, end = at, at + len(s)
+        if cut is not None:
+            self.stopped = True
+            visible = end if self.include_stop else cut
+        elif final or not self.stop:
+            visible = len(tail)
+        else:
+            visible = len(tail) - self._held(tail)
+        # Visible text is never retracted: a cut inside the sent text shows nothing more.
+        new = tail[base:visible] if visible >= base else ""
+        if new:
+            self._sent_parts.append(new)
+            self._pending = self._pending[len(new) :]
+            self._lookback = (self._lookback + new)[-self._reach :] if self._reach else ""
+        return new
+
+    def _visible_whole(self, final: bool) -> str:
+        """`feed` over the whole text, whose earlier part may have changed."""
+        text, sent = self._text, self.sent
+        cut = end = None
+        for s in self.stop:
+            at = text.find(s, max(0, len(sent) - len(s) + 1))
             if at >= 0 and (cut is None or at < cut):
                 cut, end = at, at + len(s)
         if cut is not None:
@@ -88,6 +151,7 @@ class TextStream:
         else:
             visible = text[: len(text) - self._held(text)]
         # Visible text is never retracted; a changed earlier part simply waits.
-        new = visible[len(self.sent) :] if visible.startswith(self.sent) else ""
-        self.sent += new
+        new = visible[len(sent) :] if visible.startswith(sent) else ""
+        if new:
+            self._sent_parts.append(new)
         return new

@@ -18,7 +18,8 @@ A request's life here (numbers match ARCHITECTURE.md, "A request's life"):
    completion records, calls the scheduler's completion (the packed-round and survival variants
    where the program produced a sidecar or survival rows), detokenizes incrementally, applies
    stop strings, and reports each visible burst with ``published_output`` before the next
-   completion is processed.
+   completion is processed; the frame's events go onto their streams together when its
+   completion ends (``runtime/publishing.py``).
 5. Finished, stopped and cancelled requests end their streams; the scheduler returns their slot
    and pages after their last submitted fence.
 
@@ -55,6 +56,7 @@ from helios_jax.runtime.grammar import Grammars, RequestGrammar
 from helios_jax.runtime.invariants import verify_pool
 from helios_jax.runtime.logprobs import PromptScores, lane_logprobs
 from helios_jax.runtime.preemption import Preemptions, continuation
+from helios_jax.runtime.publishing import Publisher, burst
 from helios_jax.runtime.sampling_controls import processor_settings
 from helios_jax.runtime.scheduling import build_scheduler
 from helios_jax.runtime.state_copies import CheckpointStats, StateCopies
@@ -126,6 +128,7 @@ class HeliosEngine(FaultContainment):
         self._degraded = False  # rebuilding the device state after a failed program
         self.stall_limit_s, self._stalled_since = STALL_LIMIT_S, None  # faults.py
         self._events: queue.Queue = queue.Queue()
+        self._publisher = Publisher()
         self._waiting: list[_Active] = []
         self._by_id: dict[str, _Active] = {}
         self._by_rid: dict[int, _Active] = {}
@@ -345,6 +348,10 @@ class HeliosEngine(FaultContainment):
             self.executor.poll()
 
     def _complete(self, frame: Dispatch) -> None:
+        with self._publisher.frame():  # the frame's events go out together (publishing.py)
+            self._complete_frame(frame)
+
+    def _complete_frame(self, frame: Dispatch) -> None:
         if frame.error is not None:
             self._device_failure(f"fence {frame.fence} ({frame.plan.graph.name}) failed: {frame.error}")
             return
@@ -397,37 +404,13 @@ class HeliosEngine(FaultContainment):
         if generated.finish_reason == "preempted":  # its terminal capture completed: no tokens
             self._resume(active)  # the continuation restores it; the text stream stays open
             return
-        tokens = generated.tokens
-        sampling = active.request.sampling
-        fields = {}
-        if sampling.logprobs and tokens:
-            if scores is None:
-                raise ValueError(f"no log-probabilities for {active.request.request_id}")
-            fields = scores.event_fields(len(tokens), sampling.top_logprobs)
-        if active.grammar is not None:
-            active.grammar.accept(tokens)
-        ended = active.grammar is not None and active.grammar.terminated  # the grammar is complete
-        active.completion_tokens += len(tokens)
-        active.output.extend(tokens)
-        text = active.text.feed(tokens, final=generated.finished or ended)
-        if active.prompt_scores is not None and (text or tokens):
-            fields.update(active.prompt_scores.first_event_fields())
-        if text or tokens:
-            fields["queue_time_s"], active.queue_s = active.queue_s, None  # the first event's only
+        event, ended = burst(active, generated, scores)
+        if event is not None:
             # A visible burst (or tokens swallowed by a stop string) is reported before the
             # next completion is processed; an entirely buffered burst publishes nothing.
-            if text:
+            if event.text:
                 self.scheduler.published_output(active.handle, fence)
-            active.stream.put(
-                StreamEvent(
-                    text,
-                    tuple(tokens),
-                    None,
-                    len(active.request.prompt_tokens),
-                    active.completion_tokens,
-                    **fields,
-                )
-            )
+            self._publisher.put(active.stream, event)
         if (active.text.stopped or ended) and not generated.finished:
             self.scheduler.finish(active.handle, "stop")  # a host stop string, or the grammar's end
             self._finish(active, "stop")
@@ -437,9 +420,8 @@ class HeliosEngine(FaultContainment):
 
     def _finish(self, active: _Active, reason: str) -> None:
         active.done = True
-        active.stream.put(
-            StreamEvent("", (), reason, len(active.request.prompt_tokens), active.completion_tokens)
-        )
+        event = StreamEvent("", (), reason, len(active.request.prompt_tokens), active.completion_tokens)
+        self._publisher.put(active.stream, event)
         self._by_id.pop(active.request.request_id, None)
 
     def _fail(self, message: str) -> None:

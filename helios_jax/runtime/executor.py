@@ -66,6 +66,10 @@ class RequestInputs:
 # the device's completion (a poll between two host tasks, a wake-up); wider windows hold host work.
 STAMP_TOLERANCE_NS = 50_000
 
+# Lane sets whose packed inputs each decode or speculative program keeps on the device: a batch
+# split into groups that take turns (two B=8 frames over 16 streams) reuses each group's.
+PACKED_PER_PROGRAM = 4
+
 
 @dataclasses.dataclass
 class Dispatch:
@@ -196,13 +200,18 @@ def copy_proposals(req, depth: int, prompt_row: int | None = None):
     return [None if r.copy is None or i == prompt_row else r.copy[:depth] for i, r in enumerate(req)]
 
 
+def _ints(values) -> list:
+    """An output array as (nested) Python ints, converted once."""
+    array = np.asarray(values)
+    return (array if array.dtype.kind in "iub" else array.astype(np.int64)).tolist()
+
+
 def completion_records(plan: ScheduledPlan, outputs) -> list[CompletionRecord]:
-    """One record per lane, in plan order, from a program's outputs (numpy-convertible)."""
+    """One record per lane, in plan order, from a program's outputs (numpy-convertible). The
+    arrays become Python lists once (``tolist``), not element by element."""
     if outputs is None or plan.graph.kind.is_state_operation:
         return [CompletionRecord(lane.handle, lane.epoch) for lane in plan.lanes]
-    tokens = np.asarray(outputs.tokens)
-    counts = np.asarray(outputs.counts)
-    out = []
+    tokens, counts = _ints(outputs.tokens), _ints(outputs.counts)
     if plan.graph.kind.is_prefill:  # row b: its chunk, and its first output token if it ended the prompt
         return [
             CompletionRecord(
@@ -213,28 +222,28 @@ def completion_records(plan: ScheduledPlan, outputs) -> list[CompletionRecord]:
             )
             for b, lane in enumerate(plan.lanes)
         ]
-    query = np.asarray(outputs.query_lengths) if hasattr(outputs, "query_lengths") else None
+    query = _ints(outputs.query_lengths) if hasattr(outputs, "query_lengths") else None
+    single = plan.graph.steps == 1  # K-step programs verify no proposals
+    out = []
     for b, lane in enumerate(plan.lanes):
-        if lane.role is LaneRole.PROMPT:
-            n = int(counts[b])
-            out.append(
-                CompletionRecord(
-                    lane.handle,
-                    lane.epoch,
-                    prompt_tokens=lane.prompt_tokens,
-                    tokens=tuple(int(t) for t in tokens[b, :n]),
-                )
-            )
-        elif lane.role is LaneRole.DECODE:
+        role = lane.role
+        if role is LaneRole.DECODE:
             n = int(counts[b])
             rows = int(query[b]) if query is not None else 1
             out.append(
                 CompletionRecord(
                     lane.handle,
                     lane.epoch,
-                    tokens=tuple(int(t) for t in tokens[b, :n]),
+                    tokens=tuple(tokens[b][:n]),
                     offered=rows - 1,
-                    accepted=n - 1 if plan.graph.steps == 1 else 0,  # K steps verify no proposals
+                    accepted=n - 1 if single else 0,
+                )
+            )
+        elif role is LaneRole.PROMPT:
+            n = int(counts[b])
+            out.append(
+                CompletionRecord(
+                    lane.handle, lane.epoch, prompt_tokens=lane.prompt_tokens, tokens=tuple(tokens[b][:n])
                 )
             )
         else:
@@ -259,7 +268,28 @@ def _to_device(leaf):
     return jax.device_put(leaf) if isinstance(leaf, np.ndarray) else leaf
 
 
-def _copy_to_host_async(outputs) -> None:
+# Output fields the engine reads only for some frames: scores when a lane asked for them, the
+# sidecar and survival rows after a round with proposals (RoundOutputs, PrefillOutputs).
+SCORE_FIELDS = frozenset({"logprobs", "top_logprobs", "top_tokens"})
+PROPOSAL_FIELDS = frozenset({"sidecar", "survival"})
+
+
+def unread_fields(plan: ScheduledPlan, info: Mapping[int, RequestInputs]) -> frozenset[str]:
+    """Output fields the engine will not read for `plan`: no copy to the host is started for
+    them (one read anyway copies synchronously)."""
+    unread = frozenset()
+    if not any(getattr(info.get(lane.handle.rid), "logprobs", True) for lane in plan.lanes):
+        unread |= SCORE_FIELDS
+    graph = plan.graph
+    if graph.kind not in (GraphKind.SPECULATIVE, GraphKind.MIXED) or graph.proposal_depth <= 0:
+        unread |= PROPOSAL_FIELDS
+    return unread
+
+
+def _copy_to_host_async(outputs, unread: frozenset[str] = frozenset()) -> None:
+    if unread and dataclasses.is_dataclass(outputs):
+        fields = dataclasses.fields(outputs)
+        outputs = [getattr(outputs, f.name) for f in fields if f.name not in unread]
     for leaf in jax.tree_util.tree_leaves(outputs):
         if isinstance(leaf, jax.Array):
             leaf.copy_to_host_async()
@@ -299,30 +329,36 @@ class Executor:
         self.graph_counts: dict[str, int] = {}
         self.graph_ns: dict[str, int] = {}
         self.observations = {"waited": 0, "polled": 0, "late": 0, "missing_interval": 0}
-        # Per generation program: the last lanes it ran and their packed inputs on the device.
-        self._packed: dict = {}
+        # Per generation program: its last lane sets, oldest first, with their request inputs
+        # and packed inputs on the device.
+        self._packed: dict[Any, collections.OrderedDict] = {}
 
     def _inputs(self, program, plan: ScheduledPlan, info: Mapping[int, RequestInputs], token_masks=None):
         """The program's inputs, on the device. Decode and speculative inputs (slots, page tables,
         query lengths or ceilings) depend only on the lanes and their requests' fixed host data,
-        so while the same lanes run the same program (every step of a steady batch) the packed
-        inputs of the last call are reused: nothing is packed or transferred again. Token masks
-        change every step: a frame with any is packed afresh."""
+        so while the same lanes run the same program (every step of a steady batch, or a batch
+        split into a few groups that take turns) the packed inputs of one of the last
+        `PACKED_PER_PROGRAM` lane sets are reused: nothing is packed or transferred again. Token
+        masks change every step: a frame with any is packed afresh."""
         if plan.graph.kind in (GraphKind.SNAPSHOT, GraphKind.RESTORE) and self.copies is not None:
             return self.copies(program, plan, info)
         if token_masks:
             return pack_inputs(program, plan, info, token_masks=token_masks)
         if plan.graph.kind not in (GraphKind.DECODE, GraphKind.SPECULATIVE):
             return pack_inputs(program, plan, info)
-        key = tuple(
-            (lane.handle.rid, id(info[lane.handle.rid]), lane.slot, lane.query_length, lane.ceiling)
-            for lane in plan.lanes
-        )
-        last = self._packed.get(plan.graph.key)
-        if last is not None and last[0] == key:
-            return last[1]
+        lanes = plan.lanes
+        key = tuple((lane.handle.rid, lane.slot, lane.query_length, lane.ceiling) for lane in lanes)
+        held = tuple(info[lane.handle.rid] for lane in lanes)
+        recent = self._packed.setdefault(plan.graph.key, collections.OrderedDict())
+        entry = recent.get(key)
+        if entry is not None and all(a is b for a, b in zip(entry[0], held)):
+            recent.move_to_end(key)
+            return entry[1]
         inputs = jax.tree_util.tree_map(_to_device, pack_inputs(program, plan, info))
-        self._packed[plan.graph.key] = (key, inputs)
+        recent[key] = (held, inputs)  # the request inputs held: identity, not equality, is compared
+        recent.move_to_end(key)
+        if len(recent) > PACKED_PER_PROGRAM:
+            recent.popitem(last=False)
         return inputs
 
     def pack(self, plan: ScheduledPlan, info: Mapping[int, RequestInputs], token_masks=None):
@@ -347,7 +383,8 @@ class Executor:
         called = self.clock()
         self.state, outputs = program(self.params, self.state, inputs)
         dispatched = self.clock()
-        _copy_to_host_async(outputs)  # the host reads them at completion: start the copy now
+        # The host reads them at completion: start the copy of the fields it will read now.
+        _copy_to_host_async(outputs, unread_fields(plan, info))
         frame = Dispatch(
             fence,
             plan,

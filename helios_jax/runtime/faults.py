@@ -129,7 +129,8 @@ class FaultContainment:
                 pass
         active.done = True
         prompt = len(active.request.prompt_tokens)
-        active.stream.put(StreamEvent("", (), "error", prompt, active.completion_tokens, error=message))
+        event = StreamEvent("", (), "error", prompt, active.completion_tokens, error=message)
+        self._publisher.put(active.stream, event)
         self._by_id.pop(active.request.request_id, None)
 
     def _drop_frame(self, frame, message: str) -> None:

@@ -27,8 +27,10 @@ import dataclasses
 import functools
 import logging
 import queue
+import threading
 import time
 import uuid
+import weakref
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
@@ -56,24 +58,53 @@ INLINE_PARSE_BYTES = 8192  # bodies up to this size are parsed and tokenized on 
 SHUTTING_DOWN = ApiError(503, "the server is shutting down", code="server_shutting_down")
 
 
+class Wakeups:
+    """One event loop's pending wake-ups. The engine puts a frame's events on their streams
+    back to back (``runtime/publishing.py``); each put calls its stream's listener, and the
+    first listener call since the loop last ran them schedules one call into the loop, which
+    wakes every waiting task named meanwhile: one wake-up of the loop per frame, not one per
+    stream."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop = loop
+        self._lock = threading.Lock()
+        self._pending: list[asyncio.Event] = []
+
+    def wake(self, ready: asyncio.Event) -> None:
+        """Any thread: have the loop set `ready` soon."""
+        with self._lock:
+            self._pending.append(ready)
+            if len(self._pending) > 1:
+                return  # a call into the loop is already scheduled
+        try:
+            self.loop.call_soon_threadsafe(self._run)
+        except RuntimeError:  # the loop has closed: nobody is waiting any more
+            pass
+
+    def _run(self) -> None:
+        with self._lock:
+            pending, self._pending = self._pending, []
+        for ready in pending:
+            ready.set()
+
+
+_WAKEUPS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Wakeups] = weakref.WeakKeyDictionary()
+
+
 async def next_event(stream: RequestStream) -> StreamEvent:
     """The stream's next event without blocking the event loop and without a thread: a queued
     one at once, else a wait for the stream's listener (called by the engine on every put) to
-    wake this task."""
+    wake this task (through the loop's :class:`Wakeups`)."""
     try:
         return stream.get(timeout=0)
     except queue.Empty:
         pass
     loop = asyncio.get_running_loop()
+    wakeups = _WAKEUPS.get(loop)
+    if wakeups is None:  # created on the loop's own thread
+        wakeups = _WAKEUPS[loop] = Wakeups(loop)
     ready = asyncio.Event()
-
-    def wake() -> None:
-        try:
-            loop.call_soon_threadsafe(ready.set)
-        except RuntimeError:  # the loop has closed: nobody is waiting any more
-            pass
-
-    stream.set_listener(wake)
+    stream.set_listener(functools.partial(wakeups.wake, ready))
     try:
         while True:
             try:

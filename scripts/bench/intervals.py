@@ -1,14 +1,21 @@
 """Where the engine loop's time goes per frame, and how clean its device intervals are.
 
     python scripts/bench/intervals.py [--concurrency=1,16] [--new_tokens=128] [--prompt_tokens=64]
-        [--repeats=2] [--speculation=off] [--bare_runs=30] [--json_out=FILE]
+        [--repeats=2] [--speculation=off] [--bare_runs=30] [--readers=threads] [--json_out=FILE]
 
 Serves the embedded default model (float32, 16 request slots, greedy) with c concurrent requests
-and instruments the engine loop from outside (wrappers around the executor's methods; the engine
+(each stream read by its own thread, or with ``--readers=loop`` all on one asyncio loop through
+the server's ``next_event``, as the HTTP server reads them) and instruments the engine loop from
+outside (wrappers around the executor's, the scheduler's and the engine's methods; the engine
 is unchanged):
 
 - **host time per frame**: loop wall time not spent blocked in ``Executor.wait_oldest``, divided
-  by the frames completed (planning, packing, dispatch, completion, detokenization, publishing);
+  by the frames completed (planning, packing, dispatch, completion, detokenization, publishing),
+  and the share of four phases in it: completion (``HeliosEngine._complete``: outputs to records,
+  the scheduler's completion, detokenization, publishing), planning (``Scheduler.plan``),
+  packing (``Executor.pack``) and dispatch (``Executor.dispatch``, the program call), in wall
+  time and in the loop thread's CPU time (``time.thread_time``: without the waits for a core or
+  the interpreter lock that other threads and processes cause);
 - **already queued**: the share of frames whose successor was already dispatched when the loop
   began to wait on them (the two-slot window overlapping host work with device work);
 - **interval quality**: per prepared program, the median device interval the executor reported
@@ -47,17 +54,41 @@ flags.DEFINE_enum("speculation", "off", ["off", "fixed", "adaptive"], "the engin
 flags.DEFINE_integer("bare_runs", 30, "back-to-back executions per program for the bare baseline")
 flags.DEFINE_integer("seed", 0, "seed of the prompt windows")
 flags.DEFINE_string("json_out", None, "write the results as JSON here")
+flags.DEFINE_enum(
+    "readers",
+    "threads",
+    ["threads", "loop"],
+    "threads: a thread per stream; loop: every stream on one asyncio loop, as the server reads them",
+)
+
+
+# The loop's host phases timed by LoopProbe: (object attribute of the engine, method name).
+PHASES = {
+    "completion": (None, "_complete"),  # outputs to records, scheduler completion, publishing
+    "planning": ("scheduler", "plan"),
+    "packing": ("executor", "pack"),
+    "dispatch": ("executor", "dispatch"),  # the program call (on a CPU it may run inside it)
+}
 
 
 class LoopProbe:
-    """Wraps an engine's executor to time waits, count frames and queued successors."""
+    """Wraps an engine's executor to time waits, count frames and queued successors, and the
+    engine's phases (`PHASES`) to time the loop's host work by phase."""
 
-    def __init__(self, executor):
+    def __init__(self, engine):
+        executor = engine.executor
         self.executor = executor
         self.wait_ns = 0
         self.frames = 0
         self.already_queued = 0
         self.intervals = []  # (graph, ExecutionTiming) of every retired frame
+        self.phase_ns = dict.fromkeys(PHASES, 0)
+        self.phase_cpu_ns = dict.fromkeys(PHASES, 0)  # the loop thread's CPU time (thread_time)
+        self.wrapped = []  # (object, name): instance attributes to delete afterwards
+        for phase, (owner, name) in PHASES.items():
+            target = engine if owner is None else getattr(engine, owner)
+            setattr(target, name, self._timed(phase, getattr(target, name)))
+            self.wrapped.append((target, name))
         wait_oldest, retire = executor.wait_oldest, executor.retire
 
         def timed_wait():
@@ -74,6 +105,39 @@ class LoopProbe:
             retire(frame)
 
         executor.wait_oldest, executor.retire = timed_wait, counted_retire
+        self.wrapped += [(executor, "wait_oldest"), (executor, "retire")]
+
+    def _timed(self, phase, method):
+        def timed(*args, **kwargs):
+            t, cpu = time.perf_counter_ns(), time.thread_time_ns()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                self.phase_ns[phase] += time.perf_counter_ns() - t
+                self.phase_cpu_ns[phase] += time.thread_time_ns() - cpu
+
+        return timed
+
+    def remove(self):
+        """Back to the classes' methods."""
+        for target, name in self.wrapped:
+            delattr(target, name)
+
+
+def read_on_one_loop(streams):
+    """Read every stream on one asyncio loop with the server's `next_event` (no thread per stream)."""
+    import asyncio
+
+    from helios_jax.serve.generation import next_event
+
+    async def read(stream):
+        while (await next_event(stream)).finish_reason is None:
+            pass
+
+    async def read_all():
+        await asyncio.gather(*(read(s) for s in streams))
+
+    asyncio.run(read_all())
 
 
 def serve(engine, prompts, new_tokens):
@@ -89,6 +153,9 @@ def serve(engine, prompts, new_tokens):
         )
         for i, p in enumerate(prompts)
     ]
+    if FLAGS.readers == "loop":
+        read_on_one_loop(streams)
+        return
     readers = [threading.Thread(target=lambda s=s: list(s)) for s in streams]
     for t in readers:
         t.start()
@@ -113,12 +180,12 @@ def bare_ms(engine, graph_key, runs):
 
 
 def measure(engine, prompts, c):
-    probe = LoopProbe(engine.executor)
+    probe = LoopProbe(engine)
     observations = dict(engine.executor.observations)
     t = time.perf_counter_ns()
     serve(engine, prompts, FLAGS.new_tokens)
     wall = time.perf_counter_ns() - t
-    del engine.executor.wait_oldest, engine.executor.retire  # back to the class's methods
+    probe.remove()
     history = probe.intervals
     obs = {k: engine.executor.observations[k] - observations[k] for k in observations}
     decode = [g for g, _ in history if g.kind.value in ("decode", "speculative")]
@@ -129,6 +196,10 @@ def measure(engine, prompts, c):
         wall_ms=wall / 1e6,
         host_ms_per_frame=(wall - probe.wait_ns) / 1e6 / max(probe.frames, 1),
         already_queued=probe.already_queued / max(probe.frames, 1),
+        phase_ms_per_frame={k: v / 1e6 / max(probe.frames, 1) for k, v in probe.phase_ns.items()},
+        phase_cpu_ms_per_frame={k: v / 1e6 / max(probe.frames, 1) for k, v in probe.phase_cpu_ns.items()},
+        completion_us_per_token=probe.phase_ns["completion"] / 1e3 / (len(prompts) * FLAGS.new_tokens),
+        completion_cpu_us_per_token=probe.phase_cpu_ns["completion"] / 1e3 / len(prompts) / FLAGS.new_tokens,
         observations=obs,
         missing_share=sum(1 for _, tm in history if not tm.device_ns) / max(len(history), 1),
         decode_widths={str(k): v for k, v in sorted(widths.items())},
@@ -195,6 +266,11 @@ def main(argv):
             f"queued {row['already_queued']:.0%} missing {row['missing_share']:.0%} "
             f"decode widths {row['decode_widths']} {row['observations']}"
         )
+        phases = ", ".join(f"{k} {v:.3f}" for k, v in row["phase_ms_per_frame"].items())
+        cpu = ", ".join(f"{k} {v:.3f}" for k, v in row["phase_cpu_ms_per_frame"].items())
+        per_token = row["completion_us_per_token"], row["completion_cpu_us_per_token"]
+        print(f"      host ms per frame by phase: {phases} (thread CPU time: {cpu})")
+        print(f"      completion per token: {per_token[0]:.1f} us ({per_token[1]:.1f} us CPU)")
     for name, q in quality.items():
         print(
             f"{name:40s} n={q['samples']:4d} reported {q['reported_ms']:.3f} ms bare {q['bare_ms']:.3f} ms "

@@ -148,7 +148,7 @@ def lane(rid, slot, query_length=0):
 
 
 def test_a_steady_batch_reuses_its_packed_inputs_and_any_change_repacks():
-    from helios_jax.runtime.executor import RequestInputs
+    from helios_jax.runtime.executor import PACKED_PER_PROGRAM, RequestInputs
 
     clock = Clock()
     program = CountingProgram(clock)
@@ -166,10 +166,34 @@ def test_a_steady_batch_reuses_its_packed_inputs_and_any_change_repacks():
     assert program.packs == 1
     run([lane(1, 0)], info)  # a lane left
     assert program.packs == 2
-    run([lane(1, 0), lane(2, 1)], info)
+    run([lane(1, 0), lane(2, 1)], info)  # groups taking turns: each keeps its packed inputs
+    run([lane(1, 0)], info)
+    assert program.packs == 2
     run([lane(1, 0), lane(2, 3)], info)  # another slot
-    assert program.packs == 4
+    assert program.packs == 3
     info = {**info, 2: RequestInputs((5,), (4, 5))}
     run([lane(1, 0), lane(2, 3)], info)  # new pages
     run([lane(1, 0), lane(2, 3, query_length=2)], info)  # another query length
+    assert program.packs == 5
+    equal = {**info, 2: RequestInputs((5,), (4, 5))}  # equal but another request's inputs
+    run([lane(1, 0), lane(2, 3)], equal)
     assert program.packs == 6
+    for slot in range(4, 4 + PACKED_PER_PROGRAM):  # the oldest lane sets are dropped
+        run([lane(1, slot)], info)
+    run([lane(1, 0)], info)
+    assert program.packs == 7 + PACKED_PER_PROGRAM
+
+
+def test_the_copy_to_the_host_starts_only_for_outputs_the_engine_reads():
+    from helios_jax.runtime.executor import PROPOSAL_FIELDS, SCORE_FIELDS, RequestInputs, unread_fields
+
+    info = {1: RequestInputs((5,), (0,)), 2: RequestInputs((5,), (1,), logprobs=True)}
+    spec = GraphDescriptor(GraphKind.SPECULATIVE, 2, token_capacity=4, proposal_depth=3)
+
+    def plan(graph, *rids):
+        return SimpleNamespace(graph=graph, lanes=tuple(lane(r, r) for r in rids))
+
+    assert unread_fields(plan(DECODE, 1), info) == SCORE_FIELDS | PROPOSAL_FIELDS
+    assert unread_fields(plan(DECODE, 1, 2), info) == PROPOSAL_FIELDS  # one lane scores
+    assert unread_fields(plan(spec, 1), info) == SCORE_FIELDS  # a round with proposals
+    assert unread_fields(plan(DECODE, 1, 3), info) == PROPOSAL_FIELDS  # unknown inputs: read

@@ -44,3 +44,30 @@ def test_an_event_put_before_the_wait_is_taken_at_once_and_a_cancelled_wait_leav
         assert (await next_event(stream)).text == "b"
 
     asyncio.run(scenario())
+
+
+def test_a_frames_puts_on_many_streams_wake_the_loop_once():
+    """The engine puts a frame's events back to back: one call into the loop wakes every
+    waiting request (one loop wake-up per frame, not one per stream)."""
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        streams = [RequestStream(f"r{i}") for i in range(50)]
+        waits = [asyncio.create_task(next_event(s)) for s in streams]
+        await asyncio.sleep(0.01)
+        calls = []
+        schedule = loop.call_soon_threadsafe
+        loop.call_soon_threadsafe = lambda *args: calls.append(args) or schedule(*args)
+        for s in streams:  # the loop runs nothing meanwhile, as while an engine frame publishes
+            s.put(StreamEvent(text=s.request_id, token_ids=()))
+        events = await asyncio.wait_for(asyncio.gather(*waits), timeout=10)
+        assert [e.text for e in events] == [s.request_id for s in streams]
+        assert len(calls) == 1
+        for s in streams[:3]:  # a later frame: another single call
+            wait = asyncio.create_task(next_event(s))
+            await asyncio.sleep(0)
+            s.put(StreamEvent(text="again", token_ids=()))
+            assert (await wait).text == "again"
+        assert len(calls) == 4
+
+    asyncio.run(scenario())
