@@ -2,14 +2,20 @@
 as one process. Each server compiles the default model's catalog at tensor_parallel=2, so the
 engine is the smallest that serves (one request slot, single-step decode, no speculation, no
 snapshot rows: six programs); the leader/follower machinery itself is checked program by
-program in tests/programs/test_multi_process.py."""
+program in tests/programs/test_multi_process.py. The single-process server's completions are
+recorded in tests/golden/multi_process_server.json (a slow test re-derives them), so CI compiles
+only the two processes' programs."""
 
 import json
+import os
+import pathlib
 import signal
 import socket
 import subprocess
 import sys
 import urllib.request
+
+import pytest
 
 from ..environment import subprocess_env
 from .test_main import read_until
@@ -56,12 +62,21 @@ def _stop(proc: subprocess.Popen) -> int:
         proc.kill()
 
 
-def test_two_processes_serve_the_completions_of_one(tmp_path):
+GOLDEN = pathlib.Path(__file__).resolve().parents[1] / "golden" / "multi_process_server.json"
+
+
+def _single_process_completions() -> list[dict]:
     single = _start(devices=2)
     try:
-        want = _completions(single)
+        return _completions(single)
     finally:
         assert _stop(single) == 0
+
+
+def test_two_processes_serve_the_completions_of_one(tmp_path):
+    """The completions the single-process server answers at N = 2 (recorded in GOLDEN, which
+    the slow test below re-derives from a live single-process server)."""
+    want = json.loads(GOLDEN.read_text())
     with socket.socket() as s:
         s.bind(("localhost", 0))
         group = f"--coordinator_address=localhost:{s.getsockname()[1]}"
@@ -79,3 +94,13 @@ def test_two_processes_serve_the_completions_of_one(tmp_path):
     assert status == 0 and follower_status == 0, (tmp_path / "follower.log").read_text()[-4000:]
     assert have == want and all(len(c["tokens"]) == 16 for c in want)
     assert "follows process 0" in (tmp_path / "follower.log").read_text()
+
+
+@pytest.mark.slow  # one more server compiled, for a reference that changes only with the model
+def test_the_single_process_server_answers_the_recorded_completions():
+    """GOLDEN is what `python -m helios_jax.serve` answers as one process at N = 2 (rewrite it
+    with HELIOS_WRITE_GOLDEN=1 when the model or the sampling changes)."""
+    got = _single_process_completions()
+    if os.environ.get("HELIOS_WRITE_GOLDEN"):
+        GOLDEN.write_text(json.dumps(got, indent=1) + "\n")
+    assert got == json.loads(GOLDEN.read_text())
