@@ -14,10 +14,13 @@ import dataclasses
 import math
 from collections.abc import Sequence
 
-import numpy as np
-
-from helios_jax.programs.processors import BIAS_CAPACITY, COUNT_CAPACITY, ProcessorInputs
-from helios_jax.programs.token_mask import mask_words, words_of
+from helios_jax.programs.processors import (
+    BIAS_CAPACITY,
+    COUNT_CAPACITY,
+    ProcessorInputs,
+    blank_processor_inputs,
+)
+from helios_jax.programs.token_mask import words_of
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,22 +86,7 @@ def pack_processors(
     lanes: int, vocab: int, settings: Sequence[ProcessorSettings | None] | None
 ) -> ProcessorInputs:
     """The `ProcessorInputs` of `lanes` lanes from the first len(settings) lanes' settings."""
-    words = mask_words(vocab)
-    out = ProcessorInputs(
-        enabled=np.zeros((lanes,), bool),
-        presence=np.zeros((lanes,), np.float32),
-        frequency=np.zeros((lanes,), np.float32),
-        repetition=np.ones((lanes,), np.float32),
-        min_p=np.zeros((lanes,), np.float32),
-        min_tokens=np.zeros((lanes,), np.int32),
-        bias_tokens=np.full((lanes, BIAS_CAPACITY), -1, np.int32),
-        bias_values=np.zeros((lanes, BIAS_CAPACITY), np.float32),
-        allowed=np.full((lanes, words), -1, np.int32),
-        stops=np.zeros((lanes, words), np.int32),
-        seen=np.zeros((lanes, words), np.int32),
-        count_tokens=np.full((lanes, COUNT_CAPACITY), -1, np.int32),
-        count_values=np.zeros((lanes, COUNT_CAPACITY), np.int32),
-    )
+    out = blank_processor_inputs(lanes, vocab)
     for i, each in enumerate(settings or ()):
         if each is None or not each.enabled:
             continue

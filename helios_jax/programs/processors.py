@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 
 from helios_jax.programs.token_mask import mask_words, unpack_token_mask
@@ -104,24 +105,31 @@ def init_processors(rows: int, vocab: int) -> RowProcessors:
     )
 
 
-def processor_input_spec(lanes: int, vocab: int) -> ProcessorInputs:
-    s, words = jax.ShapeDtypeStruct, mask_words(vocab)
-    i32, f32 = jnp.int32, jnp.float32
+def blank_processor_inputs(lanes: int, vocab: int) -> ProcessorInputs:
+    """Host `ProcessorInputs` of `lanes` lanes without processors: every entry at its "off" value
+    (the shapes and dtypes every program's processor inputs have; `processor_packing` fills lanes)."""
+    words = mask_words(vocab)
     return ProcessorInputs(
-        s((lanes,), jnp.bool_),
-        s((lanes,), f32),
-        s((lanes,), f32),
-        s((lanes,), f32),
-        s((lanes,), f32),
-        s((lanes,), i32),
-        s((lanes, BIAS_CAPACITY), i32),
-        s((lanes, BIAS_CAPACITY), f32),
-        s((lanes, words), i32),
-        s((lanes, words), i32),
-        s((lanes, words), i32),
-        s((lanes, COUNT_CAPACITY), i32),
-        s((lanes, COUNT_CAPACITY), i32),
+        enabled=np.zeros((lanes,), bool),
+        presence=np.zeros((lanes,), np.float32),
+        frequency=np.zeros((lanes,), np.float32),
+        repetition=np.ones((lanes,), np.float32),
+        min_p=np.zeros((lanes,), np.float32),
+        min_tokens=np.zeros((lanes,), np.int32),
+        bias_tokens=np.full((lanes, BIAS_CAPACITY), -1, np.int32),
+        bias_values=np.zeros((lanes, BIAS_CAPACITY), np.float32),
+        allowed=np.full((lanes, words), -1, np.int32),
+        stops=np.zeros((lanes, words), np.int32),
+        seen=np.zeros((lanes, words), np.int32),
+        count_tokens=np.full((lanes, COUNT_CAPACITY), -1, np.int32),
+        count_values=np.zeros((lanes, COUNT_CAPACITY), np.int32),
     )
+
+
+def processor_input_spec(lanes: int, vocab: int) -> ProcessorInputs:
+    """The abstract inputs programs are lowered for: `blank_processor_inputs`' shapes and dtypes."""
+    blank = blank_processor_inputs(lanes, vocab)
+    return jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), blank)
 
 
 def loaded_rows(inputs: ProcessorInputs, vocab: int) -> RowProcessors:
