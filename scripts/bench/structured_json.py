@@ -61,24 +61,11 @@ def valid(text: str) -> bool:
 
 
 def build():
-    from helios_jax.compilation_cache import enable_compilation_cache
     from helios_jax.engine_options import EngineOptions
-    from helios_jax.prepare import load_engine_model
-    from helios_jax.runtime.engine import HeliosEngine
-    from helios_jax.runtime.tokenizer import HFTokenizer
+    from helios_jax.runtime.engine import build_real_engine
 
-    enable_compilation_cache()
-    model = load_engine_model(None, dtype=None)
     options = EngineOptions(concurrency=FLAGS.concurrency, speculation=FLAGS.speculation)
-    return HeliosEngine(
-        model_config=model.config,
-        params=model.params,
-        tokenizer=HFTokenizer.from_model(model),
-        engine_config=options.engine_config(model.config),
-        policy_config=options.policy_config(),
-        model_name="helios-default",
-        progress=None,
-    )
+    return build_real_engine(options, progress=None)  # the server's own engine, embedded model
 
 
 def sample(engine, prompt, grammar, tag: str) -> dict:
