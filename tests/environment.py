@@ -12,16 +12,15 @@ import os
 DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
 
 
-def without_device_count(flags: str) -> str:
-    return " ".join(f for f in flags.split() if not f.startswith(DEVICE_COUNT_FLAG))
+def xla_flags(devices: int = 1) -> str:
+    """This process's XLA_FLAGS without any forced device count, plus `devices` CPU devices when
+    above one."""
+    flags = " ".join(
+        f for f in os.environ.get("XLA_FLAGS", "").split() if not f.startswith(DEVICE_COUNT_FLAG)
+    )
+    return f"{flags} {DEVICE_COUNT_FLAG}={devices}".strip() if devices > 1 else flags
 
 
 def subprocess_env(devices: int = 1, **extra: str) -> dict[str, str]:
-    """os.environ with XLA_FLAGS stripped of any device count, plus `devices` CPU devices when
-    above one, and `extra`."""
-    env = dict(os.environ, **extra)
-    flags = without_device_count(env.get("XLA_FLAGS", ""))
-    if devices > 1:
-        flags = f"{flags} {DEVICE_COUNT_FLAG}={devices}".strip()
-    env["XLA_FLAGS"] = flags
-    return env
+    """os.environ with `xla_flags(devices)`, and `extra`."""
+    return dict(os.environ, **extra, XLA_FLAGS=xla_flags(devices))

@@ -21,16 +21,12 @@ from __future__ import annotations
 import os
 import sys
 
+from ..environment import xla_flags  # noqa: E402
+
 ROLE = sys.argv[1] if len(sys.argv) > 1 else ""
-if ROLE == "reference":
-    os.environ["XLA_FLAGS"] = (
-        os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2"
-    ).strip()
-else:
-    # One CPU device per member process, whatever the caller's flags force.
-    os.environ["XLA_FLAGS"] = " ".join(
-        f for f in os.environ.get("XLA_FLAGS", "").split() if "xla_force_host_platform_device_count" not in f
-    )
+# Two forced devices for the single-process reference; one CPU device per member process,
+# whatever the caller's flags force.
+os.environ["XLA_FLAGS"] = xla_flags(devices=2 if ROLE == "reference" else 1)
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import json  # noqa: E402

@@ -30,9 +30,9 @@ from __future__ import annotations
 
 import os
 
-os.environ["XLA_FLAGS"] = (
-    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
-).strip()
+from ..environment import xla_flags
+
+os.environ["XLA_FLAGS"] = xla_flags(devices=4)  # before jax starts its CPU backend
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import json  # noqa: E402
