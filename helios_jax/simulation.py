@@ -134,6 +134,8 @@ class FakeExecutor:
                         tokens=(TOKEN,) if lane.finishes_prompt else (),
                     )
                 )
+            elif lane.role is LaneRole.DECODE and graph.steps > 1:  # K-step: one token a step
+                records.append(CompletionRecord(lane.handle, lane.epoch, tokens=(TOKEN,) * lane.ceiling))
             elif lane.role is LaneRole.DECODE:
                 r = rows.get(lane.handle, lane.query_length)
                 offered = r - 1

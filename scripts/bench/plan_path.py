@@ -1,7 +1,8 @@
 """Time the whole ``Scheduler.plan()`` path at 1, 4, 16 and 64 resident requests.
 
-    python scripts/bench/plan_path.py [--catalog=FILE|engine] [--requests=1,4,16,64] [--decisions=200]
-        [--subsets=all,no_wide_mixed,no_mixed,core] [--mode=adaptive] [--json_out=FILE] [--profile]
+    python scripts/bench/plan_path.py [--catalog=FILE|engine|engine-off16] [--requests=1,4,16,64]
+        [--decisions=200] [--subsets=all,no_wide_mixed,no_mixed,core] [--mode=adaptive] [--burst]
+        [--json_out=FILE] [--profile]
 
 ``scripts/bench/scheduler_select.py`` times ``policy.select`` on synthetic views; this times what
 an engine pays per decision: ``plan()`` on a live Scheduler (projected service histories and
@@ -22,7 +23,14 @@ alternative or an acceptance probe when funded, freezing).
 ``--catalog=engine`` benches the catalog HeliosEngine builds from a default ``EngineConfig()``
 (its request slots, decode mode, context, draft storage and initialize programs, as the engine
 constructs its Scheduler), with synthetic durations (its programs carry none): prompts are then
-drawn up to its context, and ``--slots`` is ignored.
+drawn up to its context, and ``--slots`` is ignored. ``--catalog=engine-off16`` is the engine
+``scripts/bench/engine.py`` serves: 16 request slots, no speculation, decode programs of 1, 4 and
+8 steps, prefill chunks 64 to 512, context 512 (run it with ``--mode=ordinary``).
+
+``--burst``: instead of replacing each finished request at once, the loop admits N requests
+together and admits the next N only when all have finished, so the decisions include the
+start-up of a burst (N prompts waiting, their initialization and snapshots) as in
+``engine.py``'s runs; outputs are then drawn from those that fit the context beside the prompt.
 
 Wall time is what a caller sees; process CPU time is reported beside it because this machine is
 shared. Catalog size: ``--subsets`` drop program families (``all``: every program;
@@ -54,8 +62,12 @@ from helios_jax.scheduler.plan import ExecutionTiming
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string(
-    "catalog", None, "catalog JSON, or 'engine': EngineConfig()'s catalog (default: synthetic-h200)"
+    "catalog",
+    None,
+    "catalog JSON, or 'engine': EngineConfig()'s catalog, or 'engine-off16': engine.py's "
+    "(default: synthetic-h200)",
 )
+flags.DEFINE_bool("burst", False, "admit N requests together, the next N when all have finished")
 flags.DEFINE_list("requests", ["1", "4", "16", "64"], "resident requests")
 flags.DEFINE_list("subsets", ["all", "no_wide_mixed", "no_mixed", "core"], "catalog subsets")
 flags.DEFINE_enum("mode", "adaptive", ["ordinary", "fixed", "adaptive"], "loaded decode mode")
@@ -101,10 +113,25 @@ def _synthetic_ms(g: GraphDescriptor) -> float:
     return round(0.3 + 0.004 * rows + 0.02 * g.batch_capacity, 3)
 
 
+# The engine configurations --catalog names: EngineConfig()'s, and the one scripts/bench/engine.py
+# serves (16 slots, speculation off, K-step decode programs).
+ENGINE_CONFIGS = {
+    "engine": EngineConfig,
+    "engine-off16": lambda: EngineConfig(
+        request_slots=16,
+        prefill_chunks=(64, 128, 256, 512),
+        speculation="off",
+        draft_tokens=0,
+        max_model_len=512,
+        decode_steps=(1, 4, 8),
+    ),
+}
+
+
 def engine_catalog(subset: str) -> tuple[Catalog, dict]:
-    """EngineConfig()'s catalog with synthetic durations, and the Scheduler arguments the
-    engine gives it (``runtime.engine``)."""
-    config = EngineConfig()
+    """An engine configuration's catalog with synthetic durations, and the Scheduler arguments
+    the engine gives it (``runtime.engine``)."""
+    config = ENGINE_CONFIGS[FLAGS.catalog]()
     full = config.catalog()
     graphs = tuple(dataclasses.replace(g, duration_ms=_synthetic_ms(g)) for g in full.graphs)
     draft = max(config.proposal_depths, default=0) if config.speculative else 0
@@ -128,11 +155,13 @@ def _p99(samples: list[float]) -> float:
 class Loop:
     """A closed loop of `n` resident requests on a live Scheduler, one frame at a time."""
 
-    def __init__(self, catalog: Catalog, mode: DecodeMode, n: int, seed: int, **kwargs):
+    def __init__(self, catalog: Catalog, mode: DecodeMode, n: int, seed: int, burst: bool = False, **kwargs):
         self.sched = Scheduler(catalog, mode=mode, **kwargs)
         # Prompt and output sizes that fit the context (the engine's catalog has a short one).
         room = self.sched.max_model_len
         self.prompts = [p for p in PROMPTS if p + max(OUTPUTS) <= room] or [min(PROMPTS)]
+        self.outputs = [o for o in OUTPUTS if max(self.prompts) + o <= room] or [min(OUTPUTS)]
+        self.burst = burst
         self.sched.seed_costs(0)
         self.rng = np.random.default_rng(seed)
         config = simulation.SimConfig(catalog, accepted_drafts=None, acceptance_probs=ACCEPTANCE, seed=seed)
@@ -143,8 +172,10 @@ class Loop:
         self.fill()
 
     def fill(self) -> None:
+        if self.burst and self.sched.requests:
+            return
         while len(self.sched.requests) < self.n:
-            p, o = int(self.rng.choice(self.prompts)), int(self.rng.choice(OUTPUTS))
+            p, o = int(self.rng.choice(self.prompts)), int(self.rng.choice(self.outputs))
             self.sched.admit([simulation.TOKEN] * p, max_output=o, stop_token_ids=(simulation.EOS,))
 
     def step(self, plan) -> None:
@@ -168,7 +199,7 @@ class Loop:
 
 def profile_plan(catalog: Catalog, mode: DecodeMode, n: int, **kwargs) -> str:
     """cProfile of plan() alone over the same closed loop (a separate, untimed pass)."""
-    loop = Loop(catalog, mode, n, FLAGS.seed, **kwargs)
+    loop = Loop(catalog, mode, n, FLAGS.seed, burst=FLAGS.burst, **kwargs)
     s = loop.sched
     for _ in range(FLAGS.warmup):
         loop.step(s.plan())
@@ -186,7 +217,7 @@ def profile_plan(catalog: Catalog, mode: DecodeMode, n: int, **kwargs) -> str:
 
 
 def measure(catalog: Catalog, mode: DecodeMode, n: int, **kwargs) -> dict:
-    loop = Loop(catalog, mode, n, FLAGS.seed, **kwargs)
+    loop = Loop(catalog, mode, n, FLAGS.seed, burst=FLAGS.burst, **kwargs)
     s = loop.sched
     for _ in range(FLAGS.warmup):
         loop.step(s.plan())
@@ -233,7 +264,7 @@ def measure(catalog: Catalog, mode: DecodeMode, n: int, **kwargs) -> dict:
 
 def load(subset: str) -> tuple[Catalog, dict]:
     """The benched catalog subset and the Scheduler arguments beside the mode."""
-    if FLAGS.catalog == "engine":
+    if FLAGS.catalog in ENGINE_CONFIGS:
         return engine_catalog(subset)
     return subset_catalog(catalog_json(), FLAGS.slots, subset), {}
 

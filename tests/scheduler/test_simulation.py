@@ -330,3 +330,24 @@ def test_acceptance_bound_check_fails_when_probes_are_free():
     allowance = 0.01 / 0.99 * free.ordinary_ms + free.largest_probe_episode_ms
     assert free.acceptance_learning_ms > allowance and not free.acceptance_bound_ok
     assert free.acceptance_learning_ms == pytest.approx(sum(free.probe_episodes_ms))
+
+
+def test_k_step_decode_programs_run_in_the_simulator():
+    """The fake executor commits one token per step of a K-step lane (RESOLUTIONS.md, 25): a
+    simulated startup over a catalog with K-step programs runs them and serves every output."""
+    from helios_jax.reference.crosscheck import with_decode_steps
+
+    from .helpers import ORDINARY
+
+    catalog = with_decode_steps(ORDINARY, (4,), 0.5)  # K = 4 steps for two single steps' time
+    steps = []
+
+    class Recording(Scheduler):
+        def commit(self, plan, fence):
+            steps.append(plan.graph.steps)
+            return super().commit(plan, fence)
+
+    config = sim.SimConfig(catalog, requests=4, accepted_drafts=0, output_tokens=24, rounds=20)
+    result = sim.run(config, Recording)
+    assert 4 in steps
+    assert [r.output_tokens for r in result.requests] == [24] * 4
