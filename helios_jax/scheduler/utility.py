@@ -406,18 +406,44 @@ def best_pair(
 
     Returns a :class:`PairCohort` (total, k, j_ready, j_terminal), or None when no k is feasible.
     """
-    new_s = np.sort(new)[::-1]
-    ready_s = np.sort(ready)[::-1]
-    term_s = np.sort(terminal)[::-1]
-    pn = np.concatenate([[0.0], np.cumsum(new_s)])
-    pr = np.concatenate([[0.0], np.cumsum(ready_s)])
-    pt = np.concatenate([[0.0], np.cumsum(term_s)])
-    k_max = min(len(new_s), prereq_batch, follow_batch)
+    return best_pair_of_prefixes(
+        descending_prefix(new),
+        descending_prefix(ready),
+        descending_prefix(terminal),
+        prereq_batch,
+        follow_batch,
+        min_new=min_new,
+    )
+
+
+def descending_prefix(values: np.ndarray) -> np.ndarray:
+    """f64[n + 1]: 0 and the running sums of `values` taken largest first."""
+    if not len(values):
+        return _EMPTY_PREFIX
+    return np.concatenate([[0.0], np.cumsum(np.sort(values)[::-1])])
+
+
+_EMPTY_PREFIX = np.zeros(1)  # descending_prefix of no values (read-only: shared)
+_EMPTY_PREFIX.setflags(write=False)
+
+
+def best_pair_of_prefixes(
+    pn: np.ndarray,
+    pr: np.ndarray,
+    pt: np.ndarray,
+    prereq_batch: int,
+    follow_batch: int,
+    *,
+    min_new: int = 1,
+) -> PairCohort | None:
+    """:func:`best_pair` on the groups' :func:`descending_prefix` sums (newly ready, already
+    ready, terminal), which a caller may keep for several pairs."""
+    k_max = min(len(pn) - 1, prereq_batch, follow_batch)
     if k_max < min_new:
         return None
     ks = np.arange(min_new, k_max + 1)
-    jr = np.minimum(follow_batch - ks, len(ready_s))
-    jt = np.minimum(prereq_batch - ks, len(term_s))
+    jr = np.minimum(follow_batch - ks, len(pr) - 1)
+    jt = np.minimum(prereq_batch - ks, len(pt) - 1)
     totals = pn[ks] + pr[jr] + pt[jt]
     i = int(np.argmax(totals))
     return PairCohort(float(totals[i]), int(ks[i]), int(jr[i]), int(jt[i]))

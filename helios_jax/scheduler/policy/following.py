@@ -16,6 +16,7 @@ rows finish terminal requests. For fixed shapes lane values are additive, so:
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -43,6 +44,11 @@ class Pair:
     prerequisite_ms: float | None  # T
     following_ms: float | None  # F
     total_ms: float  # U = T + F; 0 when either is unknown
+
+    @functools.cached_property
+    def terminal_prefix(self) -> np.ndarray:
+        """``utility.descending_prefix`` of the terminal values, shared by the pair's populations."""
+        return utility.descending_prefix(self.terminal_values)
 
     @property
     def unknown(self) -> bool:
@@ -74,6 +80,22 @@ class Population:
     @property
     def fixed_value(self) -> float:
         return float(sum(lane.value for lane in self.fixed))
+
+    @functools.cached_property
+    def new_best_first(self) -> list[Lane]:
+        return [self.new_lanes[i] for i in np.argsort(-self.new_values, kind="stable")]
+
+    @functools.cached_property
+    def ready_best_first(self) -> list[Lane]:
+        return [self.ready_lanes[i] for i in np.argsort(-self.ready_values, kind="stable")]
+
+    @functools.cached_property
+    def new_prefix(self) -> np.ndarray:
+        return utility.descending_prefix(self.new_values)
+
+    @functools.cached_property
+    def ready_prefix(self) -> np.ndarray:
+        return utility.descending_prefix(self.ready_values)
 
     @classmethod
     def of(
@@ -168,7 +190,7 @@ def populations(
     rows.
     """
     if g2.kind.is_prefill:
-        return [_prefill_population(sel, g2, new_views)]
+        return [prefill_population(sel, g2, new_views)]
     decoders, prompts = sel.decoders, sel.prompts
     b2 = g2.batch_capacity
     new_dec = [
@@ -203,39 +225,38 @@ def populations(
     return shapes
 
 
-def _prefill_population(sel: Selection, g2: GraphDescriptor, new_views: list[RequestView]) -> Population:
+def prefill_population(sel: Selection, g2: GraphDescriptor, new_views: list[RequestView]) -> Population:
+    """A prefill follower's population: the prompts the prerequisite enables, worth something
+    in this chunk, and the prompts already ready."""
     prompts = sel.prompts
     cap, scored = g2.token_capacity, g2.kind is GraphKind.SCORED_PREFILL
-    new = [
-        (prompt_value(sel, v, cap, scored), prompt_lane(sel, v, cap, scored))
-        for v in new_views
-        if v.enables is Phase.PREFILL
-    ]
+    new_lanes = [prompt_lane(sel, v, cap, scored) for v in new_views if v.enables is Phase.PREFILL]
+    values, work = prompts.values(cap), prompts.work(cap)
     ready = [
-        (float(prompts.values(cap)[i]), prompts.lane(i, cap))
+        (float(values[i]), prompts.lane(i, cap))
         for i in range(prompts.count)
-        if prompts.needs_scores[i] == scored and prompts.work(cap)[i] > 0
+        if prompts.needs_scores[i] == scored and work[i] > 0
     ]
-    return Population.of([x for x in new if x[0] > 0], ready, g2.batch_capacity)
+    return Population.of(
+        [(lane.value, lane) for lane in new_lanes if lane.value > 0], ready, g2.batch_capacity
+    )
 
 
 def population_cohort(pair: Pair, pop: Population) -> FollowerCohort | None:
     """The exact joint cohort for one population shape (``utility.best_pair``)."""
     room1 = pair.prerequisite.batch_capacity - (1 if pop.fixed_new else 0)
-    res = utility.best_pair(
-        pop.new_values,
-        pop.ready_values,
-        pair.terminal_values,
+    res = utility.best_pair_of_prefixes(
+        pop.new_prefix,
+        pop.ready_prefix,
+        pair.terminal_prefix,
         room1,
         pop.room,
         min_new=0 if pop.fixed_new else 1,
     )
     if res is None:
         return None
-    new_lanes = [pop.new_lanes[i] for i in np.argsort(-pop.new_values, kind="stable")[: res.new_count]]
-    ready_lanes = [
-        pop.ready_lanes[i] for i in np.argsort(-pop.ready_values, kind="stable")[: res.ready_count]
-    ]
+    new_lanes = pop.new_best_first[: res.new_count]
+    ready_lanes = pop.ready_best_first[: res.ready_count]
     enabled = {lane.rid for lane in new_lanes} | (
         {lane.rid for lane in pop.fixed} if pop.fixed_new else set()
     )

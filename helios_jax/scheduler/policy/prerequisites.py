@@ -24,6 +24,7 @@ from helios_jax.scheduler.policy.following import (
     is_ragged,
     population_cohort,
     populations,
+    prefill_population,
     prompt_value,
     ragged_cohort,
 )
@@ -37,12 +38,16 @@ def prerequisite_candidates(sel: Selection) -> list[ScoredCandidate]:
     if not sel.blocked:
         return []
     found = []
+    groups: dict = {}  # prerequisite kind -> (its blocked group, their single-stage rows)
+    prefill_populations: dict = {}  # (kind, prefill follower) -> its population: no g1 in it
     for g1 in sel.prepared.prerequisites:
-        group = [v for v in sel.blocked if v.prerequisites[0] is g1.kind]
+        if g1.kind not in groups:
+            group = [v for v in sel.blocked if v.prerequisites[0] is g1.kind]
+            groups[g1.kind] = group, [v for v in group if len(v.prerequisites) == 1]
+        group, singles = groups[g1.kind]
         if not group:
             continue
-        singles = [v for v in group if len(v.prerequisites) == 1]
-        found.extend(_sequence_candidates(sel, g1, group, singles))
+        found.extend(_sequence_candidates(sel, g1, group, singles, prefill_populations))
         candidate = _continuation_candidate(sel, g1, group)
         if candidate is not None:
             found.append(candidate)
@@ -50,9 +55,16 @@ def prerequisite_candidates(sel: Selection) -> list[ScoredCandidate]:
 
 
 def _sequence_candidates(
-    sel: Selection, g1: GraphDescriptor, group: list[RequestView], singles: list[RequestView]
+    sel: Selection,
+    g1: GraphDescriptor,
+    group: list[RequestView],
+    singles: list[RequestView],
+    prefill_populations: dict,
 ) -> list[ScoredCandidate]:
-    """Every (g1, following shape) pair's best joint cohort, as two-stage sequence candidates."""
+    """Every (g1, following shape) pair's best joint cohort, as two-stage sequence candidates.
+
+    A prefill follower's population depends on the rows g1's kind enables and not on g1's
+    shape or timing: it is built once per kind (`prefill_populations`) for every g1 of it."""
     found: list[ScoredCandidate] = []
     terminals = sel.terminals if g1.kind is GraphKind.SNAPSHOT else []
     terminal_ages = np.array([v.terminal_age_ms for v in terminals])
@@ -64,6 +76,11 @@ def _sequence_candidates(
             pair = _pair(sel, g1, g2, group, terminals, terminal_ages)
             if is_ragged(g2):
                 cohorts = [ragged_cohort(sel, pair, new_views)]
+            elif g2.kind.is_prefill:
+                key = (g1.kind, g2.key)
+                if key not in prefill_populations:
+                    prefill_populations[key] = prefill_population(sel, g2, new_views)
+                cohorts = [population_cohort(pair, prefill_populations[key])]
             else:
                 cohorts = [
                     population_cohort(pair, pop) for pop in populations(sel, g2, new_views, pair.total_ms)
