@@ -79,6 +79,12 @@ flags.DEFINE_list(
     "step counts K of helios' decode programs (the engine's default without speculation)",
 )
 flags.DEFINE_list("prefill_batch", ["1"], "prompt rows B of helios' prefill programs (1: one prompt each)")
+flags.DEFINE_list(
+    "alt_prefill_batch",
+    [],
+    "also run a second helios engine whose prefill programs have these row counts (system "
+    "'helios-pb' joined by dots, e.g. helios-pb1.4.16), interleaved with the others",
+)
 flags.DEFINE_bool("decode", True, "run part 2")
 flags.DEFINE_integer("seed", 0, "seed of the prompt windows and random weights")
 flags.DEFINE_string("json_out", None, "write the results as JSON here")
@@ -345,7 +351,7 @@ def run_naive(decoder: NaiveDecoder, prompts, new_tokens):
     return wall, tokens.size, [ttft] * n, gaps * n, [row.tolist() for row in tokens]
 
 
-def build_helios(model, dtype: str, tokenizer, slots: int):
+def build_helios(model, dtype: str, tokenizer, slots: int, prefill_batch=None):
     from helios_jax.engine_config import EngineConfig
     from helios_jax.runtime.engine import HeliosEngine
     from helios_jax.runtime.tokenizer import HFTokenizer
@@ -359,7 +365,7 @@ def build_helios(model, dtype: str, tokenizer, slots: int):
         max_model_len=FLAGS.max_model_len,
         dtype=dtype,
         decode_steps=tuple(int(k) for k in FLAGS.decode_steps),
-        prefill_batch=tuple(int(b) for b in FLAGS.prefill_batch),
+        prefill_batch=tuple(int(b) for b in (prefill_batch or FLAGS.prefill_batch)),
     )
     t = time.perf_counter()
     engine = HeliosEngine(
@@ -417,6 +423,14 @@ def serving(results: dict) -> None:
             engines[dtype] = engine
             systems[("helios", dtype)] = (lambda e: lambda ps: run_helios(e, ps, new))(engine)
             print(f"helios {dtype}: engine built in {seconds:.1f} s", flush=True)
+            if FLAGS.alt_prefill_batch:
+                name = "helios-pb" + ".".join(FLAGS.alt_prefill_batch)
+                alt, seconds, ec = build_helios(model, dtype, tokenizer, slots, FLAGS.alt_prefill_batch)
+                setup[f"{name}/{dtype}"] = dict(
+                    build_and_compile_s=round(seconds, 2), engine_config=dataclasses.asdict(ec)
+                )
+                engines[f"{name}/{dtype}"] = alt
+                systems[(name, dtype)] = (lambda e: lambda ps: run_helios(e, ps, new))(alt)
         if "transformers" in FLAGS.systems:
             worker = TorchWorker(str(default_model_path()), dtype, FLAGS.seed)
             workers.append(worker)
@@ -489,10 +503,13 @@ def serving(results: dict) -> None:
                     itl_ms=summary([x for r in rs for x in r.itl_ms]),
                     output_tokens=[r.output_tokens for r in rs],
                 )
-            for other in ("transformers", "naive"):
-                if mine.get("helios") and mine.get(other):
-                    ratios = [h.tokens_per_s / o.tokens_per_s for h, o in zip(mine["helios"], mine[other])]
-                    row[f"helios_over_{other}"] = dict(median=statistics.median(ratios), per_repeat=ratios)
+            for mine_name in [s for s in mine if s.startswith("helios")]:
+                for other in ("transformers", "naive", "helios"):
+                    if other != mine_name and mine.get(mine_name) and mine.get(other):
+                        pairs = zip(mine[mine_name], mine[other])
+                        ratios = [h.tokens_per_s / o.tokens_per_s for h, o in pairs]
+                        ratio = dict(median=statistics.median(ratios), per_repeat=ratios)
+                        row[f"{mine_name}_over_{other}"] = ratio
             table.append(row)
     results["serving"] = table
     # Greedy agreement with transformers float32 (token for token) at the largest concurrency.
@@ -834,9 +851,8 @@ def print_tables(results: dict) -> None:
                     f"{s} {row[s]['tokens_per_s']:8.1f} tok/s (ttft p50 {row[s]['ttft_ms']['p50']:7.1f} ms,"
                     f" itl p50 {row[s]['itl_ms']['p50']:6.2f} ms)"
                 )
-        for k in ("helios_over_transformers", "helios_over_naive"):
-            if k in row:
-                parts.append(f"{k} {row[k]['median']:.2f}x")
+        for k in [k for k in row if "_over_" in k]:
+            parts.append(f"{k} {row[k]['median']:.2f}x")
         print(" | ".join(parts))
     for row in results.get("decode_vs_matmul", []):
         print(

@@ -143,6 +143,8 @@ def engine_catalog(subset: str) -> tuple[Catalog, dict]:
         max_model_len=config.max_model_len - draft,
         draft_storage=draft,
         initialize_requests=True,
+        snapshot_rows=config.snapshot_rows,  # checkpoint retention, as runtime.scheduling builds it
+        checkpoints=config.snapshot_rows > 0,
     )
     return dataclasses.replace(full, graphs=tuple(g for g in graphs if SUBSETS[subset](g))), kwargs
 

@@ -17,18 +17,17 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import numpy as np
 
 from helios_jax.catalog import Allocation, DecodeMode, GraphDescriptor, GraphKind
 from helios_jax.scheduler import utility
-from helios_jax.scheduler.policy.multistep import k_step_lanes, view_steps
+from helios_jax.scheduler.policy.follower_rows import DecoderRows
 from helios_jax.scheduler.policy.selection import Selection
-from helios_jax.scheduler.policy.tables import DecoderTable, padded_prefixes
+from helios_jax.scheduler.policy.tables import DecoderTable
 from helios_jax.scheduler.rounds import prefix_allocation_order
-from helios_jax.scheduler.speculation import expected_output_table
 from helios_jax.scheduler.view import Lane, LaneRole, Phase, RequestView
 
 
@@ -67,12 +66,13 @@ class FollowerCohort(NamedTuple):
 
 @dataclasses.dataclass(frozen=True)
 class Population:
-    """One population shape of a following graph: contributions and lanes of its row groups."""
+    """One population shape of a following graph: contributions and lanes of its row groups
+    (a lane is built only for a row a cohort takes: ``follower_rows``)."""
 
     new_values: np.ndarray  # f64[k]: rows the prerequisite makes ready
-    new_lanes: list[Lane]
+    new_lane: Callable[[int], Lane]  # the lane of newly ready row i
     ready_values: np.ndarray  # f64[j]: rows already ready
-    ready_lanes: list[Lane]
+    ready_lane: Callable[[int], Lane]
     room: int  # following-graph rows left for newly ready and ready rows
     fixed: list[Lane] = dataclasses.field(default_factory=list)  # a chosen prompt row
     fixed_new: bool = False  # the fixed prompt row is itself enabled by the prerequisite
@@ -81,13 +81,20 @@ class Population:
     def fixed_value(self) -> float:
         return float(sum(lane.value for lane in self.fixed))
 
-    @functools.cached_property
-    def new_best_first(self) -> list[Lane]:
-        return [self.new_lanes[i] for i in np.argsort(-self.new_values, kind="stable")]
+    def best_new(self, count: int) -> list[Lane]:
+        """The `count` most valuable newly ready rows' lanes, best first."""
+        return [self.new_lane(int(i)) for i in self._new_order[:count]]
+
+    def best_ready(self, count: int) -> list[Lane]:
+        return [self.ready_lane(int(i)) for i in self._ready_order[:count]]
 
     @functools.cached_property
-    def ready_best_first(self) -> list[Lane]:
-        return [self.ready_lanes[i] for i in np.argsort(-self.ready_values, kind="stable")]
+    def _new_order(self) -> np.ndarray:
+        return np.argsort(-self.new_values, kind="stable")
+
+    @functools.cached_property
+    def _ready_order(self) -> np.ndarray:
+        return np.argsort(-self.ready_values, kind="stable")
 
     @functools.cached_property
     def new_prefix(self) -> np.ndarray:
@@ -107,11 +114,13 @@ class Population:
         fixed: Sequence[Lane] = (),
         fixed_new: bool = False,
     ) -> Population:
+        """From (value, lane) pairs of each group."""
+        new_lanes, ready_lanes = [x[1] for x in new], [x[1] for x in ready]
         return cls(
             np.array([x[0] for x in new], dtype=np.float64),
-            [x[1] for x in new],
+            new_lanes.__getitem__,
             np.array([x[0] for x in ready], dtype=np.float64),
-            [x[1] for x in ready],
+            ready_lanes.__getitem__,
             room,
             list(fixed),
             fixed_new,
@@ -131,27 +140,6 @@ def following_graphs(sel: Selection, enables: Phase) -> list[GraphDescriptor]:
 
 def is_ragged(g: GraphDescriptor) -> bool:
     return g.kind is GraphKind.SPECULATIVE and g.token_capacity > 1 and not g.is_rectangular
-
-
-def new_decoder(sel: Selection, v: RequestView, g2: GraphDescriptor, until_ms: float) -> tuple[float, Lane]:
-    """A newly ready decoder's lane in the following graph, with an individual reference.
-
-    A multistage blocked stream's reference interval is its own future-delivery time, the
-    length of the sequence that delivers to it.
-    """
-    decision = sel.decision
-    output_price = float(decision.scaled(v.log_output_price))
-    delivery_price = float(decision.scaled(v.log_delivery_price))
-    age = decision.decode_age * until_ms * (v.age_ms + until_ms)
-    if g2.steps > 1:  # K-step: min(K, limits) certain tokens, one delivery
-        steps = view_steps(v, g2.steps)
-        value = output_price * steps + delivery_price + age
-        return value, Lane(v.rid, v.slot, LaneRole.DECODE, ceiling=steps, expected_tokens=steps, value=value)
-    survival = padded_prefixes([v.survival], sel.prepared.max_depth)
-    w = int(max(1, min(v.row_limit, g2.token_capacity, g2.proposal_depth + 1)))
-    expected = float(expected_output_table(survival, w, decision.alpha)[0, w])
-    value = output_price * expected + delivery_price + age
-    return value, Lane(v.rid, v.slot, LaneRole.DECODE, query_length=w, expected_tokens=expected, value=value)
 
 
 def prompt_value(sel: Selection, v: RequestView, capacity: int, scored: bool = False) -> float:
@@ -179,7 +167,11 @@ def prompt_lane(sel: Selection, v: RequestView, capacity: int, scored: bool = Fa
 
 
 def populations(
-    sel: Selection, g2: GraphDescriptor, new_views: list[RequestView], u: float
+    sel: Selection,
+    g2: GraphDescriptor,
+    new_views: list[RequestView],
+    u: float,
+    rows: DecoderRows | None = None,
 ) -> list[Population]:
     """Every legal population shape of the following graph for one fixed pair of shapes.
 
@@ -187,41 +179,25 @@ def populations(
     take newly enabled and already ready prompts. A mixed follower's prompt row is absent,
     already ready, or enabled by the prerequisite (then it is itself the newly ready row and
     holds one prerequisite row); each case leaves an exact capacity problem for the decode
-    rows.
+    rows. `rows`: `DecoderRows(sel, g2, new_views)`, which a caller may keep for every pair
+    with this follower.
     """
     if g2.kind.is_prefill:
         return [prefill_population(sel, g2, new_views)]
-    decoders, prompts = sel.decoders, sel.prompts
+    rows = DecoderRows(sel, g2, new_views) if rows is None else rows
+    (new_values, new_lane), (ready_values, ready_lane) = rows.new(u), rows.ready(u)
     b2 = g2.batch_capacity
-    new_dec = [
-        new_decoder(sel, v, g2, u)
-        for v in new_views
-        if v.enables is Phase.DECODE and not (g2.steps > 1 and v.host_mask)  # no K-step lane
-    ]
-    ready_dec: list[tuple[float, Lane]] = []
-    if decoders.count and g2.steps > 1:
-        ready_dec = k_step_lanes(decoders, g2.steps, u)
-    elif decoders.count:
-        table = decoders.table(g2.token_capacity, g2.proposal_depth)
-        ready_dec = list(
-            zip(
-                (table.values + decoders.age_value_per_ms * u).tolist(),
-                decoders.lanes(range(decoders.count), table.widths, u),
-            )
-        )
-    shapes = [Population.of(new_dec, ready_dec, b2)]
+    shapes = [Population(new_values, new_lane, ready_values, ready_lane, b2)]
     if g2.kind is GraphKind.MIXED:
-        cap = g2.prefill_capacity
+        prompts, cap = sel.prompts, g2.prefill_capacity
         for i in range(prompts.count):
             if prompts.work(cap)[i] > 0 and not prompts.needs_scores[i]:
-                shapes.append(Population.of(new_dec, ready_dec, b2 - 1, fixed=[prompts.lane(i, cap)]))
+                fixed = [prompts.lane(i, cap)]
+                shapes.append(Population(new_values, new_lane, ready_values, ready_lane, b2 - 1, fixed))
         for v in new_views:
             if v.enables is Phase.PREFILL and prompt_value(sel, v, cap) > 0:
-                shapes.append(
-                    Population.of(
-                        new_dec, ready_dec, b2 - 1, fixed=[prompt_lane(sel, v, cap)], fixed_new=True
-                    )
-                )
+                fixed = [prompt_lane(sel, v, cap)]
+                shapes.append(Population(new_values, new_lane, ready_values, ready_lane, b2 - 1, fixed, True))
     return shapes
 
 
@@ -255,8 +231,8 @@ def population_cohort(pair: Pair, pop: Population) -> FollowerCohort | None:
     )
     if res is None:
         return None
-    new_lanes = pop.new_best_first[: res.new_count]
-    ready_lanes = pop.ready_best_first[: res.ready_count]
+    new_lanes = pop.best_new(res.new_count)
+    ready_lanes = pop.best_ready(res.ready_count)
     enabled = {lane.rid for lane in new_lanes} | (
         {lane.rid for lane in pop.fixed} if pop.fixed_new else set()
     )

@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from helios_jax.catalog import GraphDescriptor, GraphKind
+from helios_jax.scheduler.policy.follower_rows import DecoderRows
 from helios_jax.scheduler.policy.following import (
     FollowerCohort,
     Pair,
@@ -39,7 +40,7 @@ def prerequisite_candidates(sel: Selection) -> list[ScoredCandidate]:
         return []
     found = []
     groups: dict = {}  # prerequisite kind -> (its blocked group, their single-stage rows)
-    prefill_populations: dict = {}  # (kind, prefill follower) -> its population: no g1 in it
+    followers: dict = {}  # (kind, enables, follower) -> what of its rows does not depend on g1
     for g1 in sel.prepared.prerequisites:
         if g1.kind not in groups:
             group = [v for v in sel.blocked if v.prerequisites[0] is g1.kind]
@@ -47,7 +48,7 @@ def prerequisite_candidates(sel: Selection) -> list[ScoredCandidate]:
         group, singles = groups[g1.kind]
         if not group:
             continue
-        found.extend(_sequence_candidates(sel, g1, group, singles, prefill_populations))
+        found.extend(_sequence_candidates(sel, g1, group, singles, followers))
         candidate = _continuation_candidate(sel, g1, group)
         if candidate is not None:
             found.append(candidate)
@@ -59,12 +60,13 @@ def _sequence_candidates(
     g1: GraphDescriptor,
     group: list[RequestView],
     singles: list[RequestView],
-    prefill_populations: dict,
+    followers: dict,
 ) -> list[ScoredCandidate]:
     """Every (g1, following shape) pair's best joint cohort, as two-stage sequence candidates.
 
     A prefill follower's population depends on the rows g1's kind enables and not on g1's
-    shape or timing: it is built once per kind (`prefill_populations`) for every g1 of it."""
+    shape or timing, a decode-like follower's rows on g1 only through the sequence's length
+    (``follower_rows``): each is built once per kind (`followers`) for every g1 of it."""
     found: list[ScoredCandidate] = []
     terminals = sel.terminals if g1.kind is GraphKind.SNAPSHOT else []
     terminal_ages = np.array([v.terminal_age_ms for v in terminals])
@@ -74,17 +76,18 @@ def _sequence_candidates(
             continue
         for g2 in following_graphs(sel, enables):
             pair = _pair(sel, g1, g2, group, terminals, terminal_ages)
+            key = (g1.kind, enables, g2.key)
             if is_ragged(g2):
                 cohorts = [ragged_cohort(sel, pair, new_views)]
             elif g2.kind.is_prefill:
-                key = (g1.kind, g2.key)
-                if key not in prefill_populations:
-                    prefill_populations[key] = prefill_population(sel, g2, new_views)
-                cohorts = [population_cohort(pair, prefill_populations[key])]
+                if key not in followers:
+                    followers[key] = prefill_population(sel, g2, new_views)
+                cohorts = [population_cohort(pair, followers[key])]
             else:
-                cohorts = [
-                    population_cohort(pair, pop) for pop in populations(sel, g2, new_views, pair.total_ms)
-                ]
+                if key not in followers:
+                    followers[key] = DecoderRows(sel, g2, new_views)
+                shapes = populations(sel, g2, new_views, pair.total_ms, followers[key])
+                cohorts = [population_cohort(pair, pop) for pop in shapes]
             found.extend(_sequence_candidate(sel, pair, c) for c in cohorts if c is not None)
     return found
 
