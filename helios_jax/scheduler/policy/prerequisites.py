@@ -75,17 +75,23 @@ def _sequence_candidates(
         if not new_views:
             continue
         for g2 in following_graphs(sel, enables):
-            pair = _pair(sel, g1, g2, group, terminals, terminal_ages)
             key = (g1.kind, enables, g2.key)
             if is_ragged(g2):
+                pair = _pair(sel, g1, g2, group, terminals, terminal_ages)
                 cohorts = [ragged_cohort(sel, pair, new_views)]
             elif g2.kind.is_prefill:
                 if key not in followers:
                     followers[key] = prefill_population(sel, g2, new_views)
+                if not len(followers[key].new_values):  # no row it enables is worth a chunk here
+                    continue
+                pair = _pair(sel, g1, g2, group, terminals, terminal_ages)
                 cohorts = [population_cohort(pair, followers[key])]
             else:
                 if key not in followers:
                     followers[key] = DecoderRows(sel, g2, new_views)
+                if not followers[key].views and g2.kind is not GraphKind.MIXED:  # none it enables
+                    continue
+                pair = _pair(sel, g1, g2, group, terminals, terminal_ages)
                 shapes = populations(sel, g2, new_views, pair.total_ms, followers[key])
                 cohorts = [population_cohort(pair, pop) for pop in shapes]
             found.extend(_sequence_candidate(sel, pair, c) for c in cohorts if c is not None)
