@@ -30,7 +30,7 @@ from helios_jax.scheduler.policy.following import (
     ragged_cohort,
 )
 from helios_jax.scheduler.policy.ranking import ScoredCandidate
-from helios_jax.scheduler.policy.selection import Selection, free_prerequisite_rows
+from helios_jax.scheduler.policy.selection import Selection, free_prerequisite_rows, free_prerequisite_views
 from helios_jax.scheduler.view import Candidate, Lane, LaneRole, Phase, RequestView
 
 
@@ -120,24 +120,35 @@ def _pair(
 
 def _sequence_candidate(sel: Selection, pair: Pair, cohort: FollowerCohort) -> ScoredCandidate:
     """The prerequisite's lanes (the rows it enables, the best terminal rows, then free rows)
-    and the two-stage score over U = T + F."""
+    and the two-stage score over U = T + F. Its lanes are built with the candidate (`build`);
+    the dominance signature reads their work, which the rows give without them."""
     g1, g2, decision = pair.prerequisite, pair.following, sel.decision
     terminals, values = pair.terminals, pair.terminal_values
-    first = [Lane(v.rid, v.slot, LaneRole.PREREQUISITE) for v in pair.group if v.rid in cohort.enabled]
-    first += [
-        Lane(terminals[i].rid, terminals[i].slot, LaneRole.TERMINAL, value=float(values[i]))
-        for i in np.argsort(-values, kind="stable")[: cohort.terminal_count]
-    ]
-    first += free_prerequisite_rows(pair.group, g1.batch_capacity - len(first), cohort.enabled)
+    enabled = [v for v in pair.group if v.rid in cohort.enabled]
+    finished = np.argsort(-values, kind="stable")[: cohort.terminal_count] if cohort.terminal_count else ()
+    free = free_prerequisite_views(
+        pair.group, g1.batch_capacity - len(enabled) - len(finished), cohort.enabled
+    )
     follow_lanes = tuple(cohort.lanes)
     value = cohort.value
     score = value if pair.unknown else decision.sequence_rate(value, pair.total_ms)
+    prerequisite, terminal = LaneRole.PREREQUISITE.value, LaneRole.TERMINAL.value
+    first_work = [(v.rid, prerequisite, 0, 0, 0) for v in enabled + free]  # Lane.work, no lane
+    first_work += [(terminals[i].rid, terminal, 0, 0, 0) for i in finished]
     signature = (
         g1.kind,
-        tuple(sorted(lane.work for lane in first)),
+        tuple(sorted(first_work)),
         g2.key,
         tuple(sorted(lane.work for lane in follow_lanes)),
     )
+
+    def first() -> tuple[Lane, ...]:
+        lanes = [Lane(v.rid, v.slot, LaneRole.PREREQUISITE) for v in enabled]
+        lanes += [
+            Lane(terminals[i].rid, terminals[i].slot, LaneRole.TERMINAL, value=float(values[i]))
+            for i in finished
+        ]
+        return tuple(lanes + [Lane(v.rid, v.slot, LaneRole.PREREQUISITE, value=0.0) for v in free])
 
     def build() -> Candidate:
         following = Candidate(
@@ -150,7 +161,7 @@ def _sequence_candidate(sel: Selection, pair: Pair, cohort: FollowerCohort) -> S
         )
         return Candidate(
             graph=g1,
-            lanes=tuple(first),
+            lanes=first(),
             duration_ms=pair.prerequisite_ms,
             score=float(score),
             useful_value=float(value),

@@ -180,12 +180,22 @@ def _same(views: Sequence[RequestView], others: Sequence[RequestView]) -> bool:
 
 def free_prerequisite_rows(views: Iterable[RequestView], room: int, taken: Iterable[int]) -> list[Lane]:
     """Unused prerequisite capacity advances further rows at no extra physical cost."""
+    return [
+        Lane(v.rid, v.slot, LaneRole.PREREQUISITE, value=0.0)
+        for v in free_prerequisite_views(views, room, taken)
+    ]
+
+
+def free_prerequisite_views(
+    views: Iterable[RequestView], room: int, taken: Iterable[int]
+) -> list[RequestView]:
+    """The rows :func:`free_prerequisite_rows` advances: the first `room` not `taken`."""
     taken = set(taken)
     out = []
     for v in views:
         if room <= 0:
             break
         if v.rid not in taken:
-            out.append(Lane(v.rid, v.slot, LaneRole.PREREQUISITE, value=0.0))
+            out.append(v)
             room -= 1
     return out
