@@ -90,8 +90,10 @@ def projected_histories(inp: PricingInputs) -> tuple[Histories, dict[int, int | 
                 projected.add(h.rid)
             hist = histories[h.rid]
             tokens, deliveries = f.expected_service.get(h.rid, (0.0, 0.0))
-            known = resident_rates(inp.requests, histories)
-            prior = missing_rate(inp.requests[h.rid], f.committed_ns, f.normalizers, known, inp.policy)
+            prior = 0.0  # read by update_token_history only when it starts a missing history
+            if hist.log_x is None and tokens > 0:
+                known = resident_rates(inp.requests, histories)
+                prior = missing_rate(inp.requests[h.rid], f.committed_ns, f.normalizers, known, inp.policy)
             service.update_token_history(hist, tokens, dt, inp.policy, prior)
             hist.log_z = service.delivery_update(hist.log_z, deliveries, dt, inp.policy)
             if deliveries:

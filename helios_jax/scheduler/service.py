@@ -128,7 +128,7 @@ class ServiceHistory:
     log_z: float | None = None  # deliveries per ms
 
     def copy(self) -> ServiceHistory:
-        return dataclasses.replace(self)
+        return ServiceHistory(self.log_x, self.log_z)
 
 
 def missing_log_token_rate(

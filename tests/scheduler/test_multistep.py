@@ -247,3 +247,30 @@ def test_a_decoder_with_a_host_token_mask_is_never_a_k_step_lane():
     s = Scheduler(cat, kv_pages=64, page_size=16)
     masked, plain = s.admit([1, 2, 3], max_output=6, host_mask=True), s.admit([4, 5], max_output=6)
     assert {v.rid: v.host_mask for v in s.views()} == {masked.rid: True, plain.rid: False}
+
+
+def test_dominated_steps_are_kept_per_prepared_catalog():
+    """multistep.dominated_steps keeps each K-step program's table per prepared catalog: the same
+    program has other dominators, so another table, in a catalog without the larger single-step
+    programs, and each table equals the largest K' among the dominators holding c lanes."""
+    from helios_jax.scheduler.policy import multistep
+    from helios_jax.scheduler.policy.prepared import PreparedGraphs
+
+    full = with_decode_steps(ORDINARY, (4, K), 0.5)
+    catalogs = [
+        PreparedGraphs(c.eligible(DecodeMode.ORDINARY)) for c in (full, _largest_single_step(full, 4))
+    ]
+    tables = []
+    for prepared in catalogs:
+        for g in (g for g in prepared.generation if g.steps > 1):
+            got = multistep.dominated_steps(prepared, g)
+            doms = prepared.dominators[g]
+            want = [
+                max((h.steps for h in doms if h.batch_capacity >= c), default=0)
+                for c in range(1, 1 + g.batch_capacity)
+            ]
+            assert got.tolist() == want and multistep.dominated_steps(prepared, g) is got
+        tables.append(
+            {g: multistep.dominated_steps(prepared, g).tolist() for g in prepared.generation if g.steps > 1}
+        )
+    assert any(tables[0][g] != kappa for g, kappa in tables[1].items())

@@ -216,6 +216,61 @@ def test_views_subtract_each_requests_own_queued_advance():
     assert checked
 
 
+def _every_participants_projection(inp) -> dict:
+    """projected_histories' token and delivery rates, computing every participant's missing rate."""
+    from helios_jax.scheduler import pricing
+
+    histories = {rid: r.history.copy() for rid, r in inp.requests.items()}
+    for f in inp.frames:
+        for h in f.participants:
+            hist, dt = histories[h.rid], f.plan.expected_duration_ms
+            tokens, deliveries = f.expected_service.get(h.rid, (0.0, 0.0))
+            known = service.resident_rates(inp.requests, histories)
+            req = inp.requests[h.rid]
+            prior = service.missing_rate(req, f.committed_ns, f.normalizers, known, inp.policy)
+            service.update_token_history(hist, tokens, dt, inp.policy, prior)
+            hist.log_z = service.delivery_update(hist.log_z, deliveries, dt, inp.policy)
+    assert pricing.projected_histories(inp)[0].keys() == histories.keys()
+    return {rid: (h.log_x, h.log_z) for rid, h in histories.items()}
+
+
+def _projection_checked(s) -> int:
+    """Checks the scheduler's projection against :func:`_every_participants_projection`; returns
+    how many missing histories it starts."""
+    from helios_jax.scheduler import pricing
+
+    pools, norm = s.population.acceptance_pools, s._normalizers()
+    inp = pricing.PricingInputs(s.requests, tuple(s.frames), s.policy, norm, pools, s.max_model_len)
+    got = {rid: (h.log_x, h.log_z) for rid, h in pricing.projected_histories(inp)[0].items()}
+    assert got == _every_participants_projection(inp)
+    return sum(s.requests[rid].history.log_x is None and x is not None for rid, (x, _) in got.items())
+
+
+def test_projected_histories_read_missing_rates_only_where_they_start_a_history():
+    """pricing.projected_histories computes a participant's missing rate only where a queued
+    frame's expected service starts its missing history (a finishing prompt's first token:
+    update_token_history's only read of it); the projection equals computing it for every
+    participant, with one frame in flight (which starts histories) and with several."""
+    from .test_core import records, scheduler, timing
+
+    s = scheduler(SPEC, mode=DecodeMode.ADAPTIVE)
+    for n in (8, 60, 200, 8):
+        s.admit([1] * n, max_output=300)
+    started, now = 0, 0
+    for fence in range(1, 12):  # one frame at a time: the prompts finish, histories start
+        plan = s.plan()
+        s.commit(plan, fence)
+        started += _projection_checked(s)
+        now += int((plan.expected_duration_ms or 1.0) * service.NS_PER_MS)
+        s.advance_to(now)
+        s.complete(fence, records(plan, 1), timing(plan.expected_duration_ms or 1.0))
+    while (plan := s.plan()) is not None and not (plan.needs_empty_window and s.frames) and fence < 16:
+        fence += 1
+        s.commit(plan, fence)
+        _projection_checked(s)
+    assert started and len(s.frames) >= 2
+
+
 def test_a_probe_selection_sharing_the_ordinary_tables_equals_a_fresh_one():
     """learning.probe builds its selection with the ordinary one as `base` (shared decision,
     prompt table and survival-free decoder arrays); it equals a selection built from nothing,

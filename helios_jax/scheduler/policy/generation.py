@@ -15,7 +15,7 @@ import numpy as np
 
 from helios_jax.catalog import Allocation, DecodeMode, GraphDescriptor
 from helios_jax.scheduler import utility
-from helios_jax.scheduler.policy.multistep import multistep_candidate
+from helios_jax.scheduler.policy.multistep import KStepRanking, multistep_candidate
 from helios_jax.scheduler.policy.prepared import Route
 from helios_jax.scheduler.policy.ranking import ScoredCandidate
 from helios_jax.scheduler.policy.selection import Selection
@@ -39,9 +39,10 @@ def generation_candidates(sel: Selection, defer: Deferred | None = None) -> list
         return []
     found: list[ScoredCandidate] = []
     table = sel.decoders.table
+    ranked = KStepRanking(sel.decoders)  # K-step lanes by K, shared by the programs of one K
     for g, route, width, depth in sel.prepared.generation_routes:
         if route is Route.MULTISTEP:
-            found.extend(c for c in [multistep_candidate(sel, g)] if c is not None)
+            found.extend(c for c in [multistep_candidate(sel, g, ranked(g.steps))] if c is not None)
             continue
         if route is not Route.RAGGED:
             found.append(_unconstrained_candidate(sel, g, table(width, depth), route is Route.DEVICE_WIDE))

@@ -17,9 +17,13 @@ the mask holds for one step only, and K-step programs take none.
 
 from __future__ import annotations
 
+import weakref
+from typing import NamedTuple
+
 import numpy as np
 
 from helios_jax.catalog import GraphDescriptor
+from helios_jax.scheduler.policy.prepared import PreparedGraphs
 from helios_jax.scheduler.policy.ranking import ScoredCandidate
 from helios_jax.scheduler.policy.selection import Selection
 from helios_jax.scheduler.policy.tables import DecoderTable
@@ -35,9 +39,36 @@ def view_steps(v: RequestView, steps: int) -> int:
     return int(max(1, limit))
 
 
-def lane_steps(decoders: DecoderTable, steps: int) -> np.ndarray:
-    """i64[n]: each decoder's `view_steps` on a K-step program."""
-    return np.array([view_steps(v, steps) for v in decoders.views], dtype=np.int64)
+class StepLimits(NamedTuple):
+    """What K-step lanes read of the decoders, whatever K: read from the views once per
+    decision and shared by its K-step programs (:func:`step_limits`)."""
+
+    limit: np.ndarray  # i64[n]: min(output left, context left, width limit)
+    eligible: np.ndarray  # bool[n]: no host token mask (a K-step program may hold the lane)
+
+    def steps(self, steps: int) -> np.ndarray:
+        """i64[n]: each decoder's :func:`view_steps` on a program of `steps` steps."""
+        return np.maximum(np.minimum(self.limit, steps), 1)
+
+
+_UNLIMITED = np.iinfo(np.int64).max  # no width limit
+
+
+def step_limits(decoders: DecoderTable) -> StepLimits:
+    """The decoders' :class:`StepLimits`: one pass over their views."""
+    rows = [
+        (
+            min(v.output_remaining, v.context_remaining),
+            _UNLIMITED if v.width_limit is None else v.width_limit,
+            not v.host_mask,
+        )
+        for v in decoders.views
+    ]
+    if not rows:
+        return StepLimits(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool))
+    left, width, eligible = zip(*rows)
+    limit = np.minimum(np.array(left, dtype=np.int64), np.array(width, dtype=np.int64))
+    return StepLimits(limit, np.array(eligible, dtype=bool))
 
 
 def _lanes(decoders: DecoderTable, idx, steps: np.ndarray, values: np.ndarray) -> list[Lane]:
@@ -55,63 +86,141 @@ def _lanes(decoders: DecoderTable, idx, steps: np.ndarray, values: np.ndarray) -
     ]
 
 
-def k_step_eligible(decoders: DecoderTable) -> np.ndarray:
-    """bool[n]: decoders a K-step program may hold (those without a host token mask)."""
-    return np.array([not v.host_mask for v in decoders.views], dtype=bool)
-
-
 def k_step_lanes(decoders: DecoderTable, steps: int, until_ms: float) -> list[tuple[float, Lane]]:
     """(value, lane) of every eligible decoder on a K-step program that completes `until_ms` from
     now: its steps' tokens, one delivery and its age term (a prerequisite's follower)."""
-    counts = lane_steps(decoders, steps)
+    limits = step_limits(decoders)
+    counts = limits.steps(steps)
     values = decoders.output_price * counts + decoders.delivery_value + decoders.age_value_per_ms * until_ms
-    idx = np.flatnonzero(k_step_eligible(decoders))
+    idx = np.flatnonzero(limits.eligible)
     return [(float(values[i]), lane) for i, lane in zip(idx, _lanes(decoders, idx, counts, values))]
 
 
-def multistep_candidate(sel: Selection, g: GraphDescriptor) -> ScoredCandidate | None:
+class RankedLanes(NamedTuple):
+    """The eligible decoders' lanes on K-step programs of one K, best first: shared by those
+    programs whatever their batch capacity (:func:`ranked_lanes`)."""
+
+    steps: np.ndarray  # i64[n]: each decoder's steps
+    values: np.ndarray  # f64[n]: each decoder's lane value at T = 0
+    order: np.ndarray  # i64[m]: the eligible decoders, best first
+    reach: np.ndarray  # i64[m]: the most steps among the first i + 1 of `order`
+    ranked: np.ndarray  # f64[m]: `values` along `order`
+    prefix: np.ndarray  # f64[m]: the first i + 1 of `ranked`, summed one after another
+    head: np.ndarray  # f64[m]: the first i of `ranked`, summed one after another (0.0 for none)
+
+
+def ranked_lanes(decoders: DecoderTable, steps: int, limits: StepLimits) -> RankedLanes:
+    """The decoders' :class:`RankedLanes` on programs of `steps` steps. Ties rank the less
+    recently used request first, then the lower slot, as for every generation table."""
+    counts = limits.steps(steps)
+    values = decoders.output_price * counts + decoders.delivery_value
+    order = np.lexsort((decoders.slots, decoders.last_selected_ns, -values))
+    order = order[limits.eligible[order]]
+    ranked = values[order]
+    prefix = np.cumsum(ranked)
+    head = np.concatenate(([0.0], prefix[:-1]))
+    return RankedLanes(counts, values, order, np.maximum.accumulate(counts[order]), ranked, prefix, head)
+
+
+class KStepRanking:
+    """One decision's :func:`ranked_lanes` by K, each built when first asked for."""
+
+    def __init__(self, decoders: DecoderTable):
+        self.decoders = decoders
+        self._limits: StepLimits | None = None
+        self._by_steps: dict[int, RankedLanes] = {}
+
+    def __call__(self, steps: int) -> RankedLanes:
+        hit = self._by_steps.get(steps)
+        if hit is None:
+            if self._limits is None:
+                self._limits = step_limits(self.decoders)
+            hit = self._by_steps[steps] = ranked_lanes(self.decoders, steps, self._limits)
+        return hit
+
+
+def multistep_candidate(
+    sel: Selection, g: GraphDescriptor, ranked: RankedLanes | None = None
+) -> ScoredCandidate | None:
     """The best non-dominated cohort of a K-step decode program (None: every cohort is).
 
-    Lanes are ranked by value (ties: the less recently used request, then the lower slot, as
-    for every generation table). A cohort is dominated when a prepared decode program with
-    capacities all at most this one's (one smaller) does the same work: it holds the cohort
-    (B' >= size) and gives every lane the same steps (each lane's steps at most its K'). So a
-    cohort of size c survives only with a lane of more steps than the largest K' among the
-    dominators holding c lanes: the best such cohort is the top c, or the top c - 1 plus the
-    best lane with more steps. The best over every size is exact (``reference/cohorts.py``).
+    Lanes are ranked by value (:func:`ranked_lanes`). A cohort is dominated when a prepared
+    decode program with capacities all at most this one's (one smaller) does the same work: it
+    holds the cohort (B' >= size) and gives every lane the same steps (each lane's steps at most
+    its K'). So a cohort of size c survives only with a lane of more steps than the largest K'
+    among the dominators holding c lanes: the best such cohort is the top c, or the top c - 1
+    plus the best lane with more steps. The best over every size is exact
+    (``reference/cohorts.py``). `ranked`: the decoders' lanes on `g`'s K, when the caller has
+    them (it shares them between the programs of one K).
     """
     decoders = sel.decoders
-    steps = lane_steps(decoders, g.steps)
-    values = decoders.output_price * steps + decoders.delivery_value
-    order = np.lexsort((decoders.slots, decoders.last_selected_ns, -values))
-    order = order[k_step_eligible(decoders)[order]]
+    if ranked is None:
+        ranked = ranked_lanes(decoders, g.steps, step_limits(decoders))
+    size = min(g.batch_capacity, ranked.order.size)
+    if size == 0:
+        return None
     t = sel.duration(g) or 0.0
     per_ms = decoders.age_value_per_ms
-    best: tuple[float, np.ndarray] | None = None
-    for c in range(1, min(g.batch_capacity, order.size) + 1):
-        idx = _cohort(order, steps, c, sel.prepared.dominators[g])
-        if idx is not None:
-            total = float(np.cumsum(values[idx])[-1])
-            if best is None or total + c * per_ms * t >= best[0] + best[1].size * per_ms * t:
-                best = (total, idx)
-    if best is None:
+    found = _best_cohort(ranked, dominated_steps(sel.prepared, g)[:size], per_ms, t)
+    if found is None:
         return None
-    total, idx = best
+    total, idx = found
 
     def lanes() -> list[Lane]:
-        return _lanes(decoders, idx, steps, values + per_ms * t)
+        return _lanes(decoders, idx, ranked.steps, ranked.values + per_ms * t)
 
     # Dominance is settled here, per cohort: the candidate joins no dominance group.
     return sel.score(g, total, idx.size * per_ms, None, lanes)
 
 
-def _cohort(order: np.ndarray, steps: np.ndarray, c: int, dominators) -> np.ndarray | None:
-    """The best cohort of size c that no dominator does the same work for (None: none)."""
-    kappa = max((h.steps for h in dominators if h.batch_capacity >= c), default=0)
-    more = steps[order] > kappa  # lanes some dominator holding c lanes would run shorter
-    if more[:c].any():
-        return order[:c]
-    rest = np.flatnonzero(more[c:])
-    if rest.size == 0:
+# Per prepared catalog (dropped with it), each K-step program's :func:`dominated_steps`: fixed
+# by the catalog's dominance relation, which is fixed when it is prepared.
+_DOMINATED: weakref.WeakKeyDictionary[PreparedGraphs, dict[GraphDescriptor, np.ndarray]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def dominated_steps(prepared: PreparedGraphs, g: GraphDescriptor) -> np.ndarray:
+    """i64[B]: for cohorts of c = 1..B lanes of `g`, the most steps any dominator of `g` holding
+    c lanes runs (0: none holds them); a cohort whose lanes all take at most that many is
+    dominated. Computed once per prepared catalog and program (read-only)."""
+    table = _DOMINATED.get(prepared)
+    if table is None:
+        table = _DOMINATED[prepared] = {}
+    kappa = table.get(g)
+    if kappa is None:
+        kappa = np.zeros(g.batch_capacity, dtype=np.int64)
+        for h in prepared.dominators[g]:
+            held = kappa[: h.batch_capacity]  # cohorts of c <= B' lanes
+            np.maximum(held, h.steps, out=held)
+        kappa.setflags(write=False)
+        table[g] = kappa
+    return kappa
+
+
+def _best_cohort(
+    ranked: RankedLanes, kappa: np.ndarray, per_ms: float, t: float
+) -> tuple[float, np.ndarray] | None:
+    """The best non-dominated cohort over sizes c = 1..len(kappa), all sizes at once: (its value,
+    its decoders), or None when every size is dominated.
+
+    With f the first ranked lane of more steps than `kappa[c - 1]`, a cohort of c is the top c
+    when f is among them, else the top c - 1 plus lane f (none: size c is dominated). Its value
+    is summed lane after lane in that order; the score adds c * per_ms * t and, of equal scores,
+    the largest size wins."""
+    n, sizes = ranked.order.size, np.arange(1, kappa.size + 1)
+    first = np.searchsorted(ranked.reach, kappa, side="right")  # [size]: f (n: no such lane)
+    legal = first < n
+    if not legal.any():
         return None
-    return np.concatenate([order[: c - 1], order[[c + int(rest[0])]]])
+    top = first < sizes
+    extra = ranked.ranked[np.minimum(first, n - 1)]  # lane f's value
+    # The top c - 1, then lane f; a lone lane f is its own value (0.0 + v is not -0.0).
+    swapped = np.where(sizes == 1, extra, ranked.head[: kappa.size] + extra)
+    totals = np.where(top, ranked.prefix[: kappa.size], swapped)
+    scores = totals + sizes * per_ms * t
+    best = int(np.flatnonzero(legal & (scores == scores[legal].max()))[-1])
+    c = best + 1
+    order = ranked.order
+    idx = order[:c] if top[best] else np.append(order[: c - 1], order[first[best]])
+    return float(totals[best]), idx
