@@ -45,6 +45,22 @@ SCHEDULER_POLICIES = ("balanced", "throughput")
 # stream (docs/benchmarks-engine.md).
 MULTI_STEP_DEFAULT = (1, 4, 8)
 
+# Prompt rows B of the prefill programs prepared when --prefill_batch is unset: every power of
+# four up to --concurrency. On the embedded model on a 2-core CPU, 16 simultaneous prompts ran at
+# 1.07-1.20x the output tokens/s of one-row prefill (median of five interleaved repeats; TTFT
+# from one initialize and four prefill[B=4] frames instead of sixteen of each;
+# docs/benchmarks-engine.md). The selector runs them only where their measured duration pays.
+PREFILL_BATCH_BASE = 4
+
+
+def default_prefill_batch(concurrency: int) -> tuple[int, ...]:
+    """The --prefill_batch an unset flag gives: 1, 4, 16, ... up to `concurrency`."""
+    rows = [1]
+    while rows[-1] * PREFILL_BATCH_BASE <= concurrency:
+        rows.append(rows[-1] * PREFILL_BATCH_BASE)
+    return tuple(rows)
+
+
 # Where an unset --mixed_prefill prepares mixed prefill/verification programs: (platform as
 # `jax.default_backend()` names it, resolved speculation mode) -> the measured choice. On a CPU,
 # `prepare --measure` shows every mixed program slower than the prefill and generation programs it
@@ -131,7 +147,8 @@ class EngineOptions:
         ``--speculation=off`` (the selector then picks K by value per time; the programs add
         compile time) and ``(1,)`` otherwise.
       prefill_batch: row counts B of the plain prefill programs (powers of two); ``(1,)``: one
-        prompt per prefill.
+        prompt per prefill; ``None`` (the flag unset): `default_prefill_batch`, 1, 4, 16, ... up
+        to the concurrency.
       proposal_source: "learned", "copy" or "both" (`EngineConfig.proposal_source`); ``None``:
         learned with an MTP head, copy without one.
       tensor_parallel: devices each program is sharded over (`EngineConfig.tensor_parallel`);
@@ -156,7 +173,7 @@ class EngineOptions:
     scheduler_terminal_age_price: float | None = None
     mtp_adaptive_verification_alpha: float | None = None
     decode_steps: tuple[int, ...] = (1,)
-    prefill_batch: tuple[int, ...] = (1,)
+    prefill_batch: tuple[int, ...] | None = None
     proposal_source: str | None = None
     tensor_parallel: int = 1
 
@@ -181,7 +198,8 @@ class EngineOptions:
             _check_int("decode_steps", k, 1)
         if self.decode_steps != (1,) and self.speculation != "off":
             _fail("decode_steps", "multi-step decode programs need --speculation=off")
-        object.__setattr__(self, "prefill_batch", tuple(self.prefill_batch))
+        rows = default_prefill_batch(self.concurrency) if self.prefill_batch is None else self.prefill_batch
+        object.__setattr__(self, "prefill_batch", tuple(rows))
         for b in self.prefill_batch:
             _check_int("prefill_batch", b, 1)
         _check_int("speculative_token_capacity", self.speculative_token_capacity, 0)
@@ -260,7 +278,7 @@ class EngineOptions:
         fields["decode_steps"] = _flag_int_list("decode_steps", f.decode_steps) or (
             MULTI_STEP_DEFAULT if fields.get("speculation") == "off" else (1,)
         )
-        fields["prefill_batch"] = _flag_int_list("prefill_batch", f.prefill_batch) or (1,)
+        fields["prefill_batch"] = _flag_int_list("prefill_batch", f.prefill_batch)
         return cls(**fields)
 
     # -- the configs built from the options -----------------------------------------------------
@@ -372,8 +390,9 @@ def _define_program_shape_flags(fv: flags.FlagValues) -> None:
     )
     flags.DEFINE_list(
         "prefill_batch",
-        ["1"],
-        "Prompt rows B of the prefill programs, e.g. 1,4,16 (powers of two; 1: one prompt per prefill).",
+        None,
+        "Prompt rows B of the prefill programs, e.g. 1,4,16 (powers of two; 1: one prompt per prefill); "
+        "unset: 1, 4, 16, ... up to --concurrency.",
         flag_values=fv,
     )
 

@@ -78,7 +78,12 @@ flags.DEFINE_list(
     ["1", "4", "8"],
     "step counts K of helios' decode programs (the engine's default without speculation)",
 )
-flags.DEFINE_list("prefill_batch", ["1"], "prompt rows B of helios' prefill programs (1: one prompt each)")
+flags.DEFINE_list(
+    "prefill_batch",
+    None,
+    "prompt rows B of helios' prefill programs (1: one prompt each); unset: the server's default "
+    "at the largest concurrency (1, 4, 16, ...: engine_options.default_prefill_batch)",
+)
 flags.DEFINE_list(
     "alt_prefill_batch",
     [],
@@ -353,6 +358,7 @@ def run_naive(decoder: NaiveDecoder, prompts, new_tokens):
 
 def build_helios(model, dtype: str, tokenizer, slots: int, prefill_batch=None):
     from helios_jax.engine_config import EngineConfig
+    from helios_jax.engine_options import default_prefill_batch
     from helios_jax.runtime.engine import HeliosEngine
     from helios_jax.runtime.tokenizer import HFTokenizer
 
@@ -365,7 +371,9 @@ def build_helios(model, dtype: str, tokenizer, slots: int, prefill_batch=None):
         max_model_len=FLAGS.max_model_len,
         dtype=dtype,
         decode_steps=tuple(int(k) for k in FLAGS.decode_steps),
-        prefill_batch=tuple(int(b) for b in (prefill_batch or FLAGS.prefill_batch)),
+        prefill_batch=tuple(
+            int(b) for b in (prefill_batch or FLAGS.prefill_batch or default_prefill_batch(slots))
+        ),
     )
     t = time.perf_counter()
     engine = HeliosEngine(

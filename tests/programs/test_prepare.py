@@ -102,6 +102,7 @@ def test_flags_mirror_the_engine_config():
         max_model_len=4096,
         speculation="fixed",
         page_size=16,
+        prefill_batch=(1, 4, 16),  # unset: 1, 4, 16 up to the concurrency
     )
     fv.unparse_flags()
     fv(["prepare", "--speculation=off"])

@@ -162,6 +162,16 @@ def test_unset_decode_steps_prepare_multi_step_programs_only_without_speculation
     assert config.decode_steps == (1, 4, 8)
 
 
+def test_unset_prefill_batch_prepares_powers_of_four_up_to_the_concurrency():
+    assert parse().engine_options.prefill_batch == (1, 4)  # --concurrency=4
+    assert parse("--concurrency=2").engine_options.prefill_batch == (1,)
+    assert parse("--concurrency=16").engine_options.prefill_batch == (1, 4, 16)
+    assert parse("--concurrency=64").engine_options.prefill_batch == (1, 4, 16, 64)
+    assert parse("--concurrency=16", "--prefill_batch=1").engine_options.prefill_batch == (1,)
+    config = parse("--concurrency=16", "--max_model_len=512").engine_options.engine_config()
+    assert config.prefill_batch == (1, 4, 16)
+
+
 def test_mixed_prefill_flag_unset_is_none_and_explicit_values_pass_through():
     assert parse().engine_options.mixed_prefill is None
     assert parse("--mixed_prefill").engine_options.mixed_prefill is True
