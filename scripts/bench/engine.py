@@ -84,6 +84,13 @@ flags.DEFINE_list(
     "prompt rows B of helios' prefill programs (1: one prompt each); unset: the server's default "
     "at the largest concurrency (1, 4, 16, ...: engine_options.default_prefill_batch)",
 )
+flags.DEFINE_enum(
+    "readers",
+    "loop",
+    ["loop", "threads"],
+    "how helios' streams are read: all on one asyncio loop with the server's next_event (as the "
+    "HTTP server reads them), or a thread per stream",
+)
 flags.DEFINE_list(
     "alt_prefill_batch",
     [],
@@ -218,28 +225,36 @@ class RunResult:
 
 
 def run_helios(engine, prompts, new_tokens) -> tuple[float, int, list, list, list]:
+    """Submit every prompt at once and read the streams (`--readers`: a thread each, or all on
+    one asyncio loop with the server's `next_event`, as the HTTP server reads them)."""
     from helios_jax.runtime.api import GenerationRequest, SamplingParams
 
     n = len(prompts)
     firsts, gaps, outs = [None] * n, [[] for _ in range(n)], [None] * n
+
+    def record(i, event, submitted, state):  # state: [tokens, time of the last token event]
+        now = time.perf_counter()
+        if event.token_ids:
+            if state[1] is None:
+                firsts[i] = (now - submitted) * 1e3
+            else:
+                per = (now - state[1]) * 1e3 / len(event.token_ids)
+                gaps[i].extend([per] * len(event.token_ids))
+            state[1] = now
+            state[0].extend(event.token_ids)
+        if event.finish_reason == "error":
+            raise RuntimeError(event.error)
+
+    if FLAGS.readers == "loop":
+        return _helios_on_one_loop(engine, prompts, new_tokens, record, (firsts, gaps, outs))
     barrier = threading.Barrier(n + 1)
 
     def consume(i, stream, submitted):
         barrier.wait()
-        tokens, last = [], None
+        state = [[], None]
         for event in stream:
-            now = time.perf_counter()
-            if event.token_ids:
-                if last is None:
-                    firsts[i] = (now - submitted) * 1e3
-                else:
-                    per = (now - last) * 1e3 / len(event.token_ids)
-                    gaps[i].extend([per] * len(event.token_ids))
-                last = now
-                tokens.extend(event.token_ids)
-            if event.finish_reason == "error":
-                raise RuntimeError(event.error)
-        outs[i] = tokens
+            record(i, event, submitted, state)
+        outs[i] = state[0]
 
     threads = []
     start = time.perf_counter()
@@ -257,6 +272,44 @@ def run_helios(engine, prompts, new_tokens) -> tuple[float, int, list, list, lis
     for t in threads:
         t.join()
     wall = time.perf_counter() - start
+    return wall, sum(len(o) for o in outs), firsts, [g for gs in gaps for g in gs], outs
+
+
+def _helios_on_one_loop(engine, prompts, new_tokens, record, results):
+    import asyncio
+
+    from helios_jax.runtime.api import GenerationRequest, SamplingParams
+    from helios_jax.serve.generation import next_event
+
+    firsts, gaps, outs = results
+
+    async def read(i, stream, submitted):
+        state = [[], None]
+        while True:
+            event = await next_event(stream)
+            record(i, event, submitted, state)
+            if event.finish_reason is not None:
+                break
+        outs[i] = state[0]
+
+    start = 0.0
+
+    async def serve():
+        nonlocal start
+        start = time.perf_counter()  # the loop's start-up is not the engine's time
+        readers = []
+        for i, p in enumerate(prompts):
+            req = GenerationRequest(
+                f"bench-{time.perf_counter_ns()}-{i}",
+                tuple(p),
+                SamplingParams(max_tokens=new_tokens, temperature=0.0),
+            )
+            stream = engine.submit(req)
+            readers.append(read(i, stream, time.perf_counter()))
+        await asyncio.gather(*readers)
+        return time.perf_counter() - start
+
+    wall = asyncio.run(serve())
     return wall, sum(len(o) for o in outs), firsts, [g for gs in gaps for g in gs], outs
 
 
