@@ -227,7 +227,6 @@ class RunResult:
 def run_helios(engine, prompts, new_tokens) -> tuple[float, int, list, list, list]:
     """Submit every prompt at once and read the streams (`--readers`: a thread each, or all on
     one asyncio loop with the server's `next_event`, as the HTTP server reads them)."""
-    from helios_jax.runtime.api import GenerationRequest, SamplingParams
 
     n = len(prompts)
     firsts, gaps, outs = [None] * n, [[] for _ in range(n)], [None] * n
@@ -259,12 +258,7 @@ def run_helios(engine, prompts, new_tokens) -> tuple[float, int, list, list, lis
     threads = []
     start = time.perf_counter()
     for i, p in enumerate(prompts):
-        req = GenerationRequest(
-            f"bench-{time.perf_counter_ns()}-{i}",
-            tuple(p),
-            SamplingParams(max_tokens=new_tokens, temperature=0.0),
-        )
-        stream = engine.submit(req)
+        stream = engine.submit(_greedy_request(i, p, new_tokens))
         t = threading.Thread(target=consume, args=(i, stream, time.perf_counter()), daemon=True)
         t.start()
         threads.append(t)
@@ -275,10 +269,19 @@ def run_helios(engine, prompts, new_tokens) -> tuple[float, int, list, list, lis
     return wall, sum(len(o) for o in outs), firsts, [g for gs in gaps for g in gs], outs
 
 
+def _greedy_request(i: int, prompt, new_tokens: int):
+    from helios_jax.runtime.api import GenerationRequest, SamplingParams
+
+    return GenerationRequest(
+        f"bench-{time.perf_counter_ns()}-{i}",
+        tuple(prompt),
+        SamplingParams(max_tokens=new_tokens, temperature=0.0),
+    )
+
+
 def _helios_on_one_loop(engine, prompts, new_tokens, record, results):
     import asyncio
 
-    from helios_jax.runtime.api import GenerationRequest, SamplingParams
     from helios_jax.serve.generation import next_event
 
     firsts, gaps, outs = results
@@ -299,12 +302,7 @@ def _helios_on_one_loop(engine, prompts, new_tokens, record, results):
         start = time.perf_counter()  # the loop's start-up is not the engine's time
         readers = []
         for i, p in enumerate(prompts):
-            req = GenerationRequest(
-                f"bench-{time.perf_counter_ns()}-{i}",
-                tuple(p),
-                SamplingParams(max_tokens=new_tokens, temperature=0.0),
-            )
-            stream = engine.submit(req)
+            stream = engine.submit(_greedy_request(i, p, new_tokens))
             readers.append(read(i, stream, time.perf_counter()))
         await asyncio.gather(*readers)
         return time.perf_counter() - start
