@@ -132,10 +132,8 @@ def following_graphs(sel: Selection, enables: Phase) -> list[GraphDescriptor]:
     programs for an enabled prompt; every single-step generation program, ragged ones included,
     for an enabled decoder, or every K-step one where the catalog has no single-step program
     (RESOLUTIONS.md, 25: without one, a decoder's capture would have no follower and no value)."""
-    if enables is Phase.PREFILL:
-        return [g for g in sel.prepared.graphs if g.kind.is_prefill or g.kind is GraphKind.MIXED]
-    single = [g for g in sel.prepared.delivery if g.steps == 1]
-    return single or list(sel.prepared.delivery)
+    prepared = sel.prepared
+    return prepared.prompt_followers if enables is Phase.PREFILL else prepared.decode_followers
 
 
 def is_ragged(g: GraphDescriptor) -> bool:

@@ -85,6 +85,10 @@ class PreparedGraphs:
         self.snapshots = [g for g in self.graphs if g.kind is GraphKind.SNAPSHOT]
         self.prerequisites = [g for g in self.graphs if g.kind in PREREQUISITE_KINDS]
         self.delivery = [g for g in self.graphs if g.kind.is_generation]
+        # A prerequisite's followers (``following.following_graphs``): an enabled prompt's, and
+        # an enabled decoder's (single-step generation, or K-step where none is single-step).
+        self.prompt_followers = [g for g in self.graphs if g.kind.is_prefill or g.kind is GraphKind.MIXED]
+        self.decode_followers = [g for g in self.delivery if g.steps == 1] or list(self.delivery)
         self.dominators = {
             g: [h for h in self.graphs if h.kind is g.kind and dominates(h, g)] for g in self.graphs
         }
