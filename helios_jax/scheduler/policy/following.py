@@ -216,10 +216,11 @@ def prefill_population(sel: Selection, g2: GraphDescriptor, new_views: list[Requ
     )
 
 
-def population_cohort(pair: Pair, pop: Population) -> FollowerCohort | None:
-    """The exact joint cohort for one population shape (``utility.best_pair``)."""
+def population_choice(pair: Pair, pop: Population) -> utility.PairCohort | None:
+    """How many rows of each group the exact joint cohort for one population shape takes, and
+    their total (``utility.best_pair``); None when no cohort is feasible."""
     room1 = pair.prerequisite.batch_capacity - (1 if pop.fixed_new else 0)
-    res = utility.best_pair_of_prefixes(
+    return utility.best_pair_of_prefixes(
         pop.new_prefix,
         pop.ready_prefix,
         pair.terminal_prefix,
@@ -227,6 +228,13 @@ def population_cohort(pair: Pair, pop: Population) -> FollowerCohort | None:
         pop.room,
         min_new=0 if pop.fixed_new else 1,
     )
+
+
+def population_cohort(
+    pair: Pair, pop: Population, res: utility.PairCohort | None = None
+) -> FollowerCohort | None:
+    """The exact joint cohort for one population shape (`res`: its `population_choice`)."""
+    res = population_choice(pair, pop) if res is None else res
     if res is None:
         return None
     new_lanes = pop.best_new(res.new_count)

@@ -85,10 +85,7 @@ class PreparedGraphs:
         self.snapshots = [g for g in self.graphs if g.kind is GraphKind.SNAPSHOT]
         self.prerequisites = [g for g in self.graphs if g.kind in PREREQUISITE_KINDS]
         self.delivery = [g for g in self.graphs if g.kind.is_generation]
-        # A prerequisite's followers (``following.following_graphs``): an enabled prompt's, and
-        # an enabled decoder's (single-step generation, or K-step where none is single-step).
-        self.prompt_followers = [g for g in self.graphs if g.kind.is_prefill or g.kind is GraphKind.MIXED]
-        self.decode_followers = [g for g in self.delivery if g.steps == 1] or list(self.delivery)
+        self.prompt_followers, self.decode_followers = self._followers()
         self.dominators = {
             g: [h for h in self.graphs if h.kind is g.kind and dominates(h, g)] for g in self.graphs
         }
@@ -186,6 +183,12 @@ class PreparedGraphs:
                 g for g in self.graphs if g.kind is GraphKind.SPECULATIVE and g.proposal_depth > 0
             )
         return self._drafted
+
+    def _followers(self) -> tuple[list[GraphDescriptor], list[GraphDescriptor]]:
+        """A prerequisite's followers (``following.following_graphs``): an enabled prompt's, and
+        an enabled decoder's (single-step generation, or K-step where none is single-step)."""
+        prompt = [g for g in self.graphs if g.kind.is_prefill or g.kind is GraphKind.MIXED]
+        return prompt, [g for g in self.delivery if g.steps == 1] or list(self.delivery)
 
     def _mixed_decode_only(self) -> set[int]:
         """A decode-only population on a mixed shape is the same work on every prompt capacity of

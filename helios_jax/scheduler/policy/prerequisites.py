@@ -14,15 +14,22 @@ Unused prerequisite capacity advances further blocked rows at no extra physical 
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
+from typing import NamedTuple
+
 import numpy as np
 
 from helios_jax.catalog import GraphDescriptor, GraphKind
+from helios_jax.scheduler import utility
 from helios_jax.scheduler.policy.follower_rows import DecoderRows
 from helios_jax.scheduler.policy.following import (
     FollowerCohort,
     Pair,
+    Population,
     following_graphs,
     is_ragged,
+    population_choice,
     population_cohort,
     populations,
     prefill_population,
@@ -31,14 +38,35 @@ from helios_jax.scheduler.policy.following import (
 )
 from helios_jax.scheduler.policy.ranking import ScoredCandidate
 from helios_jax.scheduler.policy.selection import Selection, free_prerequisite_rows, free_prerequisite_views
+from helios_jax.scheduler.utility import PairCohort
 from helios_jax.scheduler.view import Candidate, Lane, LaneRole, Phase, RequestView
+
+
+class Sequence(NamedTuple):
+    """A two-stage sequence candidate, scored; its row (lanes, dominance signature) built on
+    demand. `key`: (prerequisite kind, enabled phase, following program), the sequences whose
+    rows may share a dominance signature."""
+
+    key: tuple
+    prerequisite: GraphDescriptor
+    score: float
+    determinate: bool
+    row: Callable[[], ScoredCandidate]
+
+
+Entry = ScoredCandidate | Sequence  # a prerequisite family's row, or one still to build
 
 
 def prerequisite_candidates(sel: Selection) -> list[ScoredCandidate]:
     """Each prerequisite program's two-stage sequences and continuation candidate."""
+    return [e.row() if isinstance(e, Sequence) else e for e in prerequisite_entries(sel)]
+
+
+def prerequisite_entries(sel: Selection) -> list[Entry]:
+    """:func:`prerequisite_candidates`, with the sequences' rows not yet built."""
     if not sel.blocked:
         return []
-    found = []
+    found: list[Entry] = []
     groups: dict = {}  # prerequisite kind -> (its blocked group, their single-stage rows)
     followers: dict = {}  # (kind, enables, follower) -> what of its rows does not depend on g1
     for g1 in sel.prepared.prerequisites:
@@ -55,19 +83,56 @@ def prerequisite_candidates(sel: Selection) -> list[ScoredCandidate]:
     return found
 
 
+def bounded_entries(
+    sel: Selection, entries: list[Entry], floor: float | None, fresh: bool
+) -> list[ScoredCandidate]:
+    """The rows of `entries` that could matter against `floor` (None: every row), in order.
+
+    A sequence whose score is below the floor by more than four times the tie tolerance is
+    neither :func:`selector.select`'s choice nor in its tie set (the floor is at most the best
+    row's score), so its row is not built, unless it is indeterminate, or its prerequisite's
+    estimate is stale and `fresh` (a timing refresh reads stale rows whatever their score).
+    Dominance stays exact: a sequence's row can share a signature only with sequences of the
+    same key, so every sequence of that key whose prerequisite dominates a kept one's is kept
+    as well (the dominator relation holds every smaller shape: one pass closes it)."""
+    if floor is None:
+        return [e.row() if isinstance(e, Sequence) else e for e in entries]
+    keep = [
+        not isinstance(e, Sequence)
+        or not e.determinate
+        or (fresh and sel.is_stale(e.prerequisite))
+        or not _below(e.score, floor)
+        for e in entries
+    ]
+    dominators = sel.prepared.dominator_ids
+    kept = [e for e, k in zip(entries, keep) if k and isinstance(e, Sequence)]
+    for i, e in enumerate(entries):
+        if not keep[i] and isinstance(e, Sequence):
+            keep[i] = any(
+                k.key == e.key and id(e.prerequisite) in dominators[id(k.prerequisite)] for k in kept
+            )
+    return [(e.row() if isinstance(e, Sequence) else e) for e, k in zip(entries, keep) if k]
+
+
+def _below(score: float, floor: float) -> bool:
+    if math.isinf(floor):
+        return floor > 0  # an indeterminate row outranks every determinate one
+    return score < floor - 4.0 * utility.REL_TIE * max(1.0, abs(score), abs(floor))
+
+
 def _sequence_candidates(
     sel: Selection,
     g1: GraphDescriptor,
     group: list[RequestView],
     singles: list[RequestView],
     followers: dict,
-) -> list[ScoredCandidate]:
+) -> list[Entry]:
     """Every (g1, following shape) pair's best joint cohort, as two-stage sequence candidates.
 
     A prefill follower's population depends on the rows g1's kind enables and not on g1's
     shape or timing, a decode-like follower's rows on g1 only through the sequence's length
     (``follower_rows``): each is built once per kind (`followers`) for every g1 of it."""
-    found: list[ScoredCandidate] = []
+    found: list[Entry] = []
     terminals = sel.terminals if g1.kind is GraphKind.SNAPSHOT else []
     terminal_ages = np.array([v.terminal_age_ms for v in terminals])
     for enables in (Phase.DECODE, Phase.PREFILL):
@@ -78,14 +143,17 @@ def _sequence_candidates(
             key = (g1.kind, enables, g2.key)
             if is_ragged(g2):
                 pair = _pair(sel, g1, g2, group, terminals, terminal_ages)
-                cohorts = [ragged_cohort(sel, pair, new_views)]
-            elif g2.kind.is_prefill:
+                cohort = ragged_cohort(sel, pair, new_views)
+                if cohort is not None:
+                    found.append(_sequence_candidate(sel, pair, cohort))
+                continue
+            if g2.kind.is_prefill:
                 if key not in followers:
                     followers[key] = prefill_population(sel, g2, new_views)
                 if not len(followers[key].new_values):  # no row it enables is worth a chunk here
                     continue
                 pair = _pair(sel, g1, g2, group, terminals, terminal_ages)
-                cohorts = [population_cohort(pair, followers[key])]
+                shapes = [followers[key]]
             else:
                 if key not in followers:
                     followers[key] = DecoderRows(sel, g2, new_views)
@@ -93,9 +161,27 @@ def _sequence_candidates(
                     continue
                 pair = _pair(sel, g1, g2, group, terminals, terminal_ages)
                 shapes = populations(sel, g2, new_views, pair.total_ms, followers[key])
-                cohorts = [population_cohort(pair, pop) for pop in shapes]
-            found.extend(_sequence_candidate(sel, pair, c) for c in cohorts if c is not None)
+            found.extend(_scored_sequences(sel, key, pair, shapes))
     return found
+
+
+def _scored_sequences(sel: Selection, key: tuple, pair: Pair, shapes: list[Population]) -> list[Sequence]:
+    """Each population shape's joint cohort, scored as :func:`_sequence_candidate` scores it."""
+    out = []
+    for pop in shapes:
+        res = population_choice(pair, pop)
+        if res is None:
+            continue
+        value = res.total + pop.fixed_value  # the cohort's value (``population_cohort``)
+        score = value if pair.unknown else sel.decision.sequence_rate(value, pair.total_ms)
+
+        def row(pop: Population = pop, res: PairCohort = res) -> ScoredCandidate:
+            cohort = population_cohort(pair, pop, res)
+            assert cohort is not None
+            return _sequence_candidate(sel, pair, cohort)
+
+        out.append(Sequence(key, pair.prerequisite, float(score), pair.prerequisite_ms is not None, row))
+    return out
 
 
 def _pair(

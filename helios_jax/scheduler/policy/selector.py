@@ -19,7 +19,11 @@ from helios_jax.scheduler.policy.generation import (
 )
 from helios_jax.scheduler.policy.mixed import mixed_candidates, mixed_upper_rates
 from helios_jax.scheduler.policy.prefill import prefill_candidates
-from helios_jax.scheduler.policy.prerequisites import prerequisite_candidates
+from helios_jax.scheduler.policy.prerequisites import (
+    bounded_entries,
+    prerequisite_candidates,
+    prerequisite_entries,
+)
 from helios_jax.scheduler.policy.ranking import ScoredCandidate, best, prune_dominated
 from helios_jax.scheduler.policy.selection import Selection, SelectionInput
 from helios_jax.scheduler.policy.snapshots import terminal_candidates
@@ -73,9 +77,14 @@ def bounded_rows(
     programs dominate only mixed ones, so every other row's dominance is unchanged."""
     deferred: Deferred = []
     generation = generation_candidates(sel, deferred)
-    prompts, captures = _prompt_families(sel), _capture_families(sel)
+    prompts, terminals, sequences = _prompt_families(sel), terminal_candidates(sel), prerequisite_entries(sel)
     mixed_later = _mixed_boundable(sel, fresh)
     mixed = [] if mixed_later else mixed_candidates(sel)
+    others = generation + prompts + mixed + terminals
+    # The sequences' rows (prerequisites.bounded_entries) against the other rows' floor, which no
+    # sequence's row can lower: the rows of other families never share a signature with them.
+    floor = floor_of(prune_dominated(others, sel.prepared)) if sequences else None
+    captures = terminals + bounded_entries(sel, sequences, floor, fresh)
     rows = prune_dominated(generation + prompts + mixed + captures, sel.prepared)
     if not deferred and not mixed_later:
         return rows

@@ -1,0 +1,145 @@
+"""Cheap decisions (issue 14), sixth round: a prerequisite's two-stage sequences are scored
+before their rows are built, and `selection_rows` builds only those that could matter
+(``prerequisites.bounded_entries``). Each test fails when a sequence that matters is left out."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from helios_jax.catalog import DecodeMode, GraphKind
+from helios_jax.scheduler import policy, utility
+from helios_jax.scheduler.view import Phase, RequestView
+
+from .helpers import ORDINARY, SPEC, decoder, geometric, inputs, measured, prompt
+
+CATALOGS = {"spec": (SPEC, DecodeMode.ADAPTIVE), "ordinary": (ORDINARY, DecodeMode.ORDINARY)}
+KINDS = (GraphKind.INITIALIZE, GraphKind.SNAPSHOT, GraphKind.RESTORE)
+
+
+def _blocked(rid: int, rng: np.random.Generator) -> RequestView:
+    """A stream behind one or two prerequisites, enabling decode or a prompt."""
+    enables = Phase.DECODE if rng.random() < 0.5 else Phase.PREFILL
+    if enables is Phase.DECODE:
+        base = decoder(rid, x=float(rng.choice([0.5, 2.0])), age_ms=float(rng.uniform(0, 40)))
+    else:
+        base = prompt(rid, int(rng.choice([40, 700])))
+    chain = tuple(KINDS[i] for i in rng.permutation(len(KINDS))[: int(rng.choice([1, 1, 1, 2]))])
+    return dataclasses.replace(base, phase=Phase.BLOCKED, prerequisites=chain, enables=enables)
+
+
+def _population(rng: np.random.Generator) -> list[RequestView]:
+    """Ready decoders and prompts, blocked streams and terminal rows, in random numbers."""
+    views: list[RequestView] = []
+    for _ in range(int(rng.integers(0, 12))):
+        views.append(
+            decoder(
+                len(views),
+                x=float(rng.choice([0.5, 1.0, 2.0, 8.0])),
+                age_ms=float(rng.uniform(0.0, 60.0)),
+                survival=geometric(float(rng.uniform(0.2, 0.9))),
+            )
+        )
+    for _ in range(int(rng.integers(0, 3))):
+        views.append(prompt(len(views), int(rng.choice([40, 700]))))
+    for _ in range(int(rng.integers(1, 8))):
+        views.append(_blocked(len(views), rng))
+    for _ in range(int(rng.integers(0, 3))):
+        rid = len(views)
+        views.append(
+            RequestView(rid=rid, slot=rid, phase=Phase.TERMINAL, terminal_age_ms=float(rng.uniform(0, 20)))
+        )
+    return views
+
+
+def _key(r: policy.ScoredCandidate) -> tuple:
+    return (id(r.graph), r.score, r.duration_ms, r.signature)
+
+
+def _left_out(inp: policy.SelectionInput) -> list[policy.ScoredCandidate]:
+    """The sequences `selection_rows` leaves out of `scored`'s rows, after checking that the kept
+    rows are in `scored`'s order, that only rows below the best one are left out, and that
+    `select` chooses the same from both."""
+    _, rows = policy.selection_rows(inp)
+    full = policy.scored(inp, policy.Selection(inp))
+    kept = {_key(r) for r in rows}
+    assert [_key(r) for r in rows] == [k for k in map(_key, full) if k in kept]
+    left = [r for r in full if _key(r) not in kept]
+    top = max((r.score for r in full if not r.indeterminate), default=None)
+    for r in left:  # sequences, and the fifth round's mixed and adaptive ragged rows
+        assert r.graph.kind in (*KINDS, GraphKind.MIXED, GraphKind.SPECULATIVE), r.graph.name
+        assert not r.indeterminate and r.score < top and not utility.nearly_equal(r.score, top)
+    assert policy.select(inp, rows=rows) == policy.select(inp, rows=full)
+    return [r for r in left if r.graph.kind in KINDS]
+
+
+@pytest.mark.parametrize("name", sorted(CATALOGS))
+def test_selection_rows_leave_out_only_sequences_that_cannot_be_chosen(name):
+    catalog, mode = CATALOGS[name]
+    rng, left = np.random.default_rng(5), 0
+    for _ in range(60):
+        left += len(_left_out(inputs(_population(rng), catalog=catalog, mode=mode)))
+    assert left > 0  # the shortcut is taken
+
+
+def test_stale_prerequisites_keep_their_sequences():
+    """A stale prerequisite's sequence can be a timing-refresh alternative whatever its score."""
+    rng = np.random.default_rng(5)
+    stale_ns = 10 * 30_000_000_000  # every estimate past the freshness interval
+    for _ in range(30):
+        inp = inputs(_population(rng), catalog=ORDINARY, mode=DecodeMode.ORDINARY, now_ns=stale_ns)
+        inp = dataclasses.replace(inp, costs=measured(ORDINARY))
+        _, rows = policy.selection_rows(inp)
+        assert [_key(r) for r in rows] == [_key(r) for r in policy.scored(inp)]
+
+
+def test_a_sequence_that_dominates_a_kept_one_is_kept():
+    """Snapshot B=1 measured slow (50 ms), B=4 fast: one stream behind a window snapshot and
+    ready decoders. Both snapshots' sequences do the same work, so B=4's row is redundant padding
+    and dominance drops it, though B=1's scores far below the best row; leaving B=1's row out
+    would keep B=4's, which then wins where no padding may."""
+    costs = measured(ORDINARY)
+    snap1 = next(g for g in ORDINARY.graphs if g.kind is GraphKind.SNAPSHOT and g.batch_capacity == 1)
+    costs.observe(snap1.key, [50e6], 0)
+    views = [
+        dataclasses.replace(
+            decoder(0, x=0.5, age_ms=30.0),
+            phase=Phase.BLOCKED,
+            prerequisites=(GraphKind.SNAPSHOT,),
+            enables=Phase.DECODE,
+        )
+    ]
+    views += [decoder(i, x=8.0) for i in range(1, 4)]
+    inp = inputs(views, catalog=ORDINARY, mode=DecodeMode.ORDINARY, costs=costs)
+    full = policy.scored(inp)
+    snapshots = [r for r in full if r.graph.kind is GraphKind.SNAPSHOT]
+    assert snapshots and all(r.graph.batch_capacity == 1 for r in snapshots)  # B=4's are dominated
+    _left_out(inp)
+    _, rows = policy.selection_rows(inp)
+    assert not any(r.graph.kind is GraphKind.SNAPSHOT and r.graph.batch_capacity == 4 for r in rows)
+
+
+def test_an_unmeasured_prerequisite_keeps_its_sequences():
+    """Initialize never measured: its sequences are indeterminate, which outranks every measured
+    row whatever their scores, so they are never left out."""
+    cold = dataclasses.replace(
+        ORDINARY,
+        graphs=tuple(
+            dataclasses.replace(g, duration_ms=None) if g.kind is GraphKind.INITIALIZE else g
+            for g in ORDINARY.graphs
+        ),
+    )
+    views = [
+        dataclasses.replace(
+            prompt(0, 2, x=500.0),
+            phase=Phase.BLOCKED,
+            prerequisites=(GraphKind.INITIALIZE,),
+            enables=Phase.PREFILL,
+        )
+    ]
+    views += [decoder(i, x=0.05, age_ms=90.0) for i in range(1, 9)]
+    inp = inputs(views, catalog=ORDINARY, mode=DecodeMode.ORDINARY, costs=measured(cold))
+    _left_out(inp)
+    assert policy.select(inp, rows=policy.selection_rows(inp)[1]).graph.kind is GraphKind.INITIALIZE
