@@ -61,37 +61,45 @@ def test_a_mixed_followers_ready_prompt_row_is_one_that_consumes_tokens():
     assert all(1 in c.following.rids for c in mixed)
 
 
-@spec("prerequisites/age-reset-following", "useful-service/multistage-reference")
-def test_a_k_step_follower_takes_its_newly_ready_rows_for_k_certain_tokens():
+@spec(
+    "prerequisites/age-reset-following",
+    "prerequisites/following-ready",
+    "useful-service/multistage-reference",
+)
+def test_a_k_step_follower_takes_its_rows_for_k_certain_tokens():
     """A catalog whose decode programs all run K = 2 steps (no single step, no mixed), and a
-    RESTORE B=4. Newly ready after a restore, stream 1 rides each follower as a K-step lane: ceiling
-    min(K, limits) (2; stream 3 has one output token left: 1), no query rows, that many tokens
-    at its output price, one delivery and the age term over its own reference U (the reference's
-    prices). Stream 2's samples take a host token mask, which a K-step program cannot apply."""
+    RESTORE B=4. Newly ready after a restore, streams 1, 3, 4 and 5 ride each follower as K-step
+    lanes: ceiling min(K, limits) (2; 1 for stream 3 with one output token left, stream 4 with
+    one context position, stream 5 with a width limit of one), no query rows, that many tokens
+    at their output price, one delivery and the age term over their own reference U; the ready
+    decoder 6 the same with reference sigma (the reference's prices). Stream 2's samples take a
+    host token mask, which a K-step program cannot apply."""
     cat = k_step_only(with_decode_steps(ORDINARY, (2,), 0.5))
+    one = {3: dict(output_remaining=1), 4: dict(context_remaining=1), 5: dict(width_limit=1)}
     views = [
         blocked(1, [GraphKind.RESTORE], Phase.DECODE, slot=7, age_ms=12.0),
         blocked(2, [GraphKind.RESTORE], Phase.DECODE, host_mask=True),
-        blocked(3, [GraphKind.RESTORE], Phase.DECODE, output_remaining=1),
+        *(blocked(rid, [GraphKind.RESTORE], Phase.DECODE, x=8.0, **kw) for rid, kw in one.items()),
+        decoder(6, slot=9, age_ms=30.0),
     ]
     r4 = GraphDescriptor(GraphKind.RESTORE, 4, duration_ms=0.5)
     inp = with_graphs([r4], catalog=cat, mode=DecodeMode.ORDINARY, views=views, costs=measured(cat))
     obj = cohorts.Objective(views, inp.graphs, inp.costs, POLICY)
     found = _sequences(inp)
     assert found and all(c.following.graph.steps == 2 for c in found)
-    lanes = [lane for c in found for lane in c.following.lanes]
-    assert 2 not in {lane.rid for lane in lanes} and {1, 3} <= {lane.rid for lane in lanes}
+    assert {lane.rid for c in found for lane in c.following.lanes} == {1, 3, 4, 5, 6}
     for c in found:
         u = c.sequence_ms
         for lane in c.following.lanes:
             v = views[lane.rid - 1]
-            steps = 1 if lane.rid == 3 else 2
+            steps = 1 if lane.rid in one else 2
             assert (lane.slot, lane.ceiling, lane.query_length) == (v.slot, steps, 0)
             assert lane.expected_tokens == steps
+            ref = obj.sigma if lane.rid == 6 else u
             want = (
                 obj.price(v.log_output_price) * steps
                 + obj.price(v.log_delivery_price)
-                + obj.c * u * (v.age_ms + u)
+                + obj.c * ref * (v.age_ms + u)
             )
             assert lane.value == pytest.approx(want, rel=1e-9)
 
