@@ -124,3 +124,26 @@ def test_a_dominated_prerequisite_shape_offers_no_sequence_its_smaller_shape_car
     inp = with_graphs([r2], catalog=SPEC, mode=DecodeMode.ADAPTIVE, views=views, costs=measured(SPEC))
     found = _sequences(inp)
     assert found and {c.graph.batch_capacity for c in found} == {1}
+
+
+@spec("prerequisites/free-unused-capacity", "prerequisites/continuation-aggregate")
+def test_a_continuations_free_rows_are_their_requests_rows_worth_nothing():
+    """INITIALIZE B=4, the only initialization program, before one stream that initializes and
+    then restores (a continuation) and two that only initialize: the continuation's candidate
+    advances the two others in its unused rows, each in its own slot, as prerequisite lanes
+    worth nothing."""
+    init4 = GraphDescriptor(GraphKind.INITIALIZE, 4, duration_ms=0.2)
+    graphs = tuple(g for g in ORDINARY.eligible(DecodeMode.ORDINARY) if g.kind is not GraphKind.INITIALIZE)
+    costs = measured(ORDINARY)
+    costs.observe(init4.key, [0.2e6], 0)
+    views = [
+        blocked(1, [GraphKind.INITIALIZE, GraphKind.RESTORE], Phase.DECODE, slot=11),
+        blocked(2, [GraphKind.INITIALIZE], Phase.DECODE, slot=12),
+        blocked(3, [GraphKind.INITIALIZE], Phase.PREFILL, slot=13),
+    ]
+    inp = policy.SelectionInput(views, (*graphs, init4), costs, 0, POLICY, DecodeMode.ORDINARY)
+    (c,) = [c for c in policy.candidates(inp) if c.kind is GraphKind.INITIALIZE and c.following is None]
+    assert [(lane.rid, lane.slot, lane.role) for lane in c.lanes] == [
+        (rid, 10 + rid, LaneRole.PREREQUISITE) for rid in (1, 2, 3)
+    ]
+    assert c.lanes[0].value > 0 and [lane.value for lane in c.lanes[1:]] == [0.0, 0.0]
