@@ -434,7 +434,7 @@ def best_pair_of_prefixes(
     prereq_batch: int,
     follow_batch: int,
     *,
-    min_new: int = 1,
+    min_new: int,
 ) -> PairCohort | None:
     """:func:`best_pair` on the groups' :func:`descending_prefix` sums (newly ready, already
     ready, terminal), which a caller may keep for several pairs."""

@@ -107,6 +107,8 @@ def test_fixed_ragged_solver_is_exact(lanes, batch, rows):
 def test_pair_solver_is_exact(new, ready, terminal, b1, b2, min_new):
     got = utility.best_pair(np.array(new), np.array(ready), np.array(terminal), b1, b2, min_new=min_new)
     want = best_pair_naive(new, ready, terminal, b1, b2, min_new=min_new)
+    if min_new == 1:  # the default
+        assert utility.best_pair(np.array(new), np.array(ready), np.array(terminal), b1, b2) == got
     if want is None:
         assert got is None
     else:

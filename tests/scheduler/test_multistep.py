@@ -274,3 +274,22 @@ def test_dominated_steps_are_kept_per_prepared_catalog():
             {g: multistep.dominated_steps(prepared, g).tolist() for g in prepared.generation if g.steps > 1}
         )
     assert any(tables[0][g] != kappa for g, kappa in tables[1].items())
+
+
+@spec("useful-service/score-formula", "useful-service/unknown-optimistic")
+def test_an_unmeasured_k_step_program_without_an_age_price_still_offers_its_cohort():
+    """With the decode age price at zero and a K-step program not yet measured (its duration
+    taken as 0 for the comparison of cohort sizes), the program still offers its largest cohort:
+    the age term of that comparison is zero, never undefined."""
+    from helios_jax.scheduler.config import PolicyConfig
+
+    from .test_prerequisites import _costs_without
+
+    cat = with_decode_steps(ORDINARY, (4,), 0.5)
+    unmeasured = next(g for g in cat.graphs if g.steps == 4 and g.batch_capacity == 4)
+    costs = _costs_without(cat, lambda g: g is unmeasured)
+    config = PolicyConfig(decode_age_price=0.0)
+    views = [decoder(rid, policy_config=config) for rid in range(1, 4)]
+    inp = inputs(views, catalog=cat, mode="ordinary", costs=costs, policy_config=config)
+    (c,) = [c for c in policy.candidates(inp) if c.graph == unmeasured]
+    assert sorted(c.rids) == [1, 2, 3] and c.duration_ms is None

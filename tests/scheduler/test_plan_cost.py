@@ -10,6 +10,7 @@ import pytest
 from helios_jax.catalog import DecodeMode, GraphKind
 from helios_jax.scheduler import service
 from helios_jax.scheduler.core import Scheduler
+from helios_jax.scheduler.service import ServiceHistory
 
 from .helpers import SPEC, measured
 
@@ -216,13 +217,19 @@ def test_views_subtract_each_requests_own_queued_advance():
     assert checked
 
 
-def _every_participants_projection(inp) -> dict:
-    """projected_histories' token and delivery rates, computing every participant's missing rate."""
+def _every_participants_projection(inp) -> tuple[dict, dict]:
+    """projected_histories' token and delivery rates, computing every participant's missing rate
+    (each history copied field by field), and the end of each request's last queued delivery."""
     from helios_jax.scheduler import pricing
 
-    histories = {rid: r.history.copy() for rid, r in inp.requests.items()}
+    histories = {rid: ServiceHistory(r.history.log_x, r.history.log_z) for rid, r in inp.requests.items()}
+    delivered_at = {}
     for f in inp.frames:
+        if f.plan.expected_duration_ms is None:  # a frame of unknown length projects nothing
+            continue
         for h in f.participants:
+            if h.rid not in histories:  # released since dispatch
+                continue
             hist, dt = histories[h.rid], f.plan.expected_duration_ms
             tokens, deliveries = f.expected_service.get(h.rid, (0.0, 0.0))
             known = service.resident_rates(inp.requests, histories)
@@ -230,45 +237,85 @@ def _every_participants_projection(inp) -> dict:
             prior = service.missing_rate(req, f.committed_ns, f.normalizers, known, inp.policy)
             service.update_token_history(hist, tokens, dt, inp.policy, prior)
             hist.log_z = service.delivery_update(hist.log_z, deliveries, dt, inp.policy)
+            if deliveries:
+                delivered_at[h.rid] = f.expected_end_ns
     assert pricing.projected_histories(inp)[0].keys() == histories.keys()
-    return {rid: (h.log_x, h.log_z) for rid, h in histories.items()}
+    return {rid: (h.log_x, h.log_z) for rid, h in histories.items()}, delivered_at
 
 
-def _projection_checked(s) -> int:
+def _projection_checked(s) -> tuple[int, int]:
     """Checks the scheduler's projection against :func:`_every_participants_projection`; returns
-    how many missing histories it starts."""
+    how many missing histories it starts and how many published delivery rates it projects."""
     from helios_jax.scheduler import pricing
 
     pools, norm = s.population.acceptance_pools, s._normalizers()
     inp = pricing.PricingInputs(s.requests, tuple(s.frames), s.policy, norm, pools, s.max_model_len)
-    got = {rid: (h.log_x, h.log_z) for rid, h in pricing.projected_histories(inp)[0].items()}
-    assert got == _every_participants_projection(inp)
-    return sum(s.requests[rid].history.log_x is None and x is not None for rid, (x, _) in got.items())
+    projected, delivered_at = pricing.projected_histories(inp)
+    got = {rid: (h.log_x, h.log_z) for rid, h in projected.items()}
+    assert (got, delivered_at) == _every_participants_projection(inp)
+    started = sum(s.requests[rid].history.log_x is None and x is not None for rid, (x, _) in got.items())
+    rated = sum(z is not None and z != s.requests[rid].history.log_z for rid, (_, z) in got.items())
+    return started, rated
 
 
 def test_projected_histories_read_missing_rates_only_where_they_start_a_history():
     """pricing.projected_histories computes a participant's missing rate only where a queued
     frame's expected service starts its missing history (a finishing prompt's first token:
     update_token_history's only read of it); the projection equals computing it for every
-    participant, with one frame in flight (which starts histories) and with several."""
+    participant, with one frame in flight (which starts histories) and with several. Bursts are
+    published, so the projection also decays published delivery rates and records each queued
+    delivery's expected end."""
     from .test_core import records, scheduler, timing
 
     s = scheduler(SPEC, mode=DecodeMode.ADAPTIVE)
     for n in (8, 60, 200, 8):
         s.admit([1] * n, max_output=300)
-    started, now = 0, 0
+    started, rated, now = 0, 0, 0
     for fence in range(1, 12):  # one frame at a time: the prompts finish, histories start
         plan = s.plan()
         s.commit(plan, fence)
-        started += _projection_checked(s)
+        started += _projection_checked(s)[0]
         now += int((plan.expected_duration_ms or 1.0) * service.NS_PER_MS)
         s.advance_to(now)
-        s.complete(fence, records(plan, 1), timing(plan.expected_duration_ms or 1.0))
+        for burst in s.complete(fence, records(plan, 1), timing(plan.expected_duration_ms or 1.0)):
+            s.published_output(burst.handle, fence)
     while (plan := s.plan()) is not None and not (plan.needs_empty_window and s.frames) and fence < 16:
         fence += 1
         s.commit(plan, fence)
-        _projection_checked(s)
-    assert started and len(s.frames) >= 2
+        rated += _projection_checked(s)[1]
+    assert started and rated and len(s.frames) >= 2
+
+
+def test_a_projection_skips_frames_of_unknown_length_and_released_participants_only():
+    """With two frames in flight, the first made of unknown length and the second frame's first
+    participant released, projected_histories still projects every later frame and every later
+    participant (against :func:`_every_participants_projection`)."""
+    import dataclasses
+
+    from helios_jax.scheduler import pricing
+
+    from .test_core import run_once, scheduler
+
+    s = scheduler(SPEC, mode=DecodeMode.ADAPTIVE)
+    for n in (8, 60, 200, 8):
+        s.admit([1] * n, max_output=300)
+    t = 0.0
+    for fence in range(1, 12):
+        t = run_once(s, fence, t, accepted=1)[2]
+    while (plan := s.plan()) is not None and len(s.frames) < 2:
+        fence += 1
+        s.commit(plan, fence)
+    first, *rest = s.frames
+    assert len(rest) == 1 and len(rest[-1].participants) >= 2
+    unknown = dataclasses.replace(first, plan=dataclasses.replace(first.plan, expected_duration_ms=None))
+    released = rest[-1].participants[0].rid
+    requests = {rid: r for rid, r in s.requests.items() if rid != released}
+    pools, norm = s.population.acceptance_pools, s._normalizers()
+    inp = pricing.PricingInputs(requests, (unknown, *rest), s.policy, norm, pools, s.max_model_len)
+    projected, delivered_at = pricing.projected_histories(inp)
+    want = _every_participants_projection(inp)
+    assert ({rid: (h.log_x, h.log_z) for rid, h in projected.items()}, delivered_at) == want
+    assert want[1] and all(rid != released for rid in want[1])
 
 
 def test_a_probe_selection_sharing_the_ordinary_tables_equals_a_fresh_one():

@@ -583,22 +583,24 @@ def _sequence_oracle(obj, views, graphs, costs, mode):
     "mixed-execution/references-lookahead",
 )
 @pytest.mark.parametrize(
-    "catalog, mode, extra",
+    "catalog, mode, extra, config",
     [
-        (SPEC, DecodeMode.ADAPTIVE, ()),
-        (SPEC, DecodeMode.FIXED, ()),
-        (ORDINARY, DecodeMode.ORDINARY, ()),
-        (RAGGED, DecodeMode.ADAPTIVE, (RAGGED_W2,)),
-        (RAGGED, DecodeMode.FIXED, ()),
+        (SPEC, DecodeMode.ADAPTIVE, (), POLICY),
+        (SPEC, DecodeMode.FIXED, (), POLICY),
+        (ORDINARY, DecodeMode.ORDINARY, (), POLICY),
+        (RAGGED, DecodeMode.ADAPTIVE, (RAGGED_W2,), POLICY),
+        (RAGGED, DecodeMode.FIXED, (), POLICY),
+        (SPEC, DecodeMode.ADAPTIVE, (), dataclasses.replace(POLICY, adaptive_verification_alpha=2.0)),
     ],
-    ids=["speculative", "fixed", "ordinary", "ragged-adaptive", "ragged-fixed"],
+    ids=["speculative", "fixed", "ordinary", "ragged-adaptive", "ragged-fixed", "speculative-alpha2"],
 )
-def test_two_stage_sequences_match_enumeration(catalog, mode, extra):
+def test_two_stage_sequences_match_enumeration(catalog, mode, extra, config):
     """Random populations with blocked streams: every (prerequisite, following) pair the selector
     offers scores what exhaustive enumeration of the two cohorts finds (adaptive ragged
     followers: at most that), never more; its lanes carry the same values (the rows the
     prerequisite enables, the terminal rows it retires, free rows, then the following cohort)
-    and the plan keeps the prerequisite's own duration."""
+    and the plan keeps the prerequisite's own duration. The last case discounts survival by
+    alpha = 2, which every other case leaves at 1."""
     rng = np.random.default_rng(3)
     fixed_width = 4 if mode is DecodeMode.FIXED else None
     graphs = catalog.eligible(mode, fixed_width=fixed_width)
@@ -610,8 +612,8 @@ def test_two_stage_sequences_match_enumeration(catalog, mode, extra):
             if g.duration_ms is not None and rng.random() > 0.08:
                 costs.observe(g.key, [g.duration_ms * 1e6 * float(np.exp(rng.uniform(-0.1, 0.1)))], 0)
         views = _sequence_population(rng, max(g.proposal_depth for g in graphs))
-        inp = policy.SelectionInput(views, graphs, costs, 0, POLICY, mode)
-        obj = cohorts.Objective(views, graphs, costs, POLICY)
+        inp = policy.SelectionInput(views, graphs, costs, 0, config, mode)
+        obj = cohorts.Objective(views, graphs, costs, config)
         want = _sequence_oracle(obj, views, graphs, costs, mode)
         by_rid = {v.rid: v for v in views}
         got = {}
@@ -671,7 +673,11 @@ def test_two_stage_sequences_match_enumeration(catalog, mode, extra):
                         + obj.c * ref * (v.age_ms + u),
                         rel=1e-9,
                     )
-            useful = sum(lane.value for lane in c.lanes) + sum(lane.value for lane in c.following.lanes)
+            # the plan carries the follower as a candidate of the pair's scale and its lanes' value
+            assert c.following.log_scale == c.log_scale
+            follower_value = sum(lane.value for lane in c.following.lanes)
+            assert c.following.useful_value == pytest.approx(follower_value, rel=1e-9)
+            useful = sum(lane.value for lane in c.lanes) + follower_value
             assert c.useful_value == pytest.approx(useful, rel=1e-9)
             assert c.score == pytest.approx(
                 useful if unknown else useful / u - 0.5 * u * obj.waiting, rel=1e-9

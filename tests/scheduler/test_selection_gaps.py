@@ -106,3 +106,29 @@ def test_mixed_exploration_is_excluded_only_by_a_smaller_capacity_of_the_same_sh
         if c.prefill_row is not None
     }
     assert with_prompt == {(2, 64): (64, False, [1, 2]), (4, 128): (100, True, [1, 2, 3, 4])}
+
+
+@spec("speculative-coverage/prefix-limit-ceilings", "speculative-coverage/ceiling-bound")
+def test_a_rectangular_device_allocated_program_gives_each_lane_its_ceiling():
+    """A rectangular speculative program (P = B*W) whose rows the device allocates
+    (prefix_limit): no aggregate capacity binds, and each lane carries its width as the device's
+    ceiling (the reference's lane limit: 4, and 2 for a decoder with two output tokens left),
+    not host query rows."""
+    from helios_jax.catalog import Allocation
+
+    g = GraphDescriptor(
+        GraphKind.SPECULATIVE,
+        2,
+        token_capacity=4,
+        proposal_depth=3,
+        target_capacity=8,
+        allocation=Allocation.PREFIX_LIMIT,
+        duration_ms=4.0,
+    )
+    views = [decoder(1, survival=(0.9, 0.8, 0.7)), decoder(2, survival=(0.9, 0.8, 0.7), output_remaining=2)]
+    inp = with_graphs([g], catalog=RAGGED, views=views, mode=DecodeMode.ADAPTIVE)
+    (c,) = [c for c in policy.candidates(inp) if c.graph == g]
+    assert sorted((lane.rid, lane.ceiling, lane.query_length) for lane in c.lanes) == [
+        (v.rid, cohorts._lane_limit(v, g), 0) for v in views
+    ]
+    assert [cohorts._lane_limit(v, g) for v in views] == [4, 2]

@@ -16,7 +16,7 @@ from helios_jax.scheduler import policy
 from helios_jax.scheduler.view import LaneRole, Phase
 
 from .helpers import decoder
-from .test_prerequisites import blocked, with_graphs
+from .test_prerequisites import blocked, terminal, with_graphs
 
 spec = pytest.mark.spec
 
@@ -116,3 +116,27 @@ def test_continuation_rows_of_equal_value_follow_the_tie_order():
     )
     assert c.rids == _tie_order(rows, 8)
     assert all(lane.role is LaneRole.PREREQUISITE and lane.value > 0 for lane in c.lanes)
+
+
+@spec("duration-estimates/tie-order", "prerequisites/first-finishes-terminal")
+def test_terminal_rows_of_equal_value_retired_before_a_follower_follow_the_tie_order():
+    """One stream blocked behind a snapshot and 24 terminal rows: 5 at the highest value, 10 at
+    the middle, 9 at the lowest (terminal ages 40, 20, 5 ms). Snapshot B=8 followed by decode B=1
+    takes the stream and retires 7 terminal rows: the 5 oldest and 2 of the 10 tied middle ones,
+    which must be the least recently used (never selected first, then by rid), in that order."""
+    ages = dict(zip(LEVELS, (40.0, 20.0, 5.0)))
+    rows = _population((5, 10, 9), seed=7)
+    views = [terminal(rid, age_ms=ages[x], last_selected_ns=last) for rid, x, last in rows]
+    views.append(blocked(100, [GraphKind.SNAPSHOT], Phase.DECODE))
+    snapshot_b8 = GraphDescriptor(GraphKind.SNAPSHOT, 8, duration_ms=0.2)
+    inp = with_graphs([snapshot_b8], views=_shuffled(views, 8))
+    c = next(
+        c
+        for c in policy.candidates(inp)
+        if c.kind is GraphKind.SNAPSHOT
+        and c.graph.batch_capacity == 8
+        and c.following is not None
+        and c.following.graph.name == "decode[B=1,W=1,D=0,C=0,P=1]"
+    )
+    assert c.following.rids == (100,)
+    assert tuple(lane.rid for lane in c.lanes if lane.role is LaneRole.TERMINAL) == _tie_order(rows, 7)

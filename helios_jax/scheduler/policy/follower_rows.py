@@ -51,11 +51,11 @@ class DecoderRows:
                 float(expected_output_table(padded_prefixes([v.survival], depth), w, decision.alpha)[0, w])
                 for v, w in zip(self.views, self.rows)
             ]
-        # output price x tokens + delivery price: each lane's value before its age term
+        # output price x expected tokens + delivery price: each lane's value before its age term
         self.base = np.array(
             [
                 float(decision.scaled(v.log_output_price)) * x + float(decision.scaled(v.log_delivery_price))
-                for v, x in zip(self.views, self.rows if g2.steps > 1 else self.expected)
+                for v, x in zip(self.views, self.expected)
             ],
             dtype=np.float64,
         )

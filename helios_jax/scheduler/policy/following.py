@@ -110,11 +110,8 @@ class Population:
         new: Sequence[tuple[float, Lane]],
         ready: Sequence[tuple[float, Lane]],
         room: int,
-        *,
-        fixed: Sequence[Lane] = (),
-        fixed_new: bool = False,
     ) -> Population:
-        """From (value, lane) pairs of each group."""
+        """From (value, lane) pairs of each group, with no fixed row."""
         new_lanes, ready_lanes = [x[1] for x in new], [x[1] for x in ready]
         return cls(
             np.array([x[0] for x in new], dtype=np.float64),
@@ -122,8 +119,6 @@ class Population:
             np.array([x[0] for x in ready], dtype=np.float64),
             ready_lanes.__getitem__,
             room,
-            list(fixed),
-            fixed_new,
         )
 
 
@@ -165,24 +160,17 @@ def prompt_lane(sel: Selection, v: RequestView, capacity: int, scored: bool = Fa
 
 
 def populations(
-    sel: Selection,
-    g2: GraphDescriptor,
-    new_views: list[RequestView],
-    u: float,
-    rows: DecoderRows | None = None,
+    sel: Selection, g2: GraphDescriptor, new_views: list[RequestView], u: float, rows: DecoderRows
 ) -> list[Population]:
-    """Every legal population shape of the following graph for one fixed pair of shapes.
+    """Every legal population shape of a decode-like following graph for one fixed pair of
+    shapes (a prefill follower has one: :func:`prefill_population`).
 
-    Decode-like followers take newly ready and already ready decoders; prefill followers
-    take newly enabled and already ready prompts. A mixed follower's prompt row is absent,
-    already ready, or enabled by the prerequisite (then it is itself the newly ready row and
-    holds one prerequisite row); each case leaves an exact capacity problem for the decode
-    rows. `rows`: `DecoderRows(sel, g2, new_views)`, which a caller may keep for every pair
-    with this follower.
+    Decode-like followers take newly ready and already ready decoders. A mixed follower's
+    prompt row is absent, already ready, or enabled by the prerequisite (then it is itself the
+    newly ready row and holds one prerequisite row); each case leaves an exact capacity problem
+    for the decode rows. `rows`: `DecoderRows(sel, g2, new_views)`, which the caller keeps for
+    every pair with this follower.
     """
-    if g2.kind.is_prefill:
-        return [prefill_population(sel, g2, new_views)]
-    rows = DecoderRows(sel, g2, new_views) if rows is None else rows
     (new_values, new_lane), (ready_values, ready_lane) = rows.new(u), rows.ready(u)
     b2 = g2.batch_capacity
     shapes = [Population(new_values, new_lane, ready_values, ready_lane, b2)]

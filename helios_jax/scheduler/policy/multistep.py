@@ -55,20 +55,11 @@ _UNLIMITED = np.iinfo(np.int64).max  # no width limit
 
 
 def step_limits(decoders: DecoderTable) -> StepLimits:
-    """The decoders' :class:`StepLimits`: one pass over their views."""
-    rows = [
-        (
-            min(v.output_remaining, v.context_remaining),
-            _UNLIMITED if v.width_limit is None else v.width_limit,
-            not v.host_mask,
-        )
-        for v in decoders.views
-    ]
-    if not rows:
-        return StepLimits(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool))
-    left, width, eligible = zip(*rows)
-    limit = np.minimum(np.array(left, dtype=np.int64), np.array(width, dtype=np.int64))
-    return StepLimits(limit, np.array(eligible, dtype=bool))
+    """The decoders' :class:`StepLimits`, read from their views once per decision."""
+    views, n = decoders.views, decoders.count
+    left = np.fromiter((min(v.output_remaining, v.context_remaining) for v in views), np.int64, n)
+    width = np.fromiter((_UNLIMITED if v.width_limit is None else v.width_limit for v in views), np.int64, n)
+    return StepLimits(np.minimum(left, width), np.fromiter((not v.host_mask for v in views), bool, n))
 
 
 def _lanes(decoders: DecoderTable, idx, steps: np.ndarray, values: np.ndarray) -> list[Lane]:
@@ -139,9 +130,7 @@ class KStepRanking:
         return hit
 
 
-def multistep_candidate(
-    sel: Selection, g: GraphDescriptor, ranked: RankedLanes | None = None
-) -> ScoredCandidate | None:
+def multistep_candidate(sel: Selection, g: GraphDescriptor, ranked: RankedLanes) -> ScoredCandidate | None:
     """The best non-dominated cohort of a K-step decode program (None: every cohort is).
 
     Lanes are ranked by value (:func:`ranked_lanes`). A cohort is dominated when a prepared
@@ -150,12 +139,10 @@ def multistep_candidate(
     its K'). So a cohort of size c survives only with a lane of more steps than the largest K'
     among the dominators holding c lanes: the best such cohort is the top c, or the top c - 1
     plus the best lane with more steps. The best over every size is exact
-    (``reference/cohorts.py``). `ranked`: the decoders' lanes on `g`'s K, when the caller has
-    them (it shares them between the programs of one K).
+    (``reference/cohorts.py``). `ranked`: the decoders' lanes on `g`'s K (:class:`KStepRanking`,
+    shared between the programs of one K).
     """
     decoders = sel.decoders
-    if ranked is None:
-        ranked = ranked_lanes(decoders, g.steps, step_limits(decoders))
     size = min(g.batch_capacity, ranked.order.size)
     if size == 0:
         return None

@@ -218,9 +218,10 @@ def _sequence_candidate(sel: Selection, pair: Pair, cohort: FollowerCohort) -> S
     follow_lanes = tuple(cohort.lanes)
     value = cohort.value
     score = value if pair.unknown else decision.sequence_rate(value, pair.total_ms)
+    # The prerequisite's rows consume no tokens: (rid, role) is all of their work.
     prerequisite, terminal = LaneRole.PREREQUISITE.value, LaneRole.TERMINAL.value
-    first_work = [(v.rid, prerequisite, 0, 0, 0) for v in enabled + free]  # Lane.work, no lane
-    first_work += [(terminals[i].rid, terminal, 0, 0, 0) for i in finished]
+    first_work = [(v.rid, prerequisite) for v in enabled + free]
+    first_work += [(terminals[i].rid, terminal) for i in finished]
     signature = (
         g1.kind,
         tuple(sorted(first_work)),
