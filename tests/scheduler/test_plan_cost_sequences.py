@@ -11,6 +11,7 @@ import pytest
 
 from helios_jax.catalog import DecodeMode, GraphKind
 from helios_jax.scheduler import policy, utility
+from helios_jax.scheduler.policy import prerequisites, selector
 from helios_jax.scheduler.view import Phase, RequestView
 
 from .helpers import ORDINARY, SPEC, decoder, geometric, inputs, measured, prompt
@@ -143,3 +144,59 @@ def test_an_unmeasured_prerequisite_keeps_its_sequences():
     inp = inputs(views, catalog=ORDINARY, mode=DecodeMode.ORDINARY, costs=measured(cold))
     _left_out(inp)
     assert policy.select(inp, rows=policy.selection_rows(inp)[1]).graph.kind is GraphKind.INITIALIZE
+
+
+def _is_sequence(r: policy.ScoredCandidate) -> bool:
+    """A two-stage sequence's row: (kind, prerequisite lanes' work, follower, its lanes' work)."""
+    return isinstance(r.signature, tuple) and len(r.signature) == 4 and isinstance(r.signature[1], tuple)
+
+
+def _oracle_kept(inp: policy.SelectionInput, floor: float) -> set:
+    """The sequences `bounded_entries` must build, from the built rows: those built whatever
+    their score (a ragged follower's), indeterminate or stale ones, those not below `floor` by
+    more than four tie tolerances, and every one whose prerequisite dominates a kept one's with
+    the same follower."""
+    sel = policy.Selection(inp)
+    entries = prerequisites.prerequisite_entries(sel)
+    eager = {id(e) for e in entries if not isinstance(e, prerequisites.Sequence)}  # ragged followers
+    rows = [e.row() if isinstance(e, prerequisites.Sequence) else e for e in entries]
+    margin = 4.0 * utility.REL_TIE
+
+    def must(r) -> bool:
+        if id(r) in eager or r.indeterminate or sel.is_stale(r.graph):
+            return True
+        if floor == float("inf"):
+            return False
+        return not r.score < floor - margin * max(1.0, abs(r.score), abs(floor))
+
+    kept = [r for r in rows if must(r)]
+    dominators = sel.prepared.dominators
+    for r in rows:
+        if any(k.signature[2] == r.signature[2] and r.graph in dominators[k.graph] for k in kept):
+            kept.append(r)
+    return {_key(r) for r in kept}
+
+
+@pytest.mark.parametrize("name", sorted(CATALOGS))
+def test_selection_rows_build_no_sequence_beyond_those_that_could_matter(name):
+    """The shortcut's extent: every sequence row `selection_rows` keeps is one the rules ask for
+    (scored from its built row; an oracle over every row), so a wrong score, a wrong floor or a
+    closure over other followers' sequences shows as rows built for nothing."""
+    catalog, mode = CATALOGS[name]
+    rng = np.random.default_rng(9)
+    for _ in range(40):
+        inp = inputs(_population(rng), catalog=catalog, mode=mode)
+        full = policy.scored(inp, policy.Selection(inp))
+        # A floor at most selection_rows' own: the other rows but mixed and speculative ones
+        # (those the fifth round's bounds may still be holding back when the floor is taken).
+        others = [
+            r
+            for r in full
+            if not _is_sequence(r) and r.graph.kind not in (GraphKind.MIXED, GraphKind.SPECULATIVE)
+        ]
+        floor = selector._best_score(others)
+        if floor is None:
+            continue
+        _, rows = policy.selection_rows(inp)
+        built = {_key(r) for r in rows if _is_sequence(r)}
+        assert built <= _oracle_kept(inp, floor)

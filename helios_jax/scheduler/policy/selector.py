@@ -80,10 +80,12 @@ def bounded_rows(
     prompts, terminals, sequences = _prompt_families(sel), terminal_candidates(sel), prerequisite_entries(sel)
     mixed_later = _mixed_boundable(sel, fresh)
     mixed = [] if mixed_later else mixed_candidates(sel)
-    others = generation + prompts + mixed + terminals
-    # The sequences' rows (prerequisites.bounded_entries) against the other rows' floor, which no
-    # sequence's row can lower: the rows of other families never share a signature with them.
-    floor = floor_of(prune_dominated(others, sel.prepared)) if sequences else None
+    # The sequences' rows (prerequisites.bounded_entries) against the floor of every row already
+    # built (the other families', the continuations' and ragged followers'), which no sequence
+    # left to build can lower: it shares a signature with none of them.
+    built = [e for e in sequences if isinstance(e, ScoredCandidate)]
+    others = generation + prompts + mixed + terminals + built
+    floor = floor_of(prune_dominated(others, sel.prepared)) if len(built) < len(sequences) else None
     captures = terminals + bounded_entries(sel, sequences, floor, fresh)
     rows = prune_dominated(generation + prompts + mixed + captures, sel.prepared)
     if not deferred and not mixed_later:
