@@ -69,12 +69,15 @@ def bounded_rows(
     """:func:`scored`'s rows without those that cannot reach `floor_of` the other rows (None:
     no floor): each adaptive ragged row whose upper bounds (``generation.ragged_upper_value``,
     ``ragged_dual_value``) fall below it is left out before its cohort search, and the mixed
-    family when every shape's bound does (``mixed.mixed_upper_rates``); `fresh`: only programs
-    whose estimate is fresh may be left out. The rows kept are in :func:`scored`'s order.
+    family when every shape's bound does (``mixed.mixed_upper_rates``), and a prerequisite's
+    two-stage sequences scored below it before their rows are built
+    (``prerequisites.bounded_entries``); `fresh`: only programs whose estimate is fresh may be
+    left out. The rows kept are in :func:`scored`'s order.
 
     Exact: a row left out scores below the floor by more than the tie tolerance and the bound's
-    rounding; the ragged programs left out dominate none (``generation.boundable``) and mixed
-    programs dominate only mixed ones, so every other row's dominance is unchanged."""
+    rounding; the ragged programs left out dominate none (``generation.boundable``), mixed
+    programs dominate only mixed ones and a sequence only sequences of its own follower (whose
+    dominating ones are kept beside it), so every other row's dominance is unchanged."""
     deferred: Deferred = []
     generation = generation_candidates(sel, deferred)
     prompts, terminals, sequences = _prompt_families(sel), terminal_candidates(sel), prerequisite_entries(sel)
