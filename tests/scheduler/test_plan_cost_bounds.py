@@ -298,3 +298,22 @@ def test_mixed_rows_with_unmeasured_programs_are_never_left_out():
         mixed = [_key(r) for r in policy.scored(inp) if r.graph.kind is GraphKind.MIXED]
         assert [_key(r) for r in rows if r.graph.kind is GraphKind.MIXED] == mixed
         assert any(r.indeterminate for r in rows if r.graph.kind is GraphKind.MIXED)
+
+
+def test_programs_listed_after_a_deferred_ragged_program_are_still_scored():
+    """RAGGED with its device ragged program (boundable: deferred) listed before the width-one
+    programs: at low acceptance a width-one program wins, and it must still be scored after the
+    deferred one, in selection_rows as in scored()."""
+    device = next(
+        g for g in RAGGED.graphs if g.allocation is not None and g.allocation.value == "prefix_limit"
+    )
+    graphs = [g for g in RAGGED.graphs if g is not device]
+    first = next(i for i, g in enumerate(graphs) if g.kind is GraphKind.SPECULATIVE)
+    reordered = dataclasses.replace(RAGGED, graphs=tuple(graphs[:first] + [device] + graphs[first:]))
+    views = [decoder(i, survival=geometric(0.05)) for i in range(4)]
+    inp = inputs(views, catalog=reordered)
+    sel, rows = policy.selection_rows(inp)
+    assert [g for g, *_ in sel.prepared.generation_routes].index(device) == 0  # deferred first
+    chosen = policy.select(inp, rows=rows)
+    assert chosen == policy.select(inp, rows=policy.scored(inp))
+    assert chosen.graph.token_capacity == 1  # a width-one program, listed after the deferred one
