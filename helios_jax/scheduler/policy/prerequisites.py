@@ -105,12 +105,13 @@ def bounded_entries(
         for e in entries
     ]
     dominators = sel.prepared.dominator_ids
-    kept = [e for e, k in zip(entries, keep) if k and isinstance(e, Sequence)]
+    kept: dict[tuple, list[set[int]]] = {}  # key -> the dominators of each kept prerequisite
+    for e, k in zip(entries, keep):
+        if k and isinstance(e, Sequence):
+            kept.setdefault(e.key, []).append(dominators[id(e.prerequisite)])
     for i, e in enumerate(entries):
         if not keep[i] and isinstance(e, Sequence):
-            keep[i] = any(
-                k.key == e.key and id(e.prerequisite) in dominators[id(k.prerequisite)] for k in kept
-            )
+            keep[i] = any(id(e.prerequisite) in ids for ids in kept.get(e.key, ()))
     return [(e.row() if isinstance(e, Sequence) else e) for e, k in zip(entries, keep) if k]
 
 
@@ -172,8 +173,7 @@ def _scored_sequences(sel: Selection, key: tuple, pair: Pair, shapes: list[Popul
         res = population_choice(pair, pop)
         if res is None:
             continue
-        value = res.total + pop.fixed_value  # the cohort's value (``population_cohort``)
-        score = value if pair.unknown else sel.decision.sequence_rate(value, pair.total_ms)
+        score = _sequence_score(sel, pair, res.total + pop.fixed_value)  # the cohort's value
 
         def row(pop: Population = pop, res: PairCohort = res) -> ScoredCandidate:
             cohort = population_cohort(pair, pop, res)
@@ -182,6 +182,12 @@ def _scored_sequences(sel: Selection, key: tuple, pair: Pair, shapes: list[Popul
 
         out.append(Sequence(key, pair.prerequisite, float(score), pair.prerequisite_ms is not None, row))
     return out
+
+
+def _sequence_score(sel: Selection, pair: Pair, value: float) -> float:
+    """A two-stage sequence's score: its value rate over U = T + F, or its value when either
+    duration is unknown."""
+    return value if pair.unknown else sel.decision.sequence_rate(value, pair.total_ms)
 
 
 def _pair(
@@ -217,7 +223,7 @@ def _sequence_candidate(sel: Selection, pair: Pair, cohort: FollowerCohort) -> S
     )
     follow_lanes = tuple(cohort.lanes)
     value = cohort.value
-    score = value if pair.unknown else decision.sequence_rate(value, pair.total_ms)
+    score = _sequence_score(sel, pair, value)
     # The prerequisite's rows consume no tokens: (rid, role) is all of their work.
     prerequisite, terminal = LaneRole.PREREQUISITE.value, LaneRole.TERMINAL.value
     first_work = [(v.rid, prerequisite) for v in enabled + free]
