@@ -23,6 +23,32 @@ DEFAULT_CACHE_DIR = DEFAULT_COMPILATION_CACHE_DIR
 EOS_TEXTS = ("<|endoftext|>", "<|im_end|>")
 
 
+def engine_bench_config(
+    slots: int = 16,
+    max_model_len: int = 512,
+    decode_steps: tuple[int, ...] = (1, 4, 8),
+    prefill_batch: tuple[int, ...] | None = None,
+    dtype: str = "float32",
+):
+    """The engine `engine.py` serves, whose catalog `plan_path.py --catalog=engine-off16` plans:
+    no speculation, K-step decode, prefill chunks 64-512 within the context, and the server's
+    prefill rows at `slots` unless `prefill_batch` says otherwise."""
+    from helios_jax.engine_config import EngineConfig
+    from helios_jax.engine_options import default_prefill_batch
+
+    chunks = tuple(c for c in (64, 128, 256, 512) if c <= max_model_len) or (max_model_len,)
+    return EngineConfig(
+        request_slots=slots,
+        prefill_chunks=chunks,
+        speculation="off",
+        draft_tokens=0,
+        max_model_len=max_model_len,
+        dtype=dtype,
+        decode_steps=tuple(decode_steps),
+        prefill_batch=tuple(prefill_batch or default_prefill_batch(slots)),
+    )
+
+
 def percentile(values, q):
     return float(np.percentile(np.asarray(values, float), q)) if len(values) else None
 

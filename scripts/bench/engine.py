@@ -54,7 +54,15 @@ import time
 
 import numpy as np
 from absl import app, flags
-from bench_common import DEFAULT_CACHE_DIR, EOS_TEXTS, machine, percentile, prompt_windows, summary
+from bench_common import (
+    DEFAULT_CACHE_DIR,
+    EOS_TEXTS,
+    engine_bench_config,
+    machine,
+    percentile,
+    prompt_windows,
+    summary,
+)
 
 from helios_jax.compilation_cache import enable_compilation_cache
 
@@ -408,23 +416,16 @@ def run_naive(decoder: NaiveDecoder, prompts, new_tokens):
 
 
 def build_helios(model, dtype: str, tokenizer, slots: int, prefill_batch=None):
-    from helios_jax.engine_config import EngineConfig
-    from helios_jax.engine_options import default_prefill_batch
     from helios_jax.runtime.engine import HeliosEngine
     from helios_jax.runtime.tokenizer import HFTokenizer
 
-    chunks = tuple(c for c in (64, 128, 256, 512) if c <= FLAGS.max_model_len) or (FLAGS.max_model_len,)
-    ec = EngineConfig(
-        request_slots=slots,
-        prefill_chunks=chunks,
-        speculation="off",
-        draft_tokens=0,
-        max_model_len=FLAGS.max_model_len,
-        dtype=dtype,
+    rows = prefill_batch or FLAGS.prefill_batch
+    ec = engine_bench_config(
+        slots,
+        FLAGS.max_model_len,
         decode_steps=tuple(int(k) for k in FLAGS.decode_steps),
-        prefill_batch=tuple(
-            int(b) for b in (prefill_batch or FLAGS.prefill_batch or default_prefill_batch(slots))
-        ),
+        prefill_batch=tuple(int(b) for b in rows) if rows else None,
+        dtype=dtype,
     )
     t = time.perf_counter()
     engine = HeliosEngine(

@@ -24,8 +24,9 @@ alternative or an acceptance probe when funded, freezing).
 (its request slots, decode mode, context, draft storage and initialize programs, as the engine
 constructs its Scheduler), with synthetic durations (its programs carry none): prompts are then
 drawn up to its context, and ``--slots`` is ignored. ``--catalog=engine-off16`` is the engine
-``scripts/bench/engine.py`` serves: 16 request slots, no speculation, decode programs of 1, 4 and
-8 steps, prefill chunks 64 to 512, context 512 (run it with ``--mode=ordinary``).
+``scripts/bench/engine.py`` serves (``bench_common.engine_bench_config``): 16 request slots, no
+speculation, decode programs of 1, 4 and 8 steps, prefill chunks 64 to 512 with prompt rows 1, 4
+and 16, context 512 (run it with ``--mode=ordinary``).
 
 ``--burst``: instead of replacing each finished request at once, the loop admits N requests
 together and admits the next N only when all have finished, so the decisions include the
@@ -52,6 +53,7 @@ import time
 
 import numpy as np
 from absl import app, flags
+from bench_common import engine_bench_config
 
 from helios_jax import simulation
 from helios_jax.catalog import Catalog, DecodeMode, GraphDescriptor, GraphKind
@@ -114,18 +116,8 @@ def _synthetic_ms(g: GraphDescriptor) -> float:
 
 
 # The engine configurations --catalog names: EngineConfig()'s, and the one scripts/bench/engine.py
-# serves (16 slots, speculation off, K-step decode programs).
-ENGINE_CONFIGS = {
-    "engine": EngineConfig,
-    "engine-off16": lambda: EngineConfig(
-        request_slots=16,
-        prefill_chunks=(64, 128, 256, 512),
-        speculation="off",
-        draft_tokens=0,
-        max_model_len=512,
-        decode_steps=(1, 4, 8),
-    ),
-}
+# serves (bench_common.engine_bench_config: 16 slots, speculation off, K-step decode programs).
+ENGINE_CONFIGS = {"engine": EngineConfig, "engine-off16": engine_bench_config}
 
 
 def engine_catalog(subset: str) -> tuple[Catalog, dict]:
