@@ -122,6 +122,41 @@ def test_a_sequence_that_dominates_a_kept_one_is_kept():
     assert not any(r.graph.kind is GraphKind.SNAPSHOT and r.graph.batch_capacity == 4 for r in rows)
 
 
+def test_a_sequence_whose_follower_dominates_a_kept_ones_is_kept():
+    """The same on the follower's side: decode B=4 measured slow (50 ms), B=8 fast, one stream
+    behind a window snapshot and three ready decoders. Both followers serve the same four rows,
+    so the sequence on B=8 is redundant padding, dropped by the one on B=4 although that one
+    scores far below the best row; leaving it out would keep B=8's."""
+    costs = measured(ORDINARY)
+    decode4 = next(
+        g for g in ORDINARY.graphs if g.kind is GraphKind.DECODE and g.batch_capacity == 4 and g.steps == 1
+    )
+    costs.observe(decode4.key, [50e6], 0)
+    views = [
+        dataclasses.replace(
+            decoder(0, x=0.5, age_ms=30.0),
+            phase=Phase.BLOCKED,
+            prerequisites=(GraphKind.SNAPSHOT,),
+            enables=Phase.DECODE,
+        )
+    ]
+    views += [decoder(i, x=8.0) for i in range(1, 4)]
+    inp = inputs(views, catalog=ORDINARY, mode=DecodeMode.ORDINARY, costs=costs)
+
+    def on_eight(rows) -> list:
+        return [
+            r
+            for r in rows
+            if r.following is not None
+            and r.following.kind is GraphKind.DECODE
+            and r.following.batch_capacity == 8
+        ]
+
+    assert not on_eight(policy.scored(inp))  # dominated by the sequences on B=4
+    _left_out(inp)
+    assert not on_eight(policy.selection_rows(inp)[1])
+
+
 def test_an_unmeasured_prerequisite_keeps_its_sequences():
     """Initialize never measured: its sequences are indeterminate, which outranks every measured
     row whatever their scores, so they are never left out."""
@@ -154,8 +189,8 @@ def _is_sequence(r: policy.ScoredCandidate) -> bool:
 def _oracle_kept(inp: policy.SelectionInput, floor: float) -> set:
     """The sequences `bounded_entries` must build, from the built rows: those built whatever
     their score (a ragged follower's), indeterminate or stale ones, those not below `floor` by
-    more than four tie tolerances, and every one whose prerequisite dominates a kept one's with
-    the same follower."""
+    more than four tie tolerances, and every one whose pair of shapes dominates a kept one's
+    (each the same or smaller, not both the same; the followers of one class)."""
     sel = policy.Selection(inp)
     entries = prerequisites.prerequisite_entries(sel)
     eager = {id(e) for e in entries if not isinstance(e, prerequisites.Sequence)}  # ragged followers
@@ -171,8 +206,18 @@ def _oracle_kept(inp: policy.SelectionInput, floor: float) -> set:
 
     kept = [r for r in rows if must(r)]
     dominators = sel.prepared.dominators
+
+    def same_or_dominating(g, h) -> bool:
+        return g is h or g in dominators[h]
+
     for r in rows:
-        if any(k.signature[2] == r.signature[2] and r.graph in dominators[k.graph] for k in kept):
+        if any(
+            k.signature[2] == r.signature[2]
+            and (r.graph, r.following) != (k.graph, k.following)
+            and same_or_dominating(r.graph, k.graph)
+            and same_or_dominating(r.following, k.following)
+            for k in kept
+        ):
             kept.append(r)
     return {_key(r) for r in kept}
 

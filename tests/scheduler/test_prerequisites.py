@@ -692,15 +692,19 @@ def test_two_stage_sequences_match_enumeration(catalog, mode, extra, config):
                 exact_compared += 1
             compared += 1
         for key in want:
-            if key not in got:  # pruned: a smaller prerequisite shape of the same kind carries it
+            if key not in got:  # pruned: a pair of the same kinds, each shape the same or smaller
                 assert any(
-                    k2 == key[1]
-                    and k1.kind is key[0].kind
-                    and k1 != key[0]
-                    and k1.batch_capacity <= key[0].batch_capacity
+                    (k1, k2) != key and all(_same_or_smaller(a, b) for a, b in zip((k1, k2), key))
                     for k1, k2 in got
                 ), (case, key)
     assert compared > 30 and exact_compared > 0
+
+
+def _same_or_smaller(a, b) -> bool:
+    """Cost keys of one kind and depth whose capacities are all at most b's."""
+    caps = ("batch_capacity", "token_capacity", "target_capacity", "prefill_capacity", "steps")
+    same = a.kind is b.kind and a.proposal_depth == b.proposal_depth
+    return same and all(getattr(a, c) <= getattr(b, c) for c in caps)
 
 
 def _costs_without(catalog, *skip):

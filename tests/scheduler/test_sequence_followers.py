@@ -147,3 +147,46 @@ def test_a_continuations_free_rows_are_their_requests_rows_worth_nothing():
         (rid, 10 + rid, LaneRole.PREREQUISITE) for rid in (1, 2, 3)
     ]
     assert c.lanes[0].value > 0 and [lane.value for lane in c.lanes[1:]] == [0.0, 0.0]
+
+
+def _init_prefill(extra, costs, views):
+    """The ordinary catalog with `extra` programs, INITIALIZE B=4 (0.25 ms) and `costs`."""
+    init4 = GraphDescriptor(GraphKind.INITIALIZE, 4)
+    costs.observe(init4.key, [0.25e6], 0)
+    graphs = (*ORDINARY.eligible(DecodeMode.ORDINARY), init4, *extra)
+    return policy.SelectionInput(views, graphs, costs, 0, POLICY, DecodeMode.ORDINARY)
+
+
+@spec(
+    "useful-service/dominance-prune",
+    "useful-service/no-padding-preference",
+    "prerequisites/all-shape-pairs",
+)
+@pytest.mark.parametrize("larger", ["chunk", "batch"])
+def test_an_unmeasured_larger_follower_with_the_same_cohort_is_pruned(larger):
+    """Three streams whose 64-token prompts wait on initialization. A follower with a larger
+    chunk (prefill W = 128) or a larger batch (B = 16 beside B = 4) serves the same cohort with
+    the same prompt work as the smaller one, so the pair is dominated by the pair with the
+    smaller follower: its unknown duration must not score it by value alone and win (every later
+    decision would prune that follower as a direct candidate, so it would never be measured
+    and the streams would be initialized one decision at a time). A prompt the larger chunk
+    serves with more work keeps its pair."""
+    views = [blocked(i, [GraphKind.INITIALIZE], Phase.PREFILL, tokens=64) for i in range(3)]
+    if larger == "chunk":
+        extra, costs = (), measured(ORDINARY)
+        costs._entries.pop(GraphDescriptor(GraphKind.PREFILL, 1, token_capacity=128).key)
+        small, big = "prefill[B=1,W=64,D=0,C=0,P=0]", "prefill[B=1,W=128,D=0,C=0,P=0]"
+    else:
+        p4, p16 = (GraphDescriptor(GraphKind.PREFILL, b, token_capacity=64) for b in (4, 16))
+        extra, costs = (p4, p16), measured(ORDINARY)
+        costs.observe(p4.key, [6.0e6], 0)
+        small, big = p4.name, p16.name
+    found = _sequences(_init_prefill(extra, costs, views), kind=GraphKind.INITIALIZE)
+    followers = {c.following.graph.name for c in found}
+    assert small in followers and big not in followers
+    c = policy.select(_init_prefill(extra, costs, views))
+    assert c.following.graph.name == small and c.sequence_ms is not None  # priced by time
+    if larger == "chunk":  # 100 tokens: W = 128 consumes more of the prompt than W = 64
+        longer = [*views[:2], blocked(2, [GraphKind.INITIALIZE], Phase.PREFILL, tokens=100)]
+        found = _sequences(_init_prefill(extra, costs, longer), kind=GraphKind.INITIALIZE)
+        assert any(c.following.graph.name == big and c.sequence_ms is None for c in found)

@@ -36,7 +36,7 @@ from helios_jax.scheduler.policy.following import (
     prompt_value,
     ragged_cohort,
 )
-from helios_jax.scheduler.policy.ranking import ScoredCandidate
+from helios_jax.scheduler.policy.ranking import ScoredCandidate, pair_dominated
 from helios_jax.scheduler.policy.selection import Selection, free_prerequisite_rows, free_prerequisite_views
 from helios_jax.scheduler.utility import PairCohort
 from helios_jax.scheduler.view import Candidate, Lane, LaneRole, Phase, RequestView
@@ -44,11 +44,12 @@ from helios_jax.scheduler.view import Candidate, Lane, LaneRole, Phase, RequestV
 
 class Sequence(NamedTuple):
     """A two-stage sequence candidate, scored; its row (lanes, dominance signature) built on
-    demand. `key`: (prerequisite kind, enabled phase, following program), the sequences whose
-    rows may share a dominance signature."""
+    demand. `key`: (prerequisite kind, enabled phase, :func:`follower_class`), the sequences
+    whose rows may share a dominance signature."""
 
     key: tuple
     prerequisite: GraphDescriptor
+    following: GraphDescriptor
     score: float
     determinate: bool
     row: Callable[[], ScoredCandidate]
@@ -93,8 +94,9 @@ def bounded_entries(
     row's score), so its row is not built, unless it is indeterminate, or its prerequisite's
     estimate is stale and `fresh` (a timing refresh reads stale rows whatever their score).
     Dominance stays exact: a sequence's row can share a signature only with sequences of the
-    same key, so every sequence of that key whose prerequisite dominates a kept one's is kept
-    as well (the dominator relation holds every smaller shape: one pass closes it)."""
+    same key, so every sequence of that key whose pair of shapes dominates a kept one's
+    (``ranking.pair_dominated``) is kept as well (the dominator relation holds every smaller
+    shape: one pass closes it)."""
     if floor is None:
         return [e.row() if isinstance(e, Sequence) else e for e in entries]
     keep = [
@@ -105,13 +107,14 @@ def bounded_entries(
         for e in entries
     ]
     dominators = sel.prepared.dominator_ids
-    kept: dict[tuple, list[set[int]]] = {}  # key -> the dominators of each kept prerequisite
+    kept: dict[tuple, list[tuple[GraphDescriptor, GraphDescriptor]]] = {}  # key -> kept pairs
     for e, k in zip(entries, keep):
         if k and isinstance(e, Sequence):
-            kept.setdefault(e.key, []).append(dominators[id(e.prerequisite)])
+            kept.setdefault(e.key, []).append((e.prerequisite, e.following))
     for i, e in enumerate(entries):
         if not keep[i] and isinstance(e, Sequence):
-            keep[i] = any(id(e.prerequisite) in ids for ids in kept.get(e.key, ()))
+            mine = [(e.prerequisite, e.following)]
+            keep[i] = any(pair_dominated(g1, g2, mine, dominators) for g1, g2 in kept.get(e.key, ()))
     return [(e.row() if isinstance(e, Sequence) else e) for e, k in zip(entries, keep) if k]
 
 
@@ -141,7 +144,7 @@ def _sequence_candidates(
         if not new_views:
             continue
         for g2 in following_graphs(sel, enables):
-            key = (g1.kind, enables, g2.key)
+            key = (g1.kind, enables, g2.key)  # `followers`' entry
             if is_ragged(g2):
                 pair = _pair(sel, g1, g2, group, terminals, terminal_ages)
                 cohort = ragged_cohort(sel, pair, new_views)
@@ -162,8 +165,16 @@ def _sequence_candidates(
                     continue
                 pair = _pair(sel, g1, g2, group, terminals, terminal_ages)
                 shapes = populations(sel, g2, new_views, pair.total_ms, followers[key])
-            found.extend(_scored_sequences(sel, key, pair, shapes))
+            found.extend(_scored_sequences(sel, (g1.kind, enables, follower_class(g2)), pair, shapes))
     return found
+
+
+def follower_class(g2: GraphDescriptor) -> tuple:
+    """What two sequences' followers must share for their rows to be compared by dominance
+    (with equal work): the kind, allocation and proposal depth a generation row's signature
+    holds, and whether rows are host-ragged (those sequences are built before the others are
+    bounded, ``selector.bounded_rows``, so the two never share a signature)."""
+    return (g2.kind, g2.allocation, g2.proposal_depth, g2.speculative, is_ragged(g2))
 
 
 def _scored_sequences(sel: Selection, key: tuple, pair: Pair, shapes: list[Population]) -> list[Sequence]:
@@ -180,7 +191,11 @@ def _scored_sequences(sel: Selection, key: tuple, pair: Pair, shapes: list[Popul
             assert cohort is not None
             return _sequence_candidate(sel, pair, cohort)
 
-        out.append(Sequence(key, pair.prerequisite, float(score), pair.prerequisite_ms is not None, row))
+        out.append(
+            Sequence(
+                key, pair.prerequisite, pair.following, float(score), pair.prerequisite_ms is not None, row
+            )
+        )
     return out
 
 
@@ -231,7 +246,7 @@ def _sequence_candidate(sel: Selection, pair: Pair, cohort: FollowerCohort) -> S
     signature = (
         g1.kind,
         tuple(sorted(first_work)),
-        g2.key,
+        follower_class(g2),
         tuple(sorted(lane.work for lane in follow_lanes)),
     )
 
@@ -264,7 +279,7 @@ def _sequence_candidate(sel: Selection, pair: Pair, cohort: FollowerCohort) -> S
             sequence_ms=None if pair.unknown else pair.total_ms,
         )
 
-    return ScoredCandidate(g1, float(score), pair.prerequisite_ms, signature, build)
+    return ScoredCandidate(g1, float(score), pair.prerequisite_ms, signature, build, following=g2)
 
 
 def _continuation_candidate(

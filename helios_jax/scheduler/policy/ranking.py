@@ -7,12 +7,15 @@ requests, less recently used requests, and smaller physical padding, in that ord
 Dominance: among candidates of the same kind, cohort and logical per-request work (mixed: also
 the same prompt row and prompt work; speculative: the same proposal depth), a shape whose
 capacities are all at least another's, one strictly larger, is discarded, so timing noise can
-never make redundant padding preferable.
+never make redundant padding preferable. A two-stage sequence is a pair of shapes: it is discarded
+when a sequence of the same work runs a prerequisite and a follower each the same shape or a
+dominating one, not both the same (so an unmeasured larger follower cannot win on its unknown
+time, nor a larger prerequisite on its measured one).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 
 from helios_jax.catalog import GraphDescriptor
 from helios_jax.scheduler import utility
@@ -24,9 +27,10 @@ Signature = Hashable | None
 
 
 class ScoredCandidate:
-    """A scored candidate whose lanes are built on demand (``build()``)."""
+    """A scored candidate whose lanes are built on demand (``build()``); `following`: a two-stage
+    sequence's follower program (None for every other row)."""
 
-    __slots__ = ("_build", "duration_ms", "graph", "score", "signature")
+    __slots__ = ("_build", "duration_ms", "following", "graph", "score", "signature")
 
     def __init__(
         self,
@@ -35,8 +39,10 @@ class ScoredCandidate:
         duration_ms: float | None,
         signature: Signature,
         build: Callable[[], Candidate],
+        following: GraphDescriptor | None = None,
     ):
         self.graph = graph
+        self.following = following
         self.score = score
         self.duration_ms = duration_ms
         self.signature = signature
@@ -67,9 +73,30 @@ def prune_dominated(candidates: list[ScoredCandidate], prepared: PreparedGraphs)
         if len(group) > 1:
             present = {id(o.graph) for o in group}
             for r in group:
-                if not dominators[id(r.graph)].isdisjoint(present):
+                if r.following is not None:
+                    pairs = [(o.graph, o.following) for o in group]
+                    if pair_dominated(r.graph, r.following, pairs, dominators):
+                        dropped.add(id(r))
+                elif not dominators[id(r.graph)].isdisjoint(present):
                     dropped.add(id(r))
     return [r for r in candidates if id(r) not in dropped] if dropped else list(candidates)
+
+
+def pair_dominated(
+    g1: GraphDescriptor,
+    g2: GraphDescriptor,
+    pairs: Iterable[tuple[GraphDescriptor, GraphDescriptor | None]],
+    dominators: dict[int, set[int]],
+) -> bool:
+    """Whether one of `pairs` (of the same work) runs a prerequisite and a follower each the same
+    shape as (g1, g2) or one that dominates it, and is not (g1, g2) itself."""
+    first, then = dominators[id(g1)], dominators[id(g2)]
+    for h1, h2 in pairs:
+        if h2 is None or (h1 is g1 and h2 is g2):
+            continue
+        if (h1 is g1 or id(h1) in first) and (h2 is g2 or id(h2) in then):
+            return True
+    return False
 
 
 def better(a: Candidate, b: Candidate, recency: dict[int, int]) -> bool:

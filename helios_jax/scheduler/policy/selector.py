@@ -76,7 +76,7 @@ def bounded_rows(
 
     Exact: a row left out scores below the floor by more than the tie tolerance and the bound's
     rounding; the ragged programs left out dominate none (``generation.boundable``), mixed
-    programs dominate only mixed ones and a sequence only sequences of its own follower (whose
+    programs dominate only mixed ones and a sequence only sequences of its own follower class (whose
     dominating ones are kept beside it), so every other row's dominance is unchanged."""
     deferred: Deferred = []
     generation = generation_candidates(sel, deferred)
