@@ -23,8 +23,12 @@ EXACT = lax.Precision.HIGHEST
 class RaggedAttentionTiles:
     """Tile sizes. Untuned defaults: no GPU measured them (see docs/kernels.md)."""
 
-    xla_block_q: int = 32  # most query tokens per XLA work item
+    xla_block_q: int = 16  # most query tokens per XLA work item
     xla_block_k: int = 128  # keys per XLA online-softmax step (rounded down to whole pages)
+    # Keys per step when the tiles are full (xla_block_q tokens: prompt chunks). A fresh chunk's
+    # keys fit one such step; a decode or verification tile keeps the longer step, which its
+    # long contexts favour (docs/kernels.md, `scripts/bench/attention_tiles.py`).
+    xla_prompt_block_k: int = 64
     pallas_block_rows: int = 64  # most (query token x q head) rows per Pallas program
     pallas_min_rows: int = 16  # tl.dot needs >= 16 rows
     pallas_block_k: int = 64  # keys per inner step, a whole number of pages

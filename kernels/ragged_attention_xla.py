@@ -54,7 +54,8 @@ def xla_attention(
     index = token_index(items, block_q, num_tokens)
     num_items = index.shape[0]
     qg = gather_query_tiles(q, index).reshape(num_items, block_q, num_kv_heads, group, head_dim)
-    pages_per_block = max(1, min(tiles.xla_block_k // page_size, pages_per_row))
+    block_k = tiles.xla_prompt_block_k if block_q == tiles.xla_block_q else tiles.xla_block_k
+    pages_per_block = max(1, min(block_k // page_size, pages_per_row))
     acc, row_sum = _xla_online_softmax(
         qg, k_flat, v_flat, head_base, items, sm_scale=sm_scale, pages_per_block=pages_per_block
     )

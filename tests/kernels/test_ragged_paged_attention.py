@@ -240,8 +240,9 @@ def test_xla_random_packings(dtype):
 @pytest.mark.parametrize("block_k", [1, 12])
 def test_xla_key_blocks_of_every_size(block_k):
     """Small key blocks make the online softmax step through many blocks (and one page per
-    block at page size 4, with the last block partial): the result does not depend on them."""
-    tiles = RaggedAttentionTiles(xla_block_k=block_k)
+    block at page size 4, with the last block partial): the result does not depend on them,
+    for short tiles and for full ones (prompt chunks: their own key step)."""
+    tiles = RaggedAttentionTiles(xla_block_q=2, xla_block_k=block_k, xla_prompt_block_k=block_k + 3)
     run = jax.jit(lambda *a: ragged_paged_attention(*a, sm_scale=0.25, impl="xla", tiles=tiles))
     for i, scenario in enumerate(random_packings(12, seed=23 + block_k)):
         args = make_case(scenario, 2, jnp.float32, seed=200 + i)
