@@ -9,12 +9,13 @@ import dataclasses
 import numpy as np
 import pytest
 
-from helios_jax.catalog import DecodeMode, GraphKind
+from helios_jax.catalog import DecodeMode, GraphDescriptor, GraphKind
 from helios_jax.scheduler import policy, utility
+from helios_jax.scheduler.cost import CostModel
 from helios_jax.scheduler.policy import prerequisites, selector
 from helios_jax.scheduler.view import Phase, RequestView
 
-from .helpers import ORDINARY, SPEC, decoder, geometric, inputs, measured, prompt
+from .helpers import ORDINARY, POLICY, SPEC, decoder, geometric, inputs, measured, prompt
 
 CATALOGS = {"spec": (SPEC, DecodeMode.ADAPTIVE), "ordinary": (ORDINARY, DecodeMode.ORDINARY)}
 KINDS = (GraphKind.INITIALIZE, GraphKind.SNAPSHOT, GraphKind.RESTORE)
@@ -83,6 +84,30 @@ def test_selection_rows_leave_out_only_sequences_that_cannot_be_chosen(name):
     for _ in range(60):
         left += len(_left_out(inputs(_population(rng), catalog=catalog, mode=mode)))
     assert left > 0  # the shortcut is taken
+
+
+@pytest.mark.parametrize("name", sorted(CATALOGS))
+def test_sequences_alone_are_bounded_by_a_sequence_that_survives_dominance(name):
+    """Only streams one prerequisite from their inference: no other row is built (nor a
+    continuation), so the floor is the best sequence that no other drops by dominance
+    (`prerequisites.surviving_floor`). Durations are drawn at random
+    around the catalog's, with initialize and restore programs of 2 and 4 rows beside the
+    catalog's (a larger shape often measures faster than a smaller one, whose sequence of the
+    same work then drops it): the choice equals the choice over every row, only rows below the
+    best are left out, and the shortcut is taken."""
+    catalog, mode = CATALOGS[name]
+    graphs = tuple(catalog.eligible(mode))
+    extra = (GraphDescriptor(k, b) for k in (GraphKind.INITIALIZE, GraphKind.RESTORE) for b in (2, 4))
+    graphs += tuple(g for g in extra if g.key not in {h.key for h in graphs})
+    rng, left = np.random.default_rng(11), 0
+    for _ in range(60):
+        costs = CostModel(POLICY.estimate_ttl_ns)
+        for g in graphs:
+            costs.observe(g.key, [(g.duration_ms or 0.3) * 1e6 * float(np.exp(rng.uniform(-0.7, 0.7)))], 0)
+        views = [_blocked(i, rng) for i in range(int(rng.integers(1, 8)))]
+        views = [dataclasses.replace(v, prerequisites=v.prerequisites[:1]) for v in views]  # no continuation
+        left += len(_left_out(policy.SelectionInput(views, graphs, costs, 0, POLICY, mode)))
+    assert left > 0
 
 
 def test_stale_prerequisites_keep_their_sequences():

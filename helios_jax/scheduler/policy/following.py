@@ -104,6 +104,15 @@ class Population:
     def ready_prefix(self) -> np.ndarray:
         return utility.descending_prefix(self.ready_values)
 
+    def with_room(self, room: int) -> Population:
+        """The same rows with `room` following-graph rows (a prefill follower of another batch
+        capacity and the same chunk), sharing the orders and prefix sums computed so far."""
+        other = dataclasses.replace(self, room=room)
+        for name in ("_new_order", "_ready_order", "new_prefix", "ready_prefix"):
+            if name in self.__dict__:
+                other.__dict__[name] = self.__dict__[name]
+        return other
+
     @classmethod
     def of(
         cls,

@@ -118,6 +118,32 @@ def bounded_entries(
     return [(e.row() if isinstance(e, Sequence) else e) for e, k in zip(entries, keep) if k]
 
 
+def surviving_floor(sel: Selection, entries: list[Entry], tries: int = 4) -> float | None:
+    """A floor for :func:`bounded_entries` when no other row is built: the score of the best
+    determinate sequence whose row no other sequence drops by dominance (at most the best row's
+    score), found among the `tries` best-scored ones; None when every sequence is not
+    determinate or none of those survives.
+
+    A sequence can be dropped only by one of its key whose pair of shapes dominates its own and
+    whose row has the same signature (``ranking.pair_dominated``): those rows are built and
+    compared."""
+    sequences = [e for e in entries if isinstance(e, Sequence)]
+    if not sequences or not all(e.determinate for e in sequences):
+        return None
+    dominators = sel.prepared.dominator_ids
+    for s in sorted(sequences, key=lambda e: -e.score)[:tries]:
+        rivals = [
+            t
+            for t in sequences
+            if t.key == s.key
+            and pair_dominated(s.prerequisite, s.following, [(t.prerequisite, t.following)], dominators)
+        ]
+        signature = s.row().signature
+        if not any(t.row().signature == signature for t in rivals):
+            return s.score
+    return None
+
+
 def _below(score: float, floor: float) -> bool:
     if math.isinf(floor):
         return floor > 0  # an indeterminate row outranks every determinate one
@@ -133,9 +159,10 @@ def _sequence_candidates(
 ) -> list[Entry]:
     """Every (g1, following shape) pair's best joint cohort, as two-stage sequence candidates.
 
-    A prefill follower's population depends on the rows g1's kind enables and not on g1's
-    shape or timing, a decode-like follower's rows on g1 only through the sequence's length
-    (``follower_rows``): each is built once per kind (`followers`) for every g1 of it."""
+    A prefill follower's population depends on the rows g1's kind enables and the follower's
+    chunk, not on g1's shape or timing nor the follower's batch capacity (its room), a
+    decode-like follower's rows on g1 only through the sequence's length (``follower_rows``):
+    each is built once per kind (`followers`) for every g1 of it."""
     found: list[Entry] = []
     terminals = sel.terminals if g1.kind is GraphKind.SNAPSHOT else []
     terminal_ages = np.array([v.terminal_age_ms for v in terminals])
@@ -152,8 +179,11 @@ def _sequence_candidates(
                     found.append(_sequence_candidate(sel, pair, cohort))
                 continue
             if g2.kind.is_prefill:
-                if key not in followers:
-                    followers[key] = prefill_population(sel, g2, new_views)
+                if key not in followers:  # its rows depend on the chunk, not the batch capacity
+                    chunk = (g1.kind, enables, g2.kind, g2.token_capacity)
+                    if chunk not in followers:
+                        followers[chunk] = prefill_population(sel, g2, new_views)
+                    followers[key] = followers[chunk].with_room(g2.batch_capacity)
                 if not len(followers[key].new_values):  # no row it enables is worth a chunk here
                     continue
                 pair = _pair(sel, g1, g2, group, terminals, terminal_ages)

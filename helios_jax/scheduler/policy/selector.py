@@ -23,6 +23,7 @@ from helios_jax.scheduler.policy.prerequisites import (
     bounded_entries,
     prerequisite_candidates,
     prerequisite_entries,
+    surviving_floor,
 )
 from helios_jax.scheduler.policy.ranking import ScoredCandidate, best, prune_dominated
 from helios_jax.scheduler.policy.selection import Selection, SelectionInput
@@ -89,6 +90,8 @@ def bounded_rows(
     built = [e for e in sequences if isinstance(e, ScoredCandidate)]
     others = generation + prompts + mixed + terminals + built
     floor = floor_of(prune_dominated(others, sel.prepared)) if len(built) < len(sequences) else None
+    if floor is None and len(built) < len(sequences):  # nothing else built: a sequence's own
+        floor = surviving_floor(sel, sequences)
     captures = terminals + bounded_entries(sel, sequences, floor, fresh)
     rows = prune_dominated(generation + prompts + mixed + captures, sel.prepared)
     if not deferred and not mixed_later:
