@@ -44,8 +44,8 @@ from helios_jax.scheduler.view import Candidate, Lane, LaneRole, Phase, RequestV
 
 class Sequence(NamedTuple):
     """A two-stage sequence candidate, scored; its row (lanes, dominance signature) built on
-    demand. `key`: (prerequisite kind, enabled phase, :func:`follower_class`), the sequences
-    whose rows may share a dominance signature."""
+    demand. `key`: (prerequisite kind, enabled phase, :func:`follower_class`, the follower's
+    lane count), the sequences whose rows may share a dominance signature."""
 
     key: tuple
     prerequisite: GraphDescriptor
@@ -221,9 +221,15 @@ def _scored_sequences(sel: Selection, key: tuple, pair: Pair, shapes: list[Popul
             assert cohort is not None
             return _sequence_candidate(sel, pair, cohort)
 
+        served = len(pop.fixed) + res.new_count + res.ready_count  # the follower's lanes
         out.append(
             Sequence(
-                key, pair.prerequisite, pair.following, float(score), pair.prerequisite_ms is not None, row
+                (*key, served),
+                pair.prerequisite,
+                pair.following,
+                float(score),
+                pair.prerequisite_ms is not None,
+                row,
             )
         )
     return out
