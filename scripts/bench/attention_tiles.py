@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import statistics
-import sys
 import time
 from contextlib import ExitStack
 from unittest import mock
@@ -30,8 +28,9 @@ from unittest import mock
 import jax
 import jax.numpy as jnp
 import numpy as np
-from absl import app, flags
+from absl import flags
 from bench_common import engine_bench_config
+from program_variants import run_main
 
 from helios_jax.catalog import GraphKind
 from helios_jax.compilation_cache import enable_compilation_cache
@@ -89,6 +88,7 @@ def _run(program, params, state, inputs):
 
 
 def run() -> dict:
+    enable_compilation_cache()
     model = load_engine_model(None, dtype="float32")
     engine = engine_bench_config(16, 512)
     q, k, pk = (int(x) for x in FLAGS.against)
@@ -136,17 +136,5 @@ def run() -> dict:
     )
 
 
-def main(argv) -> int:
-    del argv
-    enable_compilation_cache()
-    result = run()
-    print(json.dumps(result, indent=1))
-    if FLAGS.json_out:
-        with open(FLAGS.json_out, "w") as f:
-            json.dump(result, f, indent=1)
-            f.write("\n")
-    return 0
-
-
 if __name__ == "__main__":
-    app.run(lambda argv: sys.exit(main(argv)))
+    run_main(run)

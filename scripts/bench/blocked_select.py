@@ -16,11 +16,11 @@ import dataclasses
 import json
 import math
 import statistics
-import sys
 import time
 
 import plan_path  # its catalogs and --json_out
-from absl import app, flags
+from absl import flags
+from program_variants import run_main
 
 from helios_jax.catalog import DecodeMode, GraphKind
 from helios_jax.scheduler import policy, service
@@ -85,15 +85,5 @@ def run() -> dict:
     return dict(cases=cases, runs=FLAGS.runs)
 
 
-def main(argv) -> int:
-    del argv
-    result = run()
-    if FLAGS.json_out:
-        with open(FLAGS.json_out, "w") as f:
-            json.dump(result, f, indent=1)
-            f.write("\n")
-    return 0
-
-
 if __name__ == "__main__":
-    app.run(lambda argv: sys.exit(main(argv)))
+    run_main(run)

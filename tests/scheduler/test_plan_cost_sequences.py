@@ -121,14 +121,8 @@ def test_stale_prerequisites_keep_their_sequences():
         assert [_key(r) for r in rows] == [_key(r) for r in policy.scored(inp)]
 
 
-def test_a_sequence_that_dominates_a_kept_one_is_kept():
-    """Snapshot B=1 measured slow (50 ms), B=4 fast: one stream behind a window snapshot and
-    ready decoders. Both snapshots' sequences do the same work, so B=4's row is redundant padding
-    and dominance drops it, though B=1's scores far below the best row; leaving B=1's row out
-    would keep B=4's, which then wins where no padding may."""
-    costs = measured(ORDINARY)
-    snap1 = next(g for g in ORDINARY.graphs if g.kind is GraphKind.SNAPSHOT and g.batch_capacity == 1)
-    costs.observe(snap1.key, [50e6], 0)
+def _snapshot_and_decoders() -> list[RequestView]:
+    """One stream behind a window snapshot, enabling decode, and three ready decoders."""
     views = [
         dataclasses.replace(
             decoder(0, x=0.5, age_ms=30.0),
@@ -137,8 +131,18 @@ def test_a_sequence_that_dominates_a_kept_one_is_kept():
             enables=Phase.DECODE,
         )
     ]
-    views += [decoder(i, x=8.0) for i in range(1, 4)]
-    inp = inputs(views, catalog=ORDINARY, mode=DecodeMode.ORDINARY, costs=costs)
+    return views + [decoder(i, x=8.0) for i in range(1, 4)]
+
+
+def test_a_sequence_that_dominates_a_kept_one_is_kept():
+    """Snapshot B=1 measured slow (50 ms), B=4 fast: one stream behind a window snapshot and
+    ready decoders. Both snapshots' sequences do the same work, so B=4's row is redundant padding
+    and dominance drops it, though B=1's scores far below the best row; leaving B=1's row out
+    would keep B=4's, which then wins where no padding may."""
+    costs = measured(ORDINARY)
+    snap1 = next(g for g in ORDINARY.graphs if g.kind is GraphKind.SNAPSHOT and g.batch_capacity == 1)
+    costs.observe(snap1.key, [50e6], 0)
+    inp = inputs(_snapshot_and_decoders(), catalog=ORDINARY, mode=DecodeMode.ORDINARY, costs=costs)
     full = policy.scored(inp)
     snapshots = [r for r in full if r.graph.kind is GraphKind.SNAPSHOT]
     assert snapshots and all(r.graph.batch_capacity == 1 for r in snapshots)  # B=4's are dominated
@@ -157,16 +161,7 @@ def test_a_sequence_whose_follower_dominates_a_kept_ones_is_kept():
         g for g in ORDINARY.graphs if g.kind is GraphKind.DECODE and g.batch_capacity == 4 and g.steps == 1
     )
     costs.observe(decode4.key, [50e6], 0)
-    views = [
-        dataclasses.replace(
-            decoder(0, x=0.5, age_ms=30.0),
-            phase=Phase.BLOCKED,
-            prerequisites=(GraphKind.SNAPSHOT,),
-            enables=Phase.DECODE,
-        )
-    ]
-    views += [decoder(i, x=8.0) for i in range(1, 4)]
-    inp = inputs(views, catalog=ORDINARY, mode=DecodeMode.ORDINARY, costs=costs)
+    inp = inputs(_snapshot_and_decoders(), catalog=ORDINARY, mode=DecodeMode.ORDINARY, costs=costs)
 
     def on_eight(rows) -> list:
         return [
