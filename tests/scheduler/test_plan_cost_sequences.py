@@ -210,7 +210,8 @@ def _oracle_kept(inp: policy.SelectionInput, floor: float) -> set:
     """The sequences `bounded_entries` must build, from the built rows: those built whatever
     their score (a ragged follower's), indeterminate or stale ones, those not below `floor` by
     more than four tie tolerances, and every one whose pair of shapes dominates a kept one's
-    (each the same or smaller, not both the same; the followers of one class)."""
+    (each the same or smaller, not both the same; the followers of one class, with as many
+    lanes)."""
     sel = policy.Selection(inp)
     entries = prerequisites.prerequisite_entries(sel)
     eager = {id(e) for e in entries if not isinstance(e, prerequisites.Sequence)}  # ragged followers
@@ -231,8 +232,10 @@ def _oracle_kept(inp: policy.SelectionInput, floor: float) -> set:
         return g is h or g in dominators[h]
 
     for r in rows:
-        if any(
-            k.signature[2] == r.signature[2]
+        if _is_sequence(r) and any(
+            _is_sequence(k)
+            and k.signature[2] == r.signature[2]
+            and len(k.signature[3]) == len(r.signature[3])  # as many follower lanes
             and (r.graph, r.following) != (k.graph, k.following)
             and same_or_dominating(r.graph, k.graph)
             and same_or_dominating(r.following, k.following)

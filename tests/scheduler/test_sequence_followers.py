@@ -178,7 +178,7 @@ def test_an_unmeasured_larger_follower_with_the_same_cohort_is_pruned(larger):
         small, big = "prefill[B=1,W=64,D=0,C=0,P=0]", "prefill[B=1,W=128,D=0,C=0,P=0]"
     else:
         p4, p16 = (GraphDescriptor(GraphKind.PREFILL, b, token_capacity=64) for b in (4, 16))
-        extra, costs = (p4, p16), measured(ORDINARY)
+        extra, costs = (p16, p4), measured(ORDINARY)  # the dominated pair listed first
         costs.observe(p4.key, [6.0e6], 0)
         small, big = p4.name, p16.name
     found = _sequences(_init_prefill(extra, costs, views), kind=GraphKind.INITIALIZE)

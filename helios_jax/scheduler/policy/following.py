@@ -106,12 +106,8 @@ class Population:
 
     def with_room(self, room: int) -> Population:
         """The same rows with `room` following-graph rows (a prefill follower of another batch
-        capacity and the same chunk), sharing the orders and prefix sums computed so far."""
-        other = dataclasses.replace(self, room=room)
-        for name in ("_new_order", "_ready_order", "new_prefix", "ready_prefix"):
-            if name in self.__dict__:
-                other.__dict__[name] = self.__dict__[name]
-        return other
+        capacity and the same chunk)."""
+        return dataclasses.replace(self, room=room)
 
     @classmethod
     def of(
