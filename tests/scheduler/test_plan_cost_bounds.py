@@ -317,3 +317,50 @@ def test_programs_listed_after_a_deferred_ragged_program_are_still_scored():
     chosen = policy.select(inp, rows=rows)
     assert chosen == policy.select(inp, rows=policy.scored(inp))
     assert chosen.graph.token_capacity == 1  # a width-one program, listed after the deferred one
+
+
+def test_two_deferred_ragged_programs_keep_scored_order():
+    """RAGGED with a second device ragged program (B = 8, W = 2, P = 8) that dominates none, so
+    two programs are deferred, listed first and in the middle of the generation programs. The
+    rows stay in scored()'s order, each deferred row where scored() has it, select() chooses the
+    same, and both outcomes occur: both deferred rows kept, and the second kept after the first
+    is left out."""
+    from helios_jax.catalog import Allocation, GraphDescriptor
+
+    wide = GraphDescriptor(
+        GraphKind.SPECULATIVE,
+        8,
+        token_capacity=2,
+        proposal_depth=3,
+        target_capacity=8,
+        allocation=Allocation.PREFIX_LIMIT,
+        duration_ms=4.9,
+    )
+    device = next(g for g in RAGGED.graphs if g.allocation is Allocation.PREFIX_LIMIT)
+    rest = [g for g in RAGGED.graphs if g is not device]
+    first_wide = next(
+        i for i, g in enumerate(rest) if g.kind is GraphKind.SPECULATIVE and g.token_capacity > 1
+    )
+    # Generation order: the wide program first, the width-one ones, the device one, the rest.
+    order = [wide, *rest[:first_wide], device, *rest[first_wide:]]
+    catalog = dataclasses.replace(RAGGED, graphs=tuple(order))
+    rng, outcomes = np.random.default_rng(5), set()
+    for _ in range(60):
+        views = [
+            decoder(
+                i,
+                x=float(rng.choice([1.0, 8.0])),
+                survival=geometric(float(rng.uniform(0.3, 0.97))),
+                age_ms=float(rng.uniform(0, 30)),
+                output_remaining=int(rng.choice([2, 1000])),
+            )
+            for i in range(int(rng.integers(2, 9)))
+        ]
+        _bounded_against_full(views, catalog=catalog)
+        inp = inputs(views, catalog=catalog)
+        sel, deferred = policy.Selection(inp), []
+        generation.generation_candidates(sel, deferred)
+        kept = {id(r.graph) for r in policy.selection_rows(inp)[1]}
+        outcomes.add(tuple(id(g) in kept for _, g in deferred))
+    assert len(deferred) == 2
+    assert {(True, True), (False, True)} <= outcomes
