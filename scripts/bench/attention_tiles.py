@@ -63,20 +63,16 @@ def _program(programs, kind: GraphKind, lanes: int):
     return next(p for p in programs.values() if wanted(p))
 
 
-def _compiled(model, engine, tiles: RaggedAttentionTiles | None) -> dict:
-    """The CASES' programs compiled with `tiles` (None: the defaults)."""
+def _compiled(model, engine, tiles: RaggedAttentionTiles | None):
+    """The engine's programs, the CASES' compiled with `tiles` (None: the defaults)."""
     programs = build_programs(model.config, model.params, engine, engine.catalog())
-    out = {}
     with ExitStack() as stack:
         if tiles is not None:
             kernel = functools.partial(ragged_paged_attention, tiles=tiles)
             stack.enter_context(mock.patch("helios_jax.programs.impls.ragged_paged_attention", kernel))
-        for kind, lanes, _ in CASES:
-            program = _program(programs, kind, lanes)
-            if program.name not in out:
-                program.compile(programs.params_spec, programs.state_spec)
-                out[program.name] = program
-    return programs, out
+        for kind, lanes in {(kind, lanes) for kind, lanes, _ in CASES}:
+            _program(programs, kind, lanes).compile(programs.params_spec, programs.state_spec)
+    return programs
 
 
 def _run(program, params, state, inputs):
@@ -94,15 +90,14 @@ def run() -> dict:
     q, k, pk = (int(x) for x in FLAGS.against)
     against = RaggedAttentionTiles(xla_block_q=q, xla_block_k=k, xla_prompt_block_k=pk)
     variants = {"default": _compiled(model, engine, None), "against": _compiled(model, engine, against)}
-    states = {name: programs.init_state() for name, (programs, _) in variants.items()}
+    states = {name: programs.init_state() for name, programs in variants.items()}
     samples = {(name, i): [] for name in variants for i in range(len(CASES))}
     tokens = {}
     names = list(variants)
     for r in range(FLAGS.runs + 1):
         for i, (kind, lanes, cursor) in enumerate(CASES):
             for name in names[r % 2 :] + names[: r % 2]:
-                programs, compiled = variants[name]
-                program = compiled[_program(programs, kind, lanes).name]
+                program = _program(variants[name], kind, lanes)
                 inputs = measurement_inputs(program, engine, cursor)
                 state = states[name].replace(cursor=jnp.full((engine.state_rows,), cursor, jnp.int32))
                 ms, states[name], outputs = _run(program, model.params, state, inputs)

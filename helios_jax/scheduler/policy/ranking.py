@@ -72,9 +72,9 @@ def prune_dominated(candidates: list[ScoredCandidate], prepared: PreparedGraphs)
     for group in groups.values():
         if len(group) > 1:
             present = {id(o.graph) for o in group}
+            pairs = [(o.graph, o.following) for o in group]
             for r in group:
                 if r.following is not None:
-                    pairs = [(o.graph, o.following) for o in group]
                     if pair_dominated(r.graph, r.following, pairs, dominators):
                         dropped.add(id(r))
                 elif not dominators[id(r.graph)].isdisjoint(present):

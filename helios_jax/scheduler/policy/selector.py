@@ -88,10 +88,11 @@ def bounded_rows(
     # built (the other families', the continuations' and ragged followers'), which no sequence
     # left to build can lower: it shares a signature with none of them.
     built = [e for e in sequences if isinstance(e, ScoredCandidate)]
-    others = generation + prompts + mixed + terminals + built
-    floor = floor_of(prune_dominated(others, sel.prepared)) if len(built) < len(sequences) else None
-    if floor is None and len(built) < len(sequences):  # nothing else built: a sequence's own
-        floor = surviving_floor(sel, sequences)
+    floor = None
+    if len(built) < len(sequences):
+        floor = floor_of(prune_dominated(generation + prompts + mixed + terminals + built, sel.prepared))
+        if floor is None:  # nothing else built (a probe's floor is never None): a sequence's own
+            floor = surviving_floor(sel, sequences)
     captures = terminals + bounded_entries(sel, sequences, floor, fresh)
     rows = prune_dominated(generation + prompts + mixed + captures, sel.prepared)
     if not deferred and not mixed_later:
