@@ -1,13 +1,17 @@
 """Selection while prompts wait for initialization: what a burst's first decisions cost.
 
-    python scripts/bench/blocked_select.py [--blocked=16] [--ready=0,4] [--runs=300] [--json_out=FILE]
+    python scripts/bench/blocked_select.py [--blocked=16] [--ready=0,4] [--runs=300]
+        [--measured=all] [--json_out=FILE]
 
 On `engine.py`'s catalog (`plan_path.py --catalog=engine-off16`: prompt rows 1, 4, 16, chunks
 64-512, decode of 1, 4 and 8 steps, synthetic durations seeded through the observation path),
 `--blocked` requests with 64-token prompts wait on initialization, beside `--ready` prompts
-already initialized. Times `policy.selection_rows` and `policy.select` on its rows (median of
---runs after 20 untimed) and reports how many rows the selection built and what it chose. Run
-it from two checkouts with `ab_checkouts.py` to compare them.
+already initialized. `--measured=one_stream` leaves unmeasured every program but the one-row
+ones of the smallest chunk (what an engine that has served one 64-token prompt at a time has
+measured: the larger shapes' sequences are indeterminate). Times `policy.selection_rows` and
+`policy.select` on its rows (median of --runs after 20 untimed) and reports how many rows the
+selection built and what it chose. Run it from two checkouts with `ab_checkouts.py` to compare
+them.
 """
 
 from __future__ import annotations
@@ -33,6 +37,18 @@ FLAGS = flags.FLAGS
 flags.DEFINE_integer("blocked", 16, "requests waiting on initialization")
 flags.DEFINE_list("ready", ["0", "4"], "prompts already initialized beside them (one case each)")
 flags.DEFINE_integer("runs", 300, "timed selections per case")
+flags.DEFINE_enum("measured", "all", ["all", "one_stream"], "which programs have a duration estimate")
+
+
+def _measured(catalog) -> CostModel:
+    """Every program's synthetic duration, or (one_stream) the one-row programs' of chunk 64."""
+    costs = CostModel()
+    costs.seed_from_catalog(catalog, 0)
+    if FLAGS.measured == "one_stream":
+        for g in catalog.graphs:
+            if g.batch_capacity > 1 or (g.kind.is_prefill and g.token_capacity > 64):
+                costs._entries.pop(g.key, None)
+    return costs
 
 
 def _prompt(rid: int, blocked: bool, config: PolicyConfig) -> RequestView:
@@ -56,8 +72,7 @@ def run() -> dict:
     FLAGS.catalog = "engine-off16"
     catalog, _ = plan_path.engine_catalog("all")
     graphs = PreparedGraphs(catalog.eligible(DecodeMode.ORDINARY))
-    costs = CostModel()
-    costs.seed_from_catalog(catalog, 0)
+    costs = _measured(catalog)
     config = PolicyConfig()
     cases = []
     for ready in map(int, FLAGS.ready):
@@ -82,7 +97,7 @@ def run() -> dict:
             )
         )
         print(json.dumps(cases[-1]), flush=True)
-    return dict(cases=cases, runs=FLAGS.runs)
+    return dict(cases=cases, runs=FLAGS.runs, measured=FLAGS.measured)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ from helios_jax.catalog import Allocation, DecodeMode, GraphDescriptor, GraphKin
 from helios_jax.scheduler import utility
 from helios_jax.scheduler.policy.follower_rows import DecoderRows
 from helios_jax.scheduler.policy.selection import Selection
-from helios_jax.scheduler.policy.tables import DecoderTable
+from helios_jax.scheduler.policy.tables import DecoderTable, PromptTable
 from helios_jax.scheduler.rounds import prefix_allocation_order
 from helios_jax.scheduler.view import Lane, LaneRole, Phase, RequestView
 
@@ -181,12 +181,15 @@ def populations(
     shapes = [Population(new_values, new_lane, ready_values, ready_lane, b2)]
     if g2.kind is GraphKind.MIXED:
         prompts, cap = sel.prompts, g2.prefill_capacity
+        smaller = _unexplored_below(sel, g2)
+        explored = ~prompts.excluded_from_exploration(smaller, prompts.work(cap))
         for i in range(prompts.count):
-            if prompts.work(cap)[i] > 0 and not prompts.needs_scores[i]:
+            if prompts.work(cap)[i] > 0 and not prompts.needs_scores[i] and explored[i]:
                 fixed = [prompts.lane(i, cap)]
                 shapes.append(Population(new_values, new_lane, ready_values, ready_lane, b2 - 1, fixed))
-        for v in new_views:
-            if v.enables is Phase.PREFILL and prompt_value(sel, v, cap) > 0:
+        enabled = [v for v in new_views if v.enables is Phase.PREFILL]
+        for v in _explored(sel, enabled, cap, smaller):
+            if prompt_value(sel, v, cap) > 0:
                 fixed = [prompt_lane(sel, v, cap)]
                 shapes.append(Population(new_values, new_lane, ready_values, ready_lane, b2 - 1, fixed, True))
     return shapes
@@ -194,19 +197,47 @@ def populations(
 
 def prefill_population(sel: Selection, g2: GraphDescriptor, new_views: list[RequestView]) -> Population:
     """A prefill follower's population: the prompts the prerequisite enables, worth something
-    in this chunk, and the prompts already ready."""
+    in this chunk, and the prompts already ready; an unmeasured follower leaves out those it
+    would explore where a smaller chunk consumes the same tokens (:func:`_unexplored_below`)."""
     prompts = sel.prompts
     cap, scored = g2.token_capacity, g2.kind is GraphKind.SCORED_PREFILL
-    new_lanes = [prompt_lane(sel, v, cap, scored) for v in new_views if v.enables is Phase.PREFILL]
+    smaller = _unexplored_below(sel, g2)
+    enabled = [v for v in new_views if v.enables is Phase.PREFILL]
+    new_lanes = [prompt_lane(sel, v, cap, scored) for v in _explored(sel, enabled, cap, smaller)]
     values, work = prompts.values(cap), prompts.work(cap)
+    explored = ~prompts.excluded_from_exploration(smaller, work)
     ready = [
         (float(values[i]), prompts.lane(i, cap))
         for i in range(prompts.count)
-        if prompts.needs_scores[i] == scored and work[i] > 0
+        if prompts.needs_scores[i] == scored and work[i] > 0 and explored[i]
     ]
     return Population.of(
         [(lane.value, lane) for lane in new_lanes if lane.value > 0], ready, g2.batch_capacity
     )
+
+
+def _unexplored_below(sel: Selection, g2: GraphDescriptor) -> list[int]:
+    """The prompt capacities of `g2`'s smaller prepared programs of its shape when `g2` is
+    unmeasured (duration-estimates/prefill-explore-smaller, RESOLUTIONS 36: a follower explores
+    as its direct candidates do): a prompt row that one of them consumes the same way up to its
+    next endpoint is not explored on `g2`. Empty when `g2` is measured."""
+    if sel.costs.is_known(g2.key):
+        return []
+    if g2.kind is GraphKind.MIXED:
+        return [h.prefill_capacity for h in sel.prepared.smaller_mixed[g2]]
+    return [h.token_capacity for h in sel.prepared.smaller_prefill[g2]]
+
+
+def _explored(
+    sel: Selection, views: list[RequestView], capacity: int, smaller: list[int]
+) -> list[RequestView]:
+    """The enabled prompt `views` a chunk of `capacity` may explore (`smaller`: as
+    :func:`_unexplored_below`), by the prompt table's own rule."""
+    if not smaller or not views:
+        return views
+    table = PromptTable(views, sel.decision)
+    excluded = table.excluded_from_exploration(smaller, table.work(capacity))
+    return [v for v, out in zip(views, excluded) if not out]
 
 
 def population_choice(pair: Pair, pop: Population) -> utility.PairCohort | None:

@@ -159,8 +159,9 @@ def _sequence_candidates(
 ) -> list[Entry]:
     """Every (g1, following shape) pair's best joint cohort, as two-stage sequence candidates.
 
-    A prefill follower's population depends on the rows g1's kind enables and the follower's
-    chunk, not on g1's shape or timing nor the follower's batch capacity (its room), a
+    A prefill follower's population depends on the rows g1's kind enables, the follower's chunk
+    and whether it is measured, not on g1's shape or timing nor the follower's batch capacity
+    (its room), a
     decode-like follower's rows on g1 only through the sequence's length (``follower_rows``):
     each is built once per kind (`followers`) for every g1 of it."""
     found: list[Entry] = []
@@ -179,8 +180,8 @@ def _sequence_candidates(
                     found.append(_sequence_candidate(sel, pair, cohort))
                 continue
             if g2.kind.is_prefill:
-                if key not in followers:  # its rows depend on the chunk, not the batch capacity
-                    chunk = (g1.kind, enables, g2.kind, g2.token_capacity)
+                if key not in followers:  # its rows depend on the chunk and whether g2 is measured
+                    chunk = (g1.kind, enables, g2.kind, g2.token_capacity, sel.costs.is_known(g2.key))
                     if chunk not in followers:
                         followers[chunk] = prefill_population(sel, g2, new_views)
                     followers[key] = followers[chunk].with_room(g2.batch_capacity)
