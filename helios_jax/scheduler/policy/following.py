@@ -233,7 +233,7 @@ def _explored(
 ) -> list[RequestView]:
     """The enabled prompt `views` a chunk of `capacity` may explore (`smaller`: as
     :func:`_unexplored_below`), by the prompt table's own rule."""
-    if not smaller or not views:
+    if not smaller:
         return views
     table = PromptTable(views, sel.decision)
     excluded = table.excluded_from_exploration(smaller, table.work(capacity))
