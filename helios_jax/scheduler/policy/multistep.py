@@ -146,9 +146,12 @@ def multistep_candidate(sel: Selection, g: GraphDescriptor, ranked: RankedLanes)
     size = min(g.batch_capacity, ranked.order.size)
     if size == 0:
         return None
+    kappa = dominated_steps(sel.prepared, g)[:size]
+    if kappa[-1] >= ranked.reach[-1]:  # every size is dominated (kappa falls, reach rises)
+        return None
     t = sel.duration(g) or 0.0
     per_ms = decoders.age_value_per_ms
-    found = _best_cohort(ranked, dominated_steps(sel.prepared, g)[:size], per_ms, t)
+    found = _best_cohort(ranked, kappa, per_ms, t)
     if found is None:
         return None
     total, idx = found
