@@ -10,7 +10,8 @@ submits `c` requests at once and reads every stream on one asyncio loop with the
 its first event's arrival on that loop less the burst's submission. Three untimed bursts per
 concurrency first, then `--bursts` timed ones, concurrencies interleaved burst by burst. Reported
 per concurrency: TTFT p50 and p90 over the bursts' medians, and the median time of the engine's
-decisions by the kind of program each chose (``Scheduler.plan``, wrapped from outside).
+decisions by the kind of program each chose (``Scheduler.plan``, wrapped from outside), and how
+many of each program other than decode a burst ran (initializations, prefills, snapshots).
 
 Run it from two checkouts with `ab_checkouts.py --fields='p50|p90|_ms'` to compare them.
 """
@@ -104,13 +105,18 @@ def run() -> dict:
     decisions = DecisionTimes(engine.scheduler)
     ttft: dict[int, list[float]] = {c: [] for c in concurrencies}
     plans: dict[int, dict[str, list[float]]] = {c: {} for c in concurrencies}
+    starts: dict[int, collections.Counter] = {c: collections.Counter() for c in concurrencies}
     try:
         for i in range(FLAGS.bursts + 3):
             for c in concurrencies:
                 decisions.by_kind.clear()
                 decisions.on = i >= 3
+                before = dict(engine.executor.graph_counts)
                 value = burst(engine, prompts[:c])
                 if i >= 3:
+                    for name, n in engine.executor.graph_counts.items():
+                        if not name.startswith("decode") and n > before.get(name, 0):
+                            starts[c][name] += n - before.get(name, 0)
                     ttft[c].append(value)
                     for kind, times in decisions.by_kind.items():
                         plans[c].setdefault(kind, []).extend(times)
@@ -124,6 +130,7 @@ def run() -> dict:
                 ttft_p50=round(percentile(ttft[c], 50), 3),
                 ttft_p90=round(percentile(ttft[c], 90), 3),
                 decision_ms={k: round(statistics.median(v), 4) for k, v in sorted(plans[c].items())},
+                programs_per_burst={k: round(n / FLAGS.bursts, 2) for k, n in sorted(starts[c].items())},
             )
         )
         print(cases[-1], flush=True)
