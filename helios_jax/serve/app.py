@@ -25,6 +25,7 @@ A second signal during the drain aborts at once.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import signal
 import socket
@@ -237,6 +238,7 @@ def serve(config: ServerConfig, engine_factory: EngineFactory) -> int:
             return 1
         server.attach_engine(engine)
         _wait_until_ready(server, engine, start)
+        info("froze the startup heap: %d objects the collector no longer scans", freeze_startup_heap())
         info(
             "[3/3] ready: serving model '%s' on %s (%.1f s after start)",
             server.served_model(),
@@ -254,6 +256,20 @@ def serve(config: ServerConfig, engine_factory: EngineFactory) -> int:
         server.stop()
         if engine is not None:
             engine.shutdown()
+
+
+def freeze_startup_heap() -> int:
+    """Collect, then move every object alive now (the model, the compiled programs, jax's and the
+    libraries' own, about 650,000 with the embedded model) to the collector's permanent
+    generation; returns how many. A full collection scans every tracked object and holds the
+    interpreter lock meanwhile: with that heap it took about 400 ms (the engine loop and every
+    stream stalled), and 0.5 ms once it is frozen (docs/engine.md, "The startup heap"). Once per
+    server process, after the engine is ready; objects of the startup heap that later become
+    cyclic garbage are not reclaimed, which a heap built once for the process's life does not
+    produce."""
+    gc.collect()
+    gc.freeze()
+    return gc.get_freeze_count()
 
 
 def _raise_keyboard_interrupt(signum, frame):
