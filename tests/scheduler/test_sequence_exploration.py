@@ -4,8 +4,10 @@ the same way up to the row's next message or prompt endpoint (RESOLUTIONS 36), e
 direct candidates of that program leave the row out. Each case differs from the dominance
 filter's: the larger chunk consumes more of the prompt, so no smaller pair has the same work."""
 
+import numpy as np
 import pytest
 
+from helios_jax import catalog_family
 from helios_jax.catalog import DecodeMode, GraphDescriptor, GraphKind
 from helios_jax.reference.crosscheck import with_prefill_batch
 from helios_jax.scheduler import policy
@@ -95,3 +97,90 @@ def test_an_unmeasured_mixed_follower_does_not_explore_a_prompt_a_smaller_chunk_
     assert any(
         rows.get(rid) == 100 for rows in _followers(_selection(ORDINARY, measured(ORDINARY), views), big.name)
     )
+
+
+FAMILY = list(catalog_family.family(6, 0))
+
+
+def _endpoint(v) -> int:
+    """Tokens to the row's next message or prompt endpoint, within what a chunk may consume."""
+    end = v.prompt_remaining if v.endpoint is None else v.endpoint
+    limit = v.prompt_remaining if v.prompt_limit is None else v.prompt_limit
+    return min(end, v.prompt_remaining, limit)
+
+
+def _smaller_capacities(graphs, g2) -> list[int]:
+    """The prompt capacities the rule compares `g2` with, read from the catalog: smaller chunks
+    of its kind (prefill), or of its batch and width (mixed)."""
+    if g2.kind is GraphKind.MIXED:
+        return [
+            h.prefill_capacity
+            for h in graphs
+            if h.kind is GraphKind.MIXED
+            and (h.batch_capacity, h.token_capacity) == (g2.batch_capacity, g2.token_capacity)
+            and h.prefill_capacity < g2.prefill_capacity
+        ]
+    return [h.token_capacity for h in graphs if h.kind is g2.kind and h.token_capacity < g2.token_capacity]
+
+
+def _scenario(rng, first_rid=1):
+    """Prompts behind a restore or an initialization, ready prompts and decoders, some restored:
+    random lengths, about half with an endpoint inside the prompt."""
+    views, rid = [], first_rid
+
+    def endpoint(n):
+        return int(rng.integers(1, n + 1)) if rng.random() < 0.5 else None
+
+    for _ in range(int(rng.integers(1, 4))):
+        n = int(rng.integers(20, 600))
+        kind = GraphKind.RESTORE if rng.random() < 0.5 else GraphKind.INITIALIZE
+        views.append(blocked(rid, [kind], Phase.PREFILL, tokens=n, endpoint=endpoint(n)))
+        rid += 1
+    for _ in range(int(rng.integers(0, 4))):
+        n = int(rng.integers(20, 600))
+        views.append(prompt(rid, n, endpoint=endpoint(n)))
+        rid += 1
+    for _ in range(int(rng.integers(0, 3))):
+        views.append(blocked(rid, [GraphKind.RESTORE], Phase.DECODE))
+        rid += 1
+    return views
+
+
+@spec("duration-estimates/prefill-explore-smaller", "prerequisites/following-ready")
+@pytest.mark.parametrize("index", range(len(FAMILY)))
+def test_no_unmeasured_follower_explores_a_row_a_smaller_chunk_consumes_alike_on_generated_catalogs(index):
+    """On the first six catalogs of the generated family (with four-row prefill programs added),
+    random blocked and ready prompts with random endpoints and a random two fifths of the prompt
+    programs unmeasured: every prompt row of every sequence's unmeasured follower is one that no
+    smaller capacity of its shape consumes the same way up to the row's endpoint (the rule
+    recomputed here from the views and the catalog). The property must be exercised: some
+    unmeasured followers carry prompt rows."""
+    member = FAMILY[index]
+    cat = with_prefill_batch(member.catalog, (4,))
+    mode = DecodeMode.ORDINARY if member.params["mode"] == "ordinary" else DecodeMode.ADAPTIVE
+    graphs = cat.eligible(mode)
+    rng = np.random.default_rng(index)
+    rows = 0
+    for _ in range(25):
+        costs = measured(cat)
+        for g in graphs:
+            if g.kind in (GraphKind.PREFILL, GraphKind.MIXED) and rng.random() < 0.4:
+                costs._entries.pop(g.key, None)
+        views = _scenario(rng)
+        by_rid = {v.rid: v for v in views}
+        inp = policy.SelectionInput(views, graphs, costs, 0, POLICY, mode)
+        for c in policy.candidates(inp):
+            g2 = c.following.graph if c.following is not None else None
+            if g2 is None or g2.kind not in (GraphKind.PREFILL, GraphKind.MIXED) or costs.is_known(g2.key):
+                continue
+            cap = g2.prefill_capacity if g2.kind is GraphKind.MIXED else g2.token_capacity
+            smaller = _smaller_capacities(graphs, g2)
+            for lane in c.following.lanes:
+                if lane.role is not LaneRole.PROMPT:
+                    continue
+                v = by_rid[lane.rid]
+                end = _endpoint(v)
+                mine = min(v.prompt_work(cap), end)
+                assert all(min(v.prompt_work(h), end) != mine for h in smaller), (g2.name, v)
+                rows += 1
+    assert rows > 0
