@@ -161,12 +161,17 @@ def _sequence_candidates(
 
     A prefill follower's population depends on the rows g1's kind enables, the follower's chunk
     and whether it is measured, not on g1's shape or timing nor the follower's batch capacity
-    (its room), a
-    decode-like follower's rows on g1 only through the sequence's length (``follower_rows``):
-    each is built once per kind (`followers`) for every g1 of it."""
+    (its room), a decode-like follower's rows on g1 only through the sequence's length
+    (``follower_rows``): each is built once per kind (`followers`) for every g1 of it.
+
+    So a g1 with a smaller prepared shape of its kind that holds the whole group offers no
+    sequence with a prefill follower when it finishes no terminal row (:func:`_carried`): the
+    smaller shape's sequence with the same follower takes the same cohort, runs the same rows
+    and drops this one by dominance (``ranking.pair_dominated``)."""
     found: list[Entry] = []
     terminals = sel.terminals if g1.kind is GraphKind.SNAPSHOT else []
     terminal_ages = np.array([v.terminal_age_ms for v in terminals])
+    carried = not terminals and _carried(sel, g1, len(group))
     for enables in (Phase.DECODE, Phase.PREFILL):
         new_views = [v for v in singles if v.enables is enables]
         if not new_views:
@@ -180,6 +185,8 @@ def _sequence_candidates(
                     found.append(_sequence_candidate(sel, pair, cohort))
                 continue
             if g2.kind.is_prefill:
+                if carried:
+                    continue
                 if key not in followers:  # its rows depend on the chunk and whether g2 is measured
                     chunk = (g1.kind, enables, g2.kind, g2.token_capacity, sel.costs.is_known(g2.key))
                     if chunk not in followers:
@@ -198,6 +205,15 @@ def _sequence_candidates(
                 shapes = populations(sel, g2, new_views, pair.total_ms, followers[key])
             found.extend(_scored_sequences(sel, (g1.kind, enables, follower_class(g2)), pair, shapes))
     return found
+
+
+def _carried(sel: Selection, g1: GraphDescriptor, group_size: int) -> bool:
+    """Whether a smaller prepared shape of g1's kind (a dominator) holds all `group_size` blocked
+    rows of the kind. Then, with no terminal rows, a prefill follower's cohort is the same after
+    either shape: the joint choice reads g1 only through its room for the rows the follower's
+    population enables, at most the group (``utility.best_pair_of_prefixes``), the population
+    does not depend on g1 (no age term), and both shapes advance every other row of the group."""
+    return any(h.batch_capacity >= group_size for h in sel.prepared.dominators[g1])
 
 
 def follower_class(g2: GraphDescriptor) -> tuple:
