@@ -176,7 +176,10 @@ def _sequence_candidates(
         new_views = [v for v in singles if v.enables is enables]
         if not new_views:
             continue
-        for g2 in following_graphs(sel, enables):
+        graphs = following_graphs(sel, enables)
+        if carried:  # the smaller shape's sequences with these followers drop this one's
+            graphs = [g2 for g2 in graphs if not g2.kind.is_prefill]
+        for g2 in graphs:
             key = (g1.kind, enables, g2.key)  # `followers`' entry
             if is_ragged(g2):
                 pair = _pair(sel, g1, g2, group, terminals, terminal_ages)
@@ -185,8 +188,6 @@ def _sequence_candidates(
                     found.append(_sequence_candidate(sel, pair, cohort))
                 continue
             if g2.kind.is_prefill:
-                if carried:
-                    continue
                 if key not in followers:  # its rows depend on the chunk and whether g2 is measured
                     chunk = (g1.kind, enables, g2.kind, g2.token_capacity, sel.costs.is_known(g2.key))
                     if chunk not in followers:
