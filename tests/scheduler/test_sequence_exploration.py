@@ -63,14 +63,16 @@ def test_an_unmeasured_prefill_follower_does_not_explore_a_prompt_a_smaller_chun
 @spec("duration-estimates/prefill-explore-smaller", "prerequisites/following-ready")
 def test_an_unmeasured_multi_row_prefill_follower_leaves_out_the_ready_prompts_it_would_explore():
     """A restored 200-token prompt followed by a 4-row prefill of 128-token chunks
-    (unmeasured) beside two ready prompts: 2 (100 tokens, endpoint at 60: W = 64 consumes the
-    same 60) is left out, 3 (300 tokens) rides. Measured, the program takes both."""
+    (unmeasured) beside three ready prompts: 2 (100 tokens, endpoint at 60: W = 64 consumes the
+    same 60) is left out, 3 (300 tokens) rides, 4 (300 tokens, but it needs prompt scores: the
+    other family) never rides, explored or not. Measured, the program takes 2 and 3."""
     cat = with_prefill_batch(ORDINARY, (4,))
     b4 = GraphDescriptor(GraphKind.PREFILL, 4, token_capacity=128)
     views = [
         blocked(1, [GraphKind.RESTORE], Phase.PREFILL, tokens=200),
         prompt(2, 100, endpoint=60),
         prompt(3, 300),
+        prompt(4, 300, needs_scores=True),
     ]
     assert _followers(_selection(cat, _unmeasured(cat, b4), views), b4.name) == [{1: 128, 3: 128}]
     assert _followers(_selection(cat, measured(cat), views), b4.name) == [{1: 128, 2: 100, 3: 128}]

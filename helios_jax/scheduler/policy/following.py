@@ -182,11 +182,9 @@ def populations(
     if g2.kind is GraphKind.MIXED:
         prompts, cap = sel.prompts, g2.prefill_capacity
         smaller = _unexplored_below(sel, g2)
-        explored = ~prompts.excluded_from_exploration(smaller, prompts.work(cap))
-        for i in range(prompts.count):
-            if prompts.work(cap)[i] > 0 and not prompts.needs_scores[i] and explored[i]:
-                fixed = [prompts.lane(i, cap)]
-                shapes.append(Population(new_values, new_lane, ready_values, ready_lane, b2 - 1, fixed))
+        for i in _ready_prompt_rows(prompts, cap, False, smaller):
+            fixed = [prompts.lane(i, cap)]
+            shapes.append(Population(new_values, new_lane, ready_values, ready_lane, b2 - 1, fixed))
         enabled = [v for v in new_views if v.enables is Phase.PREFILL]
         for v in _explored(sel, enabled, cap, smaller):
             if prompt_value(sel, v, cap) > 0:
@@ -204,12 +202,9 @@ def prefill_population(sel: Selection, g2: GraphDescriptor, new_views: list[Requ
     smaller = _unexplored_below(sel, g2)
     enabled = [v for v in new_views if v.enables is Phase.PREFILL]
     new_lanes = [prompt_lane(sel, v, cap, scored) for v in _explored(sel, enabled, cap, smaller)]
-    values, work = prompts.values(cap), prompts.work(cap)
-    explored = ~prompts.excluded_from_exploration(smaller, work)
+    values = prompts.values(cap)
     ready = [
-        (float(values[i]), prompts.lane(i, cap))
-        for i in range(prompts.count)
-        if prompts.needs_scores[i] == scored and work[i] > 0 and explored[i]
+        (float(values[i]), prompts.lane(i, cap)) for i in _ready_prompt_rows(prompts, cap, scored, smaller)
     ]
     return Population.of(
         [(lane.value, lane) for lane in new_lanes if lane.value > 0], ready, g2.batch_capacity
@@ -226,6 +221,18 @@ def _unexplored_below(sel: Selection, g2: GraphDescriptor) -> list[int]:
     if g2.kind is GraphKind.MIXED:
         return [h.prefill_capacity for h in sel.prepared.smaller_mixed[g2]]
     return [h.token_capacity for h in sel.prepared.smaller_prefill[g2]]
+
+
+def _ready_prompt_rows(prompts: PromptTable, capacity: int, scored: bool, smaller: list[int]) -> list[int]:
+    """The already ready prompt rows of the follower's family (`scored`) that consume tokens in a
+    chunk of `capacity`, in table order, less those an unmeasured follower would explore where a
+    smaller chunk consumes the same tokens (`smaller`: as :func:`_unexplored_below`; empty, the
+    measured case, costs no exclusion pass): the mask ``batchprefill.best_rows`` takes too."""
+    work = prompts.work(capacity)
+    allowed = (prompts.needs_scores == scored) & (work > 0)
+    if smaller:
+        allowed &= ~prompts.excluded_from_exploration(smaller, work)
+    return np.flatnonzero(allowed).tolist()
 
 
 def _explored(
