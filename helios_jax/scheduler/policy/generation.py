@@ -40,7 +40,12 @@ def generation_candidates(sel: Selection, defer: Deferred | None = None) -> list
     found: list[ScoredCandidate] = []
     table = sel.decoders.table
     ranked = KStepRanking(sel.decoders)  # K-step lanes by K, shared by the programs of one K
-    for g, route, width, depth in sel.prepared.generation_routes:
+    rows = sel.prepared.generation_rows
+    extent = ranked.extent() if rows.any_multistep else (0, 0)
+    live = rows.live(sel.decoders.count, *extent).tolist()  # the others' rows are dominated
+    for (g, route, width, depth), alive in zip(sel.prepared.generation_routes, live):
+        if not alive:
+            continue
         if route is Route.MULTISTEP:
             found.extend(c for c in [multistep_candidate(sel, g, ranked(g.steps))] if c is not None)
             continue

@@ -17,7 +17,6 @@ the mask holds for one step only, and K-step programs take none.
 
 from __future__ import annotations
 
-import weakref
 from typing import NamedTuple
 
 import numpy as np
@@ -52,6 +51,7 @@ class StepLimits(NamedTuple):
 
 
 _UNLIMITED = np.iinfo(np.int64).max  # no width limit
+_ONE_LANE, _NO_LANE = np.zeros(1, dtype=np.intp), np.zeros(0, dtype=np.intp)
 
 
 def step_limits(decoders: DecoderTable) -> StepLimits:
@@ -105,6 +105,10 @@ def ranked_lanes(decoders: DecoderTable, steps: int, limits: StepLimits) -> Rank
     recently used request first, then the lower slot, as for every generation table."""
     counts = limits.steps(steps)
     values = decoders.output_price * counts + decoders.delivery_value
+    if counts.size == 1:  # one decoder: its own order and sums (no sort, no running sums)
+        order = _ONE_LANE if limits.eligible[0] else _NO_LANE
+        ranked = values[order]
+        return RankedLanes(counts, values, order, counts[order], ranked, ranked, np.zeros(order.size))
     order = np.lexsort((decoders.slots, decoders.last_selected_ns, -values))
     order = order[limits.eligible[order]]
     ranked = values[order]
@@ -124,10 +128,20 @@ class KStepRanking:
     def __call__(self, steps: int) -> RankedLanes:
         hit = self._by_steps.get(steps)
         if hit is None:
-            if self._limits is None:
-                self._limits = step_limits(self.decoders)
-            hit = self._by_steps[steps] = ranked_lanes(self.decoders, steps, self._limits)
+            hit = self._by_steps[steps] = ranked_lanes(self.decoders, steps, self.limits)
         return hit
+
+    @property
+    def limits(self) -> StepLimits:
+        if self._limits is None:
+            self._limits = step_limits(self.decoders)
+        return self._limits
+
+    def extent(self) -> tuple[int, int]:
+        """(the eligible decoders' count, the longest steps limit among them; 0 for none): what
+        ``prepared.GenerationRows.live`` reads, without ranking."""
+        limits = self.limits
+        return int(limits.eligible.sum()), int(limits.limit[limits.eligible].max(initial=0))
 
 
 def multistep_candidate(sel: Selection, g: GraphDescriptor, ranked: RankedLanes) -> ScoredCandidate | None:
@@ -140,15 +154,14 @@ def multistep_candidate(sel: Selection, g: GraphDescriptor, ranked: RankedLanes)
     among the dominators holding c lanes: the best such cohort is the top c, or the top c - 1
     plus the best lane with more steps. The best over every size is exact
     (``reference/cohorts.py``). `ranked`: the decoders' lanes on `g`'s K (:class:`KStepRanking`,
-    shared between the programs of one K).
+    shared between the programs of one K). ``generation_candidates`` asks only for programs with
+    a legal size (``prepared.GenerationRows``).
     """
     decoders = sel.decoders
     size = min(g.batch_capacity, ranked.order.size)
     if size == 0:
         return None
     kappa = dominated_steps(sel.prepared, g)[:size]
-    if kappa[-1] >= ranked.reach[-1]:  # every size is dominated (kappa falls, reach rises)
-        return None
     t = sel.duration(g) or 0.0
     per_ms = decoders.age_value_per_ms
     found = _best_cohort(ranked, kappa, per_ms, t)
@@ -163,29 +176,11 @@ def multistep_candidate(sel: Selection, g: GraphDescriptor, ranked: RankedLanes)
     return sel.score(g, total, idx.size * per_ms, None, lanes)
 
 
-# Per prepared catalog (dropped with it), each K-step program's :func:`dominated_steps`: fixed
-# by the catalog's dominance relation, which is fixed when it is prepared.
-_DOMINATED: weakref.WeakKeyDictionary[PreparedGraphs, dict[GraphDescriptor, np.ndarray]] = (
-    weakref.WeakKeyDictionary()
-)
-
-
 def dominated_steps(prepared: PreparedGraphs, g: GraphDescriptor) -> np.ndarray:
     """i64[B]: for cohorts of c = 1..B lanes of `g`, the most steps any dominator of `g` holding
     c lanes runs (0: none holds them); a cohort whose lanes all take at most that many is
-    dominated. Computed once per prepared catalog and program (read-only)."""
-    table = _DOMINATED.get(prepared)
-    if table is None:
-        table = _DOMINATED[prepared] = {}
-    kappa = table.get(g)
-    if kappa is None:
-        kappa = np.zeros(g.batch_capacity, dtype=np.int64)
-        for h in prepared.dominators[g]:
-            held = kappa[: h.batch_capacity]  # cohorts of c <= B' lanes
-            np.maximum(held, h.steps, out=held)
-        kappa.setflags(write=False)
-        table[g] = kappa
-    return kappa
+    dominated. Computed once per prepared catalog (``prepared.dominated_steps``; read-only)."""
+    return prepared.generation_rows.dominated[g]
 
 
 def _best_cohort(
@@ -198,7 +193,11 @@ def _best_cohort(
     when f is among them, else the top c - 1 plus lane f (none: size c is dominated). Its value
     is summed lane after lane in that order; the score adds c * per_ms * t and, of equal scores,
     the largest size wins."""
-    n, sizes = ranked.order.size, np.arange(1, kappa.size + 1)
+    n = ranked.order.size
+    if kappa.size == 1:  # one size (B = 1, or one lane): lane f alone
+        f = int(np.searchsorted(ranked.reach, kappa[0], side="right"))
+        return None if f == n else (float(ranked.ranked[f]), ranked.order[f : f + 1])
+    sizes = np.arange(1, kappa.size + 1)
     first = np.searchsorted(ranked.reach, kappa, side="right")  # [size]: f (n: no such lane)
     legal = first < n
     if not legal.any():

@@ -77,9 +77,6 @@ class PreparedGraphs:
         self.graphs = tuple(graphs)
         self.generation = [g for g in self.graphs if g.kind in (GraphKind.DECODE, GraphKind.SPECULATIVE)]
         # Each generation program with its route and lane-table shape (W, D), classified once.
-        self.generation_routes = [
-            (g, generation_route(g), g.token_capacity, g.proposal_depth) for g in self.generation
-        ]
         self.prefill = [g for g in self.graphs if g.kind.is_prefill]
         self.mixed = [g for g in self.graphs if g.kind is GraphKind.MIXED]
         self.snapshots = [g for g in self.graphs if g.kind is GraphKind.SNAPSHOT]
@@ -92,16 +89,18 @@ class PreparedGraphs:
         self.dominator_ids = {id(g): {id(h) for h in hs} for g, hs in self.dominators.items()}
         # Programs that dominate another: leaving one's candidate out could keep a dominated row.
         self.dominating_ids = frozenset(i for ids in self.dominator_ids.values() for i in ids)
+        # Each generation program with its route and lane-table shape (W, D), classified once.
+        self.generation_routes = [
+            (g, generation_route(g), g.token_capacity, g.proposal_depth) for g in self.generation
+        ]
+        self.generation_rows = GenerationRows(self.generation_routes, self.dominators)
         self.smaller_prefill = {
             g: [h for h in self.prefill if h.kind is g.kind and h.token_capacity < g.token_capacity]
             for g in self.prefill
         }
         self.mixed_decode_only = self._mixed_decode_only()
         self._drafted: PreparedGraphs | None = None
-        largest = {
-            id(g): max((h.token_capacity for h in self.dominators[g]), default=None) for g in self.prefill
-        }
-        self.largest_smaller_chunk: dict[int, int] = {k: v for k, v in largest.items() if v is not None}
+        self.largest_smaller_chunk = self._largest_smaller_chunk()
         self.smaller_mixed = {
             g: [
                 h
@@ -190,6 +189,13 @@ class PreparedGraphs:
         prompt = [g for g in self.graphs if g.kind.is_prefill or g.kind is GraphKind.MIXED]
         return prompt, [g for g in self.delivery if g.steps == 1] or list(self.delivery)
 
+    def _largest_smaller_chunk(self) -> dict[int, int]:
+        """Each prefill program that has dominators (by ``id``): their largest token capacity."""
+        largest = {
+            id(g): max((h.token_capacity for h in self.dominators[g]), default=None) for g in self.prefill
+        }
+        return {k: v for k, v in largest.items() if v is not None}
+
     def _mixed_decode_only(self) -> set[int]:
         """A decode-only population on a mixed shape is the same work on every prompt capacity of
         that (B, W, D): only the smallest capacity can survive the dominance filter."""
@@ -208,6 +214,76 @@ class PreparedGraphs:
             shape = mixed_shape(h)
             classes[shape] = max(classes.get(shape, 0), h.prefill_capacity)
         return tuple(classes.items())
+
+
+def dominated_steps(g: GraphDescriptor, dominators: Iterable[GraphDescriptor]) -> np.ndarray:
+    """i64[B]: for cohorts of c = 1..B lanes of the K-step program `g`, the most steps any of its
+    `dominators` holding c lanes runs (0: none holds them); a cohort whose lanes all take at
+    most that many is dominated (read-only)."""
+    kappa = np.zeros(g.batch_capacity, dtype=np.int64)
+    for h in dominators:
+        held = kappa[: h.batch_capacity]  # cohorts of c <= B' lanes
+        np.maximum(held, h.steps, out=held)
+    kappa.setflags(write=False)
+    return kappa
+
+
+def cohort_cover(g: GraphDescriptor, dominators: Iterable[GraphDescriptor]) -> int:
+    """For an unconstrained generation program, the largest batch capacity among its
+    `dominators` of the same route and lane table (W, D) (0: none; 0 for every other route).
+    With n decoders, such a dominator of capacity at least min(B, n) takes the same cohort (the
+    first min(B, n) of the same lane order) at the same widths: `g`'s row would share its
+    dominance signature, and the dominance filter drop it (``ranking.prune_dominated``)."""
+    route = generation_route(g)
+    if route not in (Route.WIDE, Route.DEVICE_WIDE):
+        return 0
+    same = (
+        h.batch_capacity
+        for h in dominators
+        if generation_route(h) is route
+        and h.token_capacity == g.token_capacity
+        and h.proposal_depth == g.proposal_depth
+    )
+    return max(same, default=0)
+
+
+class GenerationRows:
+    """Which generation programs can offer a row that the dominance filter keeps, read from
+    the decoders' counts alone, for all of them at once (``generation_candidates`` builds only
+    those). A program is left out when a dominator's row does the same work:
+
+    - unconstrained (WIDE, DEVICE_WIDE): min(B, n) <= its :func:`cohort_cover`, n decoders;
+    - K-step: with e eligible decoders and L the longest steps limit among them, every cohort
+      size is dominated: ``dominated_steps[min(B, e) - 1] >= max(1, min(K, L))`` (the first
+      sizes' dominators hold the larger ones, and no lane takes more steps), or e = 0.
+    Ragged programs always build theirs."""
+
+    def __init__(self, routes: list[tuple], dominators: dict[GraphDescriptor, list[GraphDescriptor]]):
+        # Each K-step program's dominated steps by cohort size (``multistep.dominated_steps``).
+        self.dominated = {g: dominated_steps(g, dominators[g]) for g, *_ in routes if g.steps > 1}
+        self.batch = np.array([g.batch_capacity for g, *_ in routes], dtype=np.int64)
+        self.cover = np.array([cohort_cover(g, dominators[g]) for g, *_ in routes], dtype=np.int64)
+        self.multistep = np.array([r is Route.MULTISTEP for _, r, *_ in routes], dtype=bool)
+        self.any_multistep = bool(self.multistep.any())
+        self.steps = np.array([g.steps for g, *_ in routes], dtype=np.int64)
+        width = int(self.batch.max(initial=1))
+        sizes = np.arange(1, width + 1)
+        self.kappa = np.zeros((len(routes), width), dtype=np.int64)  # [program, min(e, width) - 1]
+        for i, (g, *_) in enumerate(routes):
+            if g.steps > 1:
+                self.kappa[i] = self.dominated[g][np.minimum(sizes, g.batch_capacity) - 1]
+
+    def live(self, decoders: int, eligible: int, longest: int) -> np.ndarray:
+        """bool[len(generation_routes)]: the programs whose rows may survive, with `decoders`
+        runnable decoders, `eligible` of them K-step lanes whose longest limit is `longest`."""
+        unconstrained = np.minimum(self.batch, decoders) > self.cover
+        if not self.any_multistep:
+            return unconstrained
+        if eligible == 0:
+            return unconstrained & ~self.multistep
+        column = self.kappa[:, min(eligible, self.kappa.shape[1]) - 1]
+        kstep = column < np.maximum(np.minimum(self.steps, longest), 1)
+        return np.where(self.multistep, kstep, unconstrained)
 
 
 def as_prepared(graphs: Iterable[GraphDescriptor] | PreparedGraphs) -> PreparedGraphs:
