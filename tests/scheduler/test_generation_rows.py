@@ -5,6 +5,8 @@ a row that survives the filter, or when it is dropped."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -19,11 +21,30 @@ from .helpers import ORDINARY, RAGGED, SPEC, decoder, geometric, inputs
 
 spec = pytest.mark.spec
 FAMILY = list(catalog_family.family(4, 0))
+
+
+def _narrower_rectangles(catalog):
+    """The catalog plus, for each rectangular speculative program of width W > 2, a copy of width
+    W / 2 at the same proposal depth (P = B x W / 2): programs of one depth and two lane tables."""
+    extra = tuple(
+        dataclasses.replace(
+            g,
+            token_capacity=g.token_capacity // 2,
+            target_capacity=g.batch_capacity * (g.token_capacity // 2),
+            duration_ms=g.duration_ms * 0.7,
+        )
+        for g in catalog.of_kind(GraphKind.SPECULATIVE)
+        if g.is_rectangular and g.token_capacity > 2 and g.duration_ms is not None
+    )
+    return dataclasses.replace(catalog, graphs=catalog.graphs + extra)
+
+
 CATALOGS = {
     "ordinary-k": (with_decode_steps(ORDINARY, (4, 8), 0.5), "ordinary"),
     "spec": (SPEC, "adaptive"),
     "ragged": (RAGGED, "adaptive"),
     "spec-fixed": (SPEC, "fixed"),
+    "spec-widths": (_narrower_rectangles(SPEC), "adaptive"),
     **{
         f"family-{i}": (
             with_decode_steps(m.catalog, (4,), 0.6),
@@ -62,7 +83,7 @@ def _rows(inp, monkeypatch, every: bool) -> list[tuple]:
     """The generation rows after the dominance filter, built (`every`: for every program)."""
     with monkeypatch.context() as m:
         if every:
-            m.setattr(prepared.GenerationRows, "live", lambda self, *a: np.ones(self.batch.size, bool))
+            m.setattr(prepared.GenerationRows, "live", lambda self, *_: np.ones(self.batch.size, bool))
         sel = policy.Selection(inp)
         rows = prune_dominated(generation.generation_candidates(sel), sel.prepared)
     return [(r.graph.name, r.score, r.duration_ms, r.signature, r.build().lanes) for r in rows]
@@ -80,45 +101,44 @@ def test_generation_rows_left_out_are_only_dominated_ones(name, monkeypatch):
         inp = inputs(_decoders(rng), catalog=catalog, mode=mode)
         assert _rows(inp, monkeypatch, every=False) == _rows(inp, monkeypatch, every=True)
         sel = policy.Selection(inp)
-        skipped += int((~sel.prepared.generation_rows.live(sel.decoders.count, *_extent(sel))).sum())
+        skipped += int((~sel.prepared.generation_rows.live(sel.decoders.count, _extent(sel))).sum())
     assert skipped > 0
 
 
-def _extent(sel) -> tuple[int, int]:
-    return generation.KStepRanking(sel.decoders).extent()
+def _extent(sel):
+    return generation.KStepRanking(sel.decoders).extent
 
 
 def _live_names(catalog, mode, views) -> set[str]:
     sel = policy.Selection(inputs(views, catalog=catalog, mode=mode))
-    live = sel.prepared.generation_rows.live(sel.decoders.count, *_extent(sel))
+    live = sel.prepared.generation_rows.live(sel.decoders.count, _extent(sel))
     return {g.name for (g, *_), alive in zip(sel.prepared.generation_routes, live) if alive}
 
 
 def test_one_decoder_builds_one_row_per_step_count():
-    """One decoder on decode programs of B = 1..8 and K = 1, 4, 8: only the B = 1 program of each
-    K can keep its row (each larger B takes the same lane); with 3 tokens left, K = 4 and 8
-    would run 3 steps as well and only the smaller K = 4 keeps it; with one left, K = 1 alone;
-    a host-masked decoder is no K-step lane at all. With three decoders, B = 4 and 8 take the
-    same three lanes as B = 3 would, so B = 1, 2 and 4 build theirs (4: its own B = 2 dominator
-    holds two lanes, not three)."""
-    cat = with_decode_steps(ORDINARY, (4, 8), 0.5)
+    """One decoder on decode programs of B = 1, 2, 4, ... and K = 1, 2, 4, 8: only the B = 1
+    program of each K can keep its row (each larger B takes the same lane); with 3 tokens left,
+    K = 8 would run 3 steps as K = 4 does and only the smaller K = 4 keeps it; with one left,
+    K = 1 alone; a host-masked decoder is no K-step lane at all. With three decoders, B = 8 and
+    more take the same three lanes as B = 4 would, so B = 1, 2 and 4 build theirs."""
+    cat = with_decode_steps(ORDINARY, (2, 4, 8), 0.5)
     names = {(g.batch_capacity, g.steps): g.name for g in cat.of_kind(GraphKind.DECODE)}
 
     def _decode(b: int, steps: int = 1) -> str:
         return names[(b, steps)]
 
-    assert sorted(b for b, k in names if k == 1)[:3] == [1, 2, 4]
-    one = {_decode(1, k) for k in (1, 4, 8)}
+    assert sorted(b for b, k in names if k == 1)[:4] == [1, 2, 4, 8]
+    one = {_decode(1, k) for k in (1, 2, 4, 8)}
     assert _live_names(cat, "ordinary", [decoder(0)]) == one
     assert _live_names(cat, "ordinary", [decoder(0, output_remaining=3)]) == one - {_decode(1, 8)}
     assert _live_names(cat, "ordinary", [decoder(0, output_remaining=1)]) == {_decode(1)}
     assert _live_names(cat, "ordinary", [decoder(0, host_mask=True)]) == {_decode(1)}
     three = [decoder(i) for i in range(3)]
-    assert _live_names(cat, "ordinary", three) == {_decode(b, k) for b in (1, 2, 4) for k in (1, 4, 8)}
+    assert _live_names(cat, "ordinary", three) == {_decode(b, k) for b in (1, 2, 4) for k in (1, 2, 4, 8)}
     # A host-masked decoder beside two others: the K-step programs see two eligible lanes.
     masked = [decoder(0, host_mask=True), decoder(1), decoder(2)]
     assert _live_names(cat, "ordinary", masked) == {_decode(b) for b in (1, 2, 4)} | {
-        _decode(b, k) for b in (1, 2) for k in (4, 8)
+        _decode(b, k) for b in (1, 2) for k in (2, 4, 8)
     }
 
 
@@ -133,7 +153,7 @@ def test_the_cover_is_the_largest_same_route_dominator():
             default=0,
         )
         assert prepared.cohort_cover(g, p.dominators[g]) == want
-    spec_p = prepared.PreparedGraphs(SPEC.eligible(DecodeMode.ADAPTIVE))
+    spec_p = prepared.PreparedGraphs(_narrower_rectangles(SPEC).eligible(DecodeMode.ADAPTIVE))
     for g in spec_p.generation:
         route = prepared.generation_route(g)
         same = [

@@ -270,6 +270,7 @@ def test_dominated_steps_are_kept_per_prepared_catalog():
                 for c in range(1, 1 + g.batch_capacity)
             ]
             assert got.tolist() == want and multistep.dominated_steps(prepared, g) is got
+            assert not got.flags.writeable  # shared by every decision: read-only
         tables.append(
             {g: multistep.dominated_steps(prepared, g).tolist() for g in prepared.generation if g.steps > 1}
         )

@@ -40,9 +40,7 @@ def generation_candidates(sel: Selection, defer: Deferred | None = None) -> list
     found: list[ScoredCandidate] = []
     table = sel.decoders.table
     ranked = KStepRanking(sel.decoders)  # K-step lanes by K, shared by the programs of one K
-    rows = sel.prepared.generation_rows
-    extent = ranked.extent() if rows.any_multistep else (0, 0)
-    live = rows.live(sel.decoders.count, *extent).tolist()  # the others' rows are dominated
+    live = sel.prepared.generation_rows.live(sel.decoders.count, ranked.extent).tolist()  # others: dominated
     for (g, route, width, depth), alive in zip(sel.prepared.generation_routes, live):
         if not alive:
             continue

@@ -9,7 +9,7 @@ once when the scheduler loads a mode.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -273,12 +273,15 @@ class GenerationRows:
             if g.steps > 1:
                 self.kappa[i] = self.dominated[g][np.minimum(sizes, g.batch_capacity) - 1]
 
-    def live(self, decoders: int, eligible: int, longest: int) -> np.ndarray:
+    def live(self, decoders: int, extent: Callable[[], tuple[int, int]]) -> np.ndarray:
         """bool[len(generation_routes)]: the programs whose rows may survive, with `decoders`
-        runnable decoders, `eligible` of them K-step lanes whose longest limit is `longest`."""
+        runnable decoders; `extent()`: how many of them may be K-step lanes and the longest steps
+        limit among those (``multistep.KStepRanking.extent``), asked only of a catalog with
+        K-step programs."""
         unconstrained = np.minimum(self.batch, decoders) > self.cover
         if not self.any_multistep:
             return unconstrained
+        eligible, longest = extent()
         if eligible == 0:
             return unconstrained & ~self.multistep
         column = self.kappa[:, min(eligible, self.kappa.shape[1]) - 1]
