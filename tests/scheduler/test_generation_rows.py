@@ -83,7 +83,7 @@ def _rows(inp, monkeypatch, every: bool) -> list[tuple]:
     """The generation rows after the dominance filter, built (`every`: for every program)."""
     with monkeypatch.context() as m:
         if every:
-            m.setattr(prepared.GenerationRows, "live", lambda self, *_: np.ones(self.batch.size, bool))
+            m.setattr(prepared.GenerationRows, "live", lambda self, *_: (True,) * self.batch.size)
         sel = policy.Selection(inp)
         rows = prune_dominated(generation.generation_candidates(sel), sel.prepared)
     return [(r.graph.name, r.score, r.duration_ms, r.signature, r.build().lanes) for r in rows]
@@ -101,7 +101,7 @@ def test_generation_rows_left_out_are_only_dominated_ones(name, monkeypatch):
         inp = inputs(_decoders(rng), catalog=catalog, mode=mode)
         assert _rows(inp, monkeypatch, every=False) == _rows(inp, monkeypatch, every=True)
         sel = policy.Selection(inp)
-        skipped += int((~sel.prepared.generation_rows.live(sel.decoders.count, _extent(sel))).sum())
+        skipped += sel.prepared.generation_rows.live(sel.decoders.count, _extent(sel)).count(False)
     assert skipped > 0
 
 
@@ -164,3 +164,30 @@ def test_the_cover_is_the_largest_same_route_dominator():
         ]
         expected = max(same, default=0) if route in (prepared.Route.WIDE, prepared.Route.DEVICE_WIDE) else 0
         assert prepared.cohort_cover(g, spec_p.dominators[g]) == expected
+
+
+def test_kept_answers_equal_computed_ones(monkeypatch):
+    """GenerationRows.live keeps each answer by (decoders, eligible, limit up to the largest K):
+    over random counts and limits (many beyond K = 8) every kept answer equals the mask computed
+    afresh, the memo stays within its bound, and a catalog without K-step programs never asks
+    for the extent."""
+    monkeypatch.setattr(prepared, "MEMO", 16)
+    rows = prepared.PreparedGraphs(
+        with_decode_steps(ORDINARY, (2, 7, 8), 0.5).eligible(DecodeMode.ORDINARY)
+    ).generation_rows  # K = 7 and 8: a limit of 7 and one of 8 or more read differently
+    rng, hits = np.random.default_rng(5), 0
+    for _ in range(300):
+        d = int(rng.integers(1, 12))
+        e, longest = int(rng.integers(0, d + 1)), int(rng.integers(1, 40))
+        hits += (d, e, min(longest, 8)) in rows._memo
+        want = tuple(rows.mask(d, e, longest).tolist())
+        assert rows.live(d, lambda e=e, longest=longest: (e, longest)) == want
+        assert len(rows._memo) <= 16
+    assert hits > 0 and rows.most_steps == 8
+
+    def refuse():
+        raise AssertionError("asked for the K-step extent")
+
+    plain = prepared.PreparedGraphs(SPEC.eligible(DecodeMode.ADAPTIVE)).generation_rows
+    for d in (1, 3, 1):
+        assert plain.live(d, refuse) == tuple(plain.mask(d).tolist())

@@ -40,7 +40,7 @@ def generation_candidates(sel: Selection, defer: Deferred | None = None) -> list
     found: list[ScoredCandidate] = []
     table = sel.decoders.table
     ranked = KStepRanking(sel.decoders)  # K-step lanes by K, shared by the programs of one K
-    live = sel.prepared.generation_rows.live(sel.decoders.count, ranked.extent).tolist()  # others: dominated
+    live = sel.prepared.generation_rows.live(sel.decoders.count, ranked.extent)  # others: dominated
     for (g, route, width, depth), alive in zip(sel.prepared.generation_routes, live):
         if not alive:
             continue

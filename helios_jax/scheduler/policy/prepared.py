@@ -247,6 +247,9 @@ def cohort_cover(g: GraphDescriptor, dominators: Iterable[GraphDescriptor]) -> i
     return max(same, default=0)
 
 
+MEMO = 4096  # GenerationRows.live's kept answers (decoder counts and limits seen)
+
+
 class GenerationRows:
     """Which generation programs can offer a row that the dominance filter keeps, read from
     the decoders' counts alone, for all of them at once (``generation_candidates`` builds only
@@ -272,16 +275,33 @@ class GenerationRows:
         for i, (g, *_) in enumerate(routes):
             if g.steps > 1:
                 self.kappa[i] = self.dominated[g][np.minimum(sizes, g.batch_capacity) - 1]
+        self.most_steps = int(self.steps.max(initial=1))
+        self._memo: dict[tuple[int, ...], tuple[bool, ...]] = {}
 
-    def live(self, decoders: int, extent: Callable[[], tuple[int, int]]) -> np.ndarray:
-        """bool[len(generation_routes)]: the programs whose rows may survive, with `decoders`
-        runnable decoders; `extent()`: how many of them may be K-step lanes and the longest steps
-        limit among those (``multistep.KStepRanking.extent``), asked only of a catalog with
-        K-step programs."""
+    def live(self, decoders: int, extent: Callable[[], tuple[int, int]]) -> tuple[bool, ...]:
+        """Whether each program of ``generation_routes`` may offer a surviving row, with
+        `decoders` runnable decoders; `extent()`: how many of them may be K-step lanes and the
+        longest steps limit among those (``multistep.KStepRanking.extent``), asked only of a
+        catalog with K-step programs. Kept per distinct answer (a limit beyond the largest K
+        reads as that K), at most ``MEMO`` of them."""
+        if self.any_multistep:
+            eligible, longest = extent()
+            key: tuple[int, ...] = (decoders, eligible, min(longest, self.most_steps))
+        else:
+            key = (decoders,)
+        hit = self._memo.get(key)
+        if hit is None:
+            if len(self._memo) >= MEMO:
+                self._memo.clear()
+            hit = self._memo[key] = tuple(self.mask(*key).tolist())
+        return hit
+
+    def mask(self, decoders: int, eligible: int = 0, longest: int = 0) -> np.ndarray:
+        """bool[len(generation_routes)]: :meth:`live`, computed (`eligible` and `longest` are
+        read only when the catalog has K-step programs)."""
         unconstrained = np.minimum(self.batch, decoders) > self.cover
         if not self.any_multistep:
             return unconstrained
-        eligible, longest = extent()
         if eligible == 0:
             return unconstrained & ~self.multistep
         column = self.kappa[:, min(eligible, self.kappa.shape[1]) - 1]
