@@ -164,22 +164,19 @@ def _sequence_candidates(
     (its room), a decode-like follower's rows on g1 only through the sequence's length
     (``follower_rows``): each is built once per kind (`followers`) for every g1 of it.
 
-    So a g1 with a smaller prepared shape of its kind that holds the whole group offers no
-    sequence with a prefill follower when it finishes no terminal row (:func:`_carried`): the
-    smaller shape's sequence with the same follower takes the same cohort, runs the same rows
-    and drops this one by dominance (``ranking.pair_dominated``)."""
-    found: list[Entry] = []
+    A g1 with a smaller prepared shape of its kind that holds the whole group offers no
+    sequence when it finishes no terminal row (:func:`_carried`, RESOLUTIONS 37): it is
+    redundant padding, whatever cohort its own measured time would make best."""
     terminals = sel.terminals if g1.kind is GraphKind.SNAPSHOT else []
+    if not terminals and _carried(sel, g1, len(group)):
+        return []
+    found: list[Entry] = []
     terminal_ages = np.array([v.terminal_age_ms for v in terminals])
-    carried = not terminals and _carried(sel, g1, len(group))
     for enables in (Phase.DECODE, Phase.PREFILL):
         new_views = [v for v in singles if v.enables is enables]
         if not new_views:
             continue
-        graphs = following_graphs(sel, enables)
-        if carried:  # the smaller shape's sequences with these followers drop this one's
-            graphs = [g2 for g2 in graphs if not g2.kind.is_prefill]
-        for g2 in graphs:
+        for g2 in following_graphs(sel, enables):
             key = (g1.kind, enables, g2.key)  # `followers`' entry
             if is_ragged(g2):
                 pair = _pair(sel, g1, g2, group, terminals, terminal_ages)
@@ -210,10 +207,12 @@ def _sequence_candidates(
 
 def _carried(sel: Selection, g1: GraphDescriptor, group_size: int) -> bool:
     """Whether a smaller prepared shape of g1's kind (a dominator) holds all `group_size` blocked
-    rows of the kind. Then, with no terminal rows, a prefill follower's cohort is the same after
-    either shape: the joint choice reads g1 only through its room for the rows the follower's
-    population enables, at most the group (``utility.best_pair_of_prefixes``), the population
-    does not depend on g1 (no age term), and both shapes advance every other row of the group."""
+    rows of the kind. Then, with no terminal rows, the smaller shape runs the same prerequisite
+    rows (the group, nothing left to advance) and can run every follower cohort g1 can: g1's
+    sequences differ from its only through g1's measured time, which changes a decode-like
+    follower's cohort through the sequence's length (its rows' age terms), never through work
+    g1 does. A prefill follower's cohort does not depend on g1 at all (no age term), so its
+    sequence after g1 is dropped by dominance anyway (``ranking.pair_dominated``)."""
     return any(h.batch_capacity >= group_size for h in sel.prepared.dominators[g1])
 
 

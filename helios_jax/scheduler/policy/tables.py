@@ -103,10 +103,8 @@ class DecoderTable:
         n = len(views)  # one array per type, read by rows (each contiguous)
         ints = np.array([(v.rid, v.slot, v.last_selected_ns) for v in views], dtype=np.int64)
         self.rids, self.slots, self.last_selected_ns = np.ascontiguousarray(ints.reshape(n, 3).T)
-        floats = np.array(
-            [(v.log_output_price, v.log_delivery_price, v.age_ms, v.row_limit) for v in views], dtype=np.float64
-        )
-        floats = np.ascontiguousarray(floats.reshape(n, 4).T)
+        rows = [(v.log_output_price, v.log_delivery_price, v.age_ms, v.row_limit) for v in views]
+        floats = np.ascontiguousarray(np.array(rows, dtype=np.float64).reshape(n, 4).T)
         self.output_price, self.delivery_price = decision.scaled(floats[:2])
         age, self.row_limit = floats[2], floats[3]
         self.forecast = padded_prefixes([v.forecast for v in views], depth)  # f64[n, D] joint prefix probs
