@@ -427,6 +427,25 @@ _EMPTY_PREFIX = np.zeros(1)  # descending_prefix of no values (read-only: shared
 _EMPTY_PREFIX.setflags(write=False)
 
 
+SMALL_PAIR = 8  # best_pair_of_prefixes: fewer k than this are summed one at a time
+
+
+def _best_pair_few(
+    pn: np.ndarray, pr: np.ndarray, pt: np.ndarray, prereq_batch: int, follow_batch: int, k0: int, k1: int
+) -> PairCohort:
+    """:func:`best_pair_of_prefixes` for k = k0..k1, each total summed as the array form sums it
+    ((new + ready) + terminal, IEEE doubles alike) and the first best kept, as ``argmax`` does."""
+    last_r, last_t = len(pr) - 1, len(pt) - 1
+    best = None
+    for k in range(k0, k1 + 1):
+        jr, jt = min(follow_batch - k, last_r), min(prereq_batch - k, last_t)
+        total = float(pn[k]) + float(pr[jr]) + float(pt[jt])
+        if best is None or total > best[0]:
+            best = (total, k, jr, jt)
+    assert best is not None
+    return PairCohort(*best)
+
+
 def best_pair_of_prefixes(
     pn: np.ndarray,
     pr: np.ndarray,
@@ -441,6 +460,8 @@ def best_pair_of_prefixes(
     k_max = min(len(pn) - 1, prereq_batch, follow_batch)
     if k_max < min_new:
         return None
+    if k_max - min_new < SMALL_PAIR:  # a few k: the same sums, one at a time (no array set-up)
+        return _best_pair_few(pn, pr, pt, prereq_batch, follow_batch, min_new, k_max)
     ks = np.arange(min_new, k_max + 1)
     jr = np.minimum(follow_batch - ks, len(pr) - 1)
     jt = np.minimum(prereq_batch - ks, len(pt) - 1)

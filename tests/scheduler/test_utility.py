@@ -2,6 +2,8 @@
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from helios_jax.scheduler import utility
 
@@ -63,3 +65,25 @@ def test_a_later_ordering_wins_only_beyond_the_tie_tolerance():
         base = np.array([0.5, 0.5 + gap])
         _, cohort, _ = utility.adaptive_ragged(base, extension, ceilings, none, none, 1, 1)
         assert cohort == [winner], gap
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.floats(0.0, 10.0), max_size=12),
+    st.lists(st.floats(0.0, 10.0), max_size=12),
+    st.lists(st.floats(0.0, 10.0), max_size=6),
+    st.integers(1, 12),
+    st.integers(1, 12),
+    st.integers(0, 1),
+)
+def test_few_ks_are_summed_as_the_array_form_sums_them(new, ready, terminal, b1, b2, min_new):
+    """best_pair_of_prefixes sums fewer than SMALL_PAIR values of k one at a time: the same
+    choice and the same total, bit for bit (ties: the first k), as the array form, which it
+    takes for every k when SMALL_PAIR is 0."""
+    prefixes = [utility.descending_prefix(np.array(x, dtype=np.float64)) for x in (new, ready, terminal)]
+    got = utility.best_pair_of_prefixes(*prefixes, b1, b2, min_new=min_new)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(utility, "SMALL_PAIR", 0)
+        want = utility.best_pair_of_prefixes(*prefixes, b1, b2, min_new=min_new)
+    assert got == want
+    assert got is None or all(type(x) is t for x, t in zip(got, (float, int, int, int)))

@@ -15,6 +15,7 @@ rows finish terminal requests. For fixed shapes lane values are additive, so:
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 from collections.abc import Callable, Sequence
@@ -106,8 +107,10 @@ class Population:
 
     def with_room(self, room: int) -> Population:
         """The same rows with `room` following-graph rows (a prefill follower of another batch
-        capacity and the same chunk)."""
-        return dataclasses.replace(self, room=room)
+        capacity and the same chunk), and the sorted sums and orders already computed for them."""
+        new = copy.copy(self)  # its fields and cached properties, shared (read-only)
+        object.__setattr__(new, "room", room)
+        return new
 
     @classmethod
     def of(

@@ -271,6 +271,8 @@ def _pair(
     if t1 is None or f is None:
         return Pair(g1, g2, group, terminals, decision.terminal_lane(terminal_ages, 0.0), t1, f, 0.0)
     u = t1 + f
+    if not terminals:  # no terminal row to value
+        return Pair(g1, g2, group, terminals, terminal_ages, t1, f, u)
     # Terminal rows finish at T: their age stops there, saving the waiting cost they would
     # otherwise accrue over the rest of the sequence.
     values = decision.terminal_lane(terminal_ages, t1)
