@@ -18,7 +18,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
@@ -112,23 +112,6 @@ class Population:
         object.__setattr__(new, "room", room)
         return new
 
-    @classmethod
-    def of(
-        cls,
-        new: Sequence[tuple[float, Lane]],
-        ready: Sequence[tuple[float, Lane]],
-        room: int,
-    ) -> Population:
-        """From (value, lane) pairs of each group, with no fixed row."""
-        new_lanes, ready_lanes = [x[1] for x in new], [x[1] for x in ready]
-        return cls(
-            np.array([x[0] for x in new], dtype=np.float64),
-            new_lanes.__getitem__,
-            np.array([x[0] for x in ready], dtype=np.float64),
-            ready_lanes.__getitem__,
-            room,
-        )
-
 
 def following_graphs(sel: Selection, enables: Phase) -> list[GraphDescriptor]:
     """Every prepared inference shape that can follow: prefill, scored prefill and mixed
@@ -149,9 +132,10 @@ def prompt_value(sel: Selection, v: RequestView, capacity: int, scored: bool = F
     n = v.prompt_work(capacity)
     if n <= 0 or v.needs_scores != scored:
         return 0.0
-    value = float(sel.decision.scaled(v.log_prefill_price)) * n
+    prefill, output = sel.prompt_prices(v)
+    value = prefill * n
     if n == v.prompt_remaining:
-        value += float(sel.decision.scaled(v.log_output_price))
+        value += output
     return value
 
 
@@ -204,13 +188,15 @@ def prefill_population(sel: Selection, g2: GraphDescriptor, new_views: list[Requ
     cap, scored = g2.token_capacity, g2.kind is GraphKind.SCORED_PREFILL
     smaller = _unexplored_below(sel, g2)
     enabled = [v for v in new_views if v.enables is Phase.PREFILL]
-    new_lanes = [prompt_lane(sel, v, cap, scored) for v in _explored(sel, enabled, cap, smaller)]
-    values = prompts.values(cap)
-    ready = [
-        (float(values[i]), prompts.lane(i, cap)) for i in _ready_prompt_rows(prompts, cap, scored, smaller)
-    ]
-    return Population.of(
-        [(lane.value, lane) for lane in new_lanes if lane.value > 0], ready, g2.batch_capacity
+    explored = _explored(sel, enabled, cap, smaller)
+    worth = [(x, v) for v in explored if (x := prompt_value(sel, v, cap, scored)) > 0]
+    ready = _ready_prompt_rows(prompts, cap, scored, smaller)
+    return Population(  # a lane is built only for a row a cohort takes
+        np.array([x for x, _ in worth], dtype=np.float64),
+        lambda i: prompt_lane(sel, worth[i][1], cap, scored),
+        prompts.values(cap)[ready],
+        lambda j: prompts.lane(ready[j], cap),
+        g2.batch_capacity,
     )
 
 

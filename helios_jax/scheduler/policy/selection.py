@@ -89,6 +89,7 @@ class Selection:
         self.terminals = by_phase[Phase.TERMINAL]
         self.blocked = [v for v in by_phase[Phase.BLOCKED] if v.prerequisites]
         self._durations = dict(self.prepared.durations(self.costs))  # a copy: duration() may add to it
+        self._prompt_prices: dict[int, tuple[float, float]] = {}
 
     def _decision(self, views: list[RequestView]) -> utility.Decision:
         delivery_bearing, terminal = counts = utility.population(views)
@@ -123,6 +124,18 @@ class Selection:
         except KeyError:
             t = self._durations[id(g)] = self.costs.estimate_ms(g.key)
             return t
+
+    def prompt_prices(self, v: RequestView) -> tuple[float, float]:
+        """A prompt's scaled (prefill token, output token) prices, kept per request for the
+        decision (a blocked prompt is priced once for every chunk that may follow it)."""
+        hit = self._prompt_prices.get(v.rid)
+        if hit is None:
+            scaled = self.decision.scaled
+            hit = self._prompt_prices[v.rid] = (
+                float(scaled(v.log_prefill_price)),
+                float(scaled(v.log_output_price)),
+            )
+        return hit
 
     def is_stale(self, g: GraphDescriptor) -> bool:
         return self.costs.is_stale(g.key, self.inp.now_ns)
