@@ -1,11 +1,12 @@
-"""A decode-like follower's rows, priced once per following program and per sequence length.
+"""A decode-like follower's rows, priced once per following shape and per sequence length.
 
 A prerequisite's two-stage candidates pair every prerequisite shape g1 with every following
 shape g2 (``prerequisites.py``). The newly ready decoders' and the already ready decoders' lane
 values on g2 depend on g1 only through U = T + F, the sequence's length, by an age term added
 to a part that does not depend on it (newly ready: c·U·(A + U); ready: c·σ·U).
-:class:`DecoderRows` keeps the U-free parts of one (prerequisite kind, g2) and gives a pair's
-values as one vector operation; a lane object is built only for a row a cohort takes. Ready
+:class:`DecoderRows` keeps the U-free parts of one prerequisite kind and g2's steps, width and
+depth (every batch capacity of that shape shares them) and gives a pair's values as one vector
+operation; a lane object is built only for a row a cohort takes. Ready
 lanes are ``DecoderTable.lanes`` (single step) and ``multistep.k_step_lanes`` (K steps).
 """
 
@@ -27,7 +28,8 @@ Rows = tuple[np.ndarray, Callable[[int], Lane]]
 
 
 class DecoderRows:
-    """The newly ready and already ready decoders of one following program g2."""
+    """The newly ready and already ready decoders of one following program g2: the same for
+    every following program of g2's steps, width and proposal depth (what it reads of g2)."""
 
     def __init__(self, sel: Selection, g2: GraphDescriptor, new_views: list[RequestView]):
         self.sel, self.g2 = sel, g2

@@ -194,13 +194,15 @@ def _sequence_candidates(
                     continue
                 pair = _pair(sel, g1, g2, group, terminals, terminal_ages)
                 shapes = [followers[key]]
-            else:
-                if key not in followers:
-                    followers[key] = DecoderRows(sel, g2, new_views)
-                if not followers[key].views and g2.kind is not GraphKind.MIXED:  # none it enables
+            else:  # its rows depend on its steps and lane width only: shared by every B
+                rows_key = (g1.kind, enables, g2.steps, g2.token_capacity, g2.proposal_depth)
+                if rows_key not in followers:
+                    followers[rows_key] = DecoderRows(sel, g2, new_views)
+                rows = followers[rows_key]
+                if not rows.views and g2.kind is not GraphKind.MIXED:  # none it enables
                     continue
                 pair = _pair(sel, g1, g2, group, terminals, terminal_ages)
-                shapes = populations(sel, g2, new_views, pair.total_ms, followers[key])
+                shapes = populations(sel, g2, new_views, pair.total_ms, rows)
             found.extend(_scored_sequences(sel, (g1.kind, enables, follower_class(g2)), pair, shapes))
     return found
 
