@@ -100,13 +100,15 @@ class DecoderTable:
 
     def _request_parts(self, views: list[RequestView], decision: utility.Decision, depth: int) -> None:
         """Everything but the survival-dependent arrays: identities, prices, limits, forecasts."""
-        n = len(views)  # one array per type, read by rows (each contiguous)
-        ints = np.array([(v.rid, v.slot, v.last_selected_ns) for v in views], dtype=np.int64)
-        self.rids, self.slots, self.last_selected_ns = np.ascontiguousarray(ints.reshape(n, 3).T)
-        rows = [(v.log_output_price, v.log_delivery_price, v.age_ms, v.row_limit) for v in views]
-        floats = np.ascontiguousarray(np.array(rows, dtype=np.float64).reshape(n, 4).T)
-        self.output_price, self.delivery_price = decision.scaled(floats[:2])
-        age, self.row_limit = floats[2], floats[3]
+        self.rids = np.array([v.rid for v in views], dtype=np.int64)
+        self.slots = np.array([v.slot for v in views], dtype=np.int64)
+        self.last_selected_ns = np.array([v.last_selected_ns for v in views], dtype=np.int64)
+        self.output_price = decision.scaled(np.array([v.log_output_price for v in views], dtype=np.float64))
+        self.delivery_price = decision.scaled(
+            np.array([v.log_delivery_price for v in views], dtype=np.float64)
+        )
+        age = np.array([v.age_ms for v in views], dtype=np.float64)
+        self.row_limit = np.array([v.row_limit for v in views], dtype=np.float64)
         self.forecast = padded_prefixes([v.forecast for v in views], depth)  # f64[n, D] joint prefix probs
         # f64[n]: delivery and c*sigma*A, the value a served lane earns besides its tokens at T = 0
         self.delivery_value = self.delivery_price + decision.decode_age_term(age, 0.0)
