@@ -152,22 +152,21 @@ def multistep_candidate(sel: Selection, g: GraphDescriptor, ranked: RankedLanes)
     holds the cohort (B' >= size) and gives every lane the same steps (each lane's steps at most
     its K'). So a cohort of size c survives only with a lane of more steps than the largest K'
     among the dominators holding c lanes: the best such cohort is the top c, or the top c - 1
-    plus the best lane with more steps. The best over every size is exact
-    (``reference/cohorts.py``). `ranked`: the decoders' lanes on `g`'s K (:class:`KStepRanking`,
-    shared between the programs of one K). ``generation_candidates`` asks only for programs with
-    a legal size (``prepared.GenerationRows``).
+    plus the best lane with more steps. The best over every size is the largest legal size's
+    (:func:`_largest_cohort`), exact against ``reference/cohorts.py``. `ranked`: the decoders'
+    lanes on `g`'s K (:class:`KStepRanking`, shared between the programs of one K).
+    ``generation_candidates`` asks only for programs with a legal size (``prepared.GenerationRows``).
     """
     decoders = sel.decoders
     size = min(g.batch_capacity, ranked.order.size)
     if size == 0:
         return None
-    kappa = dominated_steps(sel.prepared, g)[:size]
-    t = sel.duration(g) or 0.0
-    per_ms = decoders.age_value_per_ms
-    found = _best_cohort(ranked, kappa, per_ms, t)
+    found = _largest_cohort(ranked, int(dominated_steps(sel.prepared, g)[size - 1]), size)
     if found is None:
         return None
     total, idx = found
+    t = sel.duration(g) or 0.0
+    per_ms = decoders.age_value_per_ms
 
     def lanes() -> list[Lane]:
         return _lanes(decoders, idx, ranked.steps, ranked.values + per_ms * t)
@@ -183,33 +182,24 @@ def dominated_steps(prepared: PreparedGraphs, g: GraphDescriptor) -> np.ndarray:
     return prepared.generation_rows.dominated[g]
 
 
-def _best_cohort(
-    ranked: RankedLanes, kappa: np.ndarray, per_ms: float, t: float
-) -> tuple[float, np.ndarray] | None:
-    """The best non-dominated cohort over sizes c = 1..len(kappa), all sizes at once: (its value,
-    its decoders), or None when every size is dominated.
+def _largest_cohort(ranked: RankedLanes, kappa: int, size: int) -> tuple[float, np.ndarray] | None:
+    """The best non-dominated cohort of at most `size` lanes: (its value, its decoders), or None
+    when every size is dominated; `kappa`: the dominated steps at `size` lanes.
 
-    With f the first ranked lane of more steps than `kappa[c - 1]`, a cohort of c is the top c
-    when f is among them, else the top c - 1 plus lane f (none: size c is dominated). Its value
-    is summed lane after lane in that order; the score adds c * per_ms * t and, of equal scores,
-    the largest size wins."""
+    With f the first ranked lane of more steps than `kappa`, the cohort is the top `size` when f
+    is among them, else the top size - 1 plus lane f (no f: every size is dominated), its value
+    summed lane after lane in that order. A smaller size is never better: its dominated steps
+    are at least `kappa` (a dominator holding more lanes holds fewer), so its f comes no earlier,
+    and its cohort's lanes are each worth no more than one of this cohort's, which holds more of
+    them (lane values and the age term per lane are not negative; rounding is monotone); of
+    equal scores the larger size wins."""
     n = ranked.order.size
-    if kappa.size == 1:  # one size (B = 1, or one lane): lane f alone
-        f = int(np.searchsorted(ranked.reach, kappa[0], side="right"))
-        return None if f == n else (float(ranked.ranked[f]), ranked.order[f : f + 1])
-    sizes = np.arange(1, kappa.size + 1)
-    first = np.searchsorted(ranked.reach, kappa, side="right")  # [size]: f (n: no such lane)
-    legal = first < n
-    if not legal.any():
+    f = int(np.searchsorted(ranked.reach, kappa, side="right"))
+    if f == n:
         return None
-    top = first < sizes
-    extra = ranked.ranked[np.minimum(first, n - 1)]  # lane f's value
-    # The top c - 1, then lane f; a lone lane f is its own value (0.0 + v is not -0.0).
-    swapped = np.where(sizes == 1, extra, ranked.head[: kappa.size] + extra)
-    totals = np.where(top, ranked.prefix[: kappa.size], swapped)
-    scores = totals + sizes * per_ms * t
-    best = int(np.flatnonzero(legal & (scores == scores[legal].max()))[-1])
-    c = best + 1
     order = ranked.order
-    idx = order[:c] if top[best] else np.append(order[: c - 1], order[first[best]])
-    return float(totals[best]), idx
+    if f < size:  # lane f is among the top `size`
+        return float(ranked.prefix[size - 1]), order[:size]
+    if size == 1:  # lane f alone: its own value (0.0 + v is not -0.0)
+        return float(ranked.ranked[f]), order[f : f + 1]
+    return float(ranked.head[size - 1] + ranked.ranked[f]), np.append(order[: size - 1], order[f])
