@@ -76,7 +76,6 @@ class PreparedGraphs:
     def __init__(self, graphs: Iterable[GraphDescriptor]):
         self.graphs = tuple(graphs)
         self.generation = [g for g in self.graphs if g.kind in (GraphKind.DECODE, GraphKind.SPECULATIVE)]
-        # Each generation program with its route and lane-table shape (W, D), classified once.
         self.prefill = [g for g in self.graphs if g.kind.is_prefill]
         self.mixed = [g for g in self.graphs if g.kind is GraphKind.MIXED]
         self.snapshots = [g for g in self.graphs if g.kind is GraphKind.SNAPSHOT]
