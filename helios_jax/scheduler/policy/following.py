@@ -231,7 +231,7 @@ def _explored(
     :func:`_unexplored_below`), by the prompt table's own rule."""
     if not smaller:
         return views
-    table = PromptTable(views, sel.decision)
+    table = sel.prompt_table(views)
     excluded = table.excluded_from_exploration(smaller, table.work(capacity))
     return [v for v, out in zip(views, excluded) if not out]
 

@@ -90,6 +90,7 @@ class Selection:
         self.blocked = [v for v in by_phase[Phase.BLOCKED] if v.prerequisites]
         self._durations = dict(self.prepared.durations(self.costs))  # a copy: duration() may add to it
         self._prompt_prices: dict[int, tuple[float, float]] = {}
+        self._prompt_tables: dict[tuple[int, ...], PromptTable] = {}
 
     def _decision(self, views: list[RequestView]) -> utility.Decision:
         delivery_bearing, terminal = counts = utility.population(views)
@@ -135,6 +136,15 @@ class Selection:
                 float(scaled(v.log_prefill_price)),
                 float(scaled(v.log_output_price)),
             )
+        return hit
+
+    def prompt_table(self, views: Sequence[RequestView]) -> PromptTable:
+        """A :class:`PromptTable` of `views` (blocked prompts a prerequisite would enable), kept
+        for the decision by their requests: every chunk that may follow reads the same one."""
+        key = tuple(v.rid for v in views)
+        hit = self._prompt_tables.get(key)
+        if hit is None:
+            hit = self._prompt_tables[key] = PromptTable(list(views), self.decision)
         return hit
 
     def is_stale(self, g: GraphDescriptor) -> bool:
