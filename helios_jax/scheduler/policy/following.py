@@ -191,27 +191,15 @@ def prefill_population(sel: Selection, g2: GraphDescriptor, new_views: list[Requ
     explored = _explored(sel, enabled, cap, smaller)
     worth = [(x, v) for v in explored if (x := prompt_value(sel, v, cap, scored)) > 0]
     ready = _ready_prompt_rows(prompts, cap, scored, smaller)
-    return Population(  # a lane is built only for a row a cohort takes, once
+    # A lane is built only for a row a cohort takes, and once: the population is shared by every
+    # prerequisite shape and batch capacity that may follow, whose rows take the same lanes.
+    return Population(
         np.array([x for x, _ in worth], dtype=np.float64),
-        _built_once(lambda i: prompt_lane(sel, worth[i][1], cap, scored), len(worth)),
+        functools.cache(lambda i: prompt_lane(sel, worth[i][1], cap, scored)),
         prompts.values(cap)[ready],
-        _built_once(lambda j: prompts.lane(ready[j], cap), len(ready)),
+        functools.cache(lambda j: prompts.lane(ready[j], cap)),
         g2.batch_capacity,
     )
-
-
-def _built_once(build: Callable[[int], Lane], n: int) -> Callable[[int], Lane]:
-    """`build`, each of its `n` lanes built at most once: a prefill population is shared by every
-    prerequisite shape and batch capacity that may follow, whose rows take the same lanes."""
-    lanes: list[Lane | None] = [None] * n
-
-    def lane(i: int) -> Lane:
-        hit = lanes[i]
-        if hit is None:
-            hit = lanes[i] = build(i)
-        return hit
-
-    return lane
 
 
 def _unexplored_below(sel: Selection, g2: GraphDescriptor) -> list[int]:
