@@ -101,8 +101,11 @@ def _validate_shared_fields(g: GraphDescriptor) -> None:
         raise field_error(name, "image_capacity", "only vision graphs carry an image capacity")
     if g.steps < 1:
         raise field_error(name, "steps", "a program runs at least one step")
-    if g.steps > 1 and g.kind is not GraphKind.DECODE:
-        raise field_error(name, "steps", "only ordinary decode programs run several steps")
+    width_one = g.kind is GraphKind.SPECULATIVE and g.token_capacity == 1 and g.proposal_depth == 0
+    if g.steps > 1 and g.kind is not GraphKind.DECODE and not width_one:
+        raise field_error(
+            name, "steps", "only ordinary decode and width-one speculative programs run several steps"
+        )
 
 
 def _validate_speculative(g: GraphDescriptor, r: int) -> None:

@@ -81,9 +81,10 @@ class EngineConfig:
         store assumes. Each owns a fixed run of `pages_per_row` pages at the end of the pool
         (`snapshot_pages`), so a checkpoint of any length fits its row; requests draw from the
         rest (`request_pages`).
-      decode_steps: the step counts K of the ordinary decode programs (speculation off): one
-        `decode` program per request bucket and K; K > 1 runs K steps in one execution
-        (`programs/multistep.py`). `(1,)` is the single-step catalog.
+      decode_steps: the step counts K of the decode programs: one `decode` program per request
+        bucket and K (speculation off), or one width-one speculative program per bucket and K
+        (speculation on: each step also keeps the draft context). K > 1 runs K steps in one
+        execution (`programs/multistep.py`). `(1,)` is the single-step catalog.
       prefill_batch: the row counts B of the plain prefill programs (powers of two, 1 always
         included): B > 1 prefills B prompts' chunks in one execution, for every chunk C with
         B x C within the largest chunk and at the smallest chunk (scored prefill stays B = 1).
@@ -182,8 +183,6 @@ class EngineConfig:
             fail("decode_steps", "at least one step count is required")
         for k in steps:
             integer("decode_steps", k, 1, MAX_DECODE_STEPS)
-        if self.speculative and steps != (1,):
-            fail("decode_steps", "multi-step programs are ordinary decode: needs speculation='off'")
         object.__setattr__(self, "decode_steps", steps)
         rows = tuple(sorted(set(self.prefill_batch) | {1}))
         for b in rows:
@@ -238,7 +237,8 @@ class EngineConfig:
 
     # -- planning ---------------------------------------------------------------------------
     def speculative_descriptors(self) -> list[GraphDescriptor]:
-        """Width-one programs at every bucket, then width D+1 per captured depth.
+        """Width-one programs at every bucket (one per step count K of `decode_steps`), then width
+        D+1 per captured depth.
 
         Rectangular (P = B*W) where B*W <= R; otherwise ragged with P = R, bound to the device
         allocation (`prefix_limit`) under adaptive speculation and to host `query_length` under
@@ -253,7 +253,7 @@ class EngineConfig:
         )
         out = []
         for b in batch_buckets(self.request_slots):
-            out.append(
+            out.extend(
                 GraphDescriptor(
                     GraphKind.SPECULATIVE,
                     b,
@@ -261,7 +261,9 @@ class EngineConfig:
                     proposal_depth=0,
                     target_capacity=b,
                     allocation=Allocation.QUERY_LENGTH,
+                    steps=k,
                 )
+                for k in self.decode_steps
             )
             for d in self.proposal_depths:
                 w = d + 1

@@ -40,9 +40,10 @@ if TYPE_CHECKING:  # the model package imports jax; the fake server never loads 
 
 SCHEDULER_POLICIES = ("balanced", "throughput")
 
-# Decode step counts prepared when --speculation=off and --decode_steps is unset: on the
-# embedded model on a 2-core CPU they took the engine from 0.44x to 1.40x the naive loop at one
-# stream (docs/benchmarks-engine.md).
+# Step counts prepared when --decode_steps is unset (decode without speculation, width-one
+# rounds with it): on the embedded model on a 2-core CPU they took the engine from 0.44x to 1.40x
+# the naive loop at one stream without speculation, and an adaptive engine to 2.4x its
+# single-step rate at one stream and 1.15x at sixteen (docs/benchmarks-engine.md).
 MULTI_STEP_DEFAULT = (1, 4, 8)
 
 # Prompt rows B of the prefill programs prepared when --prefill_batch is unset: every power of
@@ -142,10 +143,10 @@ class EngineOptions:
       scheduler_terminal_value, scheduler_terminal_age_price: terminal overrides applied after
         the preset; finite and nonnegative (zero disables the preference).
       mtp_adaptive_verification_alpha: exponent on prefix-survival estimates; finite and > 0.
-      decode_steps: step counts K of the ordinary decode programs (speculation off); ``(1,)``:
-        single-step decode only. The flag, unset, gives `MULTI_STEP_DEFAULT` with
-        ``--speculation=off`` (the selector then picks K by value per time; the programs add
-        compile time) and ``(1,)`` otherwise.
+      decode_steps: step counts K of the ordinary decode programs (speculation off) or of the
+        width-one speculative programs (speculation on); ``(1,)``: single steps only. The flag,
+        unset, gives `MULTI_STEP_DEFAULT` (the selector then picks K by value per time; the
+        programs add compile time).
       prefill_batch: row counts B of the plain prefill programs (powers of two); ``(1,)``: one
         prompt per prefill; ``None`` (the flag unset): `default_prefill_batch`, 1, 4, 16, ... up
         to the concurrency.
@@ -172,7 +173,7 @@ class EngineOptions:
     scheduler_terminal_value: float | None = None
     scheduler_terminal_age_price: float | None = None
     mtp_adaptive_verification_alpha: float | None = None
-    decode_steps: tuple[int, ...] = (1,)
+    decode_steps: tuple[int, ...] = MULTI_STEP_DEFAULT
     prefill_batch: tuple[int, ...] | None = None
     proposal_source: str | None = None
     tensor_parallel: int = 1
@@ -196,8 +197,6 @@ class EngineOptions:
         object.__setattr__(self, "decode_steps", tuple(self.decode_steps))
         for k in self.decode_steps:
             _check_int("decode_steps", k, 1)
-        if self.decode_steps != (1,) and self.speculation != "off":
-            _fail("decode_steps", "multi-step decode programs need --speculation=off")
         rows = default_prefill_batch(self.concurrency) if self.prefill_batch is None else self.prefill_batch
         object.__setattr__(self, "prefill_batch", tuple(rows))
         for b in self.prefill_batch:
@@ -275,9 +274,7 @@ class EngineOptions:
         fields = {field.name: getattr(f, field.name) for field in dataclasses.fields(cls) if field.name in f}
         fields["prefill_chunks"] = _flag_int_list("prefill_chunks", f.prefill_chunks)
         fields["proposal_depths"] = _flag_int_list("proposal_depths", f.proposal_depths)
-        fields["decode_steps"] = _flag_int_list("decode_steps", f.decode_steps) or (
-            MULTI_STEP_DEFAULT if fields.get("speculation") == "off" else (1,)
-        )
+        fields["decode_steps"] = _flag_int_list("decode_steps", f.decode_steps) or MULTI_STEP_DEFAULT
         fields["prefill_batch"] = _flag_int_list("prefill_batch", f.prefill_batch)
         return cls(**fields)
 
@@ -384,8 +381,8 @@ def _define_program_shape_flags(fv: flags.FlagValues) -> None:
     flags.DEFINE_list(
         "decode_steps",
         None,
-        "Step counts K of the ordinary decode programs (speculation off); unset: 1,4,8 with "
-        "--speculation=off, 1 otherwise.",
+        "Step counts K of the decode programs (speculation off) or of the width-one speculative "
+        "programs (speculation on); unset: 1,4,8.",
         flag_values=fv,
     )
     flags.DEFINE_list(

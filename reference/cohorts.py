@@ -189,7 +189,8 @@ def _carries(h: GraphDescriptor, g: GraphDescriptor, mode: DecodeMode, prompt, d
     """Whether program h can run exactly the same cohort with the same per-request work.
 
     prompt: (view, tokens) or None; decoders: [(view, rows)] where rows are host query lengths,
-    or device ceilings for prefix_limit programs.
+    or device ceilings for prefix_limit programs, or a K-step program's steps (one target row
+    per step, so no aggregate row capacity binds them).
     """
     if h.kind is not g.kind:
         return False
@@ -210,6 +211,7 @@ def _carries(h: GraphDescriptor, g: GraphDescriptor, mode: DecodeMode, prompt, d
                 return False
         if (
             h.kind is GraphKind.SPECULATIVE
+            and h.steps == 1
             and h.allocation is not Allocation.PREFIX_LIMIT
             and sum(r for _, r in decoders) > h.target_capacity
         ):

@@ -179,17 +179,22 @@ def random_mode(rng: np.random.Generator, catalog: Catalog) -> tuple[DecodeMode,
 
 
 def with_decode_steps(catalog: Catalog, steps, speedup: float = 0.6) -> Catalog:
-    """The catalog plus a K-step copy of each measured single-step decode program, for every K in
-    `steps`, measured at `speedup` x K x the single step's duration (K steps amortise one
-    execution's fixed cost)."""
+    """The catalog plus a K-step copy of each measured single-step decode program (a speculative
+    catalog: of each width-one program), for every K in `steps`, measured at `speedup` x K x the
+    single step's duration (K steps amortise one execution's fixed cost)."""
     extra = tuple(
         dataclasses.replace(g, steps=k, duration_ms=g.duration_ms * k * speedup)
         for k in steps
         if k > 1
-        for g in catalog.of_kind(GraphKind.DECODE)
-        if g.steps == 1 and g.duration_ms is not None
+        for g in catalog.graphs
+        if g.steps == 1 and g.duration_ms is not None and _steppable(g)
     )
     return dataclasses.replace(catalog, graphs=catalog.graphs + extra)
+
+
+def _steppable(g) -> bool:
+    """Decode, or a width-one speculative round: the programs a K-step copy may have."""
+    return g.kind is GraphKind.DECODE or (g.kind is GraphKind.SPECULATIVE and g.token_capacity == 1)
 
 
 def with_prefill_batch(catalog: Catalog, rows, speedup: float = 0.7) -> Catalog:
@@ -264,7 +269,11 @@ def _define_flags():
     flags.DEFINE_integer("seed", 0, "random seed")
     flags.DEFINE_integer("max_requests", 5, "largest population (the reference is exponential)")
     flags.DEFINE_float("noise", 0.0, "log-uniform multiplicative noise on measured durations")
-    flags.DEFINE_list("decode_steps", [], "add K-step copies of the catalog's decode programs, e.g. 4,8")
+    flags.DEFINE_list(
+        "decode_steps",
+        [],
+        "add K-step copies of the catalog's decode (or width-one speculative) programs, e.g. 4,8",
+    )
     flags.DEFINE_list("prefill_batch", [], "add B-row copies of the catalog's prefill programs, e.g. 2,4")
 
 

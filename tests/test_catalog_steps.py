@@ -5,11 +5,23 @@ import json
 
 import pytest
 
-from helios_jax.catalog import Catalog, GraphDescriptor, GraphKind, shipped_catalog, validate
+from helios_jax.catalog import Allocation, Catalog, GraphDescriptor, GraphKind, shipped_catalog, validate
 from helios_jax.engine_config import EngineConfig
 from helios_jax.engine_options import EngineOptions
 
 DECODE = GraphDescriptor(GraphKind.DECODE, 4, token_capacity=1, target_capacity=4)
+WIDTH_ONE = GraphDescriptor(
+    GraphKind.SPECULATIVE, 4, token_capacity=1, target_capacity=4, allocation=Allocation.QUERY_LENGTH
+)
+WIDE = GraphDescriptor(  # a verifying round has no K-step form
+    GraphKind.SPECULATIVE,
+    4,
+    token_capacity=2,
+    proposal_depth=1,
+    target_capacity=8,
+    allocation=Allocation.QUERY_LENGTH,
+    steps=4,
+)
 
 
 def test_steps_enter_key_and_name_only_when_above_one():
@@ -35,6 +47,7 @@ def test_json_round_trip_writes_steps_only_when_above_one(tmp_path):
         (dataclasses.replace(DECODE, steps=0), "steps"),
         (dataclasses.replace(DECODE, steps=True), "steps"),
         (GraphDescriptor(GraphKind.PREFILL, 1, token_capacity=64, steps=2), "only ordinary decode"),
+        (WIDE, "width-one speculative"),
     ],
 )
 def test_steps_contracts_name_graph_and_field(graph, message):
@@ -57,7 +70,6 @@ def test_engine_config_plans_one_decode_per_bucket_and_step_count():
     [
         (dict(decode_steps=()), "at least one step count"),
         (dict(decode_steps=(0,)), "decode_steps"),
-        (dict(decode_steps=(1, 4), speculation="adaptive", draft_tokens=3), "speculation='off'"),
     ],
 )
 def test_engine_config_rejects_bad_step_counts(fields, message):
@@ -66,9 +78,22 @@ def test_engine_config_rejects_bad_step_counts(fields, message):
         EngineConfig(**{**base, **fields})
 
 
-def test_options_pass_step_counts_and_refuse_them_with_speculation():
+def test_width_one_speculative_programs_take_steps():
+    validate(dataclasses.replace(WIDTH_ONE, steps=4), speculative_token_capacity=64)
+    spec = EngineConfig(request_slots=4, speculation="adaptive", max_model_len=256, decode_steps=(1, 8))
+    width_one = [g for g in spec.catalog().of_kind(GraphKind.SPECULATIVE) if g.token_capacity == 1]
+    assert sorted((g.batch_capacity, g.steps) for g in width_one) == [
+        (b, k) for b in (1, 2, 4) for k in (1, 8)
+    ]
+    wider = [g for g in spec.catalog().of_kind(GraphKind.SPECULATIVE) if g.token_capacity > 1]
+    assert wider and {g.steps for g in wider} == {1}  # a verifying round runs once
+    assert not spec.catalog().of_kind(GraphKind.DECODE)
+
+
+def test_options_pass_step_counts_with_and_without_speculation():
     options = EngineOptions(speculation="off", decode_steps=(1, 8))
     assert options.engine_config().decode_steps == (1, 8)
-    assert EngineOptions().engine_config().decode_steps == (1,)
+    assert EngineOptions().engine_config().decode_steps == (1, 4, 8)  # the server's default
+    assert EngineOptions(decode_steps=(1, 4)).engine_config().decode_steps == (1, 4)
     with pytest.raises(ValueError, match="decode_steps"):
-        EngineOptions(decode_steps=(4,))
+        EngineOptions(decode_steps=(0,))

@@ -38,7 +38,7 @@ def measurement_inputs(program: Program, engine: EngineConfig, context: int):
             page_tables=tables,
             prompt_ends=[True] * len(lanes),
         )
-    if kind is GraphKind.DECODE:
+    if kind is GraphKind.DECODE or shape.steps > 1:  # K-step programs: every lane takes K steps
         return program.pack(slots=lanes, page_tables=tables)
     if kind is GraphKind.SPECULATIVE:
         rows = [shape.width] * len(lanes)

@@ -101,14 +101,15 @@ def build_decode(config: ModelConfig, shape: ProgramShape, impl: Impl) -> Progra
 
 
 def build_decode_step(config: ModelConfig, shape: ProgramShape, impl: Impl) -> ProgramFn:
-    """One ordinary decode step over the lanes of `shape`."""
+    """One ordinary decode step over the lanes of `shape` (a width-one speculative shape's step
+    also absorbs the committed pair into the draft context: `shape.maintain_draft`)."""
     plan = RoundPlan(
         lanes=shape.lanes,
         width=1,
         depth=0,
         packed=shape.lanes,
         prompt_capacity=0,
-        maintain_draft=False,
+        maintain_draft=shape.maintain_draft,
         device_allocation=False,
     )
 
@@ -139,7 +140,12 @@ def build_decode_step(config: ModelConfig, shape: ProgramShape, impl: Impl) -> P
 def build_speculative(config: ModelConfig, shape: ProgramShape, impl: Impl) -> ProgramFn:
     """Complete speculative generation (B, D, W, P, binding): proposals, confidence, allocation,
     packed verification, acceptance and accepted-state commit in one program. Width one (D = 0)
-    is a decode that also absorbs the committed pair into the draft context."""
+    is a decode that also absorbs the committed pair into the draft context; with K > 1 steps it
+    is `multistep.build_multistep_decode` over that step (RESOLUTIONS.md, 25)."""
+    if shape.steps > 1:
+        if shape.width != 1 or shape.depth != 0:
+            raise ValueError(f"a {shape.steps}-step speculative program has width one, not {shape.width}")
+        return build_multistep_decode(config, shape, impl, build_decode_step)
     plan = RoundPlan(
         lanes=shape.lanes,
         width=shape.width,

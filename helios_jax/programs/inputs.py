@@ -41,7 +41,7 @@ class ProgramShape:
     request_slots: int  # S
     draft_capacity: int  # sidecar columns
     total_pages: int
-    steps: int = 1  # K decode steps per execution (multi-step decode)
+    steps: int = 1  # K steps per execution (multi-step decode and width-one speculative)
     vocab: int = 0  # V: the token mask's extent (0: unknown, every mask is refused)
 
     @classmethod
@@ -94,10 +94,10 @@ class ProgramShape:
 
     @property
     def takes_token_mask(self) -> bool:
-        """Every program that samples takes a token mask, except K-step decode."""
-        if self.kind is GraphKind.DECODE:
-            return self.steps == 1
-        return self.kind.is_prefill or self.kind in (GraphKind.SPECULATIVE, GraphKind.MIXED)
+        """Every program that samples takes a token mask, except the K-step ones."""
+        if self.steps > 1:
+            return False
+        return self.kind.is_prefill or self.kind in (GraphKind.DECODE, GraphKind.SPECULATIVE, GraphKind.MIXED)
 
 
 # -- inputs ------------------------------------------------------------------------------------
@@ -301,7 +301,7 @@ def input_spec(shape: ProgramShape):
         c = shape.prefill_capacity
         lanes = (s((b,), i32), s((b * c,), i32), s((b,), i32), s((b,), b8), s((b, n), i32))
         return PrefillInputs(*lanes, **mask)
-    if kind is GraphKind.DECODE and shape.steps > 1:
+    if shape.steps > 1:  # K-step decode or width-one speculative (`multistep.py`)
         return MultiStepInputs(
             s((b,), i32), s((b,), b8), s((b, n), i32), s((b,), i32), s((b, STOP_CAPACITY), i32)
         )

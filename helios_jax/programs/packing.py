@@ -182,18 +182,49 @@ def pack_decode(
     default K) and its stop tokens (at most STOP_CAPACITY each, default none), and no token
     masks (a masked lane needs one step per frame)."""
     _check_kind(shape, GraphKind.DECODE)
+    if shape.steps > 1:
+        return pack_multistep(
+            shape,
+            slots=slots,
+            page_tables=page_tables,
+            steps=steps,
+            stop_tokens=stop_tokens,
+            token_masks=token_masks,
+        )
+    if len(page_tables) != len(slots):
+        raise InputError(f"{len(page_tables)} page tables for {len(slots)} lanes")
+    lane_slots, active = _lanes(shape, slots)
+    if steps is not None and any(int(k) != 1 for k in steps) or stop_tokens:
+        raise InputError("a single-step decode program takes no step limits or stop tokens")
+    return DecodeInputs(
+        slots=lane_slots,
+        active=active,
+        page_tables=page_table_array(shape, page_tables),
+        **_masks(shape, token_masks, len(slots)),
+    )
+
+
+def pack_multistep(
+    shape: ProgramShape,
+    *,
+    slots: Sequence[int],
+    page_tables: Sequence[Sequence[int]],
+    steps: Sequence[int] | None = None,
+    stop_tokens: Sequence[Sequence[int]] | None = None,
+    token_masks: TokenMasks | None = None,
+) -> MultiStepInputs:
+    """A K-step program's lanes (decode, or width-one speculative: `multistep.py`): each lane's
+    step limit (1..K, default K) and its stop tokens (at most STOP_CAPACITY each, default none);
+    no token masks (a masked lane needs one step per frame)."""
+    _check_kind(shape, GraphKind.DECODE, GraphKind.SPECULATIVE)
+    if shape.steps == 1:
+        raise InputError(f"a single-step {shape.kind.value} program takes no step limits")
     if len(page_tables) != len(slots):
         raise InputError(f"{len(page_tables)} page tables for {len(slots)} lanes")
     lane_slots, active = _lanes(shape, slots)
     tables = page_table_array(shape, page_tables)
-    if shape.steps == 1:
-        if steps is not None and any(int(k) != 1 for k in steps) or stop_tokens:
-            raise InputError("a single-step decode program takes no step limits or stop tokens")
-        return DecodeInputs(
-            slots=lane_slots, active=active, page_tables=tables, **_masks(shape, token_masks, len(slots))
-        )
     if any(m is not None for m in (token_masks or {}).values()):
-        raise InputError("a multi-step decode program takes no token masks")
+        raise InputError("a multi-step program takes no token masks")
     return MultiStepInputs(
         slots=lane_slots,
         active=active,

@@ -81,7 +81,8 @@ class Program:
 
     def pack(self, **host_data):
         """Host data -> this program's inputs (see `packing.py` for each kind's arguments)."""
-        return _PACKERS[self.shape.kind](self.shape, **host_data)
+        packer = packing.pack_multistep if self.shape.steps > 1 else _PACKERS[self.shape.kind]
+        return packer(self.shape, **host_data)
 
     def __call__(self, params, state: DeviceState, inputs):
         run = self.compiled if self.compiled is not None else self.fn

@@ -132,7 +132,7 @@ def pack_inputs(program, plan: ScheduledPlan, info: Mapping[int, RequestInputs],
         return _initialize_inputs(program, [each.slot for each in lanes], req)
     slots = [each.slot for each in lanes]
     tables = [r.page_table for r in req]
-    if kind is GraphKind.DECODE and plan.graph.steps > 1:  # each lane's steps and stop tokens
+    if plan.graph.steps > 1:  # K-step decode or width one: each lane's steps and stop tokens
         steps = [each.ceiling for each in lanes]
         return program.pack(
             slots=slots, page_tables=tables, steps=steps, stop_tokens=[r.stop_tokens for r in req]

@@ -61,11 +61,10 @@ class FaultContainment:
                 f"({request.sampling.max_tokens}) exceeds the context of {self.max_model_len}"
             )
         self._copies.resolve(request.proposal_source)  # a source the model can draft
-        masked_decoding = (GraphKind.SPECULATIVE, GraphKind.MIXED)  # and single-step decode
+        masked_decoding = (GraphKind.DECODE, GraphKind.SPECULATIVE, GraphKind.MIXED)  # single-step
         if request.host_masked and not any(
-            g.kind in masked_decoding or (g.kind is GraphKind.DECODE and g.steps == 1)
-            for g in self.scheduler.graphs.graphs
-        ):  # a masked decoder rides no K-step program (K-step decode takes no token mask)
+            g.kind in masked_decoding and g.steps == 1 for g in self.scheduler.graphs.graphs
+        ):  # a masked decoder rides no K-step program (a K-step program takes no token mask)
             raise ValueError(
                 "structured output and multi-token bad words need a single-step decode program "
                 "(--decode_steps with 1)"

@@ -3,6 +3,7 @@
     python scripts/bench/speculation.py [--modes=off,fixed,adaptive] [--concurrency=1,16]
         [--draft_tokens=3] [--prompt_tokens=64] [--new_tokens=128] [--requests_at_one=2]
         [--repeats=3] [--dtype=float32] [--max_model_len=512] [--policy=balanced] [--seed=0]
+        [--decode_steps=1]
         [--json_out=FILE] [--plot_dir=DIR]
 
 One `HeliosEngine` per mode (16 request slots, the same catalog planning the server uses, the
@@ -46,7 +47,11 @@ from bench_common import DEFAULT_CACHE_DIR, machine, percentile, prompt_windows
 from helios_jax.compilation_cache import enable_compilation_cache
 
 FLAGS = flags.FLAGS
-flags.DEFINE_list("modes", ["off", "fixed", "adaptive"], "speculation modes")
+flags.DEFINE_list(
+    "modes",
+    ["off", "fixed", "adaptive"],
+    "speculation modes; 'MODE@K+K' gives one its own step counts (adaptive@1 beside --decode_steps=1,4,8)",
+)
 flags.DEFINE_list("concurrency", ["1", "16"], "concurrent requests")
 flags.DEFINE_integer("draft_tokens", 3, "gamma: drafts per speculative round (the catalog's depth)")
 flags.DEFINE_integer("prompt_tokens", 64, "tokens per prompt")
@@ -58,6 +63,12 @@ flags.DEFINE_enum(
 )
 flags.DEFINE_integer("max_model_len", 512, "engine context length (the CPU attention window)")
 flags.DEFINE_enum("policy", "balanced", ["balanced", "throughput"], "scheduler policy preset of every engine")
+flags.DEFINE_list(
+    "decode_steps",
+    ["1"],
+    "step counts K of every mode's width-one programs (decode with speculation off, width-one "
+    "speculative rounds otherwise); 1,4,8 is the server's default without speculation",
+)
 flags.DEFINE_integer("seed", 0, "seed of the prompt windows")
 flags.DEFINE_string("json_out", None, "write the results as JSON here")
 flags.DEFINE_string("plot_dir", None, "write PNG plots here (e.g. docs/img)")
@@ -68,7 +79,9 @@ flags.DEFINE_string(
 )
 
 
-def build(model, tokenizer, mode: str):
+def build(model, tokenizer, name: str):
+    """The engine of one --modes entry: a speculation mode, optionally with its own step counts
+    after an '@' ('adaptive@1' or 'adaptive@1+4+8'; otherwise --decode_steps)."""
     from helios_jax.engine_config import EngineConfig
     from helios_jax.runtime.engine import HeliosEngine
     from helios_jax.runtime.tokenizer import HFTokenizer
@@ -76,6 +89,8 @@ def build(model, tokenizer, mode: str):
     chunks = tuple(c for c in (64, 128) if c <= FLAGS.max_model_len and c >= FLAGS.prompt_tokens)[:1] or (
         FLAGS.max_model_len,
     )
+    mode, _, steps = name.partition("@")
+    steps = steps.split("+") if steps else FLAGS.decode_steps
     ec = EngineConfig(
         request_slots=16,
         prefill_chunks=chunks,
@@ -83,6 +98,7 @@ def build(model, tokenizer, mode: str):
         draft_tokens=FLAGS.draft_tokens if mode != "off" else 0,
         max_model_len=FLAGS.max_model_len,
         dtype=FLAGS.dtype,
+        decode_steps=tuple(int(k) for k in steps),
     )
     t = time.perf_counter()
     from helios_jax.scheduler.config import PolicyConfig

@@ -15,8 +15,11 @@ from .helpers import (
     MULTISTEP_K,
     ORDINARY_ENGINE,
     PREFILLS,
+    RECT,
     SPECULATIVE_ENGINE,
     STATE_OPS,
+    WIDTH_ONE,
+    WIDTH_ONE_K,
     build,
     ordinary_catalog,
     random_params,
@@ -50,3 +53,17 @@ def multistep_programs(params):
         PREFILLS + (DECODE, DECODE_K) + STATE_OPS,
     )
     return build(ORDINARY_ENGINE.replace(decode_steps=(1, MULTISTEP_K)), catalog, params)
+
+
+@pytest.fixture(scope="session")
+def spec_multistep_programs(params):
+    """The adaptive engine with single-step and K = 4 step width-one programs and one wider
+    round (to resume drafting after the K steps)."""
+    catalog = Catalog(
+        "test-spec-multistep",
+        "speculative",
+        SPECULATIVE_ENGINE.speculative_token_capacity,
+        SPECULATIVE_ENGINE.request_slots,
+        PREFILLS + (WIDTH_ONE, WIDTH_ONE_K, RECT) + STATE_OPS,
+    )
+    return build(SPECULATIVE_ENGINE.replace(decode_steps=(1, MULTISTEP_K)), catalog, params)

@@ -179,8 +179,8 @@ def test_options_resolve_against_the_model():
     with pytest.raises(ValueError, match="proposal_source"):
         EngineConfig(proposal_source="mtp")
     assert EngineOptions(max_model_len=512).engine_config(long_model).max_model_len == 512
-    # planning without a model: the config's defaults, but for the options' prefill rows
-    assert EngineOptions().engine_config() == EngineConfig(prefill_batch=(1, 4))
+    # planning without a model: the config's defaults, but for the options' prefill rows and steps
+    assert EngineOptions().engine_config() == EngineConfig(prefill_batch=(1, 4), decode_steps=(1, 4, 8))
 
 
 def test_one_flag_definition_for_every_command():

@@ -103,6 +103,7 @@ def test_flags_mirror_the_engine_config():
         speculation="fixed",
         page_size=16,
         prefill_batch=(1, 4, 16),  # unset: 1, 4, 16 up to the concurrency
+        decode_steps=(1, 4, 8),  # unset: width-one rounds of 1, 4 and 8 steps
     )
     fv.unparse_flags()
     fv(["prepare", "--speculation=off"])

@@ -1,11 +1,14 @@
-"""Mixed prefill/verification frames and device-allocated verification frames through the engine.
+"""Mixed prefill/verification frames, device-allocated verification frames and K-step width-one
+frames through the engine.
 
 An adaptive engine with two request slots, one proposal depth (D = 3, W = 4) and a speculative
 token envelope R = 4 smaller than B * W = 8, so that its two-lane verification program is ragged
 and bound to the device `prefix_limit` allocation (docs/catalog.md), and with mixed programs
 (`mixed_prefill`). Copy proposals from repeated code keep acceptance high, so wide rounds pay; a
-prompt that arrives while another request streams is absorbed by a mixed frame. Every text must
-be plain greedy decoding's, and both kinds of frame must have run.
+prompt that arrives while another request streams is absorbed by a mixed frame. Width-one
+rounds run one or four steps (`decode_steps`, RESOLUTIONS.md 25), each step keeping the draft
+context that the wide rounds after it draft from. Every text must be plain greedy decoding's, and
+all three kinds of frame must have run.
 """
 
 import pytest
@@ -35,6 +38,7 @@ def engine():
         mixed_prefill=True,
         max_model_len=128,
         proposal_source="copy",
+        decode_steps=(1, 4),
     )
     eng = HeliosEngine(
         model_config=config, params=params, tokenizer=tokenizer(), engine_config=ec, check_invariants=True
@@ -43,13 +47,15 @@ def engine():
     eng.shutdown()
 
 
-def _kinds(engine) -> tuple[int, int]:
-    """(mixed frames, device-allocated verification frames) the engine has run."""
-    mixed = device = 0
+def _kinds(engine) -> tuple[int, int, int]:
+    """(mixed frames, device-allocated verification frames, K-step width-one frames) the engine
+    has run."""
+    mixed = device = steps = 0
     for graph, _ in engine.executor.history:
         mixed += graph.kind is GraphKind.MIXED
         device += graph.kind is GraphKind.SPECULATIVE and graph.allocation is Allocation.PREFIX_LIMIT
-    return mixed, device
+        steps += graph.kind is GraphKind.SPECULATIVE and graph.steps > 1
+    return mixed, device, steps
 
 
 def _pair(engine, n: int) -> None:
@@ -72,7 +78,7 @@ def test_mixed_and_device_allocated_frames_serve_plain_greedy_text(engine):
     assert any(g.allocation is Allocation.PREFIX_LIMIT and g.batch_capacity == 2 for g in graphs)
     for n in range(ROUNDS):
         _pair(engine, n)
-        mixed, device = _kinds(engine)
-        if mixed and device:
+        mixed, device, steps = _kinds(engine)
+        if mixed and device and steps:
             break
-    assert mixed > 0 and device > 0, dict(engine.executor.graph_counts)
+    assert mixed > 0 and device > 0 and steps > 0, dict(engine.executor.graph_counts)

@@ -42,8 +42,14 @@ CASES = int(os.environ.get("HELIOS_CROSSCHECK_CASES", "150"))
 )
 @pytest.mark.parametrize(
     "catalog, max_requests",
-    [(SPEC, 5), (ORDINARY, 5), (RAGGED, 7), (crosscheck.with_decode_steps(ORDINARY, (4, 8)), 5)],
-    ids=["speculative", "ordinary", "ragged-small", "multistep"],
+    [
+        (SPEC, 5),
+        (ORDINARY, 5),
+        (RAGGED, 7),
+        (crosscheck.with_decode_steps(ORDINARY, (4, 8)), 5),
+        (crosscheck.with_decode_steps(SPEC, (4, 8)), 5),
+    ],
+    ids=["speculative", "ordinary", "ragged-small", "multistep", "multistep-width-one"],
 )
 def test_production_matches_enumeration(catalog, max_requests):
     report = crosscheck.run(catalog, CASES, seed=7, max_requests=max_requests, noise=0.15)
@@ -173,8 +179,14 @@ def _device_rows(obj, g, lanes, by_rid):
 )
 @pytest.mark.parametrize(
     "catalog, max_requests",
-    [(SPEC, 6), (ORDINARY, 6), (RAGGED, 7), (crosscheck.with_decode_steps(ORDINARY, (4, 8)), 6)],
-    ids=["speculative", "ordinary", "ragged-small", "multistep"],
+    [
+        (SPEC, 6),
+        (ORDINARY, 6),
+        (RAGGED, 7),
+        (crosscheck.with_decode_steps(ORDINARY, (4, 8)), 6),
+        (crosscheck.with_decode_steps(SPEC, (4, 8)), 6),
+    ],
+    ids=["speculative", "ordinary", "ragged-small", "multistep", "multistep-width-one"],
 )
 def test_every_candidates_lanes_carry_the_reference_values(catalog, max_requests):
     """Every materialised candidate of random populations, lane by lane, against the naive

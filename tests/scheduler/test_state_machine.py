@@ -57,6 +57,9 @@ CATALOGS = {
     # follower is a K-step program (a catalog with no single-step follower once left every
     # request blocked on its snapshot).
     "k-step": k_step_only(with_decode_steps(ORDINARY, (4,), 0.5)),
+    # `--decode_steps=1,4` under speculation: width-one rounds of one and of four steps beside
+    # the verifying ones.
+    "k-step-width-one": with_decode_steps(SPEC, (4,), 0.5),
 }
 EPS = 1e-9
 REQUEST = st.fixed_dictionaries(

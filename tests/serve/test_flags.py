@@ -152,10 +152,11 @@ def test_engine_factory_fake_uses_the_flags():
     assert (engine.max_model_len, engine.token_delay_s) == (300, 0.002)
 
 
-def test_unset_decode_steps_prepare_multi_step_programs_only_without_speculation():
+def test_unset_decode_steps_prepare_multi_step_programs_in_every_mode():
     assert parse("--speculation=off").engine_options.decode_steps == (1, 4, 8)
     assert parse("--speculation=off", "--decode_steps=1").engine_options.decode_steps == (1,)
-    assert parse().engine_options.decode_steps == (1,)  # adaptive speculation: single steps
+    assert parse().engine_options.decode_steps == (1, 4, 8)  # adaptive: width-one rounds of K steps
+    assert parse("--speculation=fixed", "--decode_steps=1,4").engine_options.decode_steps == (1, 4)
     config = parse(
         "--speculation=off", "--draft_tokens=0", "--max_model_len=512"
     ).engine_options.engine_config()
