@@ -250,10 +250,10 @@ def test_a_decoder_with_a_host_token_mask_is_never_a_k_step_lane():
 
 
 def test_dominated_steps_are_kept_per_prepared_catalog():
-    """multistep.dominated_steps keeps each K-step program's table per prepared catalog: the same
+    """The prepared catalog keeps each K-step program's dominated steps (`prepared.dominated_steps`
+    in `GenerationRows.dominated`, read by `multistep.multistep_candidate`): the same
     program has other dominators, so another table, in a catalog without the larger single-step
     programs, and each table equals the largest K' among the dominators holding c lanes."""
-    from helios_jax.scheduler.policy import multistep
     from helios_jax.scheduler.policy.prepared import PreparedGraphs
 
     full = with_decode_steps(ORDINARY, (4, K), 0.5)
@@ -263,16 +263,16 @@ def test_dominated_steps_are_kept_per_prepared_catalog():
     tables = []
     for prepared in catalogs:
         for g in (g for g in prepared.generation if g.steps > 1):
-            got = multistep.dominated_steps(prepared, g)
+            got = prepared.generation_rows.dominated[g]
             doms = prepared.dominators[g]
             want = [
                 max((h.steps for h in doms if h.batch_capacity >= c), default=0)
                 for c in range(1, 1 + g.batch_capacity)
             ]
-            assert got.tolist() == want and multistep.dominated_steps(prepared, g) is got
+            assert got.tolist() == want and prepared.generation_rows.dominated[g] is got
             assert not got.flags.writeable  # shared by every decision: read-only
         tables.append(
-            {g: multistep.dominated_steps(prepared, g).tolist() for g in prepared.generation if g.steps > 1}
+            {g: prepared.generation_rows.dominated[g].tolist() for g in prepared.generation if g.steps > 1}
         )
     assert any(tables[0][g] != kappa for g, kappa in tables[1].items())
 

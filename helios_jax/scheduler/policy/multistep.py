@@ -22,7 +22,6 @@ from typing import NamedTuple
 import numpy as np
 
 from helios_jax.catalog import GraphDescriptor
-from helios_jax.scheduler.policy.prepared import PreparedGraphs
 from helios_jax.scheduler.policy.ranking import ScoredCandidate
 from helios_jax.scheduler.policy.selection import Selection
 from helios_jax.scheduler.policy.tables import DecoderTable
@@ -161,7 +160,8 @@ def multistep_candidate(sel: Selection, g: GraphDescriptor, ranked: RankedLanes)
     size = min(g.batch_capacity, ranked.order.size)
     if size == 0:
         return None
-    found = _largest_cohort(ranked, int(dominated_steps(sel.prepared, g)[size - 1]), size)
+    kappa = sel.prepared.generation_rows.dominated[g]  # ``prepared.dominated_steps``, kept per catalog
+    found = _largest_cohort(ranked, int(kappa[size - 1]), size)
     if found is None:
         return None
     total, idx = found
@@ -173,13 +173,6 @@ def multistep_candidate(sel: Selection, g: GraphDescriptor, ranked: RankedLanes)
 
     # Dominance is settled here, per cohort: the candidate joins no dominance group.
     return sel.score(g, total, idx.size * per_ms, None, lanes)
-
-
-def dominated_steps(prepared: PreparedGraphs, g: GraphDescriptor) -> np.ndarray:
-    """i64[B]: for cohorts of c = 1..B lanes of `g`, the most steps any dominator of `g` holding
-    c lanes runs (0: none holds them); a cohort whose lanes all take at most that many is
-    dominated. Computed once per prepared catalog (``prepared.dominated_steps``; read-only)."""
-    return prepared.generation_rows.dominated[g]
 
 
 def _largest_cohort(ranked: RankedLanes, kappa: int, size: int) -> tuple[float, np.ndarray] | None:

@@ -261,7 +261,8 @@ class GenerationRows:
     Ragged programs always build theirs."""
 
     def __init__(self, routes: list[tuple], dominators: dict[GraphDescriptor, list[GraphDescriptor]]):
-        # Each K-step program's dominated steps by cohort size (``multistep.dominated_steps``).
+        # Each K-step program's dominated steps by cohort size (:func:`dominated_steps`), read by
+        # ``multistep.multistep_candidate``.
         self.dominated = {g: dominated_steps(g, dominators[g]) for g, *_ in routes if g.steps > 1}
         self.batch = np.array([g.batch_capacity for g, *_ in routes], dtype=np.int64)
         self.cover = np.array([cohort_cover(g, dominators[g]) for g, *_ in routes], dtype=np.int64)
