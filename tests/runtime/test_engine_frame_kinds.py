@@ -15,6 +15,7 @@ import pytest
 
 from helios_jax.catalog import Allocation, GraphKind
 from helios_jax.engine_config import EngineConfig
+from helios_jax.runtime import compilations
 from helios_jax.runtime.api import GenerationRequest, SamplingParams
 from helios_jax.runtime.engine import HeliosEngine
 
@@ -76,9 +77,13 @@ def _pair(engine, n: int) -> None:
 def test_mixed_and_device_allocated_frames_serve_plain_greedy_text(engine):
     graphs = engine.executor.programs.catalog.graphs
     assert any(g.allocation is Allocation.PREFIX_LIMIT and g.batch_capacity == 2 for g in graphs)
+    offline_greedy(tokenizer().encode(CODE), 2)  # the reference's own compilations, done first
+    before = compilations.compilation_count()
     for n in range(ROUNDS):
         _pair(engine, n)
         mixed, device, steps = _kinds(engine)
         if mixed and device and steps:
             break
     assert mixed > 0 and device > 0 and steps > 0, dict(engine.executor.graph_counts)
+    new = compilations.compilation_count() - before
+    assert new == 0, compilations.recent_compilations()[-new:]  # every kind was prepared at start-up
