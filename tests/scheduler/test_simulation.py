@@ -351,3 +351,25 @@ def test_k_step_decode_programs_run_in_the_simulator():
     result = sim.run(config, Recording)
     assert 4 in steps
     assert [r.output_tokens for r in result.requests] == [24] * 4
+
+
+@spec("verification/startup-traces", "verification/first-output-100ms", "verification/gaps-150ms")
+@pytest.mark.parametrize("accepted", [0, 3])
+@pytest.mark.parametrize("requests", [5, 16])
+def test_startup_trace_with_k_step_width_one_programs(requests, accepted):
+    """The startup bounds hold with width-one rounds of 4 and 8 steps loaded beside the single
+    ones (RESOLUTIONS.md, 25: `--decode_steps` under speculation), measured at 0.6 x K single
+    rounds, and the K-step rounds run."""
+    from helios_jax.reference.crosscheck import with_decode_steps
+
+    catalog = with_decode_steps(SPEC, (4, 8), 0.6)
+    steps = []
+
+    class Recording(Scheduler):
+        def commit(self, plan, fence):
+            steps.append(plan.graph.steps)
+            return super().commit(plan, fence)
+
+    config = sim.SimConfig(catalog, requests=requests, accepted_drafts=accepted, rounds=100)
+    _assert_startup_bounds(sim.run(config, Recording))
+    assert any(k > 1 for k in steps)
