@@ -94,9 +94,7 @@ def _xla_online_softmax(qg, k_flat, v_flat, head_base, items: WorkItems, *, sm_s
         key_ok = key_pos[None, :] < items.context_len[:, None]  # [N, bk]; past it pages may hold NaN
         k = k_flat[flat_ids].reshape(num_kv_heads, num_items, block_k, head_dim)
         v = v_flat[flat_ids].reshape(num_kv_heads, num_items, block_k, head_dim)
-        # Keys past the context may be NaN: their scores are replaced below (`where` selects, so a
-        # NaN score there is dropped), but a NaN value times a zero weight is NaN, so values are
-        # zeroed first.
+        k = jnp.where(key_ok[None, :, :, None], k, 0)
         v = jnp.where(key_ok[None, :, :, None], v, 0)
         logits = jnp.einsum("nqkgd,knsd->nkgqs", qg, k, precision=EXACT, preferred_element_type=jnp.float32)
         causal = (key_pos[None, None, :] <= q_pos[:, :, None]) & key_ok[:, None, :]  # [N, bq, bk]
