@@ -81,7 +81,7 @@ MIXED_ORDINARY = mixed_graph(2, 1, MIXED_PROMPT, False)
 DECODE = GraphDescriptor(GraphKind.DECODE, 2, token_capacity=1, target_capacity=2)
 MULTISTEP_K = 4
 DECODE_K = dataclasses.replace(DECODE, steps=MULTISTEP_K)  # the `multistep_programs` fixture's
-WIDTH_ONE_K = dataclasses.replace(WIDTH_ONE, steps=MULTISTEP_K)  # `spec_multistep_programs`'
+WIDTH_ONE_K = dataclasses.replace(WIDTH_ONE, steps=MULTISTEP_K)  # the `spec_multistep_programs` fixture's
 
 
 def speculative_catalog() -> Catalog:

@@ -83,9 +83,9 @@ def test_k_steps_equal_k_width_one_rounds_and_keep_the_draft_context(
         )
 
 
-def test_k_steps_write_the_draft_context_that_decode_leaves(spec_multistep_programs, params):
+def test_k_steps_write_the_draft_context(spec_multistep_programs, params):
     """The K-step width-one program's draft writes are real: the draft cache after it differs
-    from the cache after the prompts alone at the K positions it absorbed."""
+    from the cache the prompts left (a step without the upkeep would leave it unchanged)."""
     slots = sorted(PROMPTS)
     d = _started(spec_multistep_programs, params, {})
     before = np.asarray(d.state.draft.k).copy()
