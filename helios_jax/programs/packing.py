@@ -70,6 +70,16 @@ def _lanes(
     return out, active
 
 
+def _lanes_and_tables(
+    shape: ProgramShape, slots: Sequence[int], page_tables: Sequence[Sequence[int]]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(slots, active, page tables) of generation lanes: one page table per slot."""
+    if len(page_tables) != len(slots):
+        raise InputError(f"{len(page_tables)} page tables for {len(slots)} lanes")
+    lane_slots, active = _lanes(shape, slots)
+    return lane_slots, active, page_table_array(shape, page_tables)
+
+
 def page_table_array(
     shape: ProgramShape, tables: Sequence[Sequence[int]], rows: int | None = None
 ) -> np.ndarray:
@@ -191,16 +201,11 @@ def pack_decode(
             stop_tokens=stop_tokens,
             token_masks=token_masks,
         )
-    if len(page_tables) != len(slots):
-        raise InputError(f"{len(page_tables)} page tables for {len(slots)} lanes")
-    lane_slots, active = _lanes(shape, slots)
+    lane_slots, active, tables = _lanes_and_tables(shape, slots, page_tables)
     if steps is not None and any(int(k) != 1 for k in steps) or stop_tokens:
         raise InputError("a single-step decode program takes no step limits or stop tokens")
     return DecodeInputs(
-        slots=lane_slots,
-        active=active,
-        page_tables=page_table_array(shape, page_tables),
-        **_masks(shape, token_masks, len(slots)),
+        slots=lane_slots, active=active, page_tables=tables, **_masks(shape, token_masks, len(slots))
     )
 
 
@@ -219,10 +224,7 @@ def pack_multistep(
     _check_kind(shape, GraphKind.DECODE, GraphKind.SPECULATIVE)
     if shape.steps == 1:
         raise InputError(f"a single-step {shape.kind.value} program takes no step limits")
-    if len(page_tables) != len(slots):
-        raise InputError(f"{len(page_tables)} page tables for {len(slots)} lanes")
-    lane_slots, active = _lanes(shape, slots)
-    tables = page_table_array(shape, page_tables)
+    lane_slots, active, tables = _lanes_and_tables(shape, slots, page_tables)
     if any(m is not None for m in (token_masks or {}).values()):
         raise InputError("a multi-step program takes no token masks")
     return MultiStepInputs(
@@ -306,15 +308,13 @@ def pack_speculative(
     """
     _check_kind(shape, GraphKind.SPECULATIVE)
     n = len(slots)
-    if len(page_tables) != n:
-        raise InputError(f"{len(page_tables)} page tables for {n} lanes")
-    lane_slots, active = _lanes(shape, slots)
+    lane_slots, active, tables = _lanes_and_tables(shape, slots, page_tables)
     copy_tokens, copy_lengths = _copy_arrays(shape, shape.depth, copy_proposals, n)
     rows = _speculative_rows(shape, n, query_lengths, ceilings, copy_lengths)
     return SpeculativeInputs(
         slots=lane_slots,
         active=active,
-        page_tables=page_table_array(shape, page_tables),
+        page_tables=tables,
         lane_rows=rows,
         copy_tokens=copy_tokens,
         copy_lengths=copy_lengths,
