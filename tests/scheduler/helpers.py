@@ -11,13 +11,16 @@ import numpy as np
 from helios_jax.catalog import Catalog, DecodeMode, GraphKind, shipped_catalog
 from helios_jax.scheduler import policy, service
 from helios_jax.scheduler.config import PolicyConfig
+from helios_jax.scheduler.core import NS_PER_MS, Scheduler
 from helios_jax.scheduler.cost import CostModel
-from helios_jax.scheduler.view import Phase, RequestView
+from helios_jax.scheduler.plan import CompletionRecord, ExecutionTiming
+from helios_jax.scheduler.view import LaneRole, Phase, RequestView
 
 SPEC = shipped_catalog("synthetic-h200")
 ORDINARY = shipped_catalog("synthetic-h200-ordinary")
 RAGGED = Catalog.load(pathlib.Path(__file__).parents[1] / "data" / "ragged-small.json")
 POLICY = PolicyConfig()
+TIMING = ExecutionTiming((1e6,), 1e6)  # one millisecond of device time
 
 
 def k_step_only(catalog: Catalog) -> Catalog:
@@ -115,3 +118,36 @@ def choose(views, **kw):
 def best_of_kind(views, kind: GraphKind, **kw):
     cands = [c for c in policy.candidates(inputs(views, **kw)) if c.kind is kind]
     return max(cands, key=lambda c: c.score) if cands else None
+
+
+def burst_records(plan, decode_tokens=()) -> list[CompletionRecord]:
+    """Completion records of `plan`: a prompt lane consumes its chunk (token 9 when it ends the
+    prompt), a decode lane emits `decode_tokens`, any other lane nothing."""
+    out = []
+    for lane in plan.lanes:
+        if lane.role is LaneRole.PROMPT:
+            emitted = (9,) if lane.finishes_prompt else ()
+            out.append(
+                CompletionRecord(lane.handle, lane.epoch, prompt_tokens=lane.prompt_tokens, tokens=emitted)
+            )
+        elif lane.role is LaneRole.DECODE:
+            out.append(CompletionRecord(lane.handle, lane.epoch, tokens=tuple(decode_tokens)))
+        else:
+            out.append(CompletionRecord(lane.handle, lane.epoch))
+    return out
+
+
+def first_generation_plan(catalog: Catalog, kind: GraphKind, *, mode=None, stop_token_ids=()):
+    """(scheduler, plan, fence): one request (output limit 6, first token 9 from its prompt) run
+    through its prerequisites until the next plan is of `kind`, not yet committed."""
+    s = Scheduler(catalog, mode=mode)
+    s.seed_costs(0)
+    s.admit([1, 2, 3], max_output=6, stop_token_ids=stop_token_ids)
+    for fence in range(10):
+        s.advance_to(fence * 10 * NS_PER_MS)
+        plan = s.plan()
+        if plan.kind is kind:
+            return s, plan, fence
+        s.commit(plan, fence)
+        s.complete(fence, burst_records(plan), TIMING)
+    raise AssertionError(f"no {kind.value} plan")

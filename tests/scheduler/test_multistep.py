@@ -17,10 +17,19 @@ from helios_jax.reference.crosscheck import with_decode_steps
 from helios_jax.scheduler import policy
 from helios_jax.scheduler.core import NS_PER_MS, Scheduler
 from helios_jax.scheduler.cost import CostModel
-from helios_jax.scheduler.plan import CompletionRecord, ExecutionTiming
 from helios_jax.scheduler.view import LaneRole
 
-from .helpers import ORDINARY, POLICY, choose, decoder, inputs, k_step_only
+from .helpers import (
+    ORDINARY,
+    POLICY,
+    TIMING,
+    burst_records,
+    choose,
+    decoder,
+    first_generation_plan,
+    inputs,
+    k_step_only,
+)
 
 spec = pytest.mark.spec
 K = 8
@@ -64,56 +73,22 @@ def test_steps_respect_limits_and_equal_work_is_the_smaller_program():
     assert [sorted(lane.ceiling for lane in c.lanes) for c in k_step(mixed)] == [[K], [1, K], [1, 1, 1, K]]
 
 
-def _records(plan, decode_tokens=()):
-    out = []
-    for lane in plan.lanes:
-        if lane.role is LaneRole.PROMPT:
-            emitted = (9,) if lane.finishes_prompt else ()
-            out.append(
-                CompletionRecord(lane.handle, lane.epoch, prompt_tokens=lane.prompt_tokens, tokens=emitted)
-            )
-        elif lane.role is LaneRole.DECODE:
-            out.append(CompletionRecord(lane.handle, lane.epoch, tokens=tuple(decode_tokens)))
-        else:
-            out.append(CompletionRecord(lane.handle, lane.epoch))
-    return out
-
-
-def _first_k_step_plan(stop_token_ids=()):
-    """A scheduler with one request (output limit 6, first token 9 from its prompt) whose next
-    plan is a K-step decode."""
-    s = Scheduler(_catalog(0.3))
-    s.seed_costs(0)
-    s.admit([1, 2, 3], max_output=6, stop_token_ids=stop_token_ids)
-    for fence in range(10):
-        s.advance_to(fence * 10 * NS_PER_MS)
-        plan = s.plan()
-        if plan.kind is GraphKind.DECODE:
-            return s, plan, fence
-        s.commit(plan, fence)
-        s.complete(fence, _records(plan), TIMING)
-    raise AssertionError("no decode plan")
-
-
-TIMING = ExecutionTiming((1e6,), 1e6)
-
-
 @spec(
     "useful-service/output-progress", "service-accounting/validate-first", "planning-queue/queued-lane-bound"
 )
 def test_completion_commits_k_tokens_per_lane_and_stops_at_the_end():
-    s, plan, fence = _first_k_step_plan()
+    s, plan, fence = first_generation_plan(_catalog(0.3), GraphKind.DECODE)
     assert plan.graph.steps == K and plan.lanes[0].ceiling == 5  # 6 allowed, 1 already out
     assert plan.max_advance(plan.lanes[0]) == 5
     s.commit(plan, fence)
     with pytest.raises(ValueError, match="tokens from a lane of 5 steps"):
-        s.complete(fence, _records(plan, (1,) * 6), TIMING)  # past the lane's steps: refused
-    (gen,) = s.complete(fence, _records(plan, (1, 2, 3, 4, 5)), TIMING)
+        s.complete(fence, burst_records(plan, (1,) * 6), TIMING)  # past the lane's steps: refused
+    (gen,) = s.complete(fence, burst_records(plan, (1, 2, 3, 4, 5)), TIMING)
     assert gen.tokens == (1, 2, 3, 4, 5) and gen.finished and gen.finish_reason == "length"
     # A stop token mid-burst ends the output there (the device stops the lane at that step).
-    s, plan, fence = _first_k_step_plan(stop_token_ids=(7,))
+    s, plan, fence = first_generation_plan(_catalog(0.3), GraphKind.DECODE, stop_token_ids=(7,))
     s.commit(plan, fence)
-    (gen,) = s.complete(fence, _records(plan, (1, 7)), TIMING)
+    (gen,) = s.complete(fence, burst_records(plan, (1, 7)), TIMING)
     assert gen.tokens == (1, 7) and gen.finish_reason == "stop"
 
 
@@ -211,7 +186,7 @@ def test_a_prompt_end_capture_is_scheduled_when_every_decode_program_runs_k_step
         s.advance_to(now * NS_PER_MS)
         recs = [
             dataclasses.replace(r, tokens=(1,) * lane.ceiling) if lane.role is LaneRole.DECODE else r
-            for lane, r in zip(plan.lanes, _records(plan), strict=True)
+            for lane, r in zip(plan.lanes, burst_records(plan), strict=True)
         ]
         s.complete(fence, recs, TIMING)
     assert not s.requests and snapshots

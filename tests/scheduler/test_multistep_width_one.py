@@ -12,15 +12,11 @@ import pytest
 from helios_jax.catalog import DecodeMode, GraphKind
 from helios_jax.reference.crosscheck import with_decode_steps
 from helios_jax.scheduler import policy
-from helios_jax.scheduler.core import NS_PER_MS, Scheduler
-from helios_jax.scheduler.plan import CompletionRecord, ExecutionTiming
-from helios_jax.scheduler.view import LaneRole
 
-from .helpers import SPEC, choose, decoder, inputs
+from .helpers import SPEC, TIMING, burst_records, choose, decoder, first_generation_plan, inputs
 
 spec = pytest.mark.spec
 K = 8
-TIMING = ExecutionTiming((1e6,), 1e6)
 
 
 def _catalog(speedup: float):
@@ -60,53 +56,24 @@ def test_steps_respect_limits_and_equal_work_is_the_smaller_program():
     assert k_step(last) == []  # one token left: a single round's work
 
 
-def _records(plan, decode_tokens=()):
-    out = []
-    for lane in plan.lanes:
-        if lane.role is LaneRole.PROMPT:
-            emitted = (9,) if lane.finishes_prompt else ()
-            out.append(
-                CompletionRecord(lane.handle, lane.epoch, prompt_tokens=lane.prompt_tokens, tokens=emitted)
-            )
-        elif lane.role is LaneRole.DECODE:
-            out.append(CompletionRecord(lane.handle, lane.epoch, tokens=tuple(decode_tokens)))
-        else:
-            out.append(CompletionRecord(lane.handle, lane.epoch))
-    return out
-
-
-def _first_k_step_plan(stop_token_ids=()):
-    """An adaptive scheduler with one request (output limit 6, first token 9 from its prompt)
-    whose next plan is a K-step width-one round."""
-    s = Scheduler(_catalog(0.1), mode="adaptive")
-    s.seed_costs(0)
-    s.admit([1, 2, 3], max_output=6, stop_token_ids=stop_token_ids)
-    for fence in range(10):
-        s.advance_to(fence * 10 * NS_PER_MS)
-        plan = s.plan()
-        if plan.kind is GraphKind.SPECULATIVE:
-            return s, plan, fence
-        s.commit(plan, fence)
-        s.complete(fence, _records(plan), TIMING)
-    raise AssertionError("no generation plan")
-
-
 @spec(
     "useful-service/output-progress",
     "confidence-acceptance/width-one-no-acceptance",
     "planning-queue/queued-lane-bound",
 )
 def test_completion_commits_k_tokens_and_learns_no_acceptance():
-    s, plan, fence = _first_k_step_plan()
+    s, plan, fence = first_generation_plan(_catalog(0.1), GraphKind.SPECULATIVE, mode="adaptive")
     assert _width_one_k(plan.graph) and plan.lanes[0].ceiling == 5  # 6 allowed, 1 already out
     assert plan.max_advance(plan.lanes[0]) == 5
     s.commit(plan, fence)
     with pytest.raises(ValueError, match="tokens from a lane of 5 steps"):
-        s.complete(fence, _records(plan, (1,) * 6), TIMING)  # past the lane's steps: refused
-    (gen,) = s.complete(fence, _records(plan, (1, 2, 3, 4, 5)), TIMING)
+        s.complete(fence, burst_records(plan, (1,) * 6), TIMING)  # past the lane's steps: refused
+    (gen,) = s.complete(fence, burst_records(plan, (1, 2, 3, 4, 5)), TIMING)
     assert gen.tokens == (1, 2, 3, 4, 5) and gen.finished and gen.finish_reason == "length"
     assert s.speculative["drafts_offered"] == 0 and not s.offered_by_position
-    s, plan, fence = _first_k_step_plan(stop_token_ids=(7,))
+    s, plan, fence = first_generation_plan(
+        _catalog(0.1), GraphKind.SPECULATIVE, mode="adaptive", stop_token_ids=(7,)
+    )
     s.commit(plan, fence)
-    (gen,) = s.complete(fence, _records(plan, (1, 7)), TIMING)
+    (gen,) = s.complete(fence, burst_records(plan, (1, 7)), TIMING)
     assert gen.tokens == (1, 7) and gen.finish_reason == "stop"
