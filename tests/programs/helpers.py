@@ -235,6 +235,52 @@ def emitted(out, lane: int) -> list[int]:
     return [int(t) for t in np.asarray(out.tokens)[lane, : int(out.counts[lane])]]
 
 
+# Multi-step programs against single steps (test_multistep.py, test_multistep_width_one.py).
+STEP_PROMPTS = {0: [5, 9, 17, 3, 3, 41, 7], 2: [11, 2, 60, 9, 1, 33, 8, 19, 4, 4, 2]}
+SAMPLED = dict(temperature=0.9, top_p=0.95, top_k=40)
+COUPLED = dict(SAMPLED, coupled=True)  # a seeded request: draws keyed by seed and position
+
+
+def started(programs, params, sampling: dict) -> Driver:
+    """A driver whose STEP_PROMPTS rows are initialized with `sampling` and prefilled."""
+    d = Driver(programs, params, seed=3)
+    for slot, prompt in STEP_PROMPTS.items():
+        d.initialize(slot, seed=100 + slot, **sampling)
+        d.prefill(slot, prompt)
+    return d
+
+
+def single_steps(d: Driver, graph: GraphDescriptor, slots, limits) -> list[list[int]]:
+    """Single steps of `graph` (decode, or a width-one speculative round), lane by lane up to
+    its limit: each lane's emitted tokens."""
+    streams = [[] for _ in slots]
+    for j in range(max(limits)):
+        running = [s for s, n in zip(slots, limits) if j < n]
+        host = dict(slots=running, page_tables=d.tables(running))
+        if graph.kind is GraphKind.SPECULATIVE:
+            host["query_lengths"] = [1] * len(running)
+        out = d.run(graph, **host)
+        for lane, slot in enumerate(running):
+            streams[slots.index(slot)].extend(emitted(out, lane))
+    return streams
+
+
+def states_equal(a: Driver, b: Driver, slots, caches=("target",)) -> None:
+    """The rows (cursor, pending token, output count, PRNG key) and the K/V of `caches` equal."""
+    for s in slots:
+        assert a.row(s) == b.row(s)
+        assert np.array_equal(np.asarray(a.state.rng[s]), np.asarray(b.state.rng[s]))
+    for cache in caches:
+        for field in ("k", "v"):
+            np.testing.assert_allclose(
+                np.asarray(getattr(getattr(a.state, cache), field)),
+                np.asarray(getattr(getattr(b.state, cache), field)),
+                rtol=1e-5,
+                atol=1e-5,
+                equal_nan=True,
+            )
+
+
 def hf_weights(params) -> dict[str, np.ndarray]:
     """{transformers name: float64 ndarray} for the numpy references (reference/mtp.py)."""
     from helios_jax.model.weights import flax_path_to_hf_name

@@ -15,47 +15,23 @@ import pytest
 
 from helios_jax.catalog import GraphKind
 
-from .helpers import MULTISTEP_K, RECT, WIDTH_ONE, WIDTH_ONE_K, Driver, emitted
+from .helpers import (
+    COUPLED,
+    MULTISTEP_K,
+    RECT,
+    SAMPLED,
+    STEP_PROMPTS,
+    WIDTH_ONE,
+    WIDTH_ONE_K,
+    emitted,
+    single_steps,
+    started,
+    states_equal,
+)
 
 spec = pytest.mark.spec
 K = MULTISTEP_K
-PROMPTS = {0: [5, 9, 17, 3, 3, 41, 7], 2: [11, 2, 60, 9, 1, 33, 8, 19, 4, 4, 2]}
-SAMPLED = dict(temperature=0.9, top_p=0.95, top_k=40)
-COUPLED = dict(SAMPLED, coupled=True)
-
-
-def _started(programs, params, sampling: dict) -> Driver:
-    d = Driver(programs, params, seed=3)
-    for slot, prompt in PROMPTS.items():
-        d.initialize(slot, seed=100 + slot, **sampling)
-        d.prefill(slot, prompt)
-    return d
-
-
-def _single_rounds(d: Driver, slots, limits) -> list[list[int]]:
-    """Width-one rounds, lane by lane up to its limit."""
-    streams = [[] for _ in slots]
-    for j in range(max(limits)):
-        running = [s for s, n in zip(slots, limits) if j < n]
-        out = d.run(WIDTH_ONE, slots=running, page_tables=d.tables(running), query_lengths=[1] * len(running))
-        for lane, slot in enumerate(running):
-            streams[slots.index(slot)].extend(emitted(out, lane))
-    return streams
-
-
-def _caches_equal(a: Driver, b: Driver, slots) -> None:
-    for s in slots:
-        assert a.row(s) == b.row(s)
-        assert np.array_equal(np.asarray(a.state.rng[s]), np.asarray(b.state.rng[s]))
-    for cache in ("target", "draft"):
-        for field in ("k", "v"):
-            np.testing.assert_allclose(
-                np.asarray(getattr(getattr(a.state, cache), field)),
-                np.asarray(getattr(getattr(b.state, cache), field)),
-                rtol=1e-5,
-                atol=1e-5,
-                equal_nan=True,
-            )
+BOTH = ("target", "draft")
 
 
 @spec("speculative-coverage/width-one-draft-context")
@@ -63,16 +39,16 @@ def _caches_equal(a: Driver, b: Driver, slots) -> None:
 def test_k_steps_equal_k_width_one_rounds_and_keep_the_draft_context(
     spec_multistep_programs, params, sampling
 ):
-    slots = sorted(PROMPTS)
-    multi, single = (_started(spec_multistep_programs, params, sampling) for _ in range(2))
+    slots = sorted(STEP_PROMPTS)
+    multi, single = (started(spec_multistep_programs, params, sampling) for _ in range(2))
     streams = [[] for _ in slots]
     for _ in range(2):
         out = multi.run(WIDTH_ONE_K, slots=slots, page_tables=multi.tables(slots))
         assert np.asarray(out.counts).tolist() == [K, K]
         for lane in range(len(slots)):
             streams[lane].extend(emitted(out, lane))
-    assert streams == _single_rounds(single, slots, [2 * K] * len(slots))
-    _caches_equal(multi, single, slots)
+    assert streams == single_steps(single, WIDTH_ONE, slots, [2 * K] * len(slots))
+    states_equal(multi, single, slots, BOTH)
     # Drafting resumes from the same context: a wider round proposes and commits the same.
     wide = [
         d.run(RECT, slots=slots, page_tables=d.tables(slots), query_lengths=[4, 4]) for d in (multi, single)
@@ -86,8 +62,8 @@ def test_k_steps_equal_k_width_one_rounds_and_keep_the_draft_context(
 def test_k_steps_write_the_draft_context(spec_multistep_programs, params):
     """The K-step width-one program's draft writes are real: the draft cache after it differs
     from the cache the prompts left (a step without the upkeep would leave it unchanged)."""
-    slots = sorted(PROMPTS)
-    d = _started(spec_multistep_programs, params, {})
+    slots = sorted(STEP_PROMPTS)
+    d = started(spec_multistep_programs, params, {})
     before = np.asarray(d.state.draft.k).copy()
     d.run(WIDTH_ONE_K, slots=slots, page_tables=d.tables(slots))
     after = np.asarray(d.state.draft.k)
@@ -97,20 +73,20 @@ def test_k_steps_write_the_draft_context(spec_multistep_programs, params):
 
 @spec("useful-service/conditional-acceptance")
 def test_stop_token_and_limit_mid_scan(spec_multistep_programs, params):
-    slots = sorted(PROMPTS)
-    probe = _started(spec_multistep_programs, params, SAMPLED)
-    ahead = _single_rounds(probe, slots, [K, K])
+    slots = sorted(STEP_PROMPTS)
+    probe = started(spec_multistep_programs, params, SAMPLED)
+    ahead = single_steps(probe, WIDTH_ONE, slots, [K, K])
     stop = ahead[0][2]
     ends = ahead[0].index(stop) + 1
-    multi = _started(spec_multistep_programs, params, SAMPLED)
+    multi = started(spec_multistep_programs, params, SAMPLED)
     out = multi.run(
         WIDTH_ONE_K, slots=slots, page_tables=multi.tables(slots), steps=[K, 2], stop_tokens=[[stop], []]
     )
     assert np.asarray(out.counts).tolist() == [ends, 2]
     assert emitted(out, 0) == ahead[0][:ends] and emitted(out, 1) == ahead[1][:2]
-    single = _started(spec_multistep_programs, params, SAMPLED)
-    _single_rounds(single, slots, [ends, 2])
-    _caches_equal(multi, single, slots)
+    single = started(spec_multistep_programs, params, SAMPLED)
+    single_steps(single, WIDTH_ONE, slots, [ends, 2])
+    states_equal(multi, single, slots, BOTH)
 
 
 def test_width_one_k_step_shape_and_inputs(spec_multistep_programs):
