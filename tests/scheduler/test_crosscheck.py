@@ -27,6 +27,19 @@ from .helpers import ORDINARY, RAGGED, SPEC
 
 spec = pytest.mark.spec
 CASES = int(os.environ.get("HELIOS_CROSSCHECK_CASES", "150"))
+CATALOG_IDS = ["speculative", "ordinary", "ragged-small", "multistep", "multistep-width-one"]
+
+
+def _catalogs(max_requests: int) -> list:
+    """(catalog, largest population) of each crosschecked catalog (CATALOG_IDS); the small
+    ragged catalog always with seven requests."""
+    return [
+        (SPEC, max_requests),
+        (ORDINARY, max_requests),
+        (RAGGED, 7),
+        (crosscheck.with_decode_steps(ORDINARY, (4, 8)), max_requests),
+        (crosscheck.with_decode_steps(SPEC, (4, 8)), max_requests),
+    ]
 
 
 @spec(
@@ -40,17 +53,7 @@ CASES = int(os.environ.get("HELIOS_CROSSCHECK_CASES", "150"))
     "useful-service/fixed-complete-prefixes",
     "verification/cpu-only",
 )
-@pytest.mark.parametrize(
-    "catalog, max_requests",
-    [
-        (SPEC, 5),
-        (ORDINARY, 5),
-        (RAGGED, 7),
-        (crosscheck.with_decode_steps(ORDINARY, (4, 8)), 5),
-        (crosscheck.with_decode_steps(SPEC, (4, 8)), 5),
-    ],
-    ids=["speculative", "ordinary", "ragged-small", "multistep", "multistep-width-one"],
-)
+@pytest.mark.parametrize("catalog, max_requests", _catalogs(5), ids=CATALOG_IDS)
 def test_production_matches_enumeration(catalog, max_requests):
     report = crosscheck.run(catalog, CASES, seed=7, max_requests=max_requests, noise=0.15)
     assert report.cases == CASES and report.exact_cases > CASES
@@ -177,17 +180,7 @@ def _device_rows(obj, g, lanes, by_rid):
     "mixed-execution/one-prompt-row",
     "useful-service/unknown-optimistic",
 )
-@pytest.mark.parametrize(
-    "catalog, max_requests",
-    [
-        (SPEC, 6),
-        (ORDINARY, 6),
-        (RAGGED, 7),
-        (crosscheck.with_decode_steps(ORDINARY, (4, 8)), 6),
-        (crosscheck.with_decode_steps(SPEC, (4, 8)), 6),
-    ],
-    ids=["speculative", "ordinary", "ragged-small", "multistep", "multistep-width-one"],
-)
+@pytest.mark.parametrize("catalog, max_requests", _catalogs(6), ids=CATALOG_IDS)
 def test_every_candidates_lanes_carry_the_reference_values(catalog, max_requests):
     """Every materialised candidate of random populations, lane by lane, against the naive
     objective of reference/cohorts.py: a lane's work is legal for its program and request, its
