@@ -41,7 +41,7 @@ from helios_jax.scheduler import learning, policy, pricing, reuse, service
 from helios_jax.scheduler.captures import Captures
 from helios_jax.scheduler.config import PolicyConfig
 from helios_jax.scheduler.cost import CostModel
-from helios_jax.scheduler.frames import frame_record, freeze, planning_start_ns, window_blocked
+from helios_jax.scheduler.frames import frame_record, freeze, planning_start_ns, reanchor, window_blocked
 from helios_jax.scheduler.plan import (
     Completed,
     CompletionRecord,
@@ -414,6 +414,7 @@ class Scheduler(SchedulerReads, ProposalSources):
         surv = None if survival is None else np.asarray(survival, dtype=np.float64)
         # -- validated: from here on state changes ------------------------------------------
         self.frames.popleft()
+        reanchor(self.frames, self.now_ns)
         raw_ms = timing.service_interval_ns / NS_PER_MS
         valid_timing = timing.device_ns > 0
         self._account(frame.plan, timing, raw_ms, valid_timing)

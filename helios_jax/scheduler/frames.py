@@ -120,6 +120,18 @@ def frame_record(
     return Frame(fence, plan, now_ns, expected_end, participants, normalizers, expected_service)
 
 
+def reanchor(frames: Sequence[Frame], completed_ns: int) -> None:
+    """After the oldest frame's completion is observed at `completed_ns`, the frames still queued
+    expect to end one estimate after their predecessor's observed end, not after its expected one
+    (RESOLUTIONS 38): the feedback that lifts an overrun's suspension also dates the queue."""
+    previous_end = completed_ns
+    for f in frames:
+        if f.plan.expected_duration_ms is None:
+            return
+        f.expected_end_ns = previous_end + int(f.plan.expected_duration_ms * NS_PER_MS)
+        previous_end = f.expected_end_ns
+
+
 def window_blocked(frames: Sequence[Frame], now_ns: int) -> bool:
     """No frame can be appended: a draining frame, a full window or an overrun is in flight."""
     if not frames:

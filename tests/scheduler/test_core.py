@@ -2,6 +2,7 @@
 
 import dataclasses
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -10,6 +11,7 @@ from helios_jax.catalog import DecodeMode, GraphKind
 from helios_jax.scheduler import refresh
 from helios_jax.scheduler.config import PolicyConfig
 from helios_jax.scheduler.core import NS_PER_MS, PlanRejected, Scheduler
+from helios_jax.scheduler.frames import reanchor
 from helios_jax.scheduler.plan import CompletionRecord, ExecutionClass, ExecutionTiming
 from helios_jax.scheduler.requests import ResourceError
 from helios_jax.scheduler.speculation import SOURCE_COPY, SOURCE_LEARNED
@@ -855,6 +857,44 @@ def test_an_overrun_suspends_queueing_without_ineligibility():
     # The device interval was ordinary (the host observed completion late): nothing to learn.
     s.complete(2, records(plan), timing(plan.expected_duration_ms, wall_ms=plan.expected_duration_ms * 3))
     assert s.plan().graph == plan.graph  # the same program stays eligible
+
+
+@spec("planning-queue/overrun-suspends", "planning-queue/appended-start")
+def test_a_completion_lifts_its_overrun_and_dates_the_queued_frame():
+    """Frame 2 overruns with frame 3 queued behind it. Frame 3 started when frame 2 ended, at the
+    latest when that completion was observed, so from then on it expects to end one estimate
+    later: queueing resumes, and frame 3's own overrun past that suspends it again (RESOLUTIONS
+    38). Dated from frame 2's expected end instead, frame 3 would inherit frame 2's overrun."""
+    s = scheduler()
+    s.admit([1] * 8, max_output=1000)
+    _, _, t = run_once(s, 1, 0.0)
+    s.advance_to(int(t * MS))
+    first = s.plan()
+    s.commit(first, 2)
+    second = s.plan()
+    assert second.kind is GraphKind.DECODE and not second.needs_empty_window
+    s.commit(second, 3)
+    late = t + 3 * (first.expected_duration_ms + second.expected_duration_ms)  # past both expected ends
+    s.advance_to(int(late * MS))
+    s.complete(2, records(first), timing(first.expected_duration_ms, wall_ms=late - t))
+    assert s.frames[0].expected_end_ns == int(late * MS) + int(second.expected_duration_ms * MS)
+    queued = s.plan()
+    assert queued is not None and not queued.needs_empty_window
+    assert queued.planning_start_ns == s.frames[0].expected_end_ns  # behind frame 3, re-dated
+    s.advance_to(s.frames[0].expected_end_ns + 1)  # frame 3 now overruns its own estimate
+    assert s.plan() is None
+
+
+@spec("planning-queue/appended-start")
+def test_reanchor_dates_each_queued_frame_one_estimate_after_the_one_before():
+    """The queue re-dated from an observed completion at 10 ms: 2 ms and 3 ms frames end at 12
+    and 15 ms; an indeterminate frame and what follows it keep their dates (none can be given)."""
+    frames = [
+        SimpleNamespace(plan=SimpleNamespace(expected_duration_ms=ms), expected_end_ns=-1)
+        for ms in (2.0, 3.0, None, 1.0)
+    ]
+    reanchor(frames, 10 * MS)
+    assert [f.expected_end_ns for f in frames] == [12 * MS, 15 * MS, -1, -1]
 
 
 @spec("duration-estimates/commit-freshness")
