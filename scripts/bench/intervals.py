@@ -1,7 +1,8 @@
 """Where the engine loop's time goes per frame, and how clean its device intervals are.
 
     python scripts/bench/intervals.py [--concurrency=1,16] [--new_tokens=128] [--prompt_tokens=64]
-        [--repeats=2] [--speculation=off] [--bare_runs=30] [--readers=threads] [--json_out=FILE]
+        [--repeats=2] [--speculation=off] [--decode_steps=1] [--bare_runs=30] [--readers=threads]
+        [--json_out=FILE]
 
 Serves the embedded default model (float32, 16 request slots, greedy) with c concurrent requests
 (each stream read by its own thread, or with ``--readers=loop`` all on one asyncio loop through
@@ -17,14 +18,23 @@ is unchanged):
   time and in the loop thread's CPU time (``time.thread_time``: without the waits for a core or
   the interpreter lock that other threads and processes cause);
 - **already queued**: the share of frames whose successor was already dispatched when the loop
-  began to wait on them (the two-slot window overlapping host work with device work);
+  began to wait on them (the two-slot window overlapping host work with device work), and the
+  waits without one by why (``alone``): the frame drains the window (prefills and state
+  operations, by the spec), it had run past its expected end (an overrun suspends queueing), or
+  neither (nothing runnable, or the best plan needed an empty window);
 - **interval quality**: per prepared program, the median device interval the executor reported
   against the median bare execution of the same executable (call, then ``block_until_ready``,
-  back to back, after the run). Their ratio minus one is the host share still in an interval;
+  back to back, after the run, every call from the cursors of a run's mid-point). Their ratio
+  minus one is the host share still in an interval;
   the share of frames reported with a missing interval (stamped too late to exclude host time)
   is given beside it;
-- **decode batch widths**: at concurrency 16, how many decode frames ran below the full batch
-  while every stream was decoding (a split caused by noisy cost estimates).
+- **decode batch widths**: the batch capacities of the decode frames, and the lanes of the
+  generation frames committed while every resident request was decoding, against their number
+  (``steady_lanes``, "lanes/decoding": at concurrency 16, "8/16" is a batch split in two);
+- **tokens per second**: the run's output tokens over its wall time.
+
+``--decode_steps`` sets the engine's decode programs' step counts (the server's default is 1, 4
+and 8; this script's default, 1, is what its earlier figures measured).
 
 Absolute times on this shared machine are context; the ratios are within one invocation.
 """
@@ -52,6 +62,7 @@ flags.DEFINE_integer("prompt_tokens", 64, "tokens per prompt")
 flags.DEFINE_integer("repeats", 2, "runs per concurrency (after one untimed warm-up run)")
 flags.DEFINE_enum("speculation", "off", ["off", "fixed", "adaptive"], "the engine's speculation mode")
 flags.DEFINE_integer("bare_runs", 30, "back-to-back executions per program for the bare baseline")
+flags.DEFINE_list("decode_steps", ["1"], "steps K of the decode and width-one programs (the server: 1,4,8)")
 flags.DEFINE_integer("seed", 0, "seed of the prompt windows")
 flags.DEFINE_string("json_out", None, "write the results as JSON here")
 flags.DEFINE_enum(
@@ -81,6 +92,10 @@ class LoopProbe:
         self.wait_ns = 0
         self.frames = 0
         self.already_queued = 0
+        # Waits with no successor queued, by why: the frame drains the window (prefill, state
+        # operations), it ran past its expected end (an overrun suspends queueing), or neither
+        # (nothing runnable, or the best plan needed an empty window).
+        self.alone = collections.Counter()
         self.intervals = []  # (graph, ExecutionTiming) of every retired frame
         self.phase_ns = dict.fromkeys(PHASES, 0)
         self.phase_cpu_ns = dict.fromkeys(PHASES, 0)  # the loop thread's CPU time (thread_time)
@@ -91,8 +106,12 @@ class LoopProbe:
             self.wrapped.append((target, name))
         wait_oldest, retire = executor.wait_oldest, executor.retire
 
+        scheduler = engine.scheduler
+
         def timed_wait():
             self.already_queued += len(executor.inflight) > 1
+            if len(executor.inflight) == 1:
+                self.alone[self._why_alone(scheduler)] += 1
             t = time.perf_counter_ns()
             try:
                 return wait_oldest()
@@ -106,6 +125,27 @@ class LoopProbe:
 
         executor.wait_oldest, executor.retire = timed_wait, counted_retire
         self.wrapped += [(executor, "wait_oldest"), (executor, "retire")]
+        # Lanes of each generation frame committed while every resident request was decoding.
+        self.steady_lanes = collections.Counter()
+        commit = scheduler.commit
+
+        def counted_commit(plan, fence):
+            residents = [r for r in scheduler.requests.values() if r.active]
+            if plan.kind.is_generation and residents and all(r.phase.value == "decode" for r in residents):
+                self.steady_lanes[f"{len(plan.lanes)}/{len(residents)}"] += 1
+            return commit(plan, fence)
+
+        scheduler.commit = counted_commit
+        self.wrapped.append((scheduler, "commit"))
+
+    @staticmethod
+    def _why_alone(scheduler):
+        last = scheduler.frames[-1]
+        if not last.plan.graph.kind.may_share_window:
+            return "drains"
+        if last.expected_end_ns is None or scheduler.now_ns > last.expected_end_ns:
+            return "overrun"
+        return "other"
 
     def _timed(self, phase, method):
         def timed(*args, **kwargs):
@@ -164,14 +204,23 @@ def serve(engine, prompts, new_tokens):
 
 
 def bare_ms(engine, graph_key, runs):
-    """Median call-to-ready time of one executable, back to back, on `measurement_inputs`."""
-    from helios_jax.prepare.measurement import measurement_inputs
+    """Median call-to-ready time of one executable, back to back, on `measurement_inputs`, every
+    run from the same cursors (a run's mid-point context: a program of K steps would otherwise
+    lengthen every lane's context by K per call), reset outside the timing."""
+    from helios_jax.prepare.measurement import _set_cursors, measurement_inputs
 
     executor = engine.executor
     program = executor.programs[graph_key]
-    inputs = measurement_inputs(program, engine.config, FLAGS.prompt_tokens)
+    context = FLAGS.prompt_tokens + FLAGS.new_tokens // 2
+    inputs = measurement_inputs(program, engine.config, context)
+    cursors = executor.state.cursor
+    start = jax.numpy.full(cursors.shape, context, cursors.dtype)
+    if program.shape.kind.is_prefill:
+        start = start.at[: program.shape.lanes].set(0)
     times = []
     for _ in range(runs + 3):
+        executor.state = _set_cursors(executor.state, start)
+        jax.block_until_ready(executor.state)
         t = time.perf_counter_ns()
         executor.state, out = program(executor.params, executor.state, inputs)
         jax.block_until_ready(out)
@@ -194,8 +243,10 @@ def measure(engine, prompts, c):
         concurrency=c,
         frames=probe.frames,
         wall_ms=wall / 1e6,
+        tokens_per_s=len(prompts) * FLAGS.new_tokens / (wall / 1e9),
         host_ms_per_frame=(wall - probe.wait_ns) / 1e6 / max(probe.frames, 1),
         already_queued=probe.already_queued / max(probe.frames, 1),
+        alone={why: probe.alone[why] for why in ("drains", "overrun", "other")},
         phase_ms_per_frame={k: v / 1e6 / max(probe.frames, 1) for k, v in probe.phase_ns.items()},
         phase_cpu_ms_per_frame={k: v / 1e6 / max(probe.frames, 1) for k, v in probe.phase_cpu_ns.items()},
         completion_us_per_token=probe.phase_ns["completion"] / 1e3 / (len(prompts) * FLAGS.new_tokens),
@@ -203,6 +254,7 @@ def measure(engine, prompts, c):
         observations=obs,
         missing_share=sum(1 for _, tm in history if not tm.device_ns) / max(len(history), 1),
         decode_widths={str(k): v for k, v in sorted(widths.items())},
+        steady_lanes=dict(probe.steady_lanes),
         intervals=history,
     )
 
@@ -242,6 +294,7 @@ def main(argv):
         draft_tokens=3 if speculative else 0,
         max_model_len=512,
         dtype="float32",
+        decode_steps=tuple(int(k) for k in FLAGS.decode_steps),
     )
     engine = HeliosEngine(
         model_config=model.config,
@@ -261,10 +314,11 @@ def main(argv):
         engine.shutdown()
     for row in runs:
         print(
-            f"c={row['concurrency']:2d} frames {row['frames']:4d} "
+            f"c={row['concurrency']:2d} frames {row['frames']:4d} {row['tokens_per_s']:7.0f} tok/s "
             f"host/frame {row['host_ms_per_frame']:.3f} ms "
-            f"queued {row['already_queued']:.0%} missing {row['missing_share']:.0%} "
-            f"decode widths {row['decode_widths']} {row['observations']}"
+            f"queued {row['already_queued']:.0%} alone {row['alone']} missing {row['missing_share']:.0%} "
+            f"decode widths {row['decode_widths']} (lanes/decoding, all decoding: {row['steady_lanes']}) "
+            f"{row['observations']}"
         )
         phases = ", ".join(f"{k} {v:.3f}" for k, v in row["phase_ms_per_frame"].items())
         cpu = ", ".join(f"{k} {v:.3f}" for k, v in row["phase_cpu_ms_per_frame"].items())
