@@ -63,6 +63,9 @@ flags.DEFINE_integer("repeats", 2, "runs per concurrency (after one untimed warm
 flags.DEFINE_enum("speculation", "off", ["off", "fixed", "adaptive"], "the engine's speculation mode")
 flags.DEFINE_integer("bare_runs", 30, "back-to-back executions per program for the bare baseline")
 flags.DEFINE_list("decode_steps", ["1"], "steps K of the decode and width-one programs (the server: 1,4,8)")
+flags.DEFINE_integer(
+    "explain_splits", 0, "print the leading rows and the decoders' prices of the first N split decisions"
+)
 flags.DEFINE_integer("seed", 0, "seed of the prompt windows")
 flags.DEFINE_string("json_out", None, "write the results as JSON here")
 flags.DEFINE_enum(
@@ -127,12 +130,15 @@ class LoopProbe:
         self.wrapped += [(executor, "wait_oldest"), (executor, "retire")]
         # Lanes of each generation frame committed while every resident request was decoding.
         self.steady_lanes = collections.Counter()
+        self.splits = []  # explain() of the first --explain_splits split decisions
         commit = scheduler.commit
 
         def counted_commit(plan, fence):
             residents = [r for r in scheduler.requests.values() if r.active]
             if plan.kind.is_generation and residents and all(r.phase.value == "decode" for r in residents):
                 self.steady_lanes[f"{len(plan.lanes)}/{len(residents)}"] += 1
+                if len(plan.lanes) < len(residents) and len(self.splits) < FLAGS.explain_splits:
+                    self.splits.append(explain(scheduler, plan))
             return commit(plan, fence)
 
         scheduler.commit = counted_commit
@@ -162,6 +168,26 @@ class LoopProbe:
         """Back to the classes' methods."""
         for target, name in self.wrapped:
             delattr(target, name)
+
+
+def explain(scheduler, plan, rows=5):
+    """Why a decision served fewer lanes than decode: its leading rows (recomputed from the same
+    state: plan() is pure) and every decoder's log output price and output age, served or not."""
+    from helios_jax.scheduler import policy
+
+    views = scheduler.views(plan.planning_start_ns, optimistic=False)
+    inp = policy.SelectionInput(
+        views, scheduler.graphs, scheduler.costs, scheduler.now_ns, scheduler.policy, scheduler.mode
+    )
+    _, found = policy.selection_rows(inp)
+    served = {lane.handle.rid for lane in plan.lanes}
+    return dict(
+        chosen=plan.graph.name,
+        rows=[(r.graph.name, r.score, r.duration_ms) for r in sorted(found, key=lambda r: -r.score)[:rows]],
+        decoders=[
+            (v.rid in served, v.log_output_price, v.age_ms) for v in views if v.phase.value == "decode"
+        ],
+    )
 
 
 def read_on_one_loop(streams):
@@ -255,6 +281,7 @@ def measure(engine, prompts, c):
         missing_share=sum(1 for _, tm in history if not tm.device_ns) / max(len(history), 1),
         decode_widths={str(k): v for k, v in sorted(widths.items())},
         steady_lanes=dict(probe.steady_lanes),
+        splits=probe.splits,
         intervals=history,
     )
 
@@ -325,6 +352,10 @@ def main(argv):
         per_token = row["completion_us_per_token"], row["completion_cpu_us_per_token"]
         print(f"      host ms per frame by phase: {phases} (thread CPU time: {cpu})")
         print(f"      completion per token: {per_token[0]:.1f} us ({per_token[1]:.1f} us CPU)")
+        for split in row["splits"]:
+            rows = "; ".join(f"{name} {score:.3f} ({ms or 0:.1f} ms)" for name, score, ms in split["rows"])
+            prices = " ".join(f"{'*' if s else ''}{p:.1f}" for s, p, _ in split["decoders"])
+            print(f"      split: {split['chosen']}; rows {rows}; log output prices (* served) {prices}")
     for name, q in quality.items():
         print(
             f"{name:40s} n={q['samples']:4d} reported {q['reported_ms']:.3f} ms bare {q['bare_ms']:.3f} ms "
