@@ -239,11 +239,17 @@ class RequestStream:
         self._listener: Callable[[], None] | None = None
         self.finished = False
 
-    def put(self, event: StreamEvent) -> None:
+    def put(self, event: StreamEvent, *, notify: bool = True) -> None:
+        """Queue `event`; call the listener too unless `notify` is false (the caller then calls
+        :attr:`listener` itself, as a publisher waking a frame's readers together does)."""
         self._queue.put(event)
         listener = self._listener
-        if listener is not None:
+        if notify and listener is not None:
             listener()
+
+    @property
+    def listener(self) -> Callable[[], None] | None:
+        return self._listener
 
     def set_listener(self, listener: Callable[[], None] | None) -> None:
         """Have `listener()` called, in the producer's thread, after every event put from now on

@@ -4,15 +4,17 @@ The engine loop turns a completion's generated tokens into one :class:`StreamEve
 (:func:`burst`: log-probabilities, the grammar, incremental text with stop strings), reports
 each visible burst to the scheduler at once (``published_output``, before the next completion),
 and hands the events to a :class:`Publisher`. While a completion is processed the publisher holds
-the events and puts them on their streams together when it ends: each put may wake the stream's
-reader, and a reader woken in the middle of the frame's host work (a tokenizer call releases the
-interpreter lock) takes the lock from the loop once per stream. Held or not, a stream's events
-keep their order, and every event of a completion is out before the next completion is processed.
+the events and puts them on their streams together when it ends, then wakes their readers
+(:func:`wake`: the readers of one event loop with one wake-up): a reader woken in the middle of
+the frame's host work (a tokenizer call releases the interpreter lock) would take the lock from
+the loop once per stream. Held or not, a stream's events keep their order, and every event of a
+completion is out before the next completion is processed.
 """
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable, Iterable
 
 from helios_jax.runtime.api import RequestStream, StreamEvent
 
@@ -38,7 +40,27 @@ class Publisher:
         finally:
             held, self._held = self._held, None
             for stream, event in held:
-                stream.put(event)
+                stream.put(event, notify=False)
+            wake(dict.fromkeys(stream.listener for stream, _ in held))  # each read once
+
+
+def wake(listeners: Iterable[Callable[[], None] | None]) -> None:
+    """Call every listener once (None: a stream nobody listens to), after all of a frame's events
+    are queued. Listeners that name a ``wake_together`` (one callable for their group: the readers
+    of one event loop) are woken by one call of it with all of them: woken one by one, a reader's
+    loop may run between two calls (each call into another thread's loop yields the interpreter
+    lock), and every such call then costs the engine's loop another wake-up of that thread."""
+    groups: dict[Callable, list] = {}
+    for listener in listeners:
+        if listener is None:
+            continue
+        together = getattr(listener, "wake_together", None)
+        if together is None:
+            listener()
+        else:
+            groups.setdefault(together, []).append(listener)
+    for together, members in groups.items():
+        together(members)
 
 
 def burst(active, generated, scores=None) -> tuple[StreamEvent | None, bool]:

@@ -31,7 +31,7 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 
 import anyio
@@ -59,22 +59,24 @@ SHUTTING_DOWN = ApiError(503, "the server is shutting down", code="server_shutti
 
 
 class Wakeups:
-    """One event loop's pending wake-ups. The engine puts a frame's events on their streams
-    back to back (``runtime/publishing.py``); each put calls its stream's listener, and the
-    first listener call since the loop last ran them schedules one call into the loop, which
-    wakes every waiting task named meanwhile: one wake-up of the loop per frame, not one per
-    stream."""
+    """One event loop's pending wake-ups. The engine puts a frame's events on their streams,
+    then wakes their listeners together (``runtime/publishing.wake``): the listeners of this
+    loop (:class:`Listener`) arrive in one :meth:`wake_all`, which schedules one call into the
+    loop that wakes every waiting task named: one wake-up of the loop per frame, not one per
+    stream. A listener called alone (an event put outside a frame) schedules a call only when
+    none is pending."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop):
         self.loop = loop
         self._lock = threading.Lock()
         self._pending: list[asyncio.Event] = []
 
-    def wake(self, ready: asyncio.Event) -> None:
-        """Any thread: have the loop set `ready` soon."""
+    def wake_all(self, listeners: Sequence[Listener]) -> None:
+        """Any thread: have the loop set every listener's `ready` soon."""
         with self._lock:
-            self._pending.append(ready)
-            if len(self._pending) > 1:
+            scheduled = bool(self._pending)
+            self._pending.extend(listener.ready for listener in listeners)
+            if scheduled:
                 return  # a call into the loop is already scheduled
         try:
             self.loop.call_soon_threadsafe(self._run)
@@ -86,6 +88,20 @@ class Wakeups:
             pending, self._pending = self._pending, []
         for ready in pending:
             ready.set()
+
+
+class Listener:
+    """A waiting task's stream listener: sets `ready` on the task's loop (through its
+    :class:`Wakeups`). ``wake_together`` names the group a publisher wakes in one call."""
+
+    __slots__ = ("ready", "wake_together")
+
+    def __init__(self, wakeups: Wakeups, ready: asyncio.Event):
+        self.ready = ready
+        self.wake_together = wakeups.wake_all
+
+    def __call__(self) -> None:
+        self.wake_together((self,))
 
 
 _WAKEUPS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Wakeups] = weakref.WeakKeyDictionary()
@@ -104,7 +120,7 @@ async def next_event(stream: RequestStream) -> StreamEvent:
     if wakeups is None:  # created on the loop's own thread
         wakeups = _WAKEUPS[loop] = Wakeups(loop)
     ready = asyncio.Event()
-    stream.set_listener(functools.partial(wakeups.wake, ready))
+    stream.set_listener(Listener(wakeups, ready))
     try:
         while True:
             try:

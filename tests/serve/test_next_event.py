@@ -4,6 +4,7 @@ import asyncio
 import threading
 
 from helios_jax.runtime.api import RequestStream, StreamEvent
+from helios_jax.runtime.publishing import Publisher
 from helios_jax.serve.generation import next_event
 
 
@@ -69,5 +70,49 @@ def test_a_frames_puts_on_many_streams_wake_the_loop_once():
             s.put(StreamEvent(text="again", token_ids=()))
             assert (await wait).text == "again"
         assert len(calls) == 4
+
+    asyncio.run(scenario())
+
+
+def test_a_frame_published_from_the_engines_thread_wakes_the_readers_loop_once():
+    """The engine's loop publishes a frame while the readers' loop runs: the frame's readers are
+    woken together, one call into their loop, even when that loop runs each call before the
+    engine reaches the next stream (forced here: every call into the loop returns only after the
+    loop has run it). Woken stream by stream, each would cost another call, as each found the
+    loop's pending wake-ups already run."""
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        streams = [RequestStream(f"r{i}") for i in range(20)]
+        waits = [asyncio.create_task(next_event(s)) for s in streams]
+        await asyncio.sleep(0.01)
+        calls = []
+        schedule = loop.call_soon_threadsafe
+
+        def eager(callback, *args):
+            ran = threading.Event()
+
+            def run():
+                callback(*args)
+                ran.set()
+
+            calls.append(callback)
+            schedule(run)
+            assert ran.wait(5)
+
+        loop.call_soon_threadsafe = eager
+        publisher = Publisher()
+
+        def produce():
+            with publisher.frame():
+                for s in streams:
+                    publisher.put(s, StreamEvent(text=s.request_id, token_ids=()))
+
+        producer = threading.Thread(target=produce)
+        producer.start()
+        events = await asyncio.wait_for(asyncio.gather(*waits), timeout=10)
+        producer.join()
+        assert [e.text for e in events] == [s.request_id for s in streams]
+        assert len(calls) == 1
 
     asyncio.run(scenario())
