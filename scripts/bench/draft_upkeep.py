@@ -79,7 +79,7 @@ def timed_programs(built: dict) -> list[tuple[str, int, object, object]]:
 def main(argv):
     del argv
     enable_compilation_cache()
-    from helios_jax.prepare.measurement import _set_cursors, measurement_inputs
+    from helios_jax.prepare.measurement import measurement_inputs, set_cursors
 
     built = engines(tuple(int(k) for k in FLAGS.steps))
     try:
@@ -92,7 +92,7 @@ def main(argv):
             for name, _, engine, program, inputs in jobs if r % 2 else jobs[::-1]:
                 executor = engine.executor
                 cursors = executor.state.cursor
-                executor.state = _set_cursors(
+                executor.state = set_cursors(
                     executor.state, jnp.full(cursors.shape, FLAGS.context, cursors.dtype)
                 )
                 jax.block_until_ready(executor.state)

@@ -25,9 +25,8 @@ is unchanged):
 - **interval quality**: per prepared program, the median device interval the executor reported
   against the median bare execution of the same executable (call, then ``block_until_ready``,
   back to back, after the run, every call from the cursors of a run's mid-point). Their ratio
-  minus one is the host share still in an interval;
-  the share of frames reported with a missing interval (stamped too late to exclude host time)
-  is given beside it;
+  minus one is the host share still in an interval; the share of frames reported with a missing
+  interval (stamped too late to exclude host time) is given beside it;
 - **decode batch widths**: the batch capacities of the decode frames, and the lanes of the
   generation frames committed while every resident request was decoding, against their number
   (``steady_lanes``, "lanes/decoding": at concurrency 16, "8/16" is a batch split in two);
@@ -233,7 +232,7 @@ def bare_ms(engine, graph_key, runs):
     """Median call-to-ready time of one executable, back to back, on `measurement_inputs`, every
     run from the same cursors (a run's mid-point context: a program of K steps would otherwise
     lengthen every lane's context by K per call), reset outside the timing."""
-    from helios_jax.prepare.measurement import _set_cursors, measurement_inputs
+    from helios_jax.prepare.measurement import measurement_inputs, set_cursors
 
     executor = engine.executor
     program = executor.programs[graph_key]
@@ -245,7 +244,7 @@ def bare_ms(engine, graph_key, runs):
         start = start.at[: program.shape.lanes].set(0)
     times = []
     for _ in range(runs + 3):
-        executor.state = _set_cursors(executor.state, start)
+        executor.state = set_cursors(executor.state, start)
         jax.block_until_ready(executor.state)
         t = time.perf_counter_ns()
         executor.state, out = program(executor.params, executor.state, inputs)
