@@ -74,6 +74,18 @@ def run_once(s, fence, now_ms, accepted=0, publish=True):
     return plan, gen, end
 
 
+def decode_frame_in_flight(**kw):
+    """One decoder past its prefill (frame 1) and its first decode frame committed as frame 2 at
+    the prefill's end t: (scheduler, t, that decode plan)."""
+    s = scheduler(**kw)
+    s.admit([1] * 8, max_output=1000)
+    _, _, t = run_once(s, 1, 0.0)
+    s.advance_to(int(t * MS))
+    plan = s.plan()
+    s.commit(plan, 2)
+    return s, t, plan
+
+
 def snapshot(s):
     """Everything completion may change, for 'changes nothing' checks."""
     reqs = {
@@ -846,12 +858,7 @@ def test_acceptance_probe_offers_a_deeper_prefix(mode):
 
 @spec("planning-queue/overrun-suspends", "planning-queue/overrun-eligible")
 def test_an_overrun_suspends_queueing_without_ineligibility():
-    s = scheduler()
-    s.admit([1] * 8, max_output=1000)
-    _, _, t = run_once(s, 1, 0.0)
-    s.advance_to(int(t * MS))
-    plan = s.plan()
-    s.commit(plan, 2)
+    s, t, plan = decode_frame_in_flight()
     s.advance_to(int((t + plan.expected_duration_ms * 3) * MS))  # it runs long
     assert s.plan() is None  # no appending behind an overrun frame
     # The device interval was ordinary (the host observed completion late): nothing to learn.
@@ -865,12 +872,7 @@ def test_a_completion_lifts_its_overrun_and_dates_the_queued_frame():
     latest when that completion was observed, so from then on it expects to end one estimate
     later: queueing resumes, and frame 3's own overrun past that suspends it again (RESOLUTIONS
     38). Dated from frame 2's expected end instead, frame 3 would inherit frame 2's overrun."""
-    s = scheduler()
-    s.admit([1] * 8, max_output=1000)
-    _, _, t = run_once(s, 1, 0.0)
-    s.advance_to(int(t * MS))
-    first = s.plan()
-    s.commit(first, 2)
+    s, t, first = decode_frame_in_flight()
     second = s.plan()
     assert second.kind is GraphKind.DECODE and not second.needs_empty_window
     s.commit(second, 3)
@@ -905,13 +907,8 @@ def test_a_saved_plan_rechecks_freshness_at_commit(commit_ms, fresh):
     planned behind it, fresh then, so it may be queued. Committing that saved plan at 5.9 ms
     queues it; at 6.5 ms (before the first frame's expected end, so no overrun) its estimate has
     gone stale and commit refuses it: a stale program needs an empty window."""
-    s = scheduler(policy_config=PolicyConfig(estimate_ttl_ns=6 * MS))
-    s.admit([1] * 8, max_output=1000)
-    _, _, t = run_once(s, 1, 0.0)
+    s, t, _ = decode_frame_in_flight(policy_config=PolicyConfig(estimate_ttl_ns=6 * MS))
     assert t == pytest.approx(4.854)
-    s.advance_to(int(t * MS))
-    first = s.plan()
-    s.commit(first, 2)
     saved = s.plan()
     assert saved.kind is GraphKind.DECODE and not saved.needs_empty_window
     s.advance_to(int(commit_ms * MS))
