@@ -38,6 +38,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from helios_jax.kernels.raw_bits import scatter_set
 from helios_jax.model.config import ModelConfig
 
 
@@ -150,6 +151,6 @@ def write_kv(
     # Advanced indices (layer, pages, slots) around a slice put the token axis first, so the
     # indexed view has shape [T, num_kv_heads, head_dim], exactly k's.
     return PagedKVCache(
-        k=cache.k.at[layer, :, pages, slots].set(k.astype(cache.k.dtype), mode="drop"),
-        v=cache.v.at[layer, :, pages, slots].set(v.astype(cache.v.dtype), mode="drop"),
+        k=scatter_set(cache.k, (layer, slice(None), pages, slots), k),
+        v=scatter_set(cache.v, (layer, slice(None), pages, slots), v),
     )

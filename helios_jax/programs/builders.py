@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from helios_jax.catalog import GraphKind
+from helios_jax.kernels.raw_bits import scatter_set
 from helios_jax.model import ModelConfig, PagedKVCache
 from helios_jax.programs.impls import Impl
 from helios_jax.programs.inputs import (
@@ -256,8 +257,8 @@ def copy_pages(cache: PagedKVCache, src: jax.Array, dst: jax.Array) -> PagedKVCa
     """Copies whole pages src[i] -> dst[i] in every layer; dst == total_pages is dropped."""
     src = jnp.clip(src, 0, cache.total_pages - 1)
     return PagedKVCache(
-        k=cache.k.at[:, :, dst].set(cache.k[:, :, src], mode="drop"),
-        v=cache.v.at[:, :, dst].set(cache.v[:, :, src], mode="drop"),
+        k=scatter_set(cache.k, (slice(None), slice(None), dst), cache.k[:, :, src]),
+        v=scatter_set(cache.v, (slice(None), slice(None), dst), cache.v[:, :, src]),
     )
 
 

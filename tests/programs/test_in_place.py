@@ -64,3 +64,26 @@ def test_no_program_copies_a_cache(name, params, state):
         if re.search(r"= (\S+)\{[0-9,]*\} copy\(", line) and re.search(r"= (\S+)\{", line).group(1) in shapes
     ]
     assert not copies, f"{program.name} copies a whole cache:\n" + "\n".join(copies[:5])
+
+
+BF16 = MODEL.replace(dtype="bfloat16")
+
+
+@pytest.mark.parametrize("name", ["decode-B1", "drafted-B1", "prefill"])
+def test_no_bfloat16_program_widens_a_cache(name, params):
+    """In bf16 the caches are written and read in bf16 (kernels/raw_bits.py): the CPU compiler,
+    given a bf16 scatter or gather, converts the whole pool to float32 and back (hoisting the
+    copy out of the attention's key loop), which made a default-model `decode[B=1]` 30 ms
+    against 0.6 ms in float32. No float32 array shaped like a cache may appear."""
+    state = state_shapes(BF16, ENGINE)
+    bf16_params = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, BF16.jnp_dtype), params)
+    program = build_program(BF16, ENGINE, SHAPES[name])
+    hlo = program.compile(bf16_params, state).as_text()
+    pools = set()
+    for leaf in jax.tree_util.tree_leaves(state):
+        if len(leaf.shape) == 5 and leaf.dtype == BF16.jnp_dtype:  # whole, or flattened as attention reads it
+            layers, heads, pages, size, dim = leaf.shape
+            pools |= {f"f32[{','.join(map(str, leaf.shape))}]", f"f32[{layers * heads * pages},{size},{dim}]"}
+    assert pools, "the bf16 state has no bf16 caches"
+    widened = {m for m in re.findall(r"\bf32\[[0-9,]*\]", hlo) if m in pools}
+    assert not widened, f"{program.name} converts a whole cache to float32: {sorted(widened)}"
