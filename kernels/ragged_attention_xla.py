@@ -93,8 +93,8 @@ def _xla_online_softmax(qg, k_flat, v_flat, head_base, items: WorkItems, *, sm_s
         flat_ids = head_base[:, None, None] + ids[None]  # [K, N, ppb]
         key_pos = j * block_k + jnp.arange(block_k, dtype=jnp.int32)  # [bk]
         key_ok = key_pos[None, :] < items.context_len[:, None]  # [N, bk]; past it pages may hold NaN
-        k = take(k_flat, flat_ids).reshape(num_kv_heads, num_items, block_k, head_dim)
-        v = take(v_flat, flat_ids).reshape(num_kv_heads, num_items, block_k, head_dim)
+        k = take(k_flat, flat_ids, qg.dtype).reshape(num_kv_heads, num_items, block_k, head_dim)
+        v = take(v_flat, flat_ids, qg.dtype).reshape(num_kv_heads, num_items, block_k, head_dim)
         k = jnp.where(key_ok[None, :, :, None], k, 0)
         v = jnp.where(key_ok[None, :, :, None], v, 0)
         logits = jnp.einsum("nqkgd,knsd->nkgqs", qg, k, precision=EXACT, preferred_element_type=jnp.float32)

@@ -72,6 +72,7 @@ from helios_jax.kernels.ragged_attention_pallas import (
 )
 from helios_jax.kernels.ragged_attention_tiles import DEFAULT_TILES, RaggedAttentionTiles
 from helios_jax.kernels.ragged_attention_xla import xla_attention
+from helios_jax.kernels.raw_bits import as_float, bits_dtype
 
 __all__ = [
     "DEFAULT_TILES",
@@ -139,7 +140,8 @@ def _ragged_paged_attention_jit(
     if layer is None:  # one layer's pages: a stack of one (a free reshape)
         k_pages, v_pages, layer = k_pages[None], v_pages[None], 0
     layer = jnp.asarray(layer, jnp.int32)
-    if impl == "pallas":
+    if impl == "pallas":  # a pool stored as bits (a CPU's 16-bit cache) is read as q's dtype
+        k_pages, v_pages = as_float(k_pages, q.dtype), as_float(v_pages, q.dtype)
         return pallas_attention(
             q, k_pages, v_pages, *ints, sm_scale=sm_scale, tiles=tiles, interpret=interpret, layer=layer
         )
@@ -159,7 +161,9 @@ def _check_shapes(q, k_pages, v_pages, page_tables, context_lens, query_starts, 
         raise ValueError(
             f"k_pages and v_pages must share one 4-d shape, got {k_pages.shape} and {v_pages.shape}"
         )
-    if k_pages.dtype != v_pages.dtype or not jnp.issubdtype(k_pages.dtype, jnp.floating):
+    # A float pool, or on a CPU a 16-bit float pool stored as its bits (kernels/raw_bits.py).
+    stored = jnp.issubdtype(k_pages.dtype, jnp.floating) or k_pages.dtype == bits_dtype(q.dtype)
+    if k_pages.dtype != v_pages.dtype or not stored:
         raise ValueError(
             f"k_pages and v_pages must share a float dtype, got {k_pages.dtype} and {v_pages.dtype}"
         )

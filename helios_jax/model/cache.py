@@ -38,7 +38,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from helios_jax.kernels.raw_bits import scatter_set
+from helios_jax.kernels.raw_bits import scatter_set, storage
 from helios_jax.model.config import ModelConfig
 
 
@@ -46,7 +46,8 @@ from helios_jax.model.config import ModelConfig
 class PagedKVCache:
     """Keys and values of every layer, in pages."""
 
-    k: jax.Array  # [num_layers, num_kv_heads, total_pages, page_size, head_dim]
+    k: jax.Array  # [num_layers, num_kv_heads, total_pages, page_size, head_dim]; float, or
+    #               on a CPU a 16-bit float's bits (uint16: init_paged_cache)
     v: jax.Array  # [num_layers, num_kv_heads, total_pages, page_size, head_dim]
 
     @property
@@ -81,10 +82,14 @@ def init_paged_cache(
       num_layers: defaults to the target's `config.num_layers`.
       dtype: defaults to the model dtype.
       fill: initial value; tests poison unused pages with NaN.
+
+    On a CPU a 16-bit float cache is stored as its bits (uint16, `kernels/raw_bits.py`): the
+    compiler there has no 16-bit float gather or scatter, and a cast of the whole pool is a copy.
+    Readers name the float dtype (the model's); a GPU keeps the float dtype.
     """
     layers = config.num_layers if num_layers is None else num_layers
     shape = (layers, config.num_kv_heads, total_pages, page_size, config.head_dim)
-    buf = jnp.full(shape, fill, dtype or config.jnp_dtype)
+    buf = storage(jnp.full(shape, fill, dtype or config.jnp_dtype))
     return PagedKVCache(k=buf, v=buf.copy())
 
 

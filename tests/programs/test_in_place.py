@@ -10,6 +10,7 @@ copies of a cache-shaped array in the optimised HLO.
 import re
 
 import jax
+import jax.numpy as jnp
 import pytest
 
 from helios_jax.catalog import GraphDescriptor, GraphKind
@@ -37,7 +38,7 @@ def _cache_shapes(state) -> set[str]:
     out = set()
     for leaf in jax.tree_util.tree_leaves(state):
         if len(leaf.shape) == 5:
-            dtype = {"float32": "f32", "bfloat16": "bf16"}[str(leaf.dtype)]
+            dtype = {"float32": "f32", "bfloat16": "bf16", "uint16": "u16"}[str(leaf.dtype)]
             out.add(f"{dtype}[{','.join(map(str, leaf.shape))}]")
     return out
 
@@ -69,21 +70,29 @@ def test_no_program_copies_a_cache(name, params, state):
 BF16 = MODEL.replace(dtype="bfloat16")
 
 
-@pytest.mark.parametrize("name", ["decode-B1", "drafted-B1", "prefill"])
+MULTISTEP_B1 = GraphDescriptor(GraphKind.DECODE, 1, token_capacity=1, target_capacity=1, steps=4)
+
+
+@pytest.mark.parametrize("name", ["decode-B1", "drafted-B1", "prefill", "multistep-B1"])
 def test_no_bfloat16_program_widens_a_cache(name, params):
-    """In bf16 the caches are written and read in bf16 (kernels/raw_bits.py): the CPU compiler,
-    given a bf16 scatter or gather, converts the whole pool to float32 and back (hoisting the
-    copy out of the attention's key loop), which made a default-model `decode[B=1]` 30 ms
-    against 0.6 ms in float32. No float32 array shaped like a cache may appear."""
+    """On a CPU a bf16 cache is stored as its bits (uint16) and gathered and scattered as bits
+    (kernels/raw_bits.py): this compiler has no bf16 scatter or gather and, given one, converts
+    the whole pool to float32 and back (hoisting the copy out of the attention's key loop), which
+    made a default-model `decode[B=1]` 30 ms against 0.6 ms in float32; and a bit cast of a whole
+    bf16 pool is a copy here, so none may appear either (a K-step program would pay it every
+    step). No float32 or bf16 array shaped like a cache, whole or with its pages flattened as the
+    attention reads them, may appear in the compiled program."""
     state = state_shapes(BF16, ENGINE)
     bf16_params = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, BF16.jnp_dtype), params)
-    program = build_program(BF16, ENGINE, SHAPES[name])
+    shape = MULTISTEP_B1 if name == "multistep-B1" else SHAPES[name]
+    program = build_program(BF16, ENGINE, shape)
     hlo = program.compile(bf16_params, state).as_text()
-    pools = set()
-    for leaf in jax.tree_util.tree_leaves(state):
-        if len(leaf.shape) == 5 and leaf.dtype == BF16.jnp_dtype:  # whole, or flattened as attention reads it
-            layers, heads, pages, size, dim = leaf.shape
-            pools |= {f"f32[{','.join(map(str, leaf.shape))}]", f"f32[{layers * heads * pages},{size},{dim}]"}
-    assert pools, "the bf16 state has no bf16 caches"
-    widened = {m for m in re.findall(r"\bf32\[[0-9,]*\]", hlo) if m in pools}
-    assert not widened, f"{program.name} converts a whole cache to float32: {sorted(widened)}"
+    pools = [leaf for leaf in jax.tree_util.tree_leaves(state) if len(leaf.shape) == 5]
+    assert pools and all(leaf.dtype == jnp.uint16 for leaf in pools), "a CPU stores bf16 pools as bits"
+    wide = set()
+    for leaf in pools:
+        layers, heads, pages, size, dim = leaf.shape
+        whole, flat = ",".join(map(str, leaf.shape)), f"{layers * heads * pages},{size},{dim}"
+        wide |= {f"{dtype}[{dims}]" for dtype in ("f32", "bf16") for dims in (whole, flat)}
+    widened = {m for m in re.findall(r"\b(?:f32|bf16)\[[0-9,]*\]", hlo) if m in wide}
+    assert not widened, f"{program.name} converts a whole cache: {sorted(widened)}"
