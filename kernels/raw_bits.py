@@ -9,8 +9,8 @@ the same-width unsigned integers gives identical results.
 A bit cast of a whole pool is not free on that compiler either (it emits a copy), so on a CPU
 backend a narrow-float pool is *stored* as its bits (`stores_bits`, `storage`): the cache's
 arrays are uint16 and the readers name the float dtype they want (`take(pool, index, dtype)`, the
-model's dtype). A GPU keeps the float dtype and scatters and gathers it natively; there the casts
-below are free. Every function accepts either form of a pool.
+model's dtype). Elsewhere (a GPU) pools keep their float dtype and these functions are the plain
+gather and scatter: nothing there is cast. Every function accepts either form of a pool.
 """
 
 from __future__ import annotations
@@ -62,17 +62,19 @@ def as_float(pool: jax.Array, dtype) -> jax.Array:
 
 
 def take(pool: jax.Array, index, dtype=None) -> jax.Array:
-    """`pool[index]` as floats, gathered as bits when the pool is (or holds) a narrow float.
+    """`pool[index]` as floats; a CPU gathers a narrow-float pool as bits.
 
     `dtype` is the float dtype of a stored-bits pool (a float pool keeps its own)."""
-    logical = dtype if _is_bits(pool) else pool.dtype
-    if logical is None:
+    if not _is_bits(pool):
+        # A float pool: on a CPU a narrow one is gathered as bits, elsewhere natively.
+        return from_bits(to_bits(pool)[index], pool.dtype) if stores_bits(pool.dtype) else pool[index]
+    if dtype is None:
         raise ValueError(f"a pool stored as bits ({pool.dtype}) needs the float dtype to read")
-    return from_bits(to_bits(pool)[index], logical)
+    return from_bits(pool[index], dtype)
 
 
 def scatter_set(pool: jax.Array, index, values: jax.Array) -> jax.Array:
-    """`pool.at[index].set(values, mode="drop")` as bits; in place when `pool` is donated.
+    """`pool.at[index].set(values, mode="drop")`, as bits on a CPU; in place when `pool` is donated.
 
     A float pool casts `values` to its dtype; a stored-bits pool takes narrow-float `values` of
     its width (the model's dtype), or bits read from a pool like it, bit for bit."""
@@ -84,5 +86,7 @@ def scatter_set(pool: jax.Array, index, values: jax.Array) -> jax.Array:
             raise ValueError(f"a {pool.dtype} pool stores {width}-bit floats, got {values.dtype}")
         return pool.at[index].set(to_bits(values), mode="drop")
     values = values.astype(pool.dtype)
-    raw = to_bits(pool).at[index].set(to_bits(values), mode="drop")
+    if not stores_bits(pool.dtype):  # float32, or a GPU, which scatters 16-bit floats natively
+        return pool.at[index].set(values, mode="drop")
+    raw = to_bits(pool).at[index].set(to_bits(values), mode="drop")  # a float pool on a CPU
     return from_bits(raw, pool.dtype)

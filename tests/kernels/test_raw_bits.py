@@ -29,3 +29,21 @@ def test_take_and_scatter_set_equal_the_plain_operations(dtype):
     np.testing.assert_array_equal(bits(jax.jit(lambda p: take(p, gather))(pool[0])), bits(pool[0][gather]))
     assert narrow_float(dtype) == (jnp.dtype(dtype).itemsize < 4)
     assert not narrow_float(jnp.int16)
+
+
+def test_off_a_cpu_pools_keep_their_dtype_and_the_plain_operations(monkeypatch):
+    """A GPU scatters and gathers bf16 natively: no pool is stored as bits there and the moves
+    are the plain operations (a bit cast of a whole pool could cost a copy there too)."""
+    import helios_jax.kernels.raw_bits as raw_bits
+
+    monkeypatch.setattr(raw_bits.jax, "default_backend", lambda: "gpu")
+    pool = jnp.zeros((3, 4), jnp.bfloat16)
+    assert raw_bits.storage(pool).dtype == jnp.bfloat16
+    text = (
+        jax.jit(lambda p: raw_bits.scatter_set(p, (jnp.asarray([1]),), jnp.ones((1, 4))))
+        .lower(pool)
+        .as_text()
+    )
+    assert "bitcast" not in text
+    text = jax.jit(lambda p: raw_bits.take(p, jnp.asarray([2, 0]))).lower(pool).as_text()
+    assert "bitcast" not in text
