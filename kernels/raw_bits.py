@@ -25,9 +25,10 @@ def narrow_float(dtype) -> bool:
     return bool(jnp.issubdtype(dtype, jnp.floating)) and dtype.itemsize < 4
 
 
-def stores_bits(dtype, backend: str | None = None) -> bool:
-    """Whether a KV pool of float `dtype` is stored as its bits: narrow floats on a CPU backend."""
-    return narrow_float(dtype) and (backend or jax.default_backend()) == "cpu"
+def stores_bits(dtype) -> bool:
+    """Whether a KV pool of float `dtype` is stored (and moved) as its bits: narrow floats on a
+    CPU backend."""
+    return narrow_float(dtype) and jax.default_backend() == "cpu"
 
 
 def bits_dtype(dtype):
