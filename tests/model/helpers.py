@@ -8,6 +8,7 @@ and tokens that no row covers (padding up to the token capacity) carry junk ids 
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import jax
 import jax.numpy as jnp
@@ -107,3 +108,13 @@ def pack_step(seqs, done, feed, capacity: int, tables, seed: int = 0) -> PackedB
 
 def max_abs(a, b) -> float:
     return float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))))
+
+
+def widened_pools(hlo: str, pool_shape: tuple[int, ...], dtypes=("f32", "bf16")) -> list[str]:
+    """Arrays of `dtypes` in a compiled program's HLO text shaped like the KV pool `pool_shape`
+    ([L, K, pages, page_size, D]), whole or with its pages flattened as the attention reads them:
+    a bf16 pool stored as bits (kernels/raw_bits.py) must never appear widened or cast back."""
+    layers, heads, pages, size, dim = pool_shape
+    shapes = {",".join(map(str, pool_shape)), f"{layers * heads * pages},{size},{dim}"}
+    pattern = r"\b((?:" + "|".join(dtypes) + r")\[([0-9,]*)\])"
+    return [m for m, dims in re.findall(pattern, hlo) if dims in shapes]

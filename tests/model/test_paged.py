@@ -8,7 +8,6 @@ and padding tokens in one packed call of fixed token capacity (one compile per c
 """
 
 import functools
-import re
 
 import jax
 import jax.numpy as jnp
@@ -24,7 +23,7 @@ from helios_jax.model import (
     tiny_config,
 )
 
-from .helpers import PagePool, max_abs, pack_step, random_params
+from .helpers import PagePool, max_abs, pack_step, random_params, widened_pools
 
 CAPACITY = 16  # packed tokens per step
 PAGE_SIZE = 4
@@ -161,19 +160,12 @@ def test_bfloat16_paged_steps_track_float32():
     assert max_abs(got, want) <= 0.05 * max(1.0, float(np.abs(want).max()))
 
 
-def _widened_pools(hlo: str, shape: tuple[int, ...]) -> list[str]:
-    """The float32 arrays in a compiled program's HLO text shaped like the KV pool `shape`
-    ([L, K, pages, page_size, D]), whole or with its pages flattened as the attention reads it."""
-    layers, heads, pages, size, dim = shape
-    wide = {",".join(map(str, shape)), f"{layers * heads * pages},{size},{dim}"}
-    return [s for s in re.findall(r"\bf32\[([0-9,]*)\]", hlo) if s in wide]
-
-
 def test_bfloat16_step_never_widens_the_cache():
     """A bf16 paged step writes and reads its KV pool in bf16: the CPU compiler has no bf16
     scatter or gather and, given one, converts the whole pool (every layer) to float32 and back
     around each write and hoists a float32 copy of it out of the attention's key loop, several
-    times the cost of the step (kernels/raw_bits.py). No float32 copy of the pool may appear."""
+    times the cost of the step (kernels/raw_bits.py). No float32 or bf16 copy of the pool may
+    appear."""
     config = tiny_config().replace(dtype="bfloat16")
     params = jax.tree.map(lambda x: x.astype(jnp.bfloat16), random_params(tiny_config(), seed=12))
     seqs = [np.arange(8, dtype=np.int32) + 3 * r for r in range(3)]
@@ -182,4 +174,4 @@ def test_bfloat16_step_never_widens_the_cache():
     batch = pack_step(seqs, [2, 0, 5], [3, 1, 1], CAPACITY, pool.tables_for([5, 1, 6]))
     hlo = packed_step.lower(config, params, cache, batch).compile().as_text()
     assert cache.k.dtype == jnp.uint16  # a CPU stores a bf16 cache as its bits
-    assert _widened_pools(hlo, cache.k.shape) == []
+    assert widened_pools(hlo, cache.k.shape) == []

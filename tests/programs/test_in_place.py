@@ -17,6 +17,7 @@ from helios_jax.catalog import GraphDescriptor, GraphKind
 from helios_jax.programs.program_set import build_program
 from helios_jax.programs.state import state_shapes
 
+from ..model.helpers import widened_pools
 from .helpers import MIXED_W1, MODEL, PREFILLS, SPECULATIVE_ENGINE, spec_graph
 
 SHAPES = {
@@ -38,7 +39,7 @@ def _cache_shapes(state) -> set[str]:
     out = set()
     for leaf in jax.tree_util.tree_leaves(state):
         if len(leaf.shape) == 5:
-            dtype = {"float32": "f32", "bfloat16": "bf16", "uint16": "u16"}[str(leaf.dtype)]
+            dtype = {"float32": "f32", "bfloat16": "bf16"}[str(leaf.dtype)]
             out.add(f"{dtype}[{','.join(map(str, leaf.shape))}]")
     return out
 
@@ -89,10 +90,5 @@ def test_no_bfloat16_program_widens_a_cache(name, params):
     hlo = program.compile(bf16_params, state).as_text()
     pools = [leaf for leaf in jax.tree_util.tree_leaves(state) if len(leaf.shape) == 5]
     assert pools and all(leaf.dtype == jnp.uint16 for leaf in pools), "a CPU stores bf16 pools as bits"
-    wide = set()
-    for leaf in pools:
-        layers, heads, pages, size, dim = leaf.shape
-        whole, flat = ",".join(map(str, leaf.shape)), f"{layers * heads * pages},{size},{dim}"
-        wide |= {f"{dtype}[{dims}]" for dtype in ("f32", "bf16") for dims in (whole, flat)}
-    widened = {m for m in re.findall(r"\b(?:f32|bf16)\[[0-9,]*\]", hlo) if m in wide}
+    widened = {m for leaf in pools for m in widened_pools(hlo, leaf.shape)}
     assert not widened, f"{program.name} converts a whole cache: {sorted(widened)}"
