@@ -50,7 +50,7 @@ import time
 import jax
 import numpy as np
 from absl import app, flags
-from bench_common import prompt_windows
+from bench_common import engine_bench_config, prompt_windows
 
 from helios_jax.compilation_cache import enable_compilation_cache
 
@@ -67,6 +67,14 @@ flags.DEFINE_integer(
 )
 flags.DEFINE_integer("seed", 0, "seed of the prompt windows")
 flags.DEFINE_string("json_out", None, "write the results as JSON here")
+flags.DEFINE_enum(
+    "engine",
+    "intervals",
+    ["intervals", "bench"],
+    "intervals: prefill chunks 64 and 128 of one row (this script's earlier figures); bench: the engine "
+    "engine.py serves (bench_common.engine_bench_config: chunks 64-512, the server's prefill rows)",
+)
+flags.DEFINE_bool("show_frames", False, "print each run's programs in order (repeats run-length counted)")
 flags.DEFINE_enum(
     "readers",
     "threads",
@@ -281,6 +289,7 @@ def measure(engine, prompts, c):
         decode_widths={str(k): v for k, v in sorted(widths.items())},
         steady_lanes=dict(probe.steady_lanes),
         splits=probe.splits,
+        sequence=frame_sequence(history),
         intervals=history,
     )
 
@@ -303,25 +312,48 @@ def interval_quality(engine, runs):
     return out
 
 
-def main(argv):
-    del argv
-    enable_compilation_cache()
-    from helios_jax.engine_config import EngineConfig
-    from helios_jax.prepare import load_engine_model
-    from helios_jax.runtime.engine import HeliosEngine
-    from helios_jax.runtime.tokenizer import HFTokenizer
+def engine_config():
+    """The engine measured (`--engine`, `--speculation`, `--decode_steps`)."""
+    import dataclasses
 
-    model = load_engine_model(None, dtype="float32")
+    from helios_jax.engine_config import EngineConfig
+
+    steps = tuple(int(k) for k in FLAGS.decode_steps)
     speculative = FLAGS.speculation != "off"
-    ec = EngineConfig(
+    if FLAGS.engine == "bench":
+        ec = engine_bench_config(16, 512, decode_steps=steps)
+        return dataclasses.replace(ec, speculation=FLAGS.speculation, draft_tokens=3 if speculative else 0)
+    return EngineConfig(
         request_slots=16,
         prefill_chunks=(64, 128),
         speculation=FLAGS.speculation,
         draft_tokens=3 if speculative else 0,
         max_model_len=512,
         dtype="float32",
-        decode_steps=tuple(int(k) for k in FLAGS.decode_steps),
+        decode_steps=steps,
     )
+
+
+def frame_sequence(history) -> str:
+    """The programs of a run in order, each run of repeats counted: 'prefill[B=16,...] x1, ...'."""
+    out = []
+    for graph, _ in history:
+        if out and out[-1][0] == graph.name:
+            out[-1][1] += 1
+        else:
+            out.append([graph.name, 1])
+    return ", ".join(f"{name} x{n}" for name, n in out)
+
+
+def main(argv):
+    del argv
+    enable_compilation_cache()
+    from helios_jax.prepare import load_engine_model
+    from helios_jax.runtime.engine import HeliosEngine
+    from helios_jax.runtime.tokenizer import HFTokenizer
+
+    model = load_engine_model(None, dtype="float32")
+    ec = engine_config()
     engine = HeliosEngine(
         model_config=model.config,
         params=model.params,
@@ -351,6 +383,8 @@ def main(argv):
         per_token = row["completion_us_per_token"], row["completion_cpu_us_per_token"]
         print(f"      host ms per frame by phase: {phases} (thread CPU time: {cpu})")
         print(f"      completion per token: {per_token[0]:.1f} us ({per_token[1]:.1f} us CPU)")
+        if FLAGS.show_frames:
+            print(f"      frames: {row['sequence']}")
         for split in row["splits"]:
             rows = "; ".join(f"{name} {score:.3f} ({ms or 0:.1f} ms)" for name, score, ms in split["rows"])
             prices = " ".join(f"{'*' if s else ''}{p:.1f}" for s, p, _ in split["decoders"])
