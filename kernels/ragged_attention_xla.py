@@ -90,14 +90,16 @@ def _xla_online_softmax(qg, k_flat, v_flat, head_base, items: WorkItems, *, sm_s
     def key_block(j, carry):
         acc, row_max, row_sum = carry  # f32[N, K, G, bq, D], f32[N, K, G, bq] twice
         ids = lax.dynamic_slice_in_dim(page_ids, j * pages_per_block, pages_per_block, axis=1)  # [N, ppb]
-        flat_ids = head_base[:, None, None] + ids[None]  # [K, N, ppb]
+        # Item-major [N, K, ppb] ids gather keys already in the products' batch order (n, k): a
+        # head-major gather made the CPU compiler transpose every gathered block.
+        flat_ids = ids[:, None, :] + head_base[None, :, None]  # [N, K, ppb]
         key_pos = j * block_k + jnp.arange(block_k, dtype=jnp.int32)  # [bk]
         key_ok = key_pos[None, :] < items.context_len[:, None]  # [N, bk]; past it pages may hold NaN
-        k = take(k_flat, flat_ids, qg.dtype).reshape(num_kv_heads, num_items, block_k, head_dim)
-        v = take(v_flat, flat_ids, qg.dtype).reshape(num_kv_heads, num_items, block_k, head_dim)
-        k = jnp.where(key_ok[None, :, :, None], k, 0)
-        v = jnp.where(key_ok[None, :, :, None], v, 0)
-        logits = jnp.einsum("nqkgd,knsd->nkgqs", qg, k, precision=EXACT, preferred_element_type=jnp.float32)
+        k = take(k_flat, flat_ids, qg.dtype).reshape(num_items, num_kv_heads, block_k, head_dim)
+        v = take(v_flat, flat_ids, qg.dtype).reshape(num_items, num_kv_heads, block_k, head_dim)
+        k = jnp.where(key_ok[:, None, :, None], k, 0)
+        v = jnp.where(key_ok[:, None, :, None], v, 0)
+        logits = jnp.einsum("nqkgd,nksd->nkgqs", qg, k, precision=EXACT, preferred_element_type=jnp.float32)
         causal = (key_pos[None, None, :] <= q_pos[:, :, None]) & key_ok[:, None, :]  # [N, bq, bk]
         logits = jnp.where(causal[:, None, None], logits * sm_scale, MASK_VALUE)
         new_max = jnp.maximum(row_max, jnp.max(logits, axis=-1))
@@ -105,7 +107,7 @@ def _xla_online_softmax(qg, k_flat, v_flat, head_base, items: WorkItems, *, sm_s
         weights = jnp.where(causal[:, None, None], jnp.exp(logits - new_max[..., None]), 0.0)
         row_sum = rescale * row_sum + jnp.sum(weights, axis=-1)
         acc = rescale[..., None] * acc + jnp.einsum(
-            "nkgqs,knsd->nkgqd", weights, v.astype(jnp.float32), precision=EXACT
+            "nkgqs,nksd->nkgqd", weights, v.astype(jnp.float32), precision=EXACT
         )
         return acc, new_max, row_sum
 
