@@ -39,6 +39,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from helios_jax.programs.sampling import (
+    first_argmax,
     greedy_only,
     gumbel_max,
     per_row_choice,
@@ -143,7 +144,7 @@ def sample_and_accept(
     b, w, v = logits.shape
 
     def greedy(logits):
-        return accept_greedy(jnp.argmax(logits, axis=-1).astype(jnp.int32), draft_probs, proposals, lengths)
+        return accept_greedy(first_argmax(logits), draft_probs, proposals, lengths)
 
     def full(logits):
         p = sampling_probs(logits, temperature, top_k, top_p, min_p)

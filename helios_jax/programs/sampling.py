@@ -44,6 +44,20 @@ import jax.numpy as jnp
 PyTree = TypeVar("PyTree")
 
 
+def first_argmax(x: jax.Array) -> jax.Array:
+    """i32[...] the first index of the largest entry along the last axis, exactly `jnp.argmax`'s
+    answer (a NaN counts as the largest, the first NaN wins; ties go to the first index).
+
+    `jnp.argmax` lowers to one reduction over (value, index) pairs, which XLA's CPU compiler
+    runs as a scalar loop: 0.16 ms over a 16 x 4,096 block, against 0.07 ms for these three
+    plain reductions (max, any NaN, first hit), which it vectorises. Every vocabulary-wide
+    argmax of the programs (greedy tokens, Gumbel-max draws) goes through here."""
+    nan = jnp.isnan(x)
+    top = jnp.max(x, axis=-1, keepdims=True)  # on a CPU a NaN need not survive this max
+    hit = jnp.where(jnp.any(nan, axis=-1, keepdims=True), nan, x == top)
+    return jnp.min(jnp.where(hit, jnp.arange(x.shape[-1], dtype=jnp.int32), x.shape[-1]), axis=-1)
+
+
 def greedy_only(temperature: jax.Array, live: jax.Array | None = None) -> jax.Array:
     """bool[]: every live row is greedy (temperature <= 0). Rows outside `live` (bool, broadcast
     against temperature; None: all rows) are ignored: their results must be unused."""
@@ -77,7 +91,7 @@ def sampling_probs(
     truncated = jnp.any((temperature > 0) & cut)
     temperature = temperature[..., None]
     greedy = temperature <= 0
-    onehot = jax.nn.one_hot(jnp.argmax(logits, axis=-1), vocab, dtype=jnp.float32)
+    onehot = jax.nn.one_hot(first_argmax(logits), vocab, dtype=jnp.float32)
     probs = jax.nn.softmax(logits / jnp.where(greedy, 1.0, temperature), axis=-1)
     # The two full-vocabulary sorts below are the cost of truncation: skip them (same result)
     # when no sampled row truncates.
@@ -142,7 +156,7 @@ def gumbel_max(probs: jax.Array, noise: jax.Array) -> jax.Array:
     """i32[...] argmax_v(log probs_v + noise_v): an exact draw from f32[..., V] probs (zero
     entries are -inf, never drawn; a one-hot row gives its token)."""
     scores = jnp.where(probs > 0, jnp.log(jnp.where(probs > 0, probs, 1.0)) + noise, -jnp.inf)
-    return jnp.argmax(scores, axis=-1).astype(jnp.int32)
+    return first_argmax(scores)
 
 
 def per_row_choice(
@@ -199,7 +213,7 @@ def draw(
     `uniform` and `noise` are built inside the full branch only."""
 
     def greedy(logits):
-        token = jnp.argmax(logits.astype(jnp.float32), axis=-1)
+        token = first_argmax(logits.astype(jnp.float32))
         return token.astype(jnp.int32), jax.nn.one_hot(token, logits.shape[-1], dtype=jnp.float32)
 
     def full(logits):

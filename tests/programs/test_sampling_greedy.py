@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from helios_jax.programs.acceptance import accept_proposals, sample_and_accept
-from helios_jax.programs.sampling import draw, sample_inverse_cdf, sampling_probs
+from helios_jax.programs.sampling import draw, first_argmax, sample_inverse_cdf, sampling_probs
 
 B, W, V = 6, 4, 11
 
@@ -150,3 +150,45 @@ def test_the_greedy_branch_has_no_softmax_and_no_cumulative_sum():
     branches = [_primitives(b.jaxpr) for b in cond.params["branches"]]  # (false, true)
     assert {"exp", "cumsum"} <= branches[0]
     assert not {"exp", "cumsum", "random_bits", "threefry2x32"} & branches[1]
+
+
+def _argmax_cases() -> np.ndarray:
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(10, 257)).astype(np.float32)
+    x[0] = -np.inf  # every entry -inf: index 0
+    x[1, [5, 9]] = np.nan  # the first NaN wins over any number
+    x[2] = 1.0  # all tied: the first index
+    x[3, [7, 100]] = np.inf  # tied +inf
+    x[4] = np.nan  # all NaN
+    x[5, [3, 40]] = x[5].max() + 1.0  # a tie at the top
+    x[6, -1] = x[6].max() + 1.0  # the last index
+    x[7, 0], x[7, 1] = -0.0, 0.0  # -0 == 0: the first of them when they lead
+    x[7, 2:] = -1.0
+    x[8, 200] = np.nan
+    x[8, 3] = np.inf  # NaN beats +inf
+    return x
+
+
+def test_first_argmax_is_argmax():
+    x = _argmax_cases()
+    want = np.argmax(x, axis=-1)  # numpy: NaN is the largest, ties go to the first index
+    np.testing.assert_array_equal(np.asarray(jax.jit(first_argmax)(x)), want)
+    np.testing.assert_array_equal(np.asarray(jax.jit(jnp.argmax, static_argnums=1)(x, -1)), want)
+    x3 = x.reshape(2, 5, 257)
+    np.testing.assert_array_equal(np.asarray(jax.jit(first_argmax)(x3)), want.reshape(2, 5))
+
+
+def test_first_argmax_has_no_pair_reduction():
+    """The point of `first_argmax`: no reduction over (value, index) pairs, which XLA's CPU
+    compiler runs as a scalar loop (jnp.argmax's lowering, checked here to have one)."""
+
+    def pair_reductions(fn):
+        jaxpr = jax.make_jaxpr(fn)(jnp.zeros((4, 257), jnp.float32))
+        return [
+            e
+            for e in jaxpr.jaxpr.eqns
+            if e.primitive.name in ("argmax", "reduce") and len(e.outvars) > 1 or e.primitive.name == "argmax"
+        ]
+
+    assert pair_reductions(lambda x: jnp.argmax(x, axis=-1))
+    assert not pair_reductions(first_argmax)
