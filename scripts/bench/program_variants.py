@@ -41,9 +41,11 @@ def define_flags() -> None:
     flags.DEFINE_string("json_out", None, "write the figures as JSON here")
 
 
-def bench_engine(batch: int, speculative: bool) -> EngineConfig:
-    """`batch` request slots; ordinary decode, or adaptive speculation with D = 3."""
+def bench_engine(batch: int, speculative: bool, decode_steps: tuple[int, ...] = (1,)) -> EngineConfig:
+    """`batch` request slots; ordinary decode (of `decode_steps` steps), or adaptive speculation
+    with D = 3."""
     return EngineConfig(
+        decode_steps=decode_steps,
         request_slots=batch,
         prefill_chunks=(64,),
         speculation="adaptive" if speculative else "off",
@@ -54,13 +56,20 @@ def bench_engine(batch: int, speculative: bool) -> EngineConfig:
     )
 
 
-def compile_variant(engine: EngineConfig, config, params, *, speculative: bool, patches: dict | None = None):
+def compile_variant(
+    engine: EngineConfig, config, params, *, speculative: bool, patches: dict | None = None, steps: int = 1
+):
     """(programs, the program): decode at B = request slots, or the widest host-ragged speculative
-    program, compiled with each `patches` target (a dotted name) replaced while tracing."""
+    program, of `steps` steps, compiled with each `patches` target (a dotted name) replaced while
+    tracing."""
     programs = build_programs(config, params, engine, engine.catalog())
     kind = GraphKind.SPECULATIVE if speculative else GraphKind.DECODE
     lanes = engine.request_slots
-    candidates = [p for p in programs.values() if p.descriptor.kind is kind and p.shape.lanes == lanes]
+    candidates = [
+        p
+        for p in programs.values()
+        if p.descriptor.kind is kind and p.shape.lanes == lanes and p.shape.steps == steps
+    ]
     program = max(candidates, key=lambda p: (p.shape.width, p.shape.target_capacity))
     with ExitStack() as stack:
         for target, fn in (patches or {}).items():
