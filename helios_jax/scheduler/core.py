@@ -278,8 +278,16 @@ class Scheduler(SchedulerReads, ProposalSources):
         `optimistic` false: the decoders' optimistic estimates, read only by a probe, left empty)."""
         start = self._planning_start_ns() if start_ns is None else start_ns
         pools, norm = self.population.acceptance_pools, self._normalizers()
+        proposes = self.graphs.max_depth > 0  # else no decision reads an acceptance estimate
         inputs = pricing.PricingInputs(
-            self.requests, tuple(self.frames), self.policy, norm, pools, self.max_model_len, optimistic
+            self.requests,
+            tuple(self.frames),
+            self.policy,
+            norm,
+            pools,
+            self.max_model_len,
+            optimistic and proposes,
+            survival=proposes,
         )
         return pricing.views(inputs, start)
 

@@ -46,6 +46,9 @@ class PricingInputs:
     # Decoders' optimistic estimates (``RequestView.optimistic``, read only by an acceptance
     # probe); false: left empty, for a decision that cannot probe.
     optimistic: bool = True
+    # Decoders' survival estimates (``RequestView.survival``, read only by proposal rows); false:
+    # left empty, for a catalog with no proposal depth (its decisions read none).
+    survival: bool = True
 
 
 class _PromptFields(TypedDict):
@@ -179,7 +182,10 @@ def queued_advances(frames: Sequence[Frame]) -> dict[Handle, int]:
 def _acceptance(inp: PricingInputs, decoders: list[Request]) -> dict[int, tuple[np.ndarray, np.ndarray]]:
     """Each decoder's (survival, optimistic) estimates: ``means(pool)`` and
     ``optimistic(len(output), pool)`` of its proposal source, computed per source and depth at once
-    (``speculation.batch_estimates``); the optimistic ones empty unless ``inp.optimistic``."""
+    (``speculation.batch_estimates``); the optimistic ones empty unless ``inp.optimistic``, and
+    both empty when neither is wanted (``inp.survival`` and ``inp.optimistic`` false)."""
+    if not inp.survival and not inp.optimistic:
+        return dict.fromkeys((r.rid for r in decoders), (NO_ESTIMATE, NO_ESTIMATE))
     groups: dict[tuple[str, int], list[tuple[Request, PrefixEstimate]]] = {}
     for r in decoders:
         est = r.acceptance.get(r.proposal_source)
