@@ -12,7 +12,7 @@ from helios_jax.scheduler import service
 from helios_jax.scheduler.core import Scheduler
 from helios_jax.scheduler.service import ServiceHistory
 
-from .helpers import SPEC, measured
+from .helpers import ORDINARY, SPEC, measured
 
 
 def _uncached_share(norm: service.Normalizers, k: int) -> float:
@@ -154,6 +154,42 @@ def test_views_read_acceptance_estimates_like_each_estimate_would():
             np.testing.assert_array_equal(v.survival, est.means(pool), strict=True)
             np.testing.assert_array_equal(v.optimistic, est.optimistic(len(r.output), pool), strict=True)
             assert not v.survival.flags.writeable and not v.optimistic.flags.writeable
+
+
+def test_a_catalog_without_proposals_computes_no_acceptance_estimates():
+    """With no program of proposal depth > 0 (ordinary decode) views() leaves every decoder's
+    survival and optimistic estimates empty (no decision reads them), and each decision equals
+    the one made from views that carry them."""
+    from unittest import mock
+
+    from helios_jax.scheduler import pricing
+
+    from .test_core import run_once, scheduler
+
+    s = scheduler(ORDINARY)
+    assert s.graphs.max_depth == 0
+    for n in (8, 60, 200):
+        s.admit([1] * n, max_output=300)
+    real = pricing.views
+
+    def with_estimates(inp, start_ns):
+        import dataclasses
+
+        return real(dataclasses.replace(inp, survival=True, optimistic=True), start_ns)
+
+    t, decoders = 0.0, 0
+    for fence in range(1, 20):
+        views = s.views()
+        decoding = [v for v in views if v.phase.value == "decode"]
+        decoders += len(decoding)
+        assert all(v.survival.size == 0 and v.optimistic.size == 0 for v in decoding)
+        with mock.patch.object(pricing, "views", with_estimates):
+            assert any(v.survival.size for v in s.views() if v.phase.value == "decode") or not decoding
+            forced = s.plan()
+        s._plan_memo = None  # plan afresh from the views without estimates
+        assert s.plan() == forced
+        _, _, t = run_once(s, fence, t, accepted=0)
+    assert decoders
 
 
 def test_request_view_make_equals_the_constructor():
