@@ -327,7 +327,8 @@ class Executor:
         self.inflight: list[Dispatch] = []
         self.history: collections.deque = collections.deque(maxlen=1024)  # (graph, ExecutionTiming)
         self.graph_counts: dict[str, int] = {}
-        self.graph_ns: dict[str, int] = {}
+        self.graph_ns: dict[str, int] = {}  # device time of the executions with an interval
+        self.graph_timed: dict[str, int] = {}  # those executions (graph_ns / graph_timed: a mean)
         self.observations = {"waited": 0, "polled": 0, "late": 0, "missing_interval": 0}
         # Per generation program: its last lane sets, oldest first, with their request inputs
         # and packed inputs on the device.
@@ -462,3 +463,4 @@ class Executor:
         self.history.append((frame.plan.graph, t))
         self.graph_counts[name] = self.graph_counts.get(name, 0) + 1
         self.graph_ns[name] = self.graph_ns.get(name, 0) + int(max(t.device_intervals_ns))
+        self.graph_timed[name] = self.graph_timed.get(name, 0) + bool(t.device_ns)

@@ -89,7 +89,18 @@ def render_engine(engine: HeliosEngine) -> str:
     lines += _family("helios_graph_executions_total", "counter", "Completed executions per prepared program.")
     for name, n in sorted(executor.graph_counts.items()):
         lines.append(f'helios_graph_executions_total{{graph="{name}"}} {n}')
-    lines += _family("helios_graph_device_seconds_total", "counter", "Device time per prepared program.")
+    lines += _family(
+        "helios_graph_timed_executions_total",
+        "counter",
+        "Completed executions per prepared program that reported a device interval.",
+    )
+    for name, n in sorted(executor.graph_timed.items()):
+        lines.append(f'helios_graph_timed_executions_total{{graph="{name}"}} {n}')
+    lines += _family(
+        "helios_graph_device_seconds_total",
+        "counter",
+        "Device time per prepared program, over its timed executions.",
+    )
     for name, ns in sorted(executor.graph_ns.items()):
         lines.append(f'helios_graph_device_seconds_total{{graph="{name}"}} {ns / 1e9:.6f}')
     lines += _family(

@@ -638,7 +638,9 @@ def serving(results: dict) -> None:
         views[dtype] = dict(
             graph_counts=dict(sorted(ex.graph_counts.items())),
             graph_device_ms_mean={
-                k: round(ex.graph_ns[k] / 1e6 / ex.graph_counts[k], 3) for k in sorted(ex.graph_counts)
+                k: round(ex.graph_ns[k] / 1e6 / ex.graph_timed[k], 3)
+                for k in sorted(ex.graph_timed)
+                if ex.graph_timed[k]
             },
             selections=dict(engine.scheduler.selections),
         )

@@ -252,7 +252,8 @@ def program_costs(engine) -> dict:
         est = s.costs.estimate_ms(key) if key is not None else None
         out[name] = dict(
             executions=ex.graph_counts[name],
-            device_ms_mean=ex.graph_ns[name] / 1e6 / ex.graph_counts[name],
+            timed=ex.graph_timed[name],  # executions with a device interval (the mean's)
+            device_ms_mean=ex.graph_ns[name] / 1e6 / ex.graph_timed[name] if ex.graph_timed[name] else None,
             scheduler_estimate_ms=est,
         )
     return out
@@ -446,7 +447,7 @@ def print_tables(results):
         for prog, c in costs.items():
             est = c["scheduler_estimate_ms"]
             print(
-                f"  {prog:44s} runs {c['executions']:6d} device {c['device_ms_mean']:8.2f} ms  "
+                f"  {prog:44s} runs {c['executions']:6d} device {c['device_ms_mean'] or 0:8.2f} ms  "
                 f"estimate {est if est is None else round(est, 2)}"
             )
     print(f"wall {results['wall_s']} s")

@@ -93,6 +93,25 @@ def test_a_frame_found_finished_after_host_work_reports_no_interval():
     assert ex.observations["late"] == 1
 
 
+def test_device_time_per_program_averages_over_its_timed_executions():
+    """graph_ns sums the device intervals; graph_timed counts the executions that had one, so a
+    frame without an interval neither adds time nor dilutes the mean (graph_counts counts all)."""
+    clock = Clock()
+    ex, _ = executor(clock)
+    timed = dispatch(ex, 1)
+    timed.outputs.finish_ns = clock.ns + 700 * US
+    ex.wait_oldest()
+    ex.retire(timed)
+    late = dispatch(ex, 2)
+    late.outputs.finish_ns = clock.ns + 700 * US
+    clock.ns += 2_000 * US  # found finished after host work: no interval
+    ex.wait_oldest()
+    ex.retire(late)
+    name = DECODE.name
+    assert ex.graph_counts[name] == 2 and ex.graph_timed[name] == 1
+    assert ex.graph_ns[name] / ex.graph_timed[name] == 800 * US
+
+
 @spec("duration-estimates/no-host-time")
 def test_a_poll_close_to_the_end_keeps_the_interval():
     clock = Clock()
