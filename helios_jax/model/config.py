@@ -56,6 +56,10 @@ class ModelConfig:
       tie_word_embeddings: the output projection reuses the embedding matrix.
       dtype: parameter and compute dtype name ("float32" or "bfloat16").
       mtp_num_layers: decoder blocks of the MTP draft head; 0 means no head.
+      fused_projections: the parameter layout of the prepared programs, not of the checkpoint:
+        q, k and v kernels stored as one `qkv_proj` and gate and up as one `gate_up_proj`, so
+        each pair of sibling products runs as one (`model/fused.py`). Never read from or
+        written to config.json.
     """
 
     vocab_size: int
@@ -71,6 +75,7 @@ class ModelConfig:
     tie_word_embeddings: bool = False
     dtype: str = "float32"
     mtp_num_layers: int = 0
+    fused_projections: bool = False
 
     def __post_init__(self):
         if self.num_heads % self.num_kv_heads:

@@ -21,6 +21,9 @@ Parameter tree (flax names; Hugging Face names in `weights.py`):
     layers_{i}/self_attn/{q,k}_norm/weight      [head_dim]
     layers_{i}/post_attention_layernorm/weight  [H]
     layers_{i}/mlp/{gate,up,down}_proj/kernel   [in, out]
+    (with `fused_projections`, the prepared programs' layout, `model/fused.py`:
+    layers_{i}/self_attn/qkv_proj/kernel        [H, kv_heads, queries_per_kv + 2, head_dim]
+    layers_{i}/mlp/gate_up_proj/kernel          [H, 2, I]   in place of q, k, v and gate, up)
     norm/weight                                 [H]
     lm_head/kernel                              [H, V]      (absent when embeddings are tied)
     mtp/pre_fc_norm_embedding/weight            [H]         (mtp/* only when mtp_num_layers > 0)
@@ -84,6 +87,21 @@ def _dense(features: int, dtype: DTypeLike, name: str | None = None) -> nn.Dense
     )
 
 
+class FusedProjection(nn.Module):
+    """Sibling projections as one product (``model/fused.py``): x `[T, H]` times `kernel`
+    `[H, *out_shape]` gives `[T, *out_shape]`; a Dense's parameter name, initializer and
+    precision."""
+
+    out_shape: tuple[int, ...]
+    dtype: DTypeLike
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        shape = (x.shape[-1], *self.out_shape)
+        kernel = self.param("kernel", nn.initializers.normal(_INIT_STD), shape, self.dtype)
+        return jnp.tensordot(x.astype(self.dtype), kernel, axes=1, precision=matmul_precision(self.dtype))
+
+
 def rotary_cos_sin(positions: jax.Array, head_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:
     """cos and sin tables `f32[T, head_dim]` of transformers' default rope.
 
@@ -135,9 +153,15 @@ class Attention(nn.Module):
         c = self.config
         dt = c.jnp_dtype
         t = x.shape[0]
-        q = _dense(c.num_heads * c.head_dim, dt, "q_proj")(x).reshape(t, c.num_heads, c.head_dim)
-        k = _dense(c.num_kv_heads * c.head_dim, dt, "k_proj")(x).reshape(t, c.num_kv_heads, c.head_dim)
-        v = _dense(c.num_kv_heads * c.head_dim, dt, "v_proj")(x).reshape(t, c.num_kv_heads, c.head_dim)
+        if c.fused_projections:  # one product: per KV head, its query heads, then k, then v
+            g = c.queries_per_kv
+            qkv = FusedProjection((c.num_kv_heads, g + 2, c.head_dim), dt, name="qkv_proj")(x)
+            q = qkv[:, :, :g].reshape(t, c.num_heads, c.head_dim)
+            k, v = qkv[:, :, g], qkv[:, :, g + 1]
+        else:
+            q = _dense(c.num_heads * c.head_dim, dt, "q_proj")(x).reshape(t, c.num_heads, c.head_dim)
+            k = _dense(c.num_kv_heads * c.head_dim, dt, "k_proj")(x).reshape(t, c.num_kv_heads, c.head_dim)
+            v = _dense(c.num_kv_heads * c.head_dim, dt, "v_proj")(x).reshape(t, c.num_kv_heads, c.head_dim)
         # Qwen3 normalises each head before the rotation.
         q = RMSNorm(c.rms_norm_eps, dt, name="q_norm")(q)
         k = RMSNorm(c.rms_norm_eps, dt, name="k_norm")(k)
@@ -157,8 +181,12 @@ class MLP(nn.Module):
     def __call__(self, x):
         c = self.config
         dt = c.jnp_dtype
-        gate = _dense(c.intermediate_size, dt, "gate_proj")(x)
-        up = _dense(c.intermediate_size, dt, "up_proj")(x)
+        if c.fused_projections:  # one product: [gate | up] stacked on the kernel's middle axis
+            gate_up = FusedProjection((2, c.intermediate_size), dt, name="gate_up_proj")(x)
+            gate, up = gate_up[:, 0], gate_up[:, 1]
+        else:
+            gate = _dense(c.intermediate_size, dt, "gate_proj")(x)
+            up = _dense(c.intermediate_size, dt, "up_proj")(x)
         return _dense(c.hidden_size, dt, "down_proj")(jax.nn.silu(gate) * up)
 
 

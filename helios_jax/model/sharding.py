@@ -5,6 +5,8 @@ Megatron-style layout over one mesh axis, `tp` (N devices):
     q_proj, k_proj, v_proj   kernel [H, heads * head_dim]     columns by head  P(None, "tp")
     o_proj                   kernel [heads * head_dim, H]     rows by head     P("tp", None)
     gate_proj, up_proj       kernel [H, I]                    columns          P(None, "tp")
+    qkv_proj (fused.py)      kernel [H, kv_heads, g + 2, d]   by KV head       P(None, "tp")
+    gate_up_proj (fused.py)  kernel [H, 2, I]                 columns          P(None, None, "tp")
     down_proj                kernel [I, H]                    rows             P("tp", None)
     embed_tokens/embedding   [V, H]                           rows (vocab)     P("tp", None)
     lm_head/kernel           [H, V]                           columns (vocab)  P(None, "tp")
@@ -53,6 +55,8 @@ _SPECS = {
     ("o_proj", "kernel"): _ROW,
     ("gate_proj", "kernel"): _COLUMN,
     ("up_proj", "kernel"): _COLUMN,
+    ("qkv_proj", "kernel"): _COLUMN,  # [H, kv_heads, g + 2, d]: a KV head's queries, key and value
+    ("gate_up_proj", "kernel"): PartitionSpec(None, None, AXIS),  # [H, 2, I]
     ("down_proj", "kernel"): _ROW,
     ("embed_tokens", "embedding"): _ROW,
     ("lm_head", "kernel"): _COLUMN,

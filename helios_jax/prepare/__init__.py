@@ -39,6 +39,7 @@ from helios_jax.compilation_cache import DEFAULT_COMPILATION_CACHE_DIR, enable_c
 from helios_jax.distributed.group import lead_if_leader
 from helios_jax.engine_config import EngineConfig
 from helios_jax.model import ModelConfig, Params
+from helios_jax.model.fused import fuse_projections
 from helios_jax.prepare.headroom import Headroom, capture_headroom
 from helios_jax.prepare.measurement import measure, measured_catalog, measurement_inputs, warm_up
 from helios_jax.prepare.models import (
@@ -87,11 +88,16 @@ def prepare(
     do_measure: bool = False,
     runs: int = 5,
     progress: Callable[[str], None] | None = print,
+    fused_projections: bool = True,
 ) -> Prepared:
-    """Plan, build and AOT-compile every program; optionally measure them."""
+    """Plan, build and AOT-compile every program; optionally measure them. The programs run on
+    the parameters with q/k/v and gate/up fused (`model/fused.py`) unless `fused_projections`
+    is false; `Prepared.params` are what they run on."""
     if model_config.dtype != engine.dtype:
         model_config = model_config.replace(dtype=engine.dtype)
         params = jax.tree_util.tree_map(lambda x: x.astype(model_config.jnp_dtype), params)
+    if fused_projections:
+        model_config, params = fuse_projections(model_config, params)
     catalog = engine.catalog(name)
     programs = lead_if_leader(build_programs(model_config, params, engine, catalog))  # several processes
     params = programs.place_params(params)  # sharded over the tp mesh (already so when loaded so)

@@ -94,6 +94,7 @@ def interleave(
     runs: int,
     context: int,
     row_state: Callable[[str, object], object],
+    params_of: dict[str, object] | None = None,
 ) -> tuple[dict[str, float], dict[str, object]]:
     """Runs every variant `runs` + 1 times in rotated order; returns (median ms by variant, the
     last outputs by variant).
@@ -102,6 +103,7 @@ def interleave(
       variants: name -> (programs, program) from `compile_variant`.
       row_state: (name, a fresh state with every cursor at `context`) -> the state that variant
         runs from (its rows' settings).
+      params_of: name -> the parameters that variant runs on, where not `params`.
     """
     cursors = np.full((engine.state_rows,), context, np.int32)
     states = {name: programs.init_state() for name, (programs, _) in variants.items()}
@@ -113,7 +115,7 @@ def interleave(
             program = variants[name][1]
             inputs = measurement_inputs(program, engine, context)
             state = row_state(name, states[name].replace(cursor=jnp.asarray(cursors)))
-            ms, states[name], outs[name] = _time(program, params, state, inputs)
+            ms, states[name], outs[name] = _time(program, (params_of or {}).get(name, params), state, inputs)
             if i:  # the first run of each warms caches and allocators
                 samples[name].append(ms)
     return {name: statistics.median(s) for name, s in samples.items()}, outs

@@ -5,9 +5,10 @@
 XLA_FLAGS=--xla_force_host_platform_device_count=4 must be in place before jax starts its CPU
 backend, so the test suite (one device per process) runs this module as a subprocess. Cases:
 
-    kv4          a seeded random tiny config with 8 heads and 4 KV heads at N = 2 and 4 against
-                 one single-device trace (the default model's 6 heads do not split four ways,
-                 and KV heads are not replicated); then the embedded default model's weights
+    kv4          a seeded random tiny config with 8 heads and 4 KV heads, its q/k/v and gate/up
+                 fused as prepared engines run them, at N = 2 and 4 against one single-device
+                 trace (the default model's 6 heads do not split four ways, and KV heads are not
+                 replicated); then the embedded default model's weights
                  loaded straight into their shards at N = 2 (`load_checkpoint(...,
                  tensor_parallel=2)`, as the server loads them), against the unsharded load:
                  layout and values (no program compiled)
@@ -41,6 +42,7 @@ import time  # noqa: E402
 
 from helios_jax.model import tiny_config  # noqa: E402
 from helios_jax.model.default import load_default_model  # noqa: E402
+from helios_jax.model.fused import fuse_projections  # noqa: E402
 from helios_jax.programs import build_programs  # noqa: E402
 
 from .helpers import SPECULATIVE_ENGINE, random_params, speculative_catalog  # noqa: E402
@@ -52,9 +54,9 @@ def _model(case: str):
     if case == "default-tp2":
         loaded = load_default_model(dtype="float32")
         return loaded.config, loaded.params, (2,)
-    if case == "kv4":
+    if case == "kv4":  # in the prepared programs' fused layout (`model/fused.py`), as engines run
         config = tiny_config(num_heads=8, num_kv_heads=4, mtp_num_layers=1)
-        return config, random_params(config, seed=0), (2, 4)
+        return (*fuse_projections(config, random_params(config, seed=0)), (2, 4))
     raise SystemExit(f"unknown case {case!r}")
 
 

@@ -63,8 +63,25 @@ def test_prepare_compiles_measures_and_exports(prepared, tmp_path):
     assert loaded == out.catalog and json.loads(path.read_text())["graphs"][0]["duration_ms"] > 0
 
 
-def test_compiled_programs_donate_the_state(prepared):
+def test_programs_run_on_the_fused_parameters_prepare_returns(prepared):
+    """`Prepared.params` are what the programs were lowered for: q/k/v and gate/up fused
+    (`model/fused.py`), the same arrays fused as the checkpoint's; unfused on request."""
     config, params, out = prepared
+    assert out.programs.model_config == config.replace(fused_projections=True)
+    block = out.params["mtp"]["layers_0"]
+    assert set(block["self_attn"]) == {"qkv_proj", "o_proj", "q_norm", "k_norm"}
+    assert set(block["mlp"]) == {"gate_up_proj", "down_proj"}
+    np.testing.assert_array_equal(
+        np.asarray(out.params["layers_0"]["mlp"]["gate_up_proj"]["kernel"][:, 1]),
+        np.asarray(params["layers_0"]["mlp"]["up_proj"]["kernel"]),
+    )
+    separate = prepare(config, params, ENGINE, name="tiny", fused_projections=False, progress=None)
+    assert separate.programs.model_config == config and separate.params is params
+
+
+def test_compiled_programs_donate_the_state(prepared):
+    config, _, out = prepared
+    params = out.params  # what the programs run on
     program = out.programs.find(GraphKind.PREFILL)
     state = out.programs.init_state()
     old = state.target.k
