@@ -124,8 +124,10 @@ def test_stop_strings_are_never_shown(engine, monkeypatch):
 @spec("service-accounting/cancelled-slot-reuse", "planning-queue/cancel-keeps-pages")
 def test_cancellation_frees_the_slot_and_reservations_match_the_pool(engine):
     tok = tokenizer()
+    # Sampled, so ignore_eos: a request that may end on its own before the cancellation lands
+    # (up to two K-step frames are in flight) would make the test a draw.
     long = GenerationRequest(
-        "c0", tuple(tok.encode("for i in range(10):\n") * 4), SamplingParams(max_tokens=400)
+        "c0", tuple(tok.encode("for i in range(10):\n") * 4), SamplingParams(max_tokens=400, ignore_eos=True)
     )
     stream = engine.submit(long)
     first = stream.get(timeout=60)
