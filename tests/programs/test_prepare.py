@@ -75,8 +75,29 @@ def test_programs_run_on_the_fused_parameters_prepare_returns(prepared):
         np.asarray(out.params["layers_0"]["mlp"]["gate_up_proj"]["kernel"][:, 1]),
         np.asarray(params["layers_0"]["mlp"]["up_proj"]["kernel"]),
     )
-    separate = prepare(config, params, ENGINE, name="tiny", fused_projections=False, progress=None)
-    assert separate.programs.model_config == config and separate.params is params
+
+
+def test_prepare_builds_the_separate_products_on_request(monkeypatch):
+    """`fused_projections=False`: the programs are built for the checkpoint's tree, unchanged
+    (stopped at `build_programs`: compiling a second catalog would only repeat the fixture)."""
+    import helios_jax.prepare as prepare_module
+
+    class Built(Exception):
+        pass
+
+    built = []
+
+    def capture(model_config, params, engine, catalog):
+        built.append((model_config, params))
+        raise Built
+
+    monkeypatch.setattr(prepare_module, "build_programs", capture)
+    config, params = random_model()
+    for fused in (False, True):
+        with pytest.raises(Built):
+            prepare(config, params, ENGINE, name="tiny", fused_projections=fused, progress=None)
+    assert built[0][0] == config and built[0][1] is params
+    assert built[1][0].fused_projections and "qkv_proj" in built[1][1]["layers_0"]["self_attn"]
 
 
 def test_compiled_programs_donate_the_state(prepared):
