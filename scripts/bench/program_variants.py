@@ -121,6 +121,31 @@ def interleave(
     return {name: statistics.median(s) for name, s in samples.items()}, outs
 
 
+def paired_medians(
+    variants: dict[str, tuple],
+    params,
+    engine: EngineConfig,
+    *,
+    runs: int,
+    context: int,
+    params_of: dict[str, object] | None = None,
+) -> dict[str, float]:
+    """Two variants (base first, then the other) run by :func:`interleave` from plain row state;
+    raises unless they emit the same tokens. Returns {base}_median_ms, {other}_median_ms and
+    {other}_over_{base}."""
+    (base, other) = variants
+    medians, outs = interleave(
+        variants, params, engine, runs=runs, context=context, row_state=lambda n, s: s, params_of=params_of
+    )
+    if not np.array_equal(np.asarray(outs[base].tokens), np.asarray(outs[other].tokens)):
+        raise AssertionError("the variants emitted different tokens")
+    return {
+        f"{base}_median_ms": round(medians[base], 4),
+        f"{other}_median_ms": round(medians[other], 4),
+        f"{other}_over_{base}": round(medians[other] / medians[base], 4),
+    }
+
+
 def run_main(run: Callable[[], dict]) -> None:
     """absl's app.run over `run`: prints its figures as JSON, and writes them to --json_out."""
 
