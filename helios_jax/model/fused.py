@@ -2,10 +2,11 @@
 
 A decoder block reads its normed input three times for attention (q, k and v projections) and
 twice for the MLP (gate and up). The prepared programs store those kernels concatenated
-(`ModelConfig.fused_projections`) and compute each group as one product: on this CPU a
-sixteen-row decode step ran 0.87x of the separate products' time, a one-row step 0.97x
-(`scripts/bench/fused_projections.py`), and on a GPU it is two kernel launches a block instead
-of five. vLLM's `QKVParallelLinear` and `MergedColumnParallelLinear` do the same.
+(`ModelConfig.fused_projections`) and compute each group as one product: on this CPU
+sixteen-row decode programs ran 0.87-0.94x of the separate products' time, one-row programs
+0.94-1.01x (`scripts/bench/fused_projections.py`; docs/benchmarks-engine.md, tenth stop), and on
+a GPU it is two kernel launches a block instead of five. vLLM's `QKVParallelLinear` and
+`MergedColumnParallelLinear` do the same.
 
 Layouts (H hidden, kv KV heads, g = queries_per_kv, d head_dim, I intermediate):
 

@@ -65,7 +65,7 @@ def test_prepare_compiles_measures_and_exports(prepared, tmp_path):
 
 def test_programs_run_on_the_fused_parameters_prepare_returns(prepared):
     """`Prepared.params` are what the programs were lowered for: q/k/v and gate/up fused
-    (`model/fused.py`), the same arrays fused as the checkpoint's; unfused on request."""
+    (`model/fused.py`), the same values as the checkpoint's separate kernels."""
     config, params, out = prepared
     assert out.programs.model_config == config.replace(fused_projections=True)
     block = out.params["mtp"]["layers_0"]
