@@ -4,7 +4,7 @@
         [--prompt_tokens=64] [--new_tokens=128] [--repeats=3] [--max_model_len=512]
         [--systems=helios,transformers,naive] [--decode_runs=30] [--large_hidden=1024]
         [--large_layers=8] [--large_vocab=4096] [--seed=0] [--discovery_bursts=8]
-        [--json_out=FILE] [--plot_dir=DIR]
+        [--cpu_compute_threads=0] [--json_out=FILE] [--plot_dir=DIR]
 
 Part 1, serving (the embedded default model, greedy, the same prompts and the same number of new
 tokens for every system). Prompts are windows of --prompt_tokens tokens cut at seeded offsets from
@@ -71,6 +71,7 @@ from bench_common import (
 )
 
 from helios_jax.compilation_cache import enable_compilation_cache
+from helios_jax.cpu_threads import compute_pool_threads, limit_compute_threads
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("dtypes", ["float32", "bfloat16"], "compute dtypes to compare (same bf16-rounded weights)")
@@ -121,6 +122,12 @@ flags.DEFINE_integer(
     "(0: the first round only)",
 )
 flags.DEFINE_string("plot_dir", None, "write PNG plots here (e.g. docs/img)")
+flags.DEFINE_integer(
+    "cpu_compute_threads",
+    0,
+    "threads of the CPU backend's compute pool, for helios and naive alike (0: one per core; "
+    "helios_jax/cpu_threads.py)",
+)
 flags.DEFINE_string(
     "compilation_cache_dir",
     DEFAULT_CACHE_DIR,
@@ -903,11 +910,13 @@ def plots(results: dict, folder: str) -> list[str]:
 
 def main(argv) -> int:
     del argv
+    limit_compute_threads(FLAGS.cpu_compute_threads)  # before anything initialises the backend
     enable_compilation_cache(FLAGS.compilation_cache_dir)
     started = time.perf_counter()
     results = dict(
         command=" ".join(sys.argv),
         machine=machine(),
+        compute_pool_threads=compute_pool_threads(),
         flags={
             k: FLAGS[k].value
             for k in (
@@ -924,6 +933,7 @@ def main(argv) -> int:
                 "large_layers",
                 "large_vocab",
                 "seed",
+                "cpu_compute_threads",
             )
         },
     )
