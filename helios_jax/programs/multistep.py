@@ -9,6 +9,14 @@ K, the output limit and the context left) and stops after the step that emits on
 tokens; from then on it is an inactive lane, so it commits nothing and writes no state: no
 request receives a token, or a cursor, past its end.
 
+A width-one speculative program (`shape.maintain_draft`) keeps the draft (MTP) context as K
+width-one rounds would, but absorbs the K committed pairs after the scan in **one** packed MTP
+forward (lane b's pairs (h_{c+j-1}, x_{c+j}), j < counts[b], at positions c+j-1, causal among
+themselves as in a round that commits several tokens), not one MTP forward per step: the draft
+head's weights are read once for the K x B pairs instead of K times for B. The draft context's
+entries are the same (within rounding: the products run over more rows at once), and nothing a
+step samples reads the draft context, so tokens, rows and the target cache are unchanged.
+
 Outputs: `RoundOutputs` with `tokens` i32[B, K] (lane b's output is `tokens[b, :counts[b]]`,
 zeros beyond), `counts` i32[B] (the steps it took), `query_lengths` ones (one target row per
 step, no proposals), each step's log-probabilities as columns of `logprobs`, `top_logprobs` and
@@ -17,38 +25,50 @@ step, no proposals), each step's log-probabilities as columns of `logprobs`, `to
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 
-from helios_jax.model import ModelConfig
+from helios_jax.model import ModelConfig, PackedBatch, draft_forward_packed
 from helios_jax.programs.impls import Impl
 from helios_jax.programs.inputs import DecodeInputs, MultiStepInputs, ProgramShape, RoundOutputs
 from helios_jax.programs.state import DeviceState
 
 
 def build_multistep_decode(config: ModelConfig, shape: ProgramShape, impl: Impl, single_step):
-    """K = `shape.steps` decode steps of `single_step` (the one-step decode body) in one scan."""
+    """K = `shape.steps` decode steps of `single_step` (the one-step decode body) in one scan;
+    a width-one speculative shape's draft upkeep runs once after it (`_absorb_steps`)."""
     k = shape.steps
-    step_fn = single_step(config, shape, impl)
+    deferred = shape.maintain_draft and config.has_mtp
+    step_shape = dataclasses.replace(shape, maintain_draft=False) if deferred else shape
+    step_fn = single_step(config, step_shape, impl)
 
     def multistep(params, state: DeviceState, inputs: MultiStepInputs):
         active = inputs.active.astype(bool)
+        slots = jnp.clip(inputs.slots, 0, state.rows - 1)
 
         def body(carry, j):
             state, running = carry
             lanes = running & (j < inputs.steps)
+            # The pair this step commits to the draft context: (h_{c-1}, x_c) at position c - 1.
+            pair = (state.cursor[slots], state.pending[slots], state.last_hidden[slots])
             state, out = step_fn(
                 params, state, DecodeInputs(slots=inputs.slots, active=lanes, page_tables=inputs.page_tables)
             )
             token = out.tokens[:, 0]
             stopped = jnp.any(token[:, None] == inputs.stop_tokens, axis=1)
-            return (state, lanes & ~stopped), (jnp.where(lanes, token, 0), lanes, out)
+            return (state, lanes & ~stopped), (jnp.where(lanes, token, 0), lanes, out, pair)
 
-        (state, _), (tokens, emitted, outs) = jax.lax.scan(body, (state, active), jnp.arange(k))
+        (state, _), (tokens, emitted, outs, pairs) = jax.lax.scan(body, (state, active), jnp.arange(k))
+        counts = jnp.sum(emitted, axis=0).astype(jnp.int32)
+        if deferred and state.draft is not None:
+            draft = _absorb_steps(config, params, state.draft, pairs, counts, inputs, impl)
+            state = state.replace(draft=draft)
         last = jax.tree_util.tree_map(lambda x: x[-1], outs)
         outputs = RoundOutputs(
             tokens=tokens.T.astype(jnp.int32),
-            counts=jnp.sum(emitted, axis=0).astype(jnp.int32),
+            counts=counts,
             query_lengths=active.astype(jnp.int32),
             sidecar=last.sidecar,
             survival=last.survival,
@@ -59,3 +79,29 @@ def build_multistep_decode(config: ModelConfig, shape: ProgramShape, impl: Impl,
         return state, outputs
 
     return multistep
+
+
+def _absorb_steps(
+    config: ModelConfig, params, draft_cache, pairs, counts, inputs: MultiStepInputs, impl: Impl
+):
+    """The draft upkeep of every step taken, as one packed MTP forward: lane b's packed block
+    [b*K, b*K + counts[b]) holds its steps' pairs in order, so a round's absorb of several
+    committed tokens (`round._absorb`) is exactly this call."""
+    cursors, pending, hidden = pairs  # [K, B], [K, B], [K, B, H]: each step's row before it ran
+    k, b = cursors.shape
+    start = cursors[0]  # c: the lane's cursor before the first step
+    first = (start == 0).astype(jnp.int32)  # a row with no token yet has no pair at position -1
+    lens = jnp.where(counts > 0, counts - first, 0).astype(jnp.int32)
+    batch = PackedBatch(
+        tokens=pending.T.reshape(b * k),
+        positions=jnp.maximum(cursors.T.reshape(b * k) - 1, 0),
+        page_tables=inputs.page_tables,
+        context_lens=jnp.where(lens > 0, start + counts - 1, 0).astype(jnp.int32),
+        query_starts=(jnp.arange(b, dtype=jnp.int32) * k + first).astype(jnp.int32),
+        query_lens=lens,
+    )
+    hidden_in = jnp.swapaxes(hidden, 0, 1).reshape(b * k, hidden.shape[-1])
+    _, draft_cache = draft_forward_packed(
+        config, params, draft_cache, hidden_in, batch, attention=impl.attention_kernel()
+    )
+    return draft_cache
