@@ -30,9 +30,10 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from helios_jax.model import ModelConfig, PackedBatch, draft_forward_packed
+from helios_jax.model import ModelConfig
 from helios_jax.programs.impls import Impl
 from helios_jax.programs.inputs import DecodeInputs, MultiStepInputs, ProgramShape, RoundOutputs
+from helios_jax.programs.round import absorb_pairs
 from helios_jax.programs.state import DeviceState
 
 
@@ -47,12 +48,13 @@ def build_multistep_decode(config: ModelConfig, shape: ProgramShape, impl: Impl,
     def multistep(params, state: DeviceState, inputs: MultiStepInputs):
         active = inputs.active.astype(bool)
         slots = jnp.clip(inputs.slots, 0, state.rows - 1)
+        start = state.cursor[slots]  # c: step j of a lane that takes it reads position c + j
 
         def body(carry, j):
             state, running = carry
             lanes = running & (j < inputs.steps)
-            # The pair this step commits to the draft context: (h_{c-1}, x_c) at position c - 1.
-            pair = (state.cursor[slots], state.pending[slots], state.last_hidden[slots])
+            # The pair this step commits to the draft context: (h_{c+j-1}, x_{c+j}).
+            pair = (state.pending[slots], state.last_hidden[slots])
             state, out = step_fn(
                 params, state, DecodeInputs(slots=inputs.slots, active=lanes, page_tables=inputs.page_tables)
             )
@@ -63,7 +65,7 @@ def build_multistep_decode(config: ModelConfig, shape: ProgramShape, impl: Impl,
         (state, _), (tokens, emitted, outs, pairs) = jax.lax.scan(body, (state, active), jnp.arange(k))
         counts = jnp.sum(emitted, axis=0).astype(jnp.int32)
         if deferred and state.draft is not None:
-            draft = _absorb_steps(config, params, state.draft, pairs, counts, inputs, impl)
+            draft = _absorb_steps(config, params, state.draft, pairs, start, counts, inputs, impl)
             state = state.replace(draft=draft)
         last = jax.tree_util.tree_map(lambda x: x[-1], outs)
         outputs = RoundOutputs(
@@ -82,26 +84,20 @@ def build_multistep_decode(config: ModelConfig, shape: ProgramShape, impl: Impl,
 
 
 def _absorb_steps(
-    config: ModelConfig, params, draft_cache, pairs, counts, inputs: MultiStepInputs, impl: Impl
+    config: ModelConfig, params, draft_cache, pairs, start, counts, inputs: MultiStepInputs, impl: Impl
 ):
-    """The draft upkeep of every step taken, as one packed MTP forward: lane b's packed block
-    [b*K, b*K + counts[b]) holds its steps' pairs in order, so a round's absorb of several
-    committed tokens (`round._absorb`) is exactly this call."""
-    cursors, pending, hidden = pairs  # [K, B], [K, B], [K, B, H]: each step's row before it ran
-    k, b = cursors.shape
-    start = cursors[0]  # c: the lane's cursor before the first step
-    first = (start == 0).astype(jnp.int32)  # a row with no token yet has no pair at position -1
-    lens = jnp.where(counts > 0, counts - first, 0).astype(jnp.int32)
-    batch = PackedBatch(
-        tokens=pending.T.reshape(b * k),
-        positions=jnp.maximum(cursors.T.reshape(b * k) - 1, 0),
-        page_tables=inputs.page_tables,
-        context_lens=jnp.where(lens > 0, start + counts - 1, 0).astype(jnp.int32),
-        query_starts=(jnp.arange(b, dtype=jnp.int32) * k + first).astype(jnp.int32),
-        query_lens=lens,
+    """The draft upkeep of every step taken, as one packed MTP forward (`round.absorb_pairs`, what
+    a round that commits several tokens runs): lane b's packed block [b*K, b*K + counts[b]) holds
+    its steps' tokens x_{c+j} at positions c + j, each paired with h_{c+j-1}."""
+    pending, hidden = pairs  # [K, B], [K, B, H]: each step's row before it ran
+    k, b = pending.shape
+    layout = (
+        pending.T.reshape(b * k),
+        (start[:, None] + jnp.arange(k, dtype=jnp.int32)[None, :]).reshape(b * k),
+        inputs.page_tables,
+        jnp.arange(b, dtype=jnp.int32) * k,
     )
     hidden_in = jnp.swapaxes(hidden, 0, 1).reshape(b * k, hidden.shape[-1])
-    _, draft_cache = draft_forward_packed(
-        config, params, draft_cache, hidden_in, batch, attention=impl.attention_kernel()
+    return absorb_pairs(
+        config, params, draft_cache, hidden_in, layout, start, counts, attention=impl.attention_kernel()
     )
-    return draft_cache

@@ -184,18 +184,42 @@ def _absorb(config, params, draft_cache, lanes: _Lanes, batch: PackedBatch, hidd
     target's packed layout shifted by one position: packed token t (x_{c+j}) pairs with
     hidden[t - 1] = h_{c+j-1}, or with the carried h_{c-1} at the lane's first token."""
     t_cap = hidden.shape[0]
-    first = (lanes.cursor == 0).astype(jnp.int32)  # a first chunk has no pair at position -1
-    d_lens = jnp.where(committed > 0, committed - first, 0).astype(jnp.int32)
     token_lane, _ = packed_token_rows(batch.query_starts, batch.query_lens, t_cap)
     carried = jnp.arange(t_cap) == batch.query_starts[token_lane]
     previous = jnp.concatenate([jnp.zeros_like(hidden[:1]), hidden[:-1]], axis=0)
     hidden_in = jnp.where(carried[:, None], lanes.last_hidden[token_lane].astype(hidden.dtype), previous)
+    return absorb_pairs(
+        config,
+        params,
+        draft_cache,
+        hidden_in,
+        (batch.tokens, batch.positions, batch.page_tables, batch.query_starts),
+        lanes.cursor,
+        committed,
+        attention=attention,
+    )
+
+
+def absorb_pairs(
+    config, params, draft_cache, hidden_in, layout, cursor, committed, *, attention
+) -> PagedKVCache:
+    """One packed MTP forward that enters each lane's committed pairs into the draft context.
+
+    `layout` = (tokens, positions, page_tables, query_starts), the target's packing of the
+    committed tokens: lane b's packed tokens from `query_starts[b]` are x_c .. x_{c+m-1} at target
+    positions c .. c+m-1 (c = `cursor[b]`, m = `committed[b]`), and `hidden_in` pairs each with
+    h_{i-1}, so the pair (h_{i-1}, x_i) enters the draft context at position i - 1. A lane whose
+    first chunk this is (c = 0) has no pair at position -1: its first token is skipped. Shared by
+    a round's absorb (`_absorb`) and a K-step width-one program's (`multistep._absorb_steps`)."""
+    tokens, positions, page_tables, query_starts = layout
+    first = (cursor == 0).astype(jnp.int32)
+    d_lens = jnp.where(committed > 0, committed - first, 0).astype(jnp.int32)
     d_batch = PackedBatch(
-        tokens=batch.tokens,
-        positions=jnp.maximum(batch.positions - 1, 0),
-        page_tables=batch.page_tables,
-        context_lens=jnp.where(d_lens > 0, lanes.cursor + committed - 1, 0).astype(jnp.int32),
-        query_starts=(batch.query_starts + first).astype(jnp.int32),
+        tokens=tokens,
+        positions=jnp.maximum(positions - 1, 0),
+        page_tables=page_tables,
+        context_lens=jnp.where(d_lens > 0, cursor + committed - 1, 0).astype(jnp.int32),
+        query_starts=(query_starts + first).astype(jnp.int32),
         query_lens=d_lens,
     )
     _, draft_cache = draft_forward_packed(
