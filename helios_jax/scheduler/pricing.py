@@ -27,7 +27,7 @@ from helios_jax.scheduler.plan import Frame, Handle
 from helios_jax.scheduler.requests import Request
 from helios_jax.scheduler.service import NS_PER_MS, ServiceHistory, missing_rate, resident_rates
 from helios_jax.scheduler.speculation import SOURCE_COPY, PrefixEstimate, batch_estimates
-from helios_jax.scheduler.view import NO_ESTIMATE, Phase, RequestView
+from helios_jax.scheduler.view import DEFAULT_FIELDS, NO_ESTIMATE, Phase, RequestView
 
 Histories = dict[int, ServiceHistory]
 BATCH_MIN = 3  # decoders of one proposal source from which their estimates are batched
@@ -116,45 +116,49 @@ def best_served(requests: Mapping[int, Request], free_pages: int, pages_needed: 
 
 
 def views(inp: PricingInputs, start_ns: int) -> list[RequestView]:
-    """Request views with prices and ages projected to `start_ns` (the planning start)."""
+    """Request views with prices and ages projected to `start_ns` (the planning start).
+
+    The residents' rates and prices are computed as columns (one list or array per quantity, a
+    row per resident: :func:`rate_columns`, ``service.price_columns``); only the views
+    themselves are built one per resident, a decoder's as one complete field dict."""
     histories, delivered_at = projected_histories(inp)
-    norm = inp.normalizers
     residents = [r for r in inp.requests.values() if r.active]
-    prior_z = norm.share_log_rate(sum(1 for r in residents if r.delivery_bearing))
-    known = [histories[r.handle.rid].log_x for r in residents]  # resident_rates(), in this order
-    base = service.missing_base(norm, len(known), known)  # missing_rate's, shared by all
-    tau = inp.policy.adaptation_ms
-    terms = service.price_terms(inp.policy)
+    log_x, log_z = rate_columns(inp, residents, histories, start_ns)
+    prefill, output, delivery = service.price_columns(service.price_terms(inp.policy), log_x, log_z)
     acceptance = _acceptance(inp, [r for r in residents if r.phase is Phase.DECODE])
     advances = queued_advances(inp.frames)
     out = []
-    for r, log_x in zip(residents, known):
-        rid = r.handle.rid
-        if log_x is None:  # service.missing_rate at start_ns
-            log_x = base - max(0.0, (start_ns - r.admitted_ns) / NS_PER_MS) / tau
+    for i, r in enumerate(residents):
         phase = r.phase
-        log_z = None
-        if phase is Phase.DECODE or (phase is Phase.BLOCKED and r.enables is Phase.DECODE):
-            log_z = histories[rid].log_z  # delivery-bearing: a delivery coordinate
-            if log_z is None:
-                log_z = prior_z
-        prefill, output, delivery = service.price_logs(terms, log_x, log_z)
+        if phase is Phase.DECODE:
+            last = delivered_at.get(r.handle.rid, r.last_publication_ns)
+            survival, optimistic = acceptance[r.handle.rid]
+            out.append(
+                _decoder_view(
+                    inp,
+                    r,
+                    start_ns,
+                    last,
+                    survival,
+                    optimistic,
+                    advances.get(r.handle, 0),
+                    (prefill[i], output[i], delivery[i]),
+                )
+            )
+            continue
         # `r` is active, so runnable(r) is this.
-        fields = {
-            "rid": rid,
+        fields: dict[str, object] = {
+            "rid": r.handle.rid,
             "slot": r.slot,
             "phase": phase,
             "runnable": not (phase in _INFLIGHT_BLOCKS and r.inflight),
             "last_selected_ns": r.last_selected_ns,
-            "log_prefill_price": prefill,
-            "log_output_price": output,
-            "log_delivery_price": delivery,
+            "log_prefill_price": prefill[i],
+            "log_output_price": output[i],
+            "log_delivery_price": delivery[i],
             "host_mask": r.host_mask,
         }
-        if phase is Phase.DECODE:
-            last = delivered_at.get(rid, r.last_publication_ns)
-            fields.update(_decode_fields(inp, r, start_ns, last, acceptance[rid], advances.get(r.handle, 0)))
-        elif phase is Phase.PREFILL:
+        if phase is Phase.PREFILL:
             fields.update(_prompt_fields(r))
         elif phase is Phase.TERMINAL:
             since = r.terminal_since_ns if r.terminal_since_ns is not None else start_ns
@@ -163,6 +167,29 @@ def views(inp: PricingInputs, start_ns: int) -> list[RequestView]:
             _blocked_fields(inp, r, fields, start_ns)
         out.append(RequestView.unchecked(fields))
     return out
+
+
+def rate_columns(
+    inp: PricingInputs, residents: list[Request], histories: Histories, start_ns: int
+) -> tuple[list[float], list[float | None]]:
+    """Every resident's priced log token rate, and its log delivery rate (None without a
+    delivery coordinate), in the order of `residents`.
+
+    A missing token history is priced at ``service.missing_rate`` at `start_ns` (its base, the
+    same for every resident of the decision, computed once); a delivery-bearing resident without
+    a delivery history at the decoders' share of the fastest batch-feasible rate."""
+    hist = [histories[r.handle.rid] for r in residents]
+    known = [h.log_x for h in hist]  # resident_rates(), in this order
+    base = service.missing_base(inp.normalizers, len(known), known)  # missing_rate's, shared by all
+    tau = inp.policy.adaptation_ms
+    log_x = [
+        x if x is not None else base - max(0.0, (start_ns - r.admitted_ns) / NS_PER_MS) / tau
+        for x, r in zip(known, residents)
+    ]
+    bearing = [r.delivery_bearing for r in residents]
+    prior_z = inp.normalizers.share_log_rate(sum(bearing))
+    log_z = [(prior_z if h.log_z is None else h.log_z) if b else None for h, b in zip(hist, bearing)]
+    return log_x, log_z
 
 
 _INFLIGHT_BLOCKS = (Phase.PREFILL, Phase.BLOCKED, Phase.TERMINAL)  # runnable(): not while in flight
@@ -207,31 +234,47 @@ def _optimistic(inp: PricingInputs, r: Request, est: PrefixEstimate, pool: Prefi
     return est.optimistic(len(r.output), pool) if inp.optimistic else NO_ESTIMATE
 
 
-def _decode_fields(
+def _decoder_view(
     inp: PricingInputs,
     r: Request,
     start_ns: int,
     last: int | None,
-    acceptance: tuple[np.ndarray, np.ndarray],
+    survival: np.ndarray,
+    optimistic: np.ndarray,
     queued: int,
-) -> dict:
+    prices: tuple[float, float, float],
+) -> RequestView:
     """A decoding request: output left after its queued rounds (`queued`: their committed tokens
     at most), output age and acceptance (a decoder is runnable while output is left)."""
     remaining = r.max_output - len(r.output) - queued
     age = 0.0 if last is None else max(0.0, (start_ns - last) / NS_PER_MS)
     if r.last_publication_ns is None and last is None:
         age = max(0.0, (start_ns - r.admitted_ns) / NS_PER_MS)
-    return {
-        "runnable": remaining > 0,
-        "age_ms": age,
-        "output_remaining": max(remaining, 0),
-        "context_remaining": inp.max_model_len - (r.cursor + queued),
-        "width_limit": r.width_limit,
-        "copy_limit": r.copy_limit if r.proposal_source == SOURCE_COPY else None,
-        "survival": acceptance[0],
-        "optimistic": acceptance[1],
-        "forecast": r.forecast.means(),
-    }
+    return RequestView.complete(
+        {
+            **_DECODER_DEFAULTS,
+            "rid": r.handle.rid,
+            "slot": r.slot,
+            "runnable": remaining > 0,
+            "last_selected_ns": r.last_selected_ns,
+            "log_prefill_price": prices[0],
+            "log_output_price": prices[1],
+            "log_delivery_price": prices[2],
+            "host_mask": r.host_mask,
+            "age_ms": age,
+            "output_remaining": max(remaining, 0),
+            "context_remaining": inp.max_model_len - (r.cursor + queued),
+            "width_limit": r.width_limit,
+            "copy_limit": r.copy_limit if r.proposal_source == SOURCE_COPY else None,
+            "survival": survival,
+            "optimistic": optimistic,
+            "forecast": r.forecast.means(),
+        }
+    )
+
+
+# A decoder view's fields that views() does not set: the defaults, phase DECODE.
+_DECODER_DEFAULTS = {**DEFAULT_FIELDS, "phase": Phase.DECODE}
 
 
 def _blocked_fields(inp: PricingInputs, r: Request, fields: dict, start_ns: int) -> None:

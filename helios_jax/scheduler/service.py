@@ -37,6 +37,8 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from helios_jax.catalog import GraphDescriptor
 from helios_jax.scheduler.config import PolicyConfig
 from helios_jax.scheduler.cost import CostModel
@@ -241,6 +243,24 @@ def price_logs(
     log_f_over_x = log_f - log_x
     delivery = NEG_INF if log_z is None else log_g - log_z
     return _logaddexp(0.0, log_f_over_x), _logaddexp(log_beta, log_f_over_x), delivery
+
+
+def price_columns(
+    terms: tuple[float, float, float], log_x: list[float], log_z: list[float | None]
+) -> tuple[list[float], list[float], list[float]]:
+    """:func:`price_logs` of many requests at once (``pricing.views`` prices every resident):
+    the prefill-token, output-token and delivery columns, as lists of floats, from the columns
+    of log token rates and log delivery rates (None: no delivery coordinate, price -inf)."""
+    if not log_x:
+        return [], [], []
+    log_f, log_beta, log_g = terms
+    log_f_over_x = log_f - np.array(log_x, dtype=np.float64)
+    delivery = [NEG_INF if z is None else log_g - z for z in log_z]
+    return (
+        np.logaddexp(0.0, log_f_over_x).tolist(),
+        np.logaddexp(log_beta, log_f_over_x).tolist(),
+        delivery,
+    )
 
 
 def update_token_history(

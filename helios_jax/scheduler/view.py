@@ -92,8 +92,16 @@ class RequestView:
         every required one present (``pricing.views``): no name checks; `fields` is not kept."""
         new = object.__new__(cls)
         d = new.__dict__
-        d.update(_UNCHECKED_DEFAULTS)
+        d.update(DEFAULT_FIELDS)
         d.update(fields)
+        return new
+
+    @classmethod
+    def complete(cls, fields: dict) -> RequestView:
+        """A view from a dict naming every field (``pricing.views`` builds a decoder's from
+        :data:`DEFAULT_FIELDS`): the dict becomes the view's own, so the caller must not keep it."""
+        new = object.__new__(cls)
+        object.__setattr__(new, "__dict__", fields)
         return new
 
     def with_survival(self, survival: np.ndarray) -> RequestView:
@@ -148,8 +156,9 @@ _FACTORIES = tuple(
 # An estimate left empty (a view without survival, optimistic or forecast rows), read-only.
 NO_ESTIMATE = np.zeros(0)
 NO_ESTIMATE.setflags(write=False)
-# unchecked()'s defaults: the factories' empty arrays are one shared read-only array.
-_UNCHECKED_DEFAULTS = {**_DEFAULTS, **{name: NO_ESTIMATE for name in _FACTORIES}}
+# Every field with a default (unchecked()'s defaults): the factories' empty arrays are one
+# shared read-only array.
+DEFAULT_FIELDS = {**_DEFAULTS, **{name: NO_ESTIMATE for name in _FACTORIES}}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -162,3 +162,28 @@ def test_sub_millisecond_programs_and_frames():
 def test_an_empty_interval_is_refused_even_without_service():
     with pytest.raises(ValueError, match="positive"):
         service.decayed_log_rate(0.0, 0, 0.0, 100.0)
+
+
+@pytest.mark.parametrize(
+    "policy",
+    [
+        PolicyConfig(),
+        PolicyConfig(token_fairness=0.0, delivery_fairness=0.0),
+        PolicyConfig(output_token_value=1),
+    ],
+)
+def test_price_columns_are_each_requests_prices(policy):
+    """`price_columns` (every resident of a decision at once, as views() prices them) gives each
+    request exactly the prices `log_prices` gives it alone, a missing delivery coordinate -inf."""
+    log_x = [-3.0, -0.5, 0.0, math.log(16.0), 2.5, -40.0, 700.0]
+    log_z = [None, -2.0, 0.0, None, 1.5, -40.0, None]
+    prefill, output, delivery = service.price_columns(service.price_terms(policy), log_x, log_z)
+    for i, (x, z) in enumerate(zip(log_x, log_z)):
+        alone = service.log_prices(policy, x, z)
+        assert (prefill[i], output[i], delivery[i]) == (
+            alone.prefill_token,
+            alone.output_token,
+            alone.delivery,
+        )
+        assert all(type(p) is float for p in (prefill[i], output[i], delivery[i]))
+    assert service.price_columns(service.price_terms(policy), [], []) == ([], [], [])
