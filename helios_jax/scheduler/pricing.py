@@ -245,11 +245,11 @@ def _decoder_view(
     prices: tuple[float, float, float],
 ) -> RequestView:
     """A decoding request: output left after its queued rounds (`queued`: their committed tokens
-    at most), output age and acceptance (a decoder is runnable while output is left)."""
+    at most), output age and acceptance (a decoder is runnable while output is left). `last` is
+    the expected end of its last queued delivery, else its last publication, else None."""
     remaining = r.max_output - len(r.output) - queued
-    age = 0.0 if last is None else max(0.0, (start_ns - last) / NS_PER_MS)
-    if r.last_publication_ns is None and last is None:
-        age = max(0.0, (start_ns - r.admitted_ns) / NS_PER_MS)
+    since = r.admitted_ns if last is None else last  # nothing published or queued: since admission
+    age = max(0.0, (start_ns - since) / NS_PER_MS)
     return RequestView.complete(
         {
             **_DECODER_DEFAULTS,
