@@ -5,6 +5,7 @@ import pytest
 
 from helios_jax.scheduler import service
 from helios_jax.scheduler.core import NS_PER_MS
+from helios_jax.scheduler.speculation import SOURCE_COPY
 from helios_jax.scheduler.view import Phase
 
 from .helpers import ORDINARY, SPEC
@@ -108,3 +109,22 @@ def test_a_decoder_view_carries_its_own_prices_mask_and_forecast():
         assert prices == (alone.prefill_token, alone.output_token, alone.delivery)
         assert view.host_mask is mask
         assert view.forecast.size > 0 and np.array_equal(view.forecast, r.forecast.means())
+
+
+@spec("speculative-coverage/copy-d")
+def test_a_copy_prefix_bounds_a_decoders_rows_only_while_copy_is_its_source():
+    """offer_copy records the supplied prefix length whichever source it chooses; the view bounds
+    the next round by it (copy_limit) only when copy proposals were chosen."""
+    s = scheduler(SPEC)
+    h = s.admit([1] * 8, max_output=50)
+    t = 0.0
+    for fence in range(1, 3):
+        _, _, t = run_once(s, fence, t)
+    chosen = {}
+    for length in (0, 3):
+        source = s.offer_copy(h, length, learned=True)
+        view = next(v for v in s.views() if v.rid == h.rid)
+        assert s.requests[h.rid].copy_limit == min(length, s.population.depth)
+        assert view.copy_limit == (s.requests[h.rid].copy_limit if source == SOURCE_COPY else None)
+        chosen[length] = source
+    assert chosen[0] != SOURCE_COPY  # nothing to copy: learned proposals
