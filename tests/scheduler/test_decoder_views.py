@@ -1,5 +1,7 @@
 """A decoder's view behind its own queued round: output left, runnable, age and tie order."""
 
+import math
+
 import numpy as np
 import pytest
 
@@ -9,7 +11,9 @@ from helios_jax.scheduler.speculation import SOURCE_COPY
 from helios_jax.scheduler.view import Phase
 
 from .helpers import ORDINARY, SPEC
-from .test_core import run_once, scheduler
+from .test_checkpoints import sched as checkpointing
+from .test_checkpoints import step
+from .test_core import records, run_once, scheduler, timing
 
 spec = pytest.mark.spec
 MS = NS_PER_MS
@@ -128,3 +132,50 @@ def test_a_copy_prefix_bounds_a_decoders_rows_only_while_copy_is_its_source():
         assert view.copy_limit == (s.requests[h.rid].copy_limit if source == SOURCE_COPY else None)
         chosen[length] = source
     assert chosen[0] != SOURCE_COPY  # nothing to copy: learned proposals
+
+
+@spec("useful-service/decoders-only-delivery")
+def test_only_delivery_bearing_requests_are_priced_for_delivery():
+    """A request still prefilling has no delivery coordinate (its delivery price is -inf) while a
+    decoder beside it has one, even before its first publication (the decoders' share)."""
+    s = scheduler(ORDINARY)
+    first = s.admit([1] * 8, max_output=50)
+    run_once(s, 1, 0.0, publish=False)
+    second = s.admit([2] * 300, max_output=50)
+    views = {v.rid: v for v in s.views()}
+    assert views[first.rid].phase is Phase.DECODE and views[second.rid].phase is Phase.PREFILL
+    assert s.requests[first.rid].history.log_z is None  # unpublished: priced at the share
+    assert math.isfinite(views[first.rid].log_delivery_price)
+    assert views[second.rid].log_delivery_price == -math.inf
+
+
+@spec("planning-queue/prefill-exposes-late", "duration-estimates/tie-order")
+def test_a_prompt_with_a_chunk_in_flight_is_not_runnable_and_keeps_its_last_selection():
+    """A prompt's chunk in flight makes its view unrunnable until the chunk completes; the view of
+    a prompt with tokens left carries its own last selection time (tied lanes' order)."""
+    s = scheduler(ORDINARY)
+    h = s.admit([1] * 300, max_output=50)
+    plan = s.plan()
+    s.commit(plan, 1)
+    view = next(v for v in s.views() if v.rid == h.rid)
+    assert view.phase is Phase.PREFILL and view.runnable is False
+    end = plan.expected_duration_ms or 1.0
+    s.advance_to(int(end * MS))
+    s.complete(1, records(plan), timing(end))
+    view = next(v for v in s.views() if v.rid == h.rid)
+    assert view.phase is Phase.PREFILL and view.prompt_remaining > 0 and view.runnable is True
+    assert view.last_selected_ns == s.requests[h.rid].last_selected_ns >= 0
+
+
+@spec("prerequisites/terminal-age-start")
+def test_a_terminal_view_ages_from_its_start_below_a_millisecond():
+    s = checkpointing()
+    h = s.admit([3] * 64, max_output=40)
+    t, fence = 0.0, 0
+    while s.requests[h.rid].phase is not Phase.DECODE or len(s.requests[h.rid].output) < 3:
+        fence += 1
+        _, _, t = step(s, fence, t)
+    s.preempt(h)
+    since = s.requests[h.rid].terminal_since_ns
+    view = next(v for v in s.views(since + MS // 4) if v.rid == h.rid)
+    assert view.phase is Phase.TERMINAL and view.terminal_age_ms == pytest.approx(0.25)
