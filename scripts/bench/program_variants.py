@@ -56,13 +56,9 @@ def bench_engine(batch: int, speculative: bool, decode_steps: tuple[int, ...] = 
     )
 
 
-def compile_variant(
-    engine: EngineConfig, config, params, *, speculative: bool, patches: dict | None = None, steps: int = 1
-):
-    """(programs, the program): decode at B = request slots, or the widest host-ragged speculative
-    program, of `steps` steps, compiled with each `patches` target (a dotted name) replaced while
-    tracing."""
-    programs = build_programs(config, params, engine, engine.catalog())
+def timed_program(programs, engine: EngineConfig, *, speculative: bool, steps: int = 1):
+    """The program these scripts time: decode at B = request slots, or the widest host-ragged
+    speculative program, of `steps` steps (not compiled)."""
     kind = GraphKind.SPECULATIVE if speculative else GraphKind.DECODE
     lanes = engine.request_slots
     candidates = [
@@ -70,7 +66,17 @@ def compile_variant(
         for p in programs.values()
         if p.descriptor.kind is kind and p.shape.lanes == lanes and p.shape.steps == steps
     ]
-    program = max(candidates, key=lambda p: (p.shape.width, p.shape.target_capacity))
+    return max(candidates, key=lambda p: (p.shape.width, p.shape.target_capacity))
+
+
+def compile_variant(
+    engine: EngineConfig, config, params, *, speculative: bool, patches: dict | None = None, steps: int = 1
+):
+    """(programs, the program): decode at B = request slots, or the widest host-ragged speculative
+    program, of `steps` steps, compiled with each `patches` target (a dotted name) replaced while
+    tracing."""
+    programs = build_programs(config, params, engine, engine.catalog())
+    program = timed_program(programs, engine, speculative=speculative, steps=steps)
     with ExitStack() as stack:
         for target, fn in (patches or {}).items():
             stack.enter_context(mock.patch(target, fn))

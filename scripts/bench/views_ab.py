@@ -14,13 +14,12 @@ this / base per population.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
+import types
 
 import numpy as np
 import plan_path
@@ -38,12 +37,9 @@ def base_pricing(ref: str):
     source = subprocess.run(
         ["git", "show", f"{ref}:helios_jax/scheduler/pricing.py"], capture_output=True, text=True, check=True
     ).stdout
-    with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
-        f.write(source)
-    spec = importlib.util.spec_from_file_location("pricing_base", f.name)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["pricing_base"] = module
-    spec.loader.exec_module(module)
+    module = types.ModuleType("pricing_base")
+    sys.modules["pricing_base"] = module  # its dataclasses look their module up there
+    exec(compile(source, f"{ref}:helios_jax/scheduler/pricing.py", "exec"), module.__dict__)
     return module
 
 

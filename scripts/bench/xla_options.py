@@ -1,11 +1,12 @@
 """One decode program compiled under several sets of XLA compiler options, run interleaved.
 
-    python scripts/bench/xla_options.py [--batch=16] [--steps=1] [--runs=30] [--context=128]
-        [--options=NAME=JSON;NAME=JSON...] [--json_out=FILE]
+    python scripts/bench/xla_options.py [--batch=16] [--speculative] [--steps=1] [--runs=40]
+        [--context=64] [--options=NAME=JSON;NAME=JSON...] [--json_out=FILE]
 
 XLA's CPU compiler takes its debug options per compilation (``Lowered.compile(compiler_options=)``),
-so every variant is compiled in this one process from the same lowering of the embedded default
-model's decode program (float32, `program_variants.bench_engine`) and timed by
+so every variant is compiled in this one process from one lowering of the embedded default
+model's decode program, or with --speculative its widest speculative one (float32,
+`program_variants.bench_engine` and `timed_program`), and timed by
 `program_variants.interleave` from the same cursors; every variant must emit the base variant's
 tokens. The first variant (``base``: no options) is the baseline. The default set covers the
 choices this jaxlib offers for the products and fusions: YNNPACK (its default for dots) switched
@@ -15,13 +16,13 @@ preferred vector width and the fusion emitters.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
 from absl import flags
-from program_variants import bench_engine, interleave, run_main
+from program_variants import bench_engine, define_flags, interleave, run_main, timed_program
 
-from helios_jax.catalog import GraphKind
 from helios_jax.prepare import load_engine_model
 from helios_jax.programs import build_programs
 
@@ -37,12 +38,9 @@ DEFAULT_OPTIONS = {
     "no_fusion_emitters": {"xla_cpu_use_fusion_emitters": False},
 }
 
-flags.DEFINE_integer("batch", 16, "lanes (request slots)")
-flags.DEFINE_integer("steps", 1, "decode steps K of the program")
-flags.DEFINE_integer("runs", 30, "timed executions per variant")
-flags.DEFINE_integer("context", 128, "decode cursor")
+define_flags()
+flags.DEFINE_integer("steps", 1, "steps K of the program")
 flags.DEFINE_string("options", None, "NAME=JSON;... variants (default: the module's set; base first)")
-flags.DEFINE_string("json_out", None, "write the figures as JSON here")
 FLAGS = flags.FLAGS
 
 
@@ -58,24 +56,19 @@ def option_sets() -> dict[str, dict]:
 
 def run() -> dict:
     model = load_engine_model(None, dtype="float32")
-    engine = bench_engine(FLAGS.batch, False, decode_steps=(FLAGS.steps,))
+    engine = bench_engine(FLAGS.batch, FLAGS.speculative, decode_steps=(FLAGS.steps,))
+    programs = build_programs(model.config, model.params, engine, engine.catalog())
+    program = timed_program(programs, engine, speculative=FLAGS.speculative, steps=FLAGS.steps)
+    lowered = program.lower(programs.params_spec, programs.state_spec)
+    sets = option_sets()
     variants, refused = {}, {}
-    for name, options in option_sets().items():
-        programs = build_programs(model.config, model.params, engine, engine.catalog())
-        program = next(
-            p
-            for p in programs.values()
-            if p.descriptor.kind is GraphKind.DECODE
-            and p.shape.lanes == FLAGS.batch
-            and p.shape.steps == FLAGS.steps
-        )
+    for name, options in sets.items():
         try:
-            lowered = program.lower(programs.params_spec, programs.state_spec)
-            program.compiled = lowered.compile(compiler_options=options)
+            compiled = lowered.compile(compiler_options=options)
         except Exception as e:  # an option this jaxlib does not know: reported, not timed
             refused[name] = str(e)[:200]
             continue
-        variants[name] = (programs, program)
+        variants[name] = (programs, dataclasses.replace(program, compiled=compiled))
     medians, outs = interleave(
         variants, model.params, engine, runs=FLAGS.runs, context=FLAGS.context, row_state=lambda n, s: s
     )
@@ -84,8 +77,8 @@ def run() -> dict:
         if not np.array_equal(np.asarray(outs[name].tokens), base_tokens):
             raise AssertionError(f"{name} emitted other tokens than base")
     return dict(
-        program=variants["base"][1].name,
-        options={name: option_sets()[name] for name in variants},
+        program=program.name,
+        options={name: sets[name] for name in variants},
         median_ms={name: round(ms, 4) for name, ms in medians.items()},
         over_base={name: round(ms / medians["base"], 4) for name, ms in medians.items()},
         refused=refused,

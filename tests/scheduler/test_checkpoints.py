@@ -267,17 +267,24 @@ def test_a_terminal_capture_row_is_owned_by_the_request_it_captures():
     assert s.checkpoints.entries[row].ready and s.checkpoints.owned_rows()[row] == h.rid
 
 
+def decoding_with_output(s, outputs=3):
+    """A 64-token request admitted and stepped until it decodes with `outputs` tokens out; returns
+    (its handle, the virtual time in ms)."""
+    h = s.admit([3] * 64, max_output=40)
+    t, fence = 0.0, 0
+    while s.requests[h.rid].phase is not Phase.DECODE or len(s.requests[h.rid].output) < outputs:
+        fence += 1
+        _, _, t = step(s, fence, t)
+    return h, t
+
+
 @spec("prerequisites/terminal-age-start", "prerequisites/terminal-clock-no-reset")
 def test_a_terminal_view_ages_from_the_preemption():
     """A preempted request awaiting its terminal capture is seen by selection as a terminal
     view whose terminal age runs from the preemption (its start), whatever the output age was:
     5 ms after preempting it, the view's terminal age is 5 ms."""
     s = sched()
-    h = s.admit([3] * 64, max_output=40)
-    t, fence = 0.0, 0
-    while s.requests[h.rid].phase is not Phase.DECODE or len(s.requests[h.rid].output) < 3:
-        fence += 1
-        _, _, t = step(s, fence, t)
+    h, t = decoding_with_output(s)
     s.advance_to(int((t + 1.0) * MS))
     s.preempt(h)  # at t + 1
     s.advance_to(int((t + 6.0) * MS))

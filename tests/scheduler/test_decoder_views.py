@@ -11,8 +11,8 @@ from helios_jax.scheduler.speculation import SOURCE_COPY
 from helios_jax.scheduler.view import Phase
 
 from .helpers import ORDINARY, SPEC
+from .test_checkpoints import decoding_with_output
 from .test_checkpoints import sched as checkpointing
-from .test_checkpoints import step
 from .test_core import records, run_once, scheduler, timing
 
 spec = pytest.mark.spec
@@ -73,7 +73,7 @@ def test_a_fresh_decoder_ages_from_admission_below_a_millisecond():
     s = scheduler(ORDINARY)
     s.advance_to(2 * MS)
     h = s.admit([1] * 8, max_output=50)
-    _, _, t = run_once(s, 1, 2.0, publish=False)
+    run_once(s, 1, 2.0, publish=False)
     admitted = s.requests[h.rid].admitted_ns
     view = next(v for v in s.views(admitted + MS // 4) if v.rid == h.rid)
     assert view.age_ms == pytest.approx(0.25)
@@ -170,11 +170,7 @@ def test_a_prompt_with_a_chunk_in_flight_is_not_runnable_and_keeps_its_last_sele
 @spec("prerequisites/terminal-age-start")
 def test_a_terminal_view_ages_from_its_start_below_a_millisecond():
     s = checkpointing()
-    h = s.admit([3] * 64, max_output=40)
-    t, fence = 0.0, 0
-    while s.requests[h.rid].phase is not Phase.DECODE or len(s.requests[h.rid].output) < 3:
-        fence += 1
-        _, _, t = step(s, fence, t)
+    h, _ = decoding_with_output(s)
     s.preempt(h)
     since = s.requests[h.rid].terminal_since_ns
     view = next(v for v in s.views(since + MS // 4) if v.rid == h.rid)
