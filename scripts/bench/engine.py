@@ -309,7 +309,7 @@ def _greedy_request(i: int, prompt, new_tokens: int):
 def _helios_on_one_loop(engine, prompts, new_tokens, record, results):
     import asyncio
 
-    from helios_jax.serve.generation import next_event
+    from helios_jax.serve.events import next_event
 
     firsts, gaps, outs = results
 

@@ -57,7 +57,7 @@ class DecisionTimes:
 def burst(engine, prompts) -> float:
     """One burst's median time to first token (ms), every stream read on one asyncio loop."""
     from helios_jax.runtime.api import GenerationRequest, SamplingParams
-    from helios_jax.serve.generation import next_event
+    from helios_jax.serve.events import next_event
 
     async def serve():
         start = time.perf_counter()

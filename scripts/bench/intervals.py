@@ -201,7 +201,7 @@ def read_on_one_loop(streams):
     """Read every stream on one asyncio loop with the server's `next_event` (no thread per stream)."""
     import asyncio
 
-    from helios_jax.serve.generation import next_event
+    from helios_jax.serve.events import next_event
 
     async def read(stream):
         while (await next_event(stream)).finish_reason is None:

@@ -62,7 +62,7 @@ else
 fi
 
 # step NAME LIMIT_S COMMAND...: runs COMMAND under `timeout`, its output in NAME.log. The GPU
-# limits add up to 480 s; the CPU dry run (2 shared cores are slow) gets three times as long.
+# limits add up to 560 s; the CPU dry run (2 shared cores are slow) gets three times as long.
 step() {
   local name="$1" limit=$(($2 * (DRY ? 3 : 1)))
   shift 2
@@ -106,8 +106,11 @@ PY
 
 kernel_tests() {
   local log="$OUT_DIR/kernels.pytest.log"
+  # On the GPU machine (16 cores) four pytest workers compile the kernels' programs side by side.
+  local workers=""
+  if [ "$DRY" = 0 ] && "$PY" -c "import xdist" 2>/dev/null; then workers="-n 4"; fi
   # shellcheck disable=SC2086
-  "$PY" -m pytest -q -rs -p no:cacheprovider tests/kernels -k "$(echo $KERNEL_TESTS)" \
+  "$PY" -m pytest -q -rs -p no:cacheprovider $workers tests/kernels -k "$(echo $KERNEL_TESTS)" \
     --junitxml="$OUT_DIR/kernels.junit.xml" > "$log" 2>&1
   local rc=$?
   tail -n 25 "$log"
@@ -133,14 +136,14 @@ export OUT_DIR PY DRY KERNEL_TESTS SKIP_SELFTEST
 export -f no_compiled_skips environment kernel_tests conformance
 
 step env 30 environment
-step kernels 110 kernel_tests
+step kernels 140 kernel_tests
 step attention 60 "$PY" scripts/gpu/attention_bench.py $BENCH_ARGS --json_out="$OUT_DIR/attention.json"
 # shellcheck disable=SC2086
-step prepare 100 "$PY" -m helios_jax.prepare $PREPARE_ARGS --measure \
+step prepare 120 "$PY" -m helios_jax.prepare $PREPARE_ARGS --measure \
   --catalog_out="$OUT_DIR/catalog.json" --compilation_cache_dir="$CACHE_DIR"
 step conformance 100 conformance
 # shellcheck disable=SC2086
-step engine 80 "$PY" scripts/bench/engine.py --systems=helios,naive --repeats=1 $ENGINE_ARGS \
+step engine 110 "$PY" scripts/bench/engine.py --systems=helios,naive --repeats=1 $ENGINE_ARGS \
   --json_out="$OUT_DIR/engine.json" --compilation_cache_dir="$CACHE_DIR"
 
 echo "---- summary ($OUT_DIR)"

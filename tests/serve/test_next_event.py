@@ -5,7 +5,7 @@ import threading
 
 from helios_jax.runtime.api import RequestStream, StreamEvent
 from helios_jax.runtime.publishing import Publisher
-from helios_jax.serve.generation import next_event
+from helios_jax.serve.events import next_event
 
 
 def test_a_thousand_waiting_requests_hold_no_thread_and_each_gets_its_event():
