@@ -90,6 +90,7 @@ no_compiled_skips() {
 environment() {
   nvidia-smi -L 2>/dev/null || echo "(no nvidia-smi)"
   "$PY" -c "import jax, jaxlib; print('jax', jax.__version__, 'jaxlib', jaxlib.__version__, jax.devices())" || return 1
+  "$PY" -m pip list 2>/dev/null | grep -iE "^(jax|jaxlib|jax-cuda[0-9]*-(plugin|pjrt)|flax|optax|chex|numpy|torch|transformers|triton|tokenizers|setuptools) " || true
   if [ "$DRY" = 0 ]; then
     "$PY" -m pip install -q --no-deps --no-build-isolation -e . || echo "(pip install failed: PYTHONPATH serves)"
   fi
