@@ -16,7 +16,9 @@ deleted after the call). `Program.pack` forwards to `packing.py` with the progra
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
+import os
 import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -141,13 +143,44 @@ class ProgramSet(Mapping):
             raise KeyError(f"{len(found)} programs of kind {kind.value} match {extents}")
         return found[0]
 
-    def compile_all(self, progress: Callable[[int, int, Program], None] | None = None) -> None:
-        """Lowers and compiles every program ahead of time, in catalog order."""
+    def compile_all(
+        self, progress: Callable[[int, int, Program], None] | None = None, *, workers: int | None = None
+    ) -> None:
+        """Lowers and compiles every program ahead of time on `workers` threads (None:
+        :func:`compile_workers`); `progress` hears of each program as it finishes, in catalog
+        order with one worker. Tracing holds the interpreter lock, XLA's compilation does not:
+        on a GPU a program's compilation is seconds of autotuning and PTX assembly (about 6 s for
+        each of the default model's programs on an H200, docs/benchmarks-gpu.md), which threads
+        overlap. The compiled programs are the same whatever the order."""
         state_spec = self.state_spec
-        for i, program in enumerate(self.programs.values()):
-            program.compile(self.params_spec, state_spec)
-            if progress is not None:
-                progress(i + 1, len(self.programs), program)
+        programs = list(self.programs.values())
+        workers = compile_workers() if workers is None else max(1, workers)
+        if workers == 1:
+            for i, program in enumerate(programs):
+                program.compile(self.params_spec, state_spec)
+                if progress is not None:
+                    progress(i + 1, len(programs), program)
+            return
+        with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="compile") as pool:
+            running = [pool.submit(p.compile, self.params_spec, state_spec) for p in programs]
+            owner = dict(zip(running, programs))
+            for i, done in enumerate(concurrent.futures.as_completed(running)):
+                done.result()  # a failed compilation raises here
+                if progress is not None:
+                    progress(i + 1, len(programs), owner[done])
+
+
+def compile_workers() -> int:
+    """Threads that compile a catalog: `HELIOS_COMPILE_WORKERS` if set; else on a GPU one per
+    core up to eight (the host only compiles while the device waits), and one on a CPU, where
+    XLA's compiler and the programs share the same few cores and the suite's compile times were
+    measured serial."""
+    configured = os.environ.get("HELIOS_COMPILE_WORKERS")
+    if configured:
+        return max(1, int(configured))
+    if jax.default_backend() == "gpu":
+        return max(1, min(8, os.cpu_count() or 1))
+    return 1
 
 
 def build_program(

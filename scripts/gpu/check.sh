@@ -15,6 +15,8 @@
 #   5 conformance  python -m helios_jax.conformance on that catalog
 #   6 engine       scripts/bench/engine.py --systems=helios,naive --concurrency=1,16 --repeats=1
 # summary.txt lists every step's verdict and seconds; the exit status is non-zero if any failed.
+# HELIOS_CHECK_STEPS names the steps to run (default: all six, in this order), e.g.
+# HELIOS_CHECK_STEPS="env kernels prepare conformance" for a rerun inside what is left of a lease.
 #
 # --cpu-dry-run runs the same steps on the CPU with tiny settings: the interpret-mode kernel
 # tests (and a self-test that the skip check trips on the compiled classes, which skip there),
@@ -63,9 +65,14 @@ fi
 
 # step NAME LIMIT_S COMMAND...: runs COMMAND under `timeout`, its output in NAME.log. The GPU
 # limits add up to 560 s; the CPU dry run (2 shared cores are slow) gets three times as long.
+STEPS=" ${HELIOS_CHECK_STEPS:-env kernels attention prepare conformance engine} "
 step() {
   local name="$1" limit=$(($2 * (DRY ? 3 : 1)))
   shift 2
+  if [[ "$STEPS" != *" $name "* ]]; then
+    printf '%-12s %-34s %4ss\n' "$name" "not asked (HELIOS_CHECK_STEPS)" 0 | tee -a "$SUMMARY"
+    return 0
+  fi
   local start=$SECONDS
   echo "== $name (limit ${limit}s): $*" | tee -a "$OUT_DIR/$name.log"
   # bash -c: the command may be one of the exported functions below.
@@ -111,7 +118,8 @@ kernel_tests() {
   local workers=""
   if [ "$DRY" = 0 ] && "$PY" -c "import xdist" 2>/dev/null; then workers="-n 4"; fi
   # shellcheck disable=SC2086
-  "$PY" -m pytest -q -rs -p no:cacheprovider $workers tests/kernels -k "$(echo $KERNEL_TESTS)" \
+  # A retrace in the layer-as-a-runtime-value test explains itself in the log.
+  JAX_EXPLAIN_CACHE_MISSES=true "$PY" -m pytest -q -rs -p no:cacheprovider $workers tests/kernels -k "$(echo $KERNEL_TESTS)" \
     --junitxml="$OUT_DIR/kernels.junit.xml" > "$log" 2>&1
   local rc=$?
   tail -n 25 "$log"

@@ -1,6 +1,7 @@
 """prepare compiles a small catalog ahead of time end to end, measures it and exports it."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -196,3 +197,23 @@ def test_the_conformance_command_passes_on_the_catalog_prepare_measures(tmp_path
     counts = json.loads(report.read_text())["counts"]
     # One request slot: the startup traces' 5 and 16 requests are "not achievable", never "fail".
     assert counts["fail"] == 0 and counts["pass"] >= 5, counts
+
+
+def test_compile_on_threads_compiles_every_program_once(monkeypatch):
+    """compile_all on several threads (a GPU's default) compiles every program of the catalog and
+    reports each once, counting up to the catalog's size; the worker count comes from
+    HELIOS_COMPILE_WORKERS when set."""
+    from helios_jax.programs.program_set import build_programs, compile_workers
+
+    config, params = random_model()
+    programs = build_programs(config, params, ENGINE, ENGINE.catalog("tiny"))
+    heard = []
+    programs.compile_all(lambda i, n, program: heard.append((i, n, program.key)), workers=3)
+    n = len(programs)
+    assert [i for i, _, _ in heard] == list(range(1, n + 1)) and {m for _, m, _ in heard} == {n}
+    assert sorted(map(str, (key for _, _, key in heard))) == sorted(map(str, programs))
+    assert all(p.compiled is not None and p.compile_seconds > 0 for p in programs.values())
+    monkeypatch.setenv("HELIOS_COMPILE_WORKERS", "5")
+    assert compile_workers() == 5
+    monkeypatch.delenv("HELIOS_COMPILE_WORKERS")
+    assert compile_workers() == (1 if jax.default_backend() == "cpu" else min(8, os.cpu_count() or 1))
