@@ -86,6 +86,17 @@ def _with_cursors(state: DeviceState, cursor: jax.Array) -> DeviceState:
 set_cursors = jax.jit(_with_cursors, donate_argnums=0)
 
 
+def start_cursors(program: Program, engine: EngineConfig, context: int) -> np.ndarray:
+    """Every row's cursor before a timed or warm-up run of `program`: decoders at `context`,
+    the program's prompt rows at 0 (each starts a request)."""
+    cursors = np.full((engine.state_rows,), context, np.int32)
+    if program.shape.kind.is_prefill:
+        cursors[: program.shape.lanes] = 0
+    elif program.shape.kind is GraphKind.MIXED:
+        cursors[0] = 0  # the prompt lane
+    return cursors
+
+
 def measure(
     programs: ProgramSet,
     params,
@@ -112,19 +123,14 @@ def measure(
     )
     margin = engine.max_model_len - reach - 1
     context = max(1, min(engine.max_model_len // 2 if context is None else context, margin))
-    cursors = np.full((engine.state_rows,), context, np.int32)
     state = programs.init_state()
     results = {}
     for program in programs.values():
         inputs = measurement_inputs(program, engine, context)
-        start_cursors = cursors.copy()
-        if program.shape.kind.is_prefill:
-            start_cursors[: program.shape.lanes] = 0  # every prompt row starts a request
-        elif program.shape.kind is GraphKind.MIXED:
-            start_cursors[0] = 0  # the prompt lane starts a request
+        cursors = jnp.asarray(start_cursors(program, engine, context))
         samples = []
         for i in range(runs + 1):
-            state = set_cursors(state, jnp.asarray(start_cursors))
+            state = set_cursors(state, cursors)
             jax.block_until_ready(state)
             t0 = time.perf_counter()
             state, out = program(params, state, inputs)
@@ -148,10 +154,15 @@ def measured_catalog(catalog: Catalog, durations: dict) -> Catalog:
 
 def warm_up(programs: ProgramSet, params, progress: Callable[[str], None] | None = None) -> None:
     """Run every program once on a scratch state, so that no request pays (and no duration
-    estimate records) a program's one-time first-execution costs."""
+    estimate records) a program's one-time first-execution costs. Each run starts from reset
+    cursors (`start_cursors`), as in `measure`: run one after another on one state, the prompt
+    rows of the prefill programs would otherwise grow past max_model_len and their page
+    windows (a kernel reading past a row's pages faults on a GPU)."""
+    engine = programs.engine_config
     state = programs.init_state()
     for program in programs.values():
-        state, outputs = program(params, state, measurement_inputs(program, programs.engine_config, 1))
+        state = set_cursors(state, jnp.asarray(start_cursors(program, engine, 1)))
+        state, outputs = program(params, state, measurement_inputs(program, engine, 1))
         jax.block_until_ready(outputs)
         if hasattr(program, "check"):  # several processes: the ranks agree (distributed/leader.py)
             program.check(outputs)

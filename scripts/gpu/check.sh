@@ -64,7 +64,7 @@ else
 fi
 
 # step NAME LIMIT_S COMMAND...: runs COMMAND under `timeout`, its output in NAME.log. The GPU
-# limits add up to 560 s; the CPU dry run (2 shared cores are slow) gets three times as long.
+# limits add up to 590 s; the CPU dry run (2 shared cores are slow) gets three times as long.
 STEPS=" ${HELIOS_CHECK_STEPS:-env kernels attention prepare conformance engine} "
 step() {
   local name="$1" limit=$(($2 * (DRY ? 3 : 1)))
@@ -118,8 +118,7 @@ kernel_tests() {
   local workers=""
   if [ "$DRY" = 0 ] && "$PY" -c "import xdist" 2>/dev/null; then workers="-n 4"; fi
   # shellcheck disable=SC2086
-  # A retrace in the layer-as-a-runtime-value test explains itself in the log.
-  JAX_EXPLAIN_CACHE_MISSES=true "$PY" -m pytest -q -rs -p no:cacheprovider $workers tests/kernels -k "$(echo $KERNEL_TESTS)" \
+  "$PY" -m pytest -q -rs -p no:cacheprovider $workers tests/kernels -k "$(echo $KERNEL_TESTS)" \
     --junitxml="$OUT_DIR/kernels.junit.xml" > "$log" 2>&1
   local rc=$?
   tail -n 25 "$log"
@@ -152,7 +151,7 @@ step prepare 120 "$PY" -m helios_jax.prepare $PREPARE_ARGS --measure \
   --catalog_out="$OUT_DIR/catalog.json" --compilation_cache_dir="$CACHE_DIR"
 step conformance 100 conformance
 # shellcheck disable=SC2086
-step engine 110 "$PY" scripts/bench/engine.py --systems=helios,naive --repeats=1 $ENGINE_ARGS \
+step engine 140 "$PY" scripts/bench/engine.py --systems=helios,naive --repeats=1 $ENGINE_ARGS \
   --json_out="$OUT_DIR/engine.json" --compilation_cache_dir="$CACHE_DIR"
 
 echo "---- summary ($OUT_DIR)"

@@ -37,6 +37,9 @@ LONG = Scenario(
 )
 ONE_ROW = Scenario("one_decode_row", ((250, 1),), page_size=16, pages_per_row=16, head_dim=32, spare_tokens=0)
 ONE_PAGE_BLOCKS = dict(pallas_block_k=16)
+FULL_WINDOW = Scenario(
+    "full_window", ((256, 1),), page_size=16, pages_per_row=16, head_dim=32, spare_tokens=0
+)
 
 
 def test_kv_splits_grow_the_grid_toward_the_target():
@@ -138,6 +141,19 @@ class TestSplitKvKernel:
         assert kv_splits(2, 16, DEFAULT_TILES) == 16
         args = make_case(ONE_ROW, 4, dtype, seed=7)
         check_against_reference(self.attend(args, **ONE_PAGE_BLOCKS), args, dtype)
+
+    @pytest.mark.parametrize("splits", [1, 4])
+    def test_a_context_past_the_page_window_reads_only_the_window(self, splits):
+        """A row whose context runs past its page table's window (refused when the context is
+        concrete; inside a program, where it is traced, one bad state must not fault the GPU)
+        attends to the window's keys and reads no page id past its row: the same output as a
+        context of exactly the window."""
+        q, k, v, tables, context_lens, starts, lens = args = make_case(FULL_WINDOW, 2, jnp.float32, seed=5)
+        past = (q, k, v, tables, context_lens + 3 * 16, starts, lens)
+        with pytest.raises(ValueError, match="a context exceeds"):
+            self.attend(past)
+        out = jax.jit(lambda *a: self.attend(a, pallas_kv_splits=splits, **ONE_PAGE_BLOCKS))(*past)
+        check_against_reference(out, args, jnp.float32)
 
     def test_splits_agree_with_no_split(self):
         args = make_case(LONG, 4, jnp.float32, seed=11)

@@ -1,5 +1,6 @@
 """prepare compiles a small catalog ahead of time end to end, measures it and exports it."""
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -217,3 +218,39 @@ def test_compile_on_threads_compiles_every_program_once(monkeypatch):
     assert compile_workers() == 5
     monkeypatch.delenv("HELIOS_COMPILE_WORKERS")
     assert compile_workers() == (1 if jax.default_backend() == "cpu" else min(8, os.cpu_count() or 1))
+
+
+class _Recording:
+    """A program that records every row's cursor as each run of it starts."""
+
+    def __init__(self, program, seen):
+        self._program, self._seen = program, seen
+
+    def __getattr__(self, name):
+        return getattr(self._program, name)
+
+    def __call__(self, params, state, inputs):
+        self._seen.append((self._program.shape, np.asarray(state.cursor).copy()))
+        return self._program(params, state, inputs)
+
+
+def test_warm_up_runs_every_program_within_max_model_len():
+    """warm_up runs the programs one after another on one state; each starts from reset cursors,
+    so prompt rows never run past max_model_len (past their page windows, where the attention
+    kernel would read beyond a row's page table: a fault on a GPU), even where the catalog's
+    prefill chunks add up to more than max_model_len."""
+    from helios_jax.prepare.measurement import warm_up
+
+    engine = ENGINE.replace(prefill_chunks=(16, 32), speculation="off", draft_tokens=0, proposal_depths=None)
+    config, params = random_model()
+    out = prepare(config, params, engine, name="tiny", progress=None)
+    seen = []
+    recording = {key: _Recording(program, seen) for key, program in out.programs.items()}
+    warm_up(dataclasses.replace(out.programs, programs=recording), out.params)
+    assert len(seen) == len(out.programs)
+    for shape, cursors in seen:
+        if shape.kind.is_prefill:
+            assert (cursors[: shape.lanes] + shape.prefill_capacity <= engine.max_model_len).all(), shape
+        elif shape.kind.is_generation:
+            reach = shape.width + shape.depth + shape.steps - 1
+            assert (cursors[: shape.lanes] + reach <= engine.max_model_len).all(), shape
