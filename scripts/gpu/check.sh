@@ -64,7 +64,8 @@ else
 fi
 
 # step NAME LIMIT_S COMMAND...: runs COMMAND under `timeout`, its output in NAME.log. The GPU
-# limits add up to 590 s; the CPU dry run (2 shared cores are slow) gets three times as long.
+# limits add up to 530 s (the first H200 run took 10, 13-20, over 60,
+# 48, 65 and 104 s); the CPU dry run (2 shared cores are slow) gets three times as long.
 STEPS=" ${HELIOS_CHECK_STEPS:-env kernels attention prepare conformance engine} "
 step() {
   local name="$1" limit=$(($2 * (DRY ? 3 : 1)))
@@ -144,12 +145,12 @@ export OUT_DIR PY DRY KERNEL_TESTS SKIP_SELFTEST
 export -f no_compiled_skips environment kernel_tests conformance
 
 step env 30 environment
-step kernels 140 kernel_tests
-step attention 60 "$PY" scripts/gpu/attention_bench.py $BENCH_ARGS --json_out="$OUT_DIR/attention.json"
+step kernels 60 kernel_tests
+step attention 90 "$PY" scripts/gpu/attention_bench.py $BENCH_ARGS --json_out="$OUT_DIR/attention.json"
 # shellcheck disable=SC2086
 step prepare 120 "$PY" -m helios_jax.prepare $PREPARE_ARGS --measure \
   --catalog_out="$OUT_DIR/catalog.json" --compilation_cache_dir="$CACHE_DIR"
-step conformance 100 conformance
+step conformance 90 conformance
 # shellcheck disable=SC2086
 step engine 140 "$PY" scripts/bench/engine.py --systems=helios,naive --repeats=1 $ENGINE_ARGS \
   --json_out="$OUT_DIR/engine.json" --compilation_cache_dir="$CACHE_DIR"
