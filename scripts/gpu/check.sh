@@ -3,7 +3,8 @@
 #
 #   bash scripts/gpu/check.sh [OUT_DIR] [--cpu-dry-run]
 #
-# OUT_DIR defaults to $OUT (the device tool's output folder), else ./gpu-check-out. Steps, each
+# OUT_DIR defaults to $OUT (the device tool's output folder: there the logs and results end up in
+# one archive, gpu-check.tgz, beside summary.txt), else ./gpu-check-out. Steps, each
 # under its own time limit, each writing its log (and results) into OUT_DIR:
 #   1 env          jax version and devices; install the checkout with `pip install --no-deps -e .`
 #                  (the device machine has its own jax and no network)
@@ -154,6 +155,13 @@ step conformance 90 conformance
 # shellcheck disable=SC2086
 step engine 140 "$PY" scripts/bench/engine.py --systems=helios,naive --repeats=1 $ENGINE_ARGS \
   --json_out="$OUT_DIR/engine.json" --compilation_cache_dir="$CACHE_DIR"
+
+# The device tool returns at most eight files from $OUT: writing there, keep the summary and
+# one archive of everything.
+if [ -n "${OUT:-}" ] && [ "$OUT_DIR" = "$(cd "$OUT" && pwd)" ]; then
+  tar czf /tmp/gpu-check.tgz -C "$OUT_DIR" . && find "$OUT_DIR" -mindepth 1 ! -name summary.txt -delete &&
+    mv /tmp/gpu-check.tgz "$OUT_DIR/" && echo "archived the logs and results in $OUT_DIR/gpu-check.tgz"
+fi
 
 echo "---- summary ($OUT_DIR)"
 cat "$SUMMARY"
