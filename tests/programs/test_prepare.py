@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 
 import jax
 import numpy as np
@@ -204,12 +205,21 @@ def test_compile_on_threads_compiles_every_program_once(monkeypatch):
     """compile_all on several threads (a GPU's default) compiles every program of the catalog and
     reports each once, counting up to the catalog's size; the worker count comes from
     HELIOS_COMPILE_WORKERS when set."""
+    from helios_jax.programs import program_set
     from helios_jax.programs.program_set import build_programs, compile_workers
 
     config, params = random_model()
     programs = build_programs(config, params, ENGINE, ENGINE.catalog("tiny"))
-    heard = []
+    heard, threads = [], set()
+    compile_one = program_set.Program.compile
+
+    def compile_on(program, *specs):
+        threads.add(threading.current_thread().name)
+        return compile_one(program, *specs)
+
+    monkeypatch.setattr(program_set.Program, "compile", compile_on)
     programs.compile_all(lambda i, n, program: heard.append((i, n, program.key)), workers=3)
+    assert threads and all(name.startswith("compile") for name in threads)  # not on the caller's thread
     n = len(programs)
     assert [i for i, _, _ in heard] == list(range(1, n + 1)) and {m for _, m, _ in heard} == {n}
     assert sorted(map(str, (key for _, _, key in heard))) == sorted(map(str, programs))
