@@ -164,17 +164,20 @@ class ProgramSet(Mapping):
         with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="compile") as pool:
             running = [pool.submit(p.compile, self.params_spec, state_spec) for p in programs]
             owner = dict(zip(running, programs))
-            for i, done in enumerate(concurrent.futures.as_completed(running)):
-                done.result()  # a failed compilation raises here
-                if progress is not None:
-                    progress(i + 1, len(programs), owner[done])
+            try:
+                for i, done in enumerate(concurrent.futures.as_completed(running)):
+                    done.result()  # a failed compilation raises here
+                    if progress is not None:
+                        progress(i + 1, len(programs), owner[done])
+            except BaseException:
+                pool.shutdown(cancel_futures=True)  # the programs not yet started never start
+                raise
 
 
 def compile_workers() -> int:
     """Threads that compile a catalog: `HELIOS_COMPILE_WORKERS` if set; else on a GPU one per
-    core up to eight (the host only compiles while the device waits), and one on a CPU, where
-    XLA's compiler and the programs share the same few cores and the suite's compile times were
-    measured serial."""
+    core up to eight, and one on a CPU (two threads took 0.91 of one thread's time on a
+    two-core machine, docs/programs.md: too little to give up the serial order for)."""
     configured = os.environ.get("HELIOS_COMPILE_WORKERS")
     if configured:
         return max(1, int(configured))

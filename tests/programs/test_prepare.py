@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 
 import jax
 import numpy as np
@@ -264,3 +265,25 @@ def test_warm_up_runs_every_program_within_max_model_len():
         elif shape.kind.is_generation:
             reach = shape.width + shape.depth + shape.steps - 1
             assert (cursors[: shape.lanes] + reach <= engine.max_model_len).all(), shape
+
+
+def test_a_failed_compilation_on_threads_raises_and_starts_no_more(monkeypatch):
+    """A compilation that fails on a worker thread raises from compile_all, and the programs not
+    yet started are not compiled."""
+    from helios_jax.programs import program_set
+    from helios_jax.programs.program_set import build_programs
+
+    config, params = random_model()
+    programs = build_programs(config, params, ENGINE, ENGINE.catalog("tiny"))
+    started = []
+
+    def failing(program, *specs):
+        started.append(program.key)
+        if len(started) > 1:
+            time.sleep(0.2)  # the others are slow: the failure is seen while they run
+        raise RuntimeError("compilation failed")
+
+    monkeypatch.setattr(program_set.Program, "compile", failing)
+    with pytest.raises(RuntimeError, match="compilation failed"):
+        programs.compile_all(workers=1 + 1)
+    assert 1 <= len(started) < len(programs)
