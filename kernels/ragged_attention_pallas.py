@@ -99,9 +99,8 @@ def ragged_paged_attention_kernel(
     block_k = pages_per_block * page_size
     q = q_ref[...]
     q_pos = first_pos + lax.broadcasted_iota(jnp.int32, (rows,), 0) // group_p  # i32[rows]
-    # Keys past the tile's last token or the context are never needed, nor any past the row's
-    # page window: a context longer than the window (a caller's error) must not make the
-    # program read past its page table, which faults on a GPU.
+    # Keys past the tile's last token, the context or the row's page window are never read (a
+    # context past the window, a caller's error, must not read past the page table: a GPU fault).
     n_keys = jnp.where(n_valid > 0, jnp.minimum(context_len, first_pos + n_valid), 0)
     num_blocks = jnp.minimum(pl.cdiv(n_keys, block_k), page_ids_ref.shape[0] // pages_per_block)
     per_split = pl.cdiv(num_blocks, num_splits)
