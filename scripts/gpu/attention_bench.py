@@ -1,5 +1,6 @@
 """Ragged paged attention at engine shapes: Pallas (split-KV by shape), Pallas without split and
-XLA, their agreement and median times. One step of `scripts/gpu/check.sh`.
+XLA, their agreement and median times. One step of `scripts/gpu/check.sh`. Every variant is
+compiled on threads before any is timed; the timings then run one after another.
 
     python scripts/gpu/attention_bench.py [--tiny] [--json_out=FILE]
 
@@ -11,8 +12,10 @@ when an output holds NaN or differs from XLA by more than the dtype's tolerance.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import dataclasses
 import json
+import os
 import sys
 import time
 
@@ -66,21 +69,45 @@ def variants(interpret):
     }
 
 
-def bench_shape(rng, name, model, q_lens, ctx, window, dtype, *, interpret, runs):
-    args = make_args(rng, model, q_lens, ctx, window, dtype)
-    results, outputs = [], {}
+def lowered_variants(args, model, interpret):
+    """Each implementation's jitted call on `args`, lowered (tracing holds the interpreter lock:
+    done here, on the caller's thread)."""
+    out = {}
     for variant, kwargs in variants(interpret).items():
         f = jax.jit(
             lambda *a, kw=kwargs: ragged_paged_attention(
                 *a, sm_scale=model["d"] ** -0.5, layer=model["layers"] - 1, **kw
             )
         )
+        out[variant] = f.lower(*args)
+    return out
+
+
+def compile_timed(lowered):
+    """(the compiled call, its compilation seconds), or (None, the error) when it fails."""
+    start = time.perf_counter()
+    try:
+        return lowered.compile(), time.perf_counter() - start
+    except Exception as e:  # noqa: BLE001 - reported, and the run fails below
+        return None, f"{type(e).__name__}: {str(e)[:400]}"
+
+
+def bench_shape(case, compiled, *, runs):
+    """Time one shape's compiled implementations one after another and compare them to XLA."""
+    name, dtype, args = case
+    results, outputs = [], {}
+    for variant, (call, compile_s) in compiled.items():
         row = dict(shape=name, dtype=dtype, impl=variant)
+        if call is None:
+            row["error"] = compile_s
+            results.append(row)
+            continue
+        row["compile_s"] = compile_s
         try:
             start = time.perf_counter()
-            outputs[variant] = np.asarray(jax.block_until_ready(f(*args)).astype(jnp.float32))
+            outputs[variant] = np.asarray(jax.block_until_ready(call(*args)).astype(jnp.float32))
             row["first_call_s"] = time.perf_counter() - start
-            row["median_ms"] = median_ms(f, args, runs)
+            row["median_ms"] = median_ms(call, args, runs)
         except Exception as e:  # noqa: BLE001 - reported, and the run fails below
             row["error"] = f"{type(e).__name__}: {str(e)[:400]}"
         results.append(row)
@@ -109,20 +136,20 @@ def main() -> int:
         print("no GPU: pass --tiny for the interpret-mode dry run", file=sys.stderr)
         return 2
     rng = np.random.default_rng(0)
-    results = []
+    cases, pending = [], []
     for dtype in ("bfloat16", "float32"):
         for name, model, q_lens, ctx, window in TINY if flags.tiny else SHAPES:
-            results += bench_shape(
-                rng,
-                name,
-                model,
-                q_lens,
-                ctx,
-                window,
-                dtype,
-                interpret=not on_gpu,
-                runs=2 if flags.tiny else flags.runs,
-            )
+            args = make_args(rng, model, q_lens, ctx, window, dtype)
+            cases.append((name, dtype, args))
+            pending.append(lowered_variants(args, model, interpret=not on_gpu))
+    # Every variant compiles on threads first (about a second each on a GPU, where the
+    # compilations one after another ran past the check's limit), then runs are timed serially.
+    with concurrent.futures.ThreadPoolExecutor(min(8, os.cpu_count() or 1)) as pool:
+        futures = [{v: pool.submit(compile_timed, low) for v, low in lowered.items()} for lowered in pending]
+        results = []
+        for case, shape_futures in zip(cases, futures):
+            compiled = {v: f.result() for v, f in shape_futures.items()}
+            results += bench_shape(case, compiled, runs=2 if flags.tiny else flags.runs)
     if flags.json_out:
         with open(flags.json_out, "w") as f:
             json.dump(dict(jax=jax.__version__, device=str(jax.devices()[0]), results=results), f, indent=1)
