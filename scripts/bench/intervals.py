@@ -2,9 +2,9 @@
 
     python scripts/bench/intervals.py [--concurrency=1,16] [--new_tokens=128] [--prompt_tokens=64]
         [--repeats=2] [--speculation=off] [--decode_steps=1] [--bare_runs=30] [--readers=threads]
-        [--json_out=FILE]
+        [--dtype=float32] [--json_out=FILE]
 
-Serves the embedded default model (float32, 16 request slots, greedy) with c concurrent requests
+Serves the embedded default model (``--dtype``, 16 request slots, greedy) with c concurrent requests
 (each stream read by its own thread, or with ``--readers=loop`` all on one asyncio loop through
 the server's ``next_event``, as the HTTP server reads them) and instruments the engine loop from
 outside (wrappers around the executor's, the scheduler's and the engine's methods; the engine
@@ -67,6 +67,7 @@ flags.DEFINE_integer(
 )
 flags.DEFINE_integer("seed", 0, "seed of the prompt windows")
 flags.DEFINE_string("json_out", None, "write the results as JSON here")
+flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "the model's and the programs' dtype")
 flags.DEFINE_enum(
     "engine",
     "intervals",
@@ -321,7 +322,7 @@ def engine_config():
     steps = tuple(int(k) for k in FLAGS.decode_steps)
     speculative = FLAGS.speculation != "off"
     if FLAGS.engine == "bench":
-        ec = engine_bench_config(16, 512, decode_steps=steps)
+        ec = engine_bench_config(16, 512, decode_steps=steps, dtype=FLAGS.dtype)
         return dataclasses.replace(ec, speculation=FLAGS.speculation, draft_tokens=3 if speculative else 0)
     return EngineConfig(
         request_slots=16,
@@ -329,7 +330,7 @@ def engine_config():
         speculation=FLAGS.speculation,
         draft_tokens=3 if speculative else 0,
         max_model_len=512,
-        dtype="float32",
+        dtype=FLAGS.dtype,
         decode_steps=steps,
     )
 
@@ -352,7 +353,7 @@ def main(argv):
     from helios_jax.runtime.engine import HeliosEngine
     from helios_jax.runtime.tokenizer import HFTokenizer
 
-    model = load_engine_model(None, dtype="float32")
+    model = load_engine_model(None, dtype=FLAGS.dtype)
     ec = engine_config()
     engine = HeliosEngine(
         model_config=model.config,

@@ -15,8 +15,11 @@
 #   4 prepare      python -m helios_jax.prepare --measure: the measured catalog (catalog.json)
 #   5 conformance  python -m helios_jax.conformance on that catalog
 #   6 engine       scripts/bench/engine.py --systems=helios,naive --concurrency=1,16 --repeats=1
+#   7 intervals    scripts/bench/intervals.py on the engine engine.py serves: host time per frame by
+#                  phase, frames already queued, and each program's reported interval against its
+#                  bare execution (the host share left in a duration sample)
 # summary.txt lists every step's verdict and seconds; the exit status is non-zero if any failed.
-# HELIOS_CHECK_STEPS names the steps to run (default: all six, in this order), e.g.
+# HELIOS_CHECK_STEPS names the steps to run (default: all seven, in this order), e.g.
 # HELIOS_CHECK_STEPS="env kernels prepare conformance" for a rerun inside what is left of a lease.
 #
 # --cpu-dry-run runs the same steps on the CPU with tiny settings: the interpret-mode kernel
@@ -54,6 +57,8 @@ if [ "$DRY" = 1 ]; then
   PREPARE_ARGS="--concurrency=2 --max_model_len=128 --prefill_chunks=32 --speculation=off --measure_runs=1"
   ENGINE_ARGS="--dtypes=float32 --concurrency=1 --prompt_tokens=16 --new_tokens=8 --max_model_len=128
     --decode=false"
+  INTERVALS_ARGS="--dtype=float32 --concurrency=1 --repeats=1 --new_tokens=8 --prompt_tokens=16
+    --decode_steps=1 --bare_runs=3"
 else
   export HELIOS_TEST_PLATFORM=gpu JAX_PLATFORMS=cuda
   KERNEL_TESTS="((AttentionKernel or AllocationKernel or SplitKvKernel) and not Interpret)
@@ -62,12 +67,13 @@ else
   BENCH_ARGS="--runs=20"
   PREPARE_ARGS="--max_model_len=1024 --prefill_chunks=64,256,1024 --measure_runs=5"
   ENGINE_ARGS="--dtypes=bfloat16 --concurrency=1,16 --new_tokens=64 --decode_runs=10"
+  INTERVALS_ARGS="--dtype=bfloat16 --concurrency=1,16 --repeats=1 --new_tokens=64 --decode_steps=1,4,8"
 fi
 
 # step NAME LIMIT_S COMMAND...: runs COMMAND under `timeout`, its output in NAME.log. The GPU
-# limits add up to 530 s (the first H200 run took 10, 13-20, over 60,
-# 48, 65 and 104 s); the CPU dry run (2 shared cores are slow) gets three times as long.
-STEPS=" ${HELIOS_CHECK_STEPS:-env kernels attention prepare conformance engine} "
+# limits add up to 555 s (the first H200 run took 10, 13-20, over 60,
+# 48, 65 and 104 s for the first six); the CPU dry run (2 shared cores are slow) gets three times as long.
+STEPS=" ${HELIOS_CHECK_STEPS:-env kernels attention prepare conformance engine intervals} "
 step() {
   local name="$1" limit=$(($2 * (DRY ? 3 : 1)))
   shift 2
@@ -146,15 +152,20 @@ export OUT_DIR PY DRY KERNEL_TESTS SKIP_SELFTEST
 export -f no_compiled_skips environment kernel_tests conformance
 
 step env 30 environment
-step kernels 60 kernel_tests
+step kernels 45 kernel_tests
 step attention 90 "$PY" scripts/gpu/attention_bench.py $BENCH_ARGS --json_out="$OUT_DIR/attention.json"
 # shellcheck disable=SC2086
-step prepare 120 "$PY" -m helios_jax.prepare $PREPARE_ARGS --measure \
+step prepare 100 "$PY" -m helios_jax.prepare $PREPARE_ARGS --measure \
   --catalog_out="$OUT_DIR/catalog.json" --compilation_cache_dir="$CACHE_DIR"
-step conformance 90 conformance
+step conformance 80 conformance
 # shellcheck disable=SC2086
-step engine 140 "$PY" scripts/bench/engine.py --systems=helios,naive --repeats=1 $ENGINE_ARGS \
+step engine 120 "$PY" scripts/bench/engine.py --systems=helios,naive --repeats=1 $ENGINE_ARGS \
   --json_out="$OUT_DIR/engine.json" --compilation_cache_dir="$CACHE_DIR"
+
+# The engine step's programs come from the compilation cache (the same engine, dtype and steps).
+# shellcheck disable=SC2086
+step intervals 90 env JAX_COMPILATION_CACHE_DIR="$CACHE_DIR" "$PY" scripts/bench/intervals.py --engine=bench \
+  --readers=loop $INTERVALS_ARGS --json_out="$OUT_DIR/intervals.json"
 
 # The device tool returns at most eight files from $OUT: writing there, keep the summary and
 # one archive of everything.
