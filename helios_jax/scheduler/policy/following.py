@@ -15,9 +15,7 @@ rows finish terminal requests. For fixed shapes lane values are additive, so:
 
 from __future__ import annotations
 
-import copy
 import dataclasses
-import functools
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -30,6 +28,42 @@ from helios_jax.scheduler.policy.selection import Selection
 from helios_jax.scheduler.policy.tables import DecoderTable, PromptTable
 from helios_jax.scheduler.rounds import prefix_allocation_order
 from helios_jax.scheduler.view import Lane, LaneRole, Phase, RequestView
+
+
+class _computed_once:
+    """``functools.cached_property`` without its lock (Python 3.11 takes one on every first
+    read, which is every read here: a population or pair lives for one decision and each of its
+    cached values is read once or twice; 3.12 dropped the lock)."""
+
+    def __init__(self, func: Callable):
+        self.func = func
+        self.__doc__ = func.__doc__
+
+    def __set_name__(self, owner, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj, owner=None):
+        if obj is None:
+            return self
+        value = obj.__dict__[self.name] = self.func(obj)  # later reads find it before this
+        return value
+
+
+class _LaneMemo:
+    """Lane `i` built on its first request and kept (``functools.cache`` of a lambda, without
+    creating a wrapped function per population: a selection builds several per follower)."""
+
+    __slots__ = ("_build", "_built")
+
+    def __init__(self, build: Callable[[int], Lane]):
+        self._build = build
+        self._built: dict[int, Lane] = {}
+
+    def __call__(self, i: int) -> Lane:
+        lane = self._built.get(i)
+        if lane is None:
+            lane = self._built[i] = self._build(i)
+        return lane
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,7 +79,7 @@ class Pair:
     following_ms: float | None  # F
     total_ms: float  # U = T + F; 0 when either is unknown
 
-    @functools.cached_property
+    @_computed_once
     def terminal_prefix(self) -> np.ndarray:
         """``utility.descending_prefix`` of the terminal values, shared by the pair's populations."""
         return utility.descending_prefix(self.terminal_values)
@@ -89,27 +123,27 @@ class Population:
     def best_ready(self, count: int) -> list[Lane]:
         return [self.ready_lane(int(i)) for i in self._ready_order[:count]]
 
-    @functools.cached_property
+    @_computed_once
     def _new_order(self) -> np.ndarray:
         return np.argsort(-self.new_values, kind="stable")
 
-    @functools.cached_property
+    @_computed_once
     def _ready_order(self) -> np.ndarray:
         return np.argsort(-self.ready_values, kind="stable")
 
-    @functools.cached_property
+    @_computed_once
     def new_prefix(self) -> np.ndarray:
         return utility.descending_prefix(self.new_values)
 
-    @functools.cached_property
+    @_computed_once
     def ready_prefix(self) -> np.ndarray:
         return utility.descending_prefix(self.ready_values)
 
     def with_room(self, room: int) -> Population:
         """The same rows with `room` following-graph rows (a prefill follower of another batch
         capacity and the same chunk), and the sorted sums and orders already computed for them."""
-        new = copy.copy(self)  # its fields and cached properties, shared (read-only)
-        object.__setattr__(new, "room", room)
+        new = object.__new__(Population)  # its fields and computed values, shared (read-only)
+        new.__dict__.update(self.__dict__, room=room)
         return new
 
 
@@ -195,9 +229,9 @@ def prefill_population(sel: Selection, g2: GraphDescriptor, new_views: list[Requ
     # prerequisite shape and batch capacity that may follow, whose rows take the same lanes.
     return Population(
         np.array([x for x, _ in worth], dtype=np.float64),
-        functools.cache(lambda i: prompt_lane(sel, worth[i][1], cap, scored)),
+        _LaneMemo(lambda i: prompt_lane(sel, worth[i][1], cap, scored)),
         prompts.values(cap)[ready],
-        functools.cache(lambda j: prompts.lane(ready[j], cap)),
+        _LaneMemo(lambda j: prompts.lane(ready[j], cap)),
         g2.batch_capacity,
     )
 
