@@ -29,6 +29,9 @@ class RaggedAttentionTiles:
     # keys fit one such step; a decode or verification tile keeps the longer step, which its
     # long contexts favour (docs/kernels.md, `scripts/bench/attention_tiles.py`).
     xla_prompt_block_k: int = 64
+    # Work items per XLA group: each group steps only through the key blocks its own items
+    # need (a long prompt chunk's early tiles skip its later keys; padding items skip all).
+    xla_item_group: int = 32
     pallas_block_rows: int = 64  # most (query token x q head) rows per Pallas program
     pallas_min_rows: int = 16  # tl.dot needs >= 16 rows
     pallas_block_k: int = 64  # keys per inner step, a whole number of pages

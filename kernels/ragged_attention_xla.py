@@ -1,12 +1,15 @@
 """Ragged paged attention, the XLA path (the CPU path, and any backend without the Triton kernel).
 
-All work items step together through an online softmax over key blocks of whole pages:
-gathers and einsums in a `fori_loop` whose traced trip count is the number of blocks the
-longest item needs (its last token's position), not the row's whole page window. Layout,
+Work items step together, in consecutive groups, through an online softmax over key blocks of
+whole pages: gathers and einsums in a `fori_loop` whose traced trip count is the number of
+blocks the group's longest item needs (its last token's position), not the row's whole page
+window. Layout,
 masking and the work decomposition are described in `kernels/ragged_paged_attention.py`.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import jax.numpy as jnp
 from jax import lax
@@ -26,9 +29,10 @@ from helios_jax.kernels.raw_bits import take
 def xla_attention(
     q, k_pages, v_pages, page_tables, context_lens, query_starts, query_lens, *, sm_scale, tiles, layer
 ):
-    """All work items at once, an online softmax over key blocks of whole pages.
+    """Every work item, in groups (:func:`_in_item_groups`), an online softmax over key blocks
+    of whole pages.
 
-    The loop runs only as many key blocks as the longest item needs (its last token's
+    A group's loop runs only as many key blocks as its longest item needs (its last token's
     position, not the row's page window), so a decode step over short contexts reads a few
     pages however long the prepared window is. `k_pages` and `v_pages` hold every layer
     ([L, K, pages, page_size, D]); the gathers index layer `layer` of the whole stack, because
@@ -57,12 +61,63 @@ def xla_attention(
     qg = gather_query_tiles(q, index).reshape(num_items, block_q, num_kv_heads, group, head_dim)
     block_k = tiles.xla_prompt_block_k if block_q == tiles.xla_block_q else tiles.xla_block_k
     pages_per_block = max(1, min(block_k // page_size, pages_per_row))
-    acc, row_sum = _xla_online_softmax(
-        qg, k_flat, v_flat, head_base, items, sm_scale=sm_scale, pages_per_block=pages_per_block
+    acc, row_sum = _in_item_groups(
+        qg,
+        k_flat,
+        v_flat,
+        head_base,
+        items,
+        sm_scale=sm_scale,
+        pages_per_block=pages_per_block,
+        group=tiles.xla_item_group,
     )
     out = acc / jnp.where(row_sum > 0, row_sum, 1.0)[..., None]  # padding tokens: 0, dropped below
     out = jnp.transpose(out, (0, 3, 1, 2, 4)).reshape(num_items, block_q, num_q_heads, head_dim)
     return scatter_tiles(out, index, num_tokens, q.dtype)
+
+
+def _in_item_groups(qg, k_flat, v_flat, head_base, items: WorkItems, *, sm_scale, pages_per_block, group):
+    """:func:`_xla_online_softmax` over consecutive groups of `group` work items, one group
+    after another, each stepping through only the key blocks its own longest item needs.
+
+    Items run in lockstep, so one loop over a 4096-token prompt chunk took every query tile
+    through every key block of the chunk's last token: twice the causal work, and a short
+    tail in a long chunk's program paid for the whole chunk. Items are in row and position
+    order, so a group's keys end near its own last token, and a group of padding items needs
+    none. Fewer than two groups' items run as one (a decode step's rows: unchanged). The
+    blocks a group skips are those its items mask whole, which change no item's softmax.
+    """
+    num_items = qg.shape[0]
+    if num_items < 2 * group:
+        return _xla_online_softmax(
+            qg, k_flat, v_flat, head_base, items, sm_scale=sm_scale, pages_per_block=pages_per_block
+        )
+    groups = -(-num_items // group)
+
+    def split(x):  # padding items (zeros: no tokens, no keys), then [groups, group, ...]
+        x = jnp.pad(x, [(0, groups * group - num_items)] + [(0, 0)] * (x.ndim - 1))
+        return x.reshape((groups, group) + x.shape[1:])
+
+    fields = {f.name: split(getattr(items, f.name)) for f in dataclasses.fields(items)}
+
+    def one_group(part):
+        q_part, item_fields = part
+        return _xla_online_softmax(
+            q_part,
+            k_flat,
+            v_flat,
+            head_base,
+            WorkItems(**item_fields),
+            sm_scale=sm_scale,
+            pages_per_block=pages_per_block,
+        )
+
+    acc, row_sum = lax.map(one_group, (split(qg), fields))
+
+    def join(x):  # [groups, group, ...] -> the items' own [num_items, ...]
+        return x.reshape((-1,) + x.shape[2:])[:num_items]
+
+    return join(acc), join(row_sum)
 
 
 def _xla_online_softmax(qg, k_flat, v_flat, head_base, items: WorkItems, *, sm_scale, pages_per_block):

@@ -41,8 +41,9 @@ shapes. block_q follows the packing density: T / R rounded up to a power of two,
 tile table, so decode-only programs use 1-token tiles and prefill chunks wide ones.
 Both paths run an online softmax over key blocks of whole pages and stop at the last key a
 tile needs (its last token's position), not at the end of the row's page window: the XLA
-path steps every work item together through as many blocks as the longest item needs
-(gathers and einsums in a `fori_loop` with a traced trip count), the Pallas path runs one
+path steps each group of consecutive work items together through as many blocks as the
+group's longest item needs (gathers and einsums in a `fori_loop` with a traced trip count), the
+Pallas path runs one
 program per (item, kv head) with its own trip count.
 Softmax is float32 throughout; products take their inputs in q's dtype with float32 results.
 

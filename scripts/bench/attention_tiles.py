@@ -1,13 +1,14 @@
 """The CPU attention's tile sizes inside the engine's programs: today's tiles against others.
 
-    python scripts/bench/attention_tiles.py [--runs=30] [--against=32,128,128] [--json_out=FILE]
+    python scripts/bench/attention_tiles.py [--runs=30] [--against=32,128,128[,GROUP]] [--json_out=FILE]
 
 Builds `engine.py`'s engine (the embedded default model, float32, 16 slots, prompt rows 1, 4,
 16, chunks 64-512) and compiles four of its programs twice: with the default
-`RaggedAttentionTiles` and with `--against` (xla_block_q, xla_block_k, xla_prompt_block_k; the
-default is the tiling before prompt chunks had their own key step: 32-token tiles, 128-key
-steps for every tile). Each program then runs in rotated order from the same cursors, timed
-from dispatch to `block_until_ready` (median of --runs after one warm-up round):
+`RaggedAttentionTiles` and with `--against` (xla_block_q, xla_block_k, xla_prompt_block_k and,
+optionally, xla_item_group, the default's otherwise; the default is the tiling before prompt
+chunks had their own key step: 32-token tiles, 128-key steps for every tile). Each program
+then runs in rotated order from the same cursors, timed from dispatch to `block_until_ready`
+(median of --runs after one warm-up round):
 
   prefill[B=16,W=64] at cursor 0 and at cursor 448 (a later chunk of a 512-token prompt),
   prefill[B=4,W=64] at cursor 0, and decode[B=16] (one step) at cursor 448.
@@ -42,7 +43,9 @@ from helios_jax.programs import build_programs
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("runs", 30, "timed executions per variant and case")
-flags.DEFINE_list("against", ["32", "128", "128"], "xla_block_q, xla_block_k, xla_prompt_block_k")
+flags.DEFINE_list(
+    "against", ["32", "128", "128"], "xla_block_q, xla_block_k, xla_prompt_block_k[, xla_item_group]"
+)
 flags.DEFINE_string("json_out", None, "write the figures as JSON here")
 
 # (program kind, lanes, cursor)
@@ -87,8 +90,10 @@ def run() -> dict:
     enable_compilation_cache()
     model = load_engine_model(None, dtype="float32")
     engine = engine_bench_config(16, 512)
-    q, k, pk = (int(x) for x in FLAGS.against)
+    q, k, pk, *group = (int(x) for x in FLAGS.against)
     against = RaggedAttentionTiles(xla_block_q=q, xla_block_k=k, xla_prompt_block_k=pk)
+    if group:
+        against = dataclasses.replace(against, xla_item_group=group[0])
     variants = {"default": _compiled(model, engine, None), "against": _compiled(model, engine, against)}
     states = {name: programs.init_state() for name, programs in variants.items()}
     samples = {(name, i): [] for name in variants for i in range(len(CASES))}
