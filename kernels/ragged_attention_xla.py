@@ -3,8 +3,8 @@
 Work items step together, in consecutive groups, through an online softmax over key blocks of
 whole pages: gathers and einsums in a `fori_loop` whose traced trip count is the number of
 blocks the group's longest item needs (its last token's position), not the row's whole page
-window. Layout,
-masking and the work decomposition are described in `kernels/ragged_paged_attention.py`.
+window. Layout, masking and the work decomposition are described in
+`kernels/ragged_paged_attention.py`.
 """
 
 from __future__ import annotations

@@ -43,8 +43,7 @@ Both paths run an online softmax over key blocks of whole pages and stop at the 
 tile needs (its last token's position), not at the end of the row's page window: the XLA
 path steps each group of consecutive work items together through as many blocks as the
 group's longest item needs (gathers and einsums in a `fori_loop` with a traced trip count), the
-Pallas path runs one
-program per (item, kv head) with its own trip count.
+Pallas path runs one program per (item, kv head) with its own trip count.
 Softmax is float32 throughout; products take their inputs in q's dtype with float32 results.
 
 Modules: this one is the entry (checks, the choice of implementation, one jitted dispatch) and

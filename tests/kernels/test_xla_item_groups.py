@@ -61,7 +61,7 @@ def test_each_group_reads_only_the_key_blocks_its_items_need(monkeypatch):
         query_lens,
         num_tokens=q.shape[0],
         block_q=2,
-        total_pages=0,
+        total_pages=args[1].shape[-3],
         page_size=4,
     )
     n_valid, first, context = (np.asarray(x) for x in (items.n_valid, items.first_pos, items.context_len))
