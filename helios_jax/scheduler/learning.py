@@ -194,6 +194,8 @@ def probe(
         return None
     ordinary_width = {lane.rid: lane_width(lane) for lane in ordinary.lanes if lane.role is LaneRole.DECODE}
     remaining = {v.rid: v.output_remaining for v in inp.views}
+    if not _can_widen(remaining, ordinary_width, speculative.max_width):
+        return None
     # Scored on the ordinary decision's scale: the same sigma (from every loaded program) and
     # waiting cost, so that "beats the ordinary choice" compares like with like.
     opt_inp = dataclasses.replace(inp, views=list(optimistic_views), graphs=speculative, reference=prepared)
@@ -223,6 +225,15 @@ def probe(
         if best is None or _greater(key, best_key):
             best, best_key = c, key
     return best
+
+
+def _can_widen(remaining: Mapping[int, int], ordinary_width: Mapping[int, int], max_width: int) -> bool:
+    """Whether any drafted row could add depth: a probe lane is wider than the request's ordinary
+    lane (1 when it has none) yet leaves output after it, and no lane is wider than the widest
+    drafted program. When every request's ordinary width already reaches ``min(max_width,
+    remaining - 1)`` (one resident on its widest program: most decisions), no row qualifies and
+    the probe's selection need not be built."""
+    return any(min(max_width, left - 1) > ordinary_width.get(rid, 1) for rid, left in remaining.items())
 
 
 def _greater(a, b) -> bool:

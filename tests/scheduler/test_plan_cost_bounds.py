@@ -4,6 +4,7 @@ shortcut is dropped or widened."""
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 
 import numpy as np
@@ -364,3 +365,44 @@ def test_two_deferred_ragged_programs_keep_scored_order():
         outcomes.add(tuple(id(g) in kept for _, g in deferred))
     assert len(deferred) == 2
     assert {(True, True), (False, True)} <= outcomes
+
+
+def test_a_probe_that_could_widen_no_lane_builds_no_selection(monkeypatch):
+    """A probe lane must be wider than the request's ordinary lane, no wider than the widest
+    drafted program, and leave output after it; when no request allows that, the probe returns
+    None without building a selection, and it returns what the full search returns whatever the
+    population (few decoders, short outputs and narrow ordinary choices among them)."""
+    assert not learning._can_widen({7: 5}, {7: 4}, 4)  # one resident on its widest program
+    assert not learning._can_widen({7: 5}, {7: 4}, 8)  # wider would leave no output
+    assert learning._can_widen({7: 6}, {7: 4}, 8) and learning._can_widen({7: 5}, {7: 3}, 8)
+    assert learning._can_widen({7: 3}, {}, 8)  # a decoder the ordinary plan left out: width 1
+    assert not learning._can_widen({7: 2}, {}, 8) and not learning._can_widen({7: 9, 8: 1}, {7: 8}, 8)
+    assert not learning._can_widen({7: 1000}, {7: 4}, 4) and learning._can_widen({7: 6, 8: 1}, {7: 4}, 8)
+    rng, outcomes = np.random.default_rng(13), collections.Counter()
+    real_selection = policy.Selection
+    for _ in range(150):
+        views = [
+            decoder(
+                rid,
+                survival=geometric(float(rng.uniform(0.05, 0.95))),
+                output_remaining=int(rng.choice([1, 2, 3, 4, 5, 6, 9, 1000])),
+                age_ms=float(rng.uniform(0.0, 40.0)),
+            )
+            for rid in range(int(rng.integers(1, 4)))
+        ]
+        inp = inputs(views, catalog=SPEC)
+        ordinary = policy.select(inp)
+        if ordinary is None or ordinary.indeterminate:
+            continue
+        optimistic = [dataclasses.replace(v, survival=np.minimum(1.0, v.survival + 0.4)) for v in views]
+        info = lambda rid, a, b: 1.0  # noqa: E731
+        built = []
+        with monkeypatch.context() as m:
+            m.setattr(policy, "Selection", lambda *a, built=built: built.append(1) or real_selection(*a))
+            bounded = learning.probe(inp, ordinary, optimistic, info)
+        with monkeypatch.context() as m:
+            m.setattr(learning, "_can_widen", lambda *a: True)
+            full = learning.probe(inp, ordinary, optimistic, info)
+        assert bounded == full
+        outcomes["skipped" if not built else "found" if full is not None else "searched"] += 1
+    assert min(outcomes["skipped"], outcomes["found"], outcomes["searched"]) >= 5, outcomes
