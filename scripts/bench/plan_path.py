@@ -242,6 +242,8 @@ def measure(catalog: Catalog, mode: DecodeMode, n: int, **kwargs) -> dict:
         "requests": n,
         "programs": len(s.graphs.graphs),
         "median_ms": statistics.median(wall),
+        "mean_ms": statistics.fmean(wall),
+        "cpu_mean_ms": statistics.fmean(cpu),
         "p99_ms": _p99(wall),
         "cpu_median_ms": statistics.median(cpu),
         "cpu_p99_ms": _p99(cpu),
