@@ -41,6 +41,7 @@ prefill and speculative programs only).
 
 from __future__ import annotations
 
+import collections
 import cProfile
 import dataclasses
 import importlib.resources
@@ -70,6 +71,9 @@ flags.DEFINE_string(
     "(default: synthetic-h200)",
 )
 flags.DEFINE_bool("burst", False, "admit N requests together, the next N when all have finished")
+flags.DEFINE_integer(
+    "window", 1, "frames in flight: 2 plans the next frame while one is queued, as an engine does"
+)
 flags.DEFINE_list("requests", ["1", "4", "16", "64"], "resident requests")
 flags.DEFINE_list("subsets", ["all", "no_wide_mixed", "no_mixed", "core"], "catalog subsets")
 flags.DEFINE_enum("mode", "adaptive", ["ordinary", "fixed", "adaptive"], "loaded decode mode")
@@ -149,8 +153,19 @@ def _p99(samples: list[float]) -> float:
 class Loop:
     """A closed loop of `n` resident requests on a live Scheduler, one frame at a time."""
 
-    def __init__(self, catalog: Catalog, mode: DecodeMode, n: int, seed: int, burst: bool = False, **kwargs):
+    def __init__(
+        self,
+        catalog: Catalog,
+        mode: DecodeMode,
+        n: int,
+        seed: int,
+        burst: bool = False,
+        window: int = 1,
+        **kwargs,
+    ):
         self.sched = Scheduler(catalog, mode=mode, **kwargs)
+        self.window = window  # frames in flight before the oldest completes (an engine's: 2)
+        self.in_flight: collections.deque = collections.deque()
         # Prompt and output sizes that fit the context (the engine's catalog has a short one).
         room = self.sched.max_model_len
         self.prompts = [p for p in PROMPTS if p + max(OUTPUTS) <= room] or [min(PROMPTS)]
@@ -173,27 +188,39 @@ class Loop:
             self.sched.admit([simulation.TOKEN] * p, max_output=o, stop_token_ids=(simulation.EOS,))
 
     def step(self, plan) -> None:
-        """Commit `plan`, run it on the fake executor, complete and publish, refill."""
+        """Commit `plan` (None, or one that needs an empty window while a frame is queued: none),
+        and complete the oldest frame once `window` frames are in flight (or nothing was
+        committed): run it on the fake executor, complete and publish, refill."""
         s = self.sched
-        self.fence += 1
-        s.commit(plan, self.fence)
-        device = self.executor.duration_ms(plan)
+        if plan is not None and not (plan.needs_empty_window and self.in_flight):
+            self.fence += 1
+            s.commit(plan, self.fence)
+            queued = bool(self.in_flight)  # starts at its predecessor's end: its interval alone
+            self.in_flight.append((self.fence, plan, self.executor.duration_ms(plan), queued))
+            if len(self.in_flight) < self.window:
+                return
+        if self.in_flight:
+            self._complete_oldest()
+        self.fill()
+
+    def _complete_oldest(self) -> None:
+        s = self.sched
+        fence, plan, device, queued = self.in_flight.popleft()
         self.now_ms += device
         s.advance_to(int(self.now_ms * NS_PER_MS))
         records, sidecar = self.executor.run(plan)
-        timing = ExecutionTiming((device * NS_PER_MS,), device * NS_PER_MS)
+        timing = ExecutionTiming((device * NS_PER_MS,), device * NS_PER_MS, queued=queued)
         if sidecar is not None:
-            generated = s.complete_packed_round(self.fence, records, timing, sidecar)
+            generated = s.complete_packed_round(fence, records, timing, sidecar)
         else:
-            generated = s.complete(self.fence, records, timing)
+            generated = s.complete(fence, records, timing)
         for g in generated:
-            s.published_output(g.handle, self.fence)
-        self.fill()
+            s.published_output(g.handle, fence)
 
 
 def profile_plan(catalog: Catalog, mode: DecodeMode, n: int, **kwargs) -> str:
     """cProfile of plan() alone over the same closed loop (a separate, untimed pass)."""
-    loop = Loop(catalog, mode, n, FLAGS.seed, burst=FLAGS.burst, **kwargs)
+    loop = Loop(catalog, mode, n, FLAGS.seed, burst=FLAGS.burst, window=FLAGS.window, **kwargs)
     s = loop.sched
     for _ in range(FLAGS.warmup):
         loop.step(s.plan())
@@ -211,7 +238,7 @@ def profile_plan(catalog: Catalog, mode: DecodeMode, n: int, **kwargs) -> str:
 
 
 def measure(catalog: Catalog, mode: DecodeMode, n: int, **kwargs) -> dict:
-    loop = Loop(catalog, mode, n, FLAGS.seed, burst=FLAGS.burst, **kwargs)
+    loop = Loop(catalog, mode, n, FLAGS.seed, burst=FLAGS.burst, window=FLAGS.window, **kwargs)
     s = loop.sched
     for _ in range(FLAGS.warmup):
         loop.step(s.plan())
@@ -233,7 +260,8 @@ def measure(catalog: Catalog, mode: DecodeMode, n: int, **kwargs) -> dict:
         t2 = time.perf_counter()
         views_ms.append((t1 - t0) * 1e3)
         select_ms.append((t2 - t1) * 1e3)
-        kinds[plan.graph.kind.value] = kinds.get(plan.graph.kind.value, 0) + 1
+        kind = "none" if plan is None else plan.graph.kind.value
+        kinds[kind] = kinds.get(kind, 0) + 1
         loop.step(plan)
     phases = {}
     for r in s.requests.values():
