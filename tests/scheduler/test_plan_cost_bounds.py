@@ -367,6 +367,7 @@ def test_two_deferred_ragged_programs_keep_scored_order():
     assert {(True, True), (False, True)} <= outcomes
 
 
+@pytest.mark.spec("acceptance-learning/probe-deeper", "acceptance-learning/probe-future-output")
 def test_a_probe_that_could_widen_no_lane_builds_no_selection(monkeypatch):
     """A probe lane must be wider than the request's ordinary lane, no wider than the widest
     drafted program, and leave output after it; when no request allows that, the probe returns
