@@ -151,7 +151,7 @@ def _p99(samples: list[float]) -> float:
 
 
 class Loop:
-    """A closed loop of `n` resident requests on a live Scheduler, one frame at a time."""
+    """A closed loop of `n` resident requests on a live Scheduler, `window` frames in flight."""
 
     def __init__(
         self,
