@@ -303,14 +303,23 @@ def expected_output_table(survival: np.ndarray, max_width: int, alpha: float = 1
     survival: f64[N, depth] prefix estimates (made monotone here). Widths beyond the depth add
     nothing, so the caller bounds widths by proposals, output limits and context separately.
     """
-    surv = monotone(np.asarray(survival, dtype=np.float64))
+    return monotone_expected_output_table(monotone(np.asarray(survival, dtype=np.float64)), max_width, alpha)
+
+
+def monotone_expected_output_table(surv: np.ndarray, max_width: int, alpha: float) -> np.ndarray:
+    """:func:`expected_output_table` of f64[N, depth] estimates that are already monotone and in
+    [0, 1] (``monotone``'s output, as a lane table's survival is)."""
     n = surv.shape[0]
     table = np.zeros((n, max_width + 1))
     if max_width >= 1:
         table[:, 1] = 1.0
-    cols = min(max_width - 1, surv.shape[1]) if max_width >= 2 else 0
+    cols = min(max_width - 1, surv.shape[1])  # survival terms: none below width two
     if cols > 0:
-        table[:, 2 : 2 + cols] = 1.0 + np.cumsum(surv[:, :cols] ** alpha, axis=1)
+        head = surv[:, :cols]
+        # np.cumsum's own accumulation, without its dispatch; x ** 1.0 would be a copy of x
+        sums = np.add.accumulate(head if alpha == 1.0 else head**alpha, axis=1)
+        sums += 1.0
+        table[:, 2 : 2 + cols] = sums
     if 2 + cols <= max_width:
         table[:, 2 + cols :] = table[:, [1 + cols]]
     return table

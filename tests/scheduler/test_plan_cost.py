@@ -382,12 +382,14 @@ def test_a_probe_selection_sharing_the_ordinary_tables_equals_a_fresh_one():
         assert got.decision == want.decision
         own_scale = dataclasses.replace(opt_inp, reference=None)  # sigma from the drafted programs
         assert policy.Selection(own_scale, base).decision == policy.Selection(own_scale).decision
+        for sel in (got, want):  # the arrays built on first read, compared as well
+            assert sel.decoders.forecast is not None and sel.decoders.extension_value is not None
         for table in ("decoders", "prompts"):
             a, b = vars(getattr(got, table)), vars(getattr(want, table))
             for name, x in b.items():
                 if isinstance(x, np.ndarray):
                     np.testing.assert_array_equal(a[name], x, strict=True, err_msg=name)
-        shared += got.prompts is base.prompts and got.decoders.forecast is base.decoders.forecast
+        shared += got.prompts is base.prompts and got.decoders.row_limit is base.decoders.row_limit
         scores = [(r.graph.name, r.score) for r in policy.scored(opt_inp, got)]
         assert scores == [(r.graph.name, r.score) for r in policy.scored(opt_inp, want)]
         _, _, t = run_once(s, fence, t, accepted=fence % 4)

@@ -25,28 +25,9 @@ from helios_jax.catalog import Allocation, DecodeMode, GraphDescriptor, GraphKin
 from helios_jax.scheduler import utility
 from helios_jax.scheduler.policy.follower_rows import DecoderRows
 from helios_jax.scheduler.policy.selection import Selection
-from helios_jax.scheduler.policy.tables import DecoderTable, PromptTable
+from helios_jax.scheduler.policy.tables import DecoderTable, PromptTable, computed_once
 from helios_jax.scheduler.rounds import prefix_allocation_order
 from helios_jax.scheduler.view import Lane, LaneRole, Phase, RequestView
-
-
-class _computed_once:
-    """``functools.cached_property`` without its lock (Python 3.11 takes one on every first
-    read, which is every read here: a population or pair lives for one decision and each of its
-    cached values is read once or twice; 3.12 dropped the lock)."""
-
-    def __init__(self, func: Callable):
-        self.func = func
-        self.__doc__ = func.__doc__
-
-    def __set_name__(self, owner, name: str) -> None:
-        self.name = name
-
-    def __get__(self, obj, owner=None):
-        if obj is None:
-            return self
-        value = obj.__dict__[self.name] = self.func(obj)  # later reads find it before this
-        return value
 
 
 class _LaneMemo:
@@ -79,7 +60,7 @@ class Pair:
     following_ms: float | None  # F
     total_ms: float  # U = T + F; 0 when either is unknown
 
-    @_computed_once
+    @computed_once
     def terminal_prefix(self) -> np.ndarray:
         """``utility.descending_prefix`` of the terminal values, shared by the pair's populations."""
         return utility.descending_prefix(self.terminal_values)
@@ -123,19 +104,19 @@ class Population:
     def best_ready(self, count: int) -> list[Lane]:
         return [self.ready_lane(int(i)) for i in self._ready_order[:count]]
 
-    @_computed_once
+    @computed_once
     def _new_order(self) -> np.ndarray:
         return np.argsort(-self.new_values, kind="stable")
 
-    @_computed_once
+    @computed_once
     def _ready_order(self) -> np.ndarray:
         return np.argsort(-self.ready_values, kind="stable")
 
-    @_computed_once
+    @computed_once
     def new_prefix(self) -> np.ndarray:
         return utility.descending_prefix(self.new_values)
 
-    @_computed_once
+    @computed_once
     def ready_prefix(self) -> np.ndarray:
         return utility.descending_prefix(self.ready_values)
 

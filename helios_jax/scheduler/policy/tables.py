@@ -9,13 +9,13 @@ by the decision's shared factor (``utility.Decision.scaled``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import NamedTuple
 
 import numpy as np
 
 from helios_jax.scheduler import utility
-from helios_jax.scheduler.speculation import expected_output_table, monotone
+from helios_jax.scheduler.speculation import monotone, monotone_expected_output_table
 from helios_jax.scheduler.view import Lane, LaneRole, RequestView
 
 
@@ -39,6 +39,25 @@ _ONE_LANE = np.zeros(1, dtype=np.intp)
 _ONE_LANE.setflags(write=False)
 
 
+class computed_once:
+    """``functools.cached_property`` without its lock (Python 3.11 takes one on every first
+    read, which is every read here: a table or population lives for one decision and each of its
+    cached values is read once or twice, or never; 3.12 dropped the lock)."""
+
+    def __init__(self, func: Callable):
+        self.func = func
+        self.__doc__ = func.__doc__
+
+    def __set_name__(self, owner, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj, owner=None):
+        if obj is None:
+            return self
+        value = obj.__dict__[self.name] = self.func(obj)  # later reads find it before this
+        return value
+
+
 class LaneTable(NamedTuple):
     """The decoders' lanes on programs of one width and depth, ranked for the cohort solvers."""
 
@@ -58,7 +77,6 @@ class DecoderTable:
     output_price: np.ndarray
     delivery_price: np.ndarray
     row_limit: np.ndarray
-    forecast: np.ndarray
     delivery_value: np.ndarray
     age_value_per_ms: float
 
@@ -76,30 +94,38 @@ class DecoderTable:
         self.views = views
         count = self.count = len(views)
         self.decision = decision
-        if (
-            base is not None
-            and base.forecast.shape[1] == depth
-            and base.rids.tolist() == [v.rid for v in views]
-        ):
+        self.depth = depth
+        if base is not None and base.depth == depth and base.rids.tolist() == [v.rid for v in views]:
             self.rids, self.slots, self.last_selected_ns = base.rids, base.slots, base.last_selected_ns
             self.output_price, self.delivery_price = base.output_price, base.delivery_price
-            self.row_limit, self.forecast = base.row_limit, base.forecast
+            self.row_limit, self._row_floor, self._rows = base.row_limit, base._row_floor, base._rows
             self.delivery_value, self.age_value_per_ms = base.delivery_value, base.age_value_per_ms
+            if "forecast" in base.__dict__:  # the views' forecasts are the base's
+                self.forecast = base.forecast
         else:
-            self._request_parts(views, decision, depth)
-        self.survival = padded_prefixes([v.survival for v in views], depth)  # f64[n, D]
+            self._request_parts(views, decision)
+        self.survival = padded_prefixes([v.survival for v in views], depth)  # f64[n, D], monotone
         # f64[n, max_width + 1]: expected committed tokens at each width
         self.expected_output = (
-            expected_output_table(self.survival, max_width, decision.alpha)
+            monotone_expected_output_table(self.survival, max_width, decision.alpha)
             if count
             else np.zeros((0, max_width + 1))
         )
-        # f64[n, D]: value of target row d + 1 (prefix d + 1 surviving)
-        self.extension_value = self.output_price[:, None] * self.survival**decision.alpha
         self._tables: dict[tuple[int, int], LaneTable] = {}
 
-    def _request_parts(self, views: list[RequestView], decision: utility.Decision, depth: int) -> None:
-        """Everything but the survival-dependent arrays: identities, prices, limits, forecasts."""
+    @computed_once
+    def forecast(self) -> np.ndarray:
+        """f64[n, D]: the joint prefix probabilities the device allocation ranks rows by (read
+        by device-allocated ragged programs only, so built on the first read)."""
+        return padded_prefixes([v.forecast for v in self.views], self.depth)
+
+    @computed_once
+    def extension_value(self) -> np.ndarray:
+        """f64[n, D]: value of target row d + 1 (prefix d + 1 surviving); ragged programs' only."""
+        return self.output_price[:, None] * self.survival**self.decision.alpha
+
+    def _request_parts(self, views: list[RequestView], decision: utility.Decision) -> None:
+        """Everything but the survival-dependent arrays: identities, prices, limits."""
         self.rids = np.array([v.rid for v in views], dtype=np.int64)
         self.slots = np.array([v.slot for v in views], dtype=np.int64)
         self.last_selected_ns = np.array([v.last_selected_ns for v in views], dtype=np.int64)
@@ -109,18 +135,21 @@ class DecoderTable:
         )
         age = np.array([v.age_ms for v in views], dtype=np.float64)
         self.row_limit = np.array([v.row_limit for v in views], dtype=np.float64)
-        self.forecast = padded_prefixes([v.forecast for v in views], depth)  # f64[n, D] joint prefix probs
+        self._row_floor = np.maximum(self.row_limit, 1).astype(np.int64)  # lane_widths' floor, applied once
+        self._rows = np.arange(len(views))
         # f64[n]: delivery and c*sigma*A, the value a served lane earns besides its tokens at T = 0
         self.delivery_value = self.delivery_price + decision.decode_age_term(age, 0.0)
         # c*sigma: value per ms of T per served lane
         self.age_value_per_ms = decision.decode_age * decision.sigma_decode
 
     def lane_widths(self, width: int, depth: int) -> np.ndarray:
-        """Per-lane target rows: program width, proposals, output limit and context."""
-        return np.maximum(np.minimum(self.row_limit, min(width, depth + 1)), 1).astype(np.int64)
+        """Per-lane target rows: program width, proposals, output limit and context, at least one
+        (a generation program's `width` is at least one, so max(min(limit, cap), 1) is
+        min(max(limit, 1), cap) with the floor taken once per table)."""
+        return np.minimum(self._row_floor, min(width, depth + 1))
 
     def lane_values(self, widths: np.ndarray) -> np.ndarray:
-        return self.output_price * self.expected_output[np.arange(self.count), widths] + self.delivery_value
+        return self.output_price * self.expected_output[self._rows, widths] + self.delivery_value
 
     def table(self, width: int, depth: int) -> LaneTable:
         """The lanes on programs of this width and depth, cached.
