@@ -63,7 +63,7 @@ from helios_jax.scheduler.service import NS_PER_MS
 from helios_jax.scheduler.sources import ProposalSources
 from helios_jax.scheduler.speculation import SOURCE_LEARNED, PrefixEstimate
 from helios_jax.scheduler.stats import Counters
-from helios_jax.scheduler.view import Candidate, RequestView
+from helios_jax.scheduler.view import Candidate, Phase, RequestView
 
 __all__ = ["NS_PER_MS", "PlanRejected", "Scheduler"]  # PlanRejected and NS_PER_MS: plan.py, service.py
 
@@ -277,19 +277,26 @@ class Scheduler(SchedulerReads, ProposalSources):
         """Request views with prices and ages projected to the planning start (``pricing.views``;
         `optimistic` false: the decoders' optimistic estimates, read only by a probe, left empty)."""
         start = self._planning_start_ns() if start_ns is None else start_ns
-        pools, norm = self.population.acceptance_pools, self._normalizers()
+        return pricing.views(self._pricing_inputs(optimistic), start)
+
+    def _pricing_inputs(self, optimistic: bool) -> pricing.PricingInputs:
         proposes = self.graphs.max_depth > 0  # else no decision reads an acceptance estimate
-        inputs = pricing.PricingInputs(
+        return pricing.PricingInputs(
             self.requests,
             tuple(self.frames),
             self.policy,
-            norm,
-            pools,
+            self._normalizers(),
+            self.population.acceptance_pools,
             self.max_model_len,
             optimistic and proposes,
             survival=proposes,
         )
-        return pricing.views(inputs, start)
+
+    def _probe_views(self, views: list[RequestView]) -> list[RequestView]:
+        """What an acceptance probe scores: `views` (priced without optimistic estimates) with
+        each decoder's survival replaced by its optimistic estimate (``learning.probe_views``)."""
+        decoders = [v.rid for v in views if v.phase is Phase.DECODE]
+        return learning.probe_views(views, pricing.optimistic_estimates(self._pricing_inputs(True), decoders))
 
     def plan(self) -> ScheduledPlan | None:
         """The next program to submit, or None when nothing is runnable or the window is blocked.
@@ -305,7 +312,7 @@ class Scheduler(SchedulerReads, ProposalSources):
         if self._window_blocked():
             return None
         start = self._planning_start_ns()
-        views = self.views(start, optimistic=self.acceptance_ledger.can_start())  # a probe's only
+        views = self.views(start, optimistic=False)  # a probe's estimates: only if it could widen
         if not any(v.runnable for v in views):
             return None
         inp = policy.SelectionInput(views, self.graphs, self.costs, self.now_ns, self.policy, self.mode)
@@ -315,7 +322,14 @@ class Scheduler(SchedulerReads, ProposalSources):
             return None
         information = learning.aged_information(self.requests)
         chosen, reason, credit = learning.explore(
-            inp, ordinary, self.graphs.graphs, self.timing_ledger, self.acceptance_ledger, information, base
+            inp,
+            ordinary,
+            self.graphs.graphs,
+            self.timing_ledger,
+            self.acceptance_ledger,
+            information,
+            base,
+            build_probe_views=lambda: self._probe_views(views),
         )
         return self._freeze(chosen, reason, credit, start)
 

@@ -39,7 +39,7 @@ from helios_jax.scheduler.speculation import (
     acceptance_observations,
     initial_prior,
 )
-from helios_jax.scheduler.view import Candidate, LaneRole, RequestView
+from helios_jax.scheduler.view import Candidate, LaneRole, Phase, RequestView
 
 
 def explore(
@@ -50,10 +50,13 @@ def explore(
     acceptance: Ledger,
     information: Callable[[int, int, int], float],
     base: tuple[policy.Selection, list[policy.ScoredCandidate]] | None = None,
+    build_probe_views: Callable[[], Sequence[RequestView]] | None = None,
 ) -> tuple[Candidate, ExecutionClass, float]:
     """The plan's candidate, accounting class and the credit that funds it (0 unless funded);
     `base`: the ordinary selection and its rows (``policy.selection_rows(inp)``), which a
-    refresh alternative rereads and whose tables a probe shares."""
+    refresh alternative rereads and whose tables a probe shares; `build_probe_views`: builds the
+    probe's views (:func:`probe_views`) when `inp.views` were priced without optimistic
+    estimates, called only if a probe could widen a lane (None: from `inp.views`' own)."""
     sel, rows = (None, None) if base is None else base
     if ordinary.indeterminate:
         return ordinary, ExecutionClass.DISCOVERY, 0.0
@@ -62,14 +65,25 @@ def explore(
         if alternative is not None:
             return alternative, ExecutionClass.TIMING_REFRESH, timing.balance_ms
     if acceptance.can_start():
-        optimistic = [
-            v if v.survival.size == 0 and v.optimistic.size == 0 else v.with_survival(v.optimistic)
-            for v in inp.views
-        ]
+        optimistic = (lambda: probe_views(inp.views)) if build_probe_views is None else build_probe_views
         found = probe(inp, ordinary, optimistic, information, sel)
         if found is not None:
             return found, ExecutionClass.ACCEPTANCE_LEARNING, acceptance.balance_ms
     return ordinary, ExecutionClass.ORDINARY, 0.0
+
+
+def probe_views(
+    views: Sequence[RequestView], estimates: Mapping[int, np.ndarray] | None = None
+) -> list[RequestView]:
+    """The views a probe scores: each decoder's survival replaced by its optimistic estimate, the
+    view's own or (`estimates`, by rid, for views priced without them) the given one. Other views
+    are kept as they are: a probe scores drafted programs, whose lanes are decoders'."""
+    out = []
+    for v in views:
+        if v.phase is Phase.DECODE:
+            v = v.with_survival(v.optimistic if estimates is None else estimates[v.rid])
+        out.append(v)
+    return out
 
 
 def aged_information(requests: Mapping[int, Request]) -> Callable[[int, int, int], float]:
@@ -173,7 +187,7 @@ def lane_width(lane) -> int:
 def probe(
     inp: policy.SelectionInput,
     ordinary: Candidate,
-    optimistic_views: Sequence[RequestView],
+    optimistic_views: Sequence[RequestView] | Callable[[], Sequence[RequestView]],
     information: Callable[[int, int, int], float],
     base: policy.Selection | None = None,
 ) -> Candidate | None:
@@ -182,7 +196,8 @@ def probe(
     Args:
       inp: the ordinary selection input (views carry mean survival estimates).
       ordinary: the ordinary winner (determinate).
-      optimistic_views: the same views with optimistic survival estimates.
+      optimistic_views: the same views with optimistic survival estimates (``probe_views``), or
+        a function that builds them, called only when some drafted row could widen a lane.
       information: (rid, from_width, to_width) -> aged weight of the least-informed added depth.
       base: ``Selection(inp)``, when built: the probe's selection shares its tables.
     """
@@ -198,6 +213,8 @@ def probe(
         return None
     # Scored on the ordinary decision's scale: the same sigma (from every loaded program) and
     # waiting cost, so that "beats the ordinary choice" compares like with like.
+    if callable(optimistic_views):
+        optimistic_views = optimistic_views()
     opt_inp = dataclasses.replace(inp, views=list(optimistic_views), graphs=speculative, reference=prepared)
     best, best_key = None, None
     # Only rows that beat the ordinary winner are materialised (building lanes is the cost), and

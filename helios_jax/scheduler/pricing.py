@@ -230,6 +230,15 @@ def _acceptance(inp: PricingInputs, decoders: list[Request]) -> dict[int, tuple[
     return out
 
 
+def optimistic_estimates(inp: PricingInputs, decoders: Sequence[int]) -> dict[int, np.ndarray]:
+    """The optimistic estimates of the decoding requests `decoders` (rids) by rid, as
+    :func:`views` sets them with ``inp.optimistic`` (the same computation: ``Scheduler.plan``
+    prices its views without them and asks for them only when an acceptance probe, their one
+    reader, could widen a lane)."""
+    requests = [inp.requests[rid] for rid in decoders]
+    return {rid: optimistic for rid, (_, optimistic) in _acceptance(inp, requests).items()}
+
+
 def _optimistic(inp: PricingInputs, r: Request, est: PrefixEstimate, pool: PrefixEstimate) -> np.ndarray:
     return est.optimistic(len(r.output), pool) if inp.optimistic else NO_ESTIMATE
 

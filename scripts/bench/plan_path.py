@@ -253,7 +253,7 @@ def measure(catalog: Catalog, mode: DecodeMode, n: int, **kwargs) -> dict:
         # The split, on the same (unchanged) state: both calls are pure.
         t0 = time.perf_counter()
         start = s._planning_start_ns()
-        views = s.views(start, optimistic=s.acceptance_ledger.can_start())  # as plan() asks
+        views = s.views(start, optimistic=False)  # as plan() asks (a probe prices its own)
         t1 = time.perf_counter()
         inp = policy.SelectionInput(views, s.graphs, s.costs, s.now_ns, s.policy, s.mode)
         policy.select(inp, rows=policy.selection_rows(inp)[1])  # as plan() selects

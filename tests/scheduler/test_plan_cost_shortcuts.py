@@ -131,29 +131,85 @@ def test_views_without_optimistic_estimates_equal_the_full_views_but_for_them():
     assert seen > 0
 
 
-def test_plan_reads_optimistic_estimates_only_when_a_probe_can_be_funded(monkeypatch):
-    """plan() asks views() for the optimistic estimates exactly when the acceptance ledger can
-    start a probe (their only reader)."""
-    from helios_jax.scheduler import pricing
+def _single_decoder_scheduler():
+    """An adaptive scheduler with one learned decoder: on its widest program most decisions,
+    where no drafted row can widen its lane."""
+    from helios_jax.catalog import DecodeMode
+
+    from .helpers import SPEC
+    from .test_core import scheduler
+
+    s = scheduler(SPEC, mode=DecodeMode.ADAPTIVE)
+    s.admit([1] * 8, max_output=300)
+    return s
+
+
+def test_plan_prices_optimistic_estimates_only_when_a_funded_probe_could_widen_a_lane(monkeypatch):
+    """plan() prices the decoders' optimistic estimates (read only by an acceptance probe) only
+    after the probe found that some drafted row could widen a lane (``learning._can_widen``), and
+    each plan equals the one made from views priced with them up front (the eager form)."""
+    from helios_jax.scheduler import learning, pricing
+    from helios_jax.scheduler.core import Scheduler
 
     from .test_core import run_once
 
-    s, asked = _decoding_scheduler(), []
-    real = pricing.views
-    monkeypatch.setattr(
-        pricing,
-        "views",
-        lambda inp, start: (
-            asked.append((inp.optimistic, s.acceptance_ledger.can_start())) or real(inp, start)
-        ),
-    )
-    t = 0.0
-    for fence in range(1, 40):
-        if fence % 5 == 0:
-            s.acceptance_ledger.earn(495.0)  # a full ledger (test_core: the probe's own test)
-        _, _, t = run_once(s, fence, t, accepted=fence % 4)
-    assert asked and all(flag == funded for flag, funded in asked)
-    assert {flag for flag, _ in asked} == {True, False}
+    events: list[object] = []
+    real_acceptance, real_can_widen, real_views = pricing._acceptance, learning._can_widen, Scheduler.views
+    real_explore = learning.explore
+
+    def acceptance(inp, decoders):
+        if inp.optimistic:
+            events.append("priced")
+        return real_acceptance(inp, decoders)
+
+    def can_widen(*args):
+        events.append(found := real_can_widen(*args))
+        return found
+
+    monkeypatch.setattr(pricing, "_acceptance", acceptance)
+    monkeypatch.setattr(learning, "_can_widen", can_widen)
+
+    def eager_plan(s):
+        """The plan from views priced with every optimistic estimate when a probe is funded."""
+        with monkeypatch.context() as m:
+            m.setattr(
+                Scheduler,
+                "views",
+                lambda self, start=None, optimistic=True: real_views(
+                    self, start, self.acceptance_ledger.can_start()
+                ),
+            )
+            m.setattr(learning, "explore", lambda *a, build_probe_views=None, **kw: real_explore(*a, **kw))
+            s._plan_memo = None
+            return s.plan()
+
+    funded = {True: 0, False: 0}
+    # Mixed acceptance; and one decoder accepting every proposal, whose ordinary lane soon is the
+    # widest drafted one (a probe cannot widen it).
+    for s, accepted in ((_decoding_scheduler(), lambda f: f % 4), (_single_decoder_scheduler(), lambda f: 7)):
+        t = 0.0
+        for fence in range(1, 40):
+            if fence % 5 == 0:
+                s.acceptance_ledger.earn(495.0)  # a full ledger (test_core: the probe's own test)
+            s.advance_to(int(t * 1e6))
+            expected = eager_plan(s)
+            events.clear()
+            s._plan_memo = None
+            got = s.plan()
+            assert got == expected, (fence, got.graph.name, got.reason, expected.graph.name, expected.reason)
+            # Optimistic estimates are priced only right after a probe found it could widen.
+            for k, event in enumerate(events):
+                if event == "priced":
+                    assert k > 0 and events[k - 1] is True, events
+            if s.acceptance_ledger.can_start():
+                widen = [e for e in events if isinstance(e, bool)]
+                assert widen, "a funded decision asks whether a probe could widen"
+                funded[widen[0]] += 1
+                assert ("priced" in events) == widen[0]
+            else:
+                assert "priced" not in events
+            _, _, t = run_once(s, fence, t, accepted=accepted(fence))
+    assert funded[True] and funded[False], funded  # both kinds of funded decision were made
 
 
 def _plain_best_prompt(sel, g):
@@ -279,3 +335,24 @@ def test_a_prompt_table_without_prompts_shares_empty_arrays_of_the_built_kinds()
     assert empty.count == 0 and list(empty.span_rows) == [] and one.span_rows == [0]
     assert empty.work(64).shape == (0,) and empty.values(64).shape == (0,)
     assert empty.pick(np.zeros(0, dtype=bool), 64) is None
+
+
+def test_lane_widths_take_the_floor_of_one_once_per_table():
+    """DecoderTable.lane_widths: each lane's rows are its row limit (output and context left,
+    copy and width limits) within the program's width and its proposals plus one, and at least
+    one: a limit of zero or less still gets the pending token's row."""
+    from helios_jax.scheduler import utility
+    from helios_jax.scheduler.config import PolicyConfig
+    from helios_jax.scheduler.policy.tables import DecoderTable
+
+    from .helpers import decoder
+
+    limits = [1, 3, 10, 0, 5, -2]
+    views = [decoder(i, output_remaining=n, survival=(0.9,) * 7) for i, n in enumerate(limits)]
+    decision = utility.Decision.build(views, PolicyConfig(), sigma_decode=1.0, sigma_terminal=1.0)
+    table = DecoderTable(views, decision, max_width=8, depth=7)
+    for width, depth in [(1, 0), (4, 3), (8, 3), (4, 7), (8, 7), (2, 5)]:
+        cap = min(width, depth + 1)
+        want = [max(min(n, cap), 1) for n in limits]
+        got = table.lane_widths(width, depth)
+        assert got.dtype == np.int64 and got.tolist() == want, (width, depth)
