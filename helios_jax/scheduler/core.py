@@ -63,7 +63,7 @@ from helios_jax.scheduler.service import NS_PER_MS
 from helios_jax.scheduler.sources import ProposalSources
 from helios_jax.scheduler.speculation import SOURCE_LEARNED, PrefixEstimate
 from helios_jax.scheduler.stats import Counters
-from helios_jax.scheduler.view import Candidate, Phase, RequestView
+from helios_jax.scheduler.view import Candidate
 
 __all__ = ["NS_PER_MS", "PlanRejected", "Scheduler"]  # PlanRejected and NS_PER_MS: plan.py, service.py
 
@@ -265,38 +265,6 @@ class Scheduler(SchedulerReads, ProposalSources):
     def _window_blocked(self) -> bool:
         """No frame can be appended now (``frames.window_blocked``)."""
         return window_blocked(self.frames, self.now_ns)
-
-    def _normalizers(self) -> service.Normalizers:
-        """The loaded catalog's measured generation programs, recomputed when an estimate changes."""
-        version = self.costs.version
-        if self._normalizer_cache is None or self._normalizer_cache[0] != version:
-            self._normalizer_cache = (version, service.Normalizers.measure(self.graphs.delivery, self.costs))
-        return self._normalizer_cache[1]
-
-    def views(self, start_ns: int | None = None, optimistic: bool = True) -> list[RequestView]:
-        """Request views with prices and ages projected to the planning start (``pricing.views``;
-        `optimistic` false: the decoders' optimistic estimates, read only by a probe, left empty)."""
-        start = self._planning_start_ns() if start_ns is None else start_ns
-        return pricing.views(self._pricing_inputs(optimistic), start)
-
-    def _pricing_inputs(self, optimistic: bool) -> pricing.PricingInputs:
-        proposes = self.graphs.max_depth > 0  # else no decision reads an acceptance estimate
-        return pricing.PricingInputs(
-            self.requests,
-            tuple(self.frames),
-            self.policy,
-            self._normalizers(),
-            self.population.acceptance_pools,
-            self.max_model_len,
-            optimistic and proposes,
-            survival=proposes,
-        )
-
-    def _probe_views(self, views: list[RequestView]) -> list[RequestView]:
-        """What an acceptance probe scores: `views` (priced without optimistic estimates) with
-        each decoder's survival replaced by its optimistic estimate (``learning.probe_views``)."""
-        decoders = [v.rid for v in views if v.phase is Phase.DECODE]
-        return learning.probe_views(views, pricing.optimistic_estimates(self._pricing_inputs(True), decoders))
 
     def plan(self) -> ScheduledPlan | None:
         """The next program to submit, or None when nothing is runnable or the window is blocked.

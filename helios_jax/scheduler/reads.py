@@ -1,24 +1,30 @@
 """What callers read of a Scheduler: per-request pages and output, the frames in flight, the
-owned resources, the counters and their ``stats()`` snapshot, under the names the engine, the
-simulator, the benchmarks and the tests use.
+owned resources, the counters and their ``stats()`` snapshot, and the priced request views a
+decision reads, under the names the engine, the simulator, the benchmarks and the tests use.
 
-Nothing here changes state. The state lives with the scheduler's collaborators
-(``residents.Residents``: requests, request slots, KV pages; ``captures.Captures``: checkpoint
-rows; ``stats.Counters``: executions, selections, drafts and the trace); :class:`SchedulerReads`
-names it, and ``core.Scheduler`` (the lifecycle) inherits these reads.
+Nothing here changes state (the views keep the normalizers per cost version: a cache). The
+state lives with the scheduler's collaborators (``residents.Residents``: requests, request
+slots, KV pages; ``captures.Captures``: checkpoint rows; ``stats.Counters``: executions,
+selections, drafts and the trace); :class:`SchedulerReads` names it, and ``core.Scheduler``
+(the lifecycle) inherits these reads.
 """
 
 from __future__ import annotations
 
 import collections
 
+from helios_jax.scheduler import learning, policy, pricing, service
 from helios_jax.scheduler.captures import Captures
 from helios_jax.scheduler.checkpoints import CheckpointStore
+from helios_jax.scheduler.config import PolicyConfig
+from helios_jax.scheduler.cost import CostModel
+from helios_jax.scheduler.frames import planning_start_ns
 from helios_jax.scheduler.plan import Frame, Handle, TraceRecord
 from helios_jax.scheduler.refresh import Ledger
 from helios_jax.scheduler.requests import Pool, Request, pages_for
 from helios_jax.scheduler.residents import Residents
 from helios_jax.scheduler.stats import Counters, SchedulerStats
+from helios_jax.scheduler.view import Phase, RequestView
 
 
 class SchedulerReads:
@@ -33,6 +39,12 @@ class SchedulerReads:
     draft_storage: int
     max_model_len: int
     page_size: int
+    graphs: policy.PreparedGraphs
+    costs: CostModel
+    policy: PolicyConfig
+    population: learning.Population
+    now_ns: int
+    _normalizer_cache: tuple[int, service.Normalizers] | None
 
     def pages_needed(self, prompt_len: int, max_output: int) -> int:
         ceiling = min(prompt_len + max_output + self.draft_storage, self.max_model_len + self.draft_storage)
@@ -106,3 +118,36 @@ class SchedulerReads:
     @property
     def trace(self) -> collections.deque[TraceRecord]:
         return self.counters.trace
+
+    # == priced views (what plan() reads) =======================================================
+    def _normalizers(self) -> service.Normalizers:
+        """The loaded catalog's measured generation programs, recomputed when an estimate changes."""
+        version = self.costs.version
+        if self._normalizer_cache is None or self._normalizer_cache[0] != version:
+            self._normalizer_cache = (version, service.Normalizers.measure(self.graphs.delivery, self.costs))
+        return self._normalizer_cache[1]
+
+    def views(self, start_ns: int | None = None, optimistic: bool = True) -> list[RequestView]:
+        """Request views with prices and ages projected to the planning start (``pricing.views``;
+        `optimistic` false: the decoders' optimistic estimates, read only by a probe, left empty)."""
+        start = planning_start_ns(self.frames, self.now_ns) if start_ns is None else start_ns
+        return pricing.views(self._pricing_inputs(optimistic), start)
+
+    def _pricing_inputs(self, optimistic: bool) -> pricing.PricingInputs:
+        proposes = self.graphs.max_depth > 0  # else no decision reads an acceptance estimate
+        return pricing.PricingInputs(
+            self.requests,
+            tuple(self.frames),
+            self.policy,
+            self._normalizers(),
+            self.population.acceptance_pools,
+            self.max_model_len,
+            optimistic and proposes,
+            survival=proposes,
+        )
+
+    def _probe_views(self, views: list[RequestView]) -> list[RequestView]:
+        """What an acceptance probe scores: `views` (priced without optimistic estimates) with
+        each decoder's survival replaced by its optimistic estimate (``learning.probe_views``)."""
+        decoders = [v.rid for v in views if v.phase is Phase.DECODE]
+        return learning.probe_views(views, pricing.optimistic_estimates(self._pricing_inputs(True), decoders))
