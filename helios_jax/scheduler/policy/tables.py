@@ -77,6 +77,8 @@ class DecoderTable:
     output_price: np.ndarray
     delivery_price: np.ndarray
     row_limit: np.ndarray
+    _row_floor: np.ndarray  # i64[n]: max(row_limit, 1)
+    _rows: np.ndarray  # i64[n]: 0..n-1, the lane index of lane_values' gather
     delivery_value: np.ndarray
     age_value_per_ms: float
 
