@@ -144,6 +144,7 @@ def _single_decoder_scheduler():
     return s
 
 
+@pytest.mark.spec("acceptance-learning/probe-can-beat", "acceptance-learning/probe-deeper")
 def test_plan_prices_optimistic_estimates_only_when_a_funded_probe_could_widen_a_lane(monkeypatch):
     """plan() prices the decoders' optimistic estimates (read only by an acceptance probe) only
     after the probe found that some drafted row could widen a lane (``learning._can_widen``), and
