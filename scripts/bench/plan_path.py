@@ -81,6 +81,13 @@ flags.DEFINE_integer("decisions", 200, "timed decisions per population and subse
 flags.DEFINE_integer("warmup", 40, "untimed decisions first")
 flags.DEFINE_integer("slots", 64, "request_slots of the loaded copy")
 flags.DEFINE_integer("seed", 0, "workload seed")
+flags.DEFINE_float(
+    "noise",
+    0.0,
+    "log-uniform multiplicative noise on the fake durations (simulation.SimConfig.noise): with it a "
+    "measured median moves after most frames, as a device's does, so the caches kept per cost "
+    "version are rebuilt as often as in an engine (0: the synthetic durations never move one)",
+)
 flags.DEFINE_string("json_out", None, "write results as JSON here")
 flags.DEFINE_bool(
     "profile", False, "then cProfile plan() (untimed pass) at the largest population, first subset"
@@ -173,7 +180,9 @@ class Loop:
         self.burst = burst
         self.sched.seed_costs(0)
         self.rng = np.random.default_rng(seed)
-        config = simulation.SimConfig(catalog, accepted_drafts=None, acceptance_probs=ACCEPTANCE, seed=seed)
+        config = simulation.SimConfig(
+            catalog, accepted_drafts=None, acceptance_probs=ACCEPTANCE, seed=seed, noise=FLAGS.noise
+        )
         self.executor = simulation.FakeExecutor(config, self.sched, self.rng)
         self.n = n
         self.fence = 0
