@@ -28,6 +28,7 @@ from typing import Any
 from helios_jax.catalog import Catalog, CostKey
 
 MEDIAN_WINDOW = 9
+CHANGE_LOG = 64  # changed estimates remembered (CostModel.changed_since)
 
 
 def median(samples: Sequence[float]) -> float:
@@ -74,6 +75,9 @@ class CostModel:
         self.ttl_ns = int(ttl_ns)
         self._entries: dict[CostKey, CostEntry] = {}
         self.version = 0  # bumped whenever an estimate changes, and only then
+        # (version, key) of the latest observed changes, for readers that update what they keep
+        # per estimate instead of recomputing every one (changed_since).
+        self._changes: collections.deque[tuple[int, CostKey]] = collections.deque(maxlen=CHANGE_LOG)
         self._oldest_epoch = 0  # bumped by an observation that may move any_stale's oldest, see there
         self._oldest: tuple[object, int, int | None] | None = None  # any_stale's, see there
 
@@ -157,6 +161,19 @@ class CostModel:
         entry = self._entries.get(key)
         return tuple(entry.samples) if entry else ()
 
+    def changed_since(self, version: int) -> set[CostKey] | None:
+        """The keys whose estimate changed after `version`, or None when that is not known (a
+        restore replaced every entry, or more changes came than the log keeps): the caller
+        then reads every estimate again."""
+        keys: set[CostKey] = set()
+        found = 0
+        for changed_at, key in reversed(self._changes):
+            if changed_at <= version:
+                break
+            keys.add(key)
+            found += 1
+        return keys if found == self.version - version else None
+
     def keys(self) -> tuple[CostKey, ...]:
         return tuple(k for k, e in self._entries.items() if e.estimate_ns > 0)
 
@@ -187,6 +204,7 @@ class CostModel:
         entry.last_valid_ns = now_ns
         if entry.estimate_ns != before:  # what readers key on: an unchanged median keeps it
             self.version += 1
+            self._changes.append((self.version, key))
         return True
 
     def note_attempt(self, key: CostKey, now_ns: int) -> None:

@@ -124,7 +124,8 @@ class SchedulerReads:
         """The loaded catalog's measured generation programs, recomputed when an estimate changes."""
         version = self.costs.version
         if self._normalizer_cache is None or self._normalizer_cache[0] != version:
-            self._normalizer_cache = (version, service.Normalizers.measure(self.graphs.delivery, self.costs))
+            durations = self.graphs.durations(self.costs)  # the estimates, read once per version
+            self._normalizer_cache = (version, service.Normalizers.of(self.graphs.delivery, durations))
         return self._normalizer_cache[1]
 
     def views(self, start_ns: int | None = None, optimistic: bool = True) -> list[RequestView]:

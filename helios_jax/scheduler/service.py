@@ -109,6 +109,17 @@ class Normalizers:
             )
         )
 
+    @classmethod
+    def of(cls, graphs: Iterable[GraphDescriptor], durations: Mapping[int, float | None]) -> Normalizers:
+        """:meth:`measure` from estimates already read, by program ``id`` (``PreparedGraphs.durations``)."""
+        return cls(
+            tuple(
+                (g.batch_capacity, t)
+                for g in graphs
+                if g.kind.is_generation and (t := durations[id(g)]) is not None
+            )
+        )
+
     def share_log_rate(self, k: int) -> float:
         """log(1 / sigma(k)): each of k streams' share of the fastest batch-feasible rate.
 

@@ -231,3 +231,63 @@ def test_any_stale_agrees_with_is_stale_as_observations_and_time_move():
     other.observe(programs[0].key, [5.0], 10)
     other.observe(programs[1].key, [5.0], 20)
     assert other.any_stale(programs[1:], 121) is True
+
+
+def test_changed_since_names_the_changed_keys_or_admits_it_does_not_know():
+    """CostModel.changed_since: the keys whose estimate changed after a version (an unchanged
+    median is no change), None after a restore or past what the log keeps."""
+    from helios_jax.scheduler.cost import CHANGE_LOG
+
+    graphs = shipped_catalog().graphs
+    a, b, c = graphs[0].key, graphs[1].key, graphs[2].key
+    costs = CostModel()
+    v0 = costs.version
+    assert costs.changed_since(v0) == set()
+    costs.observe(a, [10.0], 0)
+    costs.observe(b, [10.0], 0)
+    v1 = costs.version
+    assert costs.changed_since(v0) == {a, b} and costs.changed_since(v1 - 1) == {b}
+    costs.observe(a, [10.0], 1)  # the median stays 10: no change, no version
+    assert costs.version == v1 and costs.changed_since(v1) == set()
+    costs.observe(c, [5.0], 2)
+    assert costs.changed_since(v1) == {c} and costs.changed_since(v0) == {a, b, c}
+    snap = costs.snapshot()
+    costs.restore(snap)  # every entry replaced: which changed is not known
+    assert costs.changed_since(v1) is None and costs.changed_since(costs.version) == set()
+    v2 = costs.version
+    for i in range(CHANGE_LOG + 1):  # each past the freshness interval: it replaces the estimate
+        costs.observe(a, [float(1000 + i)], (i + 1) * (TTL + 10))
+    assert costs.changed_since(v2) is None  # more changes than the log keeps
+    assert costs.changed_since(costs.version - CHANGE_LOG) == {a}
+
+
+def test_kept_durations_follow_the_changed_estimates_and_read_only_those():
+    """PreparedGraphs.durations after changes equals every estimate read again, whatever the
+    sequence of observations, stale re-measurements and restores; after a few changes it reads
+    only the changed keys' estimates (and hands out a new table, the old one unchanged)."""
+    import random
+
+    from helios_jax.catalog import DecodeMode
+    from helios_jax.scheduler.policy.prepared import PreparedGraphs
+
+    prepared = PreparedGraphs(shipped_catalog().eligible(DecodeMode.ADAPTIVE))
+    keys = sorted({g.key for g in prepared.graphs})
+    costs, rng, now = CostModel(), random.Random(7), 0
+    for step in range(400):
+        now += rng.choice([1, 10, TTL // 3])  # sometimes past the freshness interval
+        if rng.random() < 0.03:
+            costs.restore(costs.snapshot())
+        else:
+            costs.observe(rng.choice(keys), [rng.uniform(1e5, 9e6)], now)
+        before = prepared._durations[2] if prepared._durations else None
+        frozen = dict(before) if before is not None else None
+        table = prepared.durations(costs)
+        assert table == {id(g): costs.estimate_ms(g.key) for g in prepared.graphs}, step
+        assert before is None or before == frozen  # a table handed out never changes
+    read = []
+    real = costs.estimate_ms
+    costs.estimate_ms = lambda key: read.append(key) or real(key)
+    costs.observe(keys[0], [1.0], now + 1)  # a sample far below: the median moves
+    costs.observe(keys[1], [1.0], now + 1)
+    prepared.durations(costs)
+    assert set(read) == {keys[0], keys[1]}

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from helios_jax.catalog import Allocation, GraphDescriptor, GraphKind
+from helios_jax.catalog import Allocation, CostKey, GraphDescriptor, GraphKind
 from helios_jax.scheduler.service import batch_feasible_interval
 
 if TYPE_CHECKING:
@@ -68,6 +68,14 @@ def generation_route(g: GraphDescriptor) -> Route:
 
 def mixed_shape(g: GraphDescriptor) -> MixedShape:
     return (g.batch_capacity, g.token_capacity, g.proposal_depth)
+
+
+def by_cost_key(graphs: Iterable[GraphDescriptor]) -> dict[CostKey, list[GraphDescriptor]]:
+    """The programs of each cost key (the programs an estimate's change concerns)."""
+    out: dict[CostKey, list[GraphDescriptor]] = {}
+    for g in graphs:
+        out.setdefault(g.key, []).append(g)
+    return out
 
 
 class PreparedGraphs:
@@ -130,6 +138,7 @@ class PreparedGraphs:
         self.max_width = max([g.token_capacity for g in self.delivery] + [1])
         self.max_depth = max([g.proposal_depth for g in self.delivery] + [0])
         self._durations: tuple[CostModel, int, dict[int, float | None]] | None = None
+        self._by_key = by_cost_key(self.graphs)
         self._sigmas: dict[tuple[str, int], float] = {}
 
     def require(self, kind: GraphKind, what: str) -> None:
@@ -140,16 +149,24 @@ class PreparedGraphs:
 
     def durations(self, costs: CostModel) -> dict[int, float | None]:
         """Every program's duration estimate (ms; None: unmeasured) by ``id``, kept while the
-        cost model's version holds (every changed estimate bumps it). Read-only to callers."""
+        cost model's version holds (every changed estimate bumps it); after a few changes, a
+        copy with only the changed keys' programs read again (``CostModel.changed_since``).
+        Read-only to callers."""
         kept = self._durations
-        if kept is None or kept[0] is not costs or kept[1] != costs.version:
-            kept = self._durations = (
-                costs,
-                costs.version,
-                {id(g): costs.estimate_ms(g.key) for g in self.graphs},
-            )
-            self._sigmas.clear()
-        return kept[2]
+        if kept is not None and kept[0] is costs and kept[1] == costs.version:
+            return kept[2]
+        changed = costs.changed_since(kept[1]) if kept is not None and kept[0] is costs else None
+        if changed is None or kept is None:
+            table = {id(g): costs.estimate_ms(g.key) for g in self.graphs}
+        else:
+            table = dict(kept[2])  # a new table: a caller may still hold the old one
+            for key in changed:
+                t = costs.estimate_ms(key)
+                for g in self._by_key.get(key, ()):
+                    table[id(g)] = t
+        self._durations = (costs, costs.version, table)
+        self._sigmas.clear()
+        return table
 
     def mixed_durations(self, costs: CostModel) -> np.ndarray | None:
         """Every mixed program's duration estimate (ms) as an array in ``mixed`` order, kept
