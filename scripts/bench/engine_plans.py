@@ -17,7 +17,9 @@ conditions that add one engine circumstance at a time:
 - **new estimate**: each call as the first after a changed duration estimate (the cost model's
   version bumped: what the engine's noisy measured durations do after most frames, where
   ``plan_path.py``'s synthetic ones rarely move a median), so the per-version caches (the
-  programs' durations, reference intervals, normalizers) are rebuilt;
+  programs' durations, reference intervals, normalizers) are rebuilt; in full, since the bump
+  logs no key (``CostModel.changed_since``), where a real change rereads only its program's
+  estimate: an upper bound of what a change costs;
 - **cold**: that, and 8 MB of other memory touched between calls (the program, completion and
   readers run between two decisions in the engine);
 - **beside the program**: that, while another thread runs the engine's ``decode[B=c]``
@@ -106,7 +108,7 @@ def time_copy(s, plan, runs: int, condition: str) -> float:
     for _ in range(runs):
         s._plan_memo = None
         if condition != "warm":
-            s.costs.version += 1  # every per-version cache misses, as after a changed estimate
+            s.costs.version += 1  # every per-version cache misses (rebuilt in full: no key logged)
         if condition in ("cold", "beside_program"):
             _OTHER_MEMORY[::8] += 1.0  # every cache line of it
         t = time.thread_time_ns()
