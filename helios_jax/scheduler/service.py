@@ -101,13 +101,8 @@ class Normalizers:
     @classmethod
     def measure(cls, graphs: Iterable[GraphDescriptor], costs: CostModel) -> Normalizers:
         """From the loaded programs' current estimates (stale ones count; unknown never invented)."""
-        return cls(
-            tuple(
-                (g.batch_capacity, t)
-                for g in graphs
-                if g.kind.is_generation and (t := costs.estimate_ms(g.key)) is not None
-            )
-        )
+        generation = [g for g in graphs if g.kind.is_generation]
+        return cls.of(generation, {id(g): costs.estimate_ms(g.key) for g in generation})
 
     @classmethod
     def of(cls, graphs: Iterable[GraphDescriptor], durations: Mapping[int, float | None]) -> Normalizers:
