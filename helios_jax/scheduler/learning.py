@@ -218,10 +218,18 @@ def probe(
     opt_inp = dataclasses.replace(inp, views=list(optimistic_views), graphs=speculative, reference=prepared)
     best, best_key = None, None
     # Only rows that beat the ordinary winner are materialised (building lanes is the cost), and
-    # an adaptive ragged program's cohort is searched only when its bound could beat it.
-    rows = policy.bounded_rows(policy.Selection(opt_inp, base), lambda _: ordinary.score, fresh=False)
-    for row in rows:
-        if row.indeterminate or not row.score > ordinary.score:
+    # an adaptive ragged program's cohort is searched only when its bounds could beat both the
+    # ordinary winner and the best probe before it in the rows' order.
+    sel = policy.Selection(opt_inp, base)
+    rows, build_ragged = policy.rows_with_ragged_programs(sel, ordinary.score)
+    for entry in rows:
+        # An adaptive ragged program (its cohort unsearched) is built here, if it could win.
+        row = (
+            build_ragged(entry, _floor_to_displace(ordinary.score, best_key, sel.duration(entry)))
+            if isinstance(entry, GraphDescriptor)
+            else entry
+        )
+        if row is None or row.indeterminate or not row.score > ordinary.score:
             continue
         c = row.build()
         duration = c.duration_ms
@@ -242,6 +250,18 @@ def probe(
         if best is None or _greater(key, best_key):
             best, best_key = c, key
     return best
+
+
+def _floor_to_displace(score: float, best_key: tuple | None, duration: float | None) -> float:
+    """The score a row of `duration` must reach to displace the best probe so far (`best_key`;
+    `score`: the ordinary winner's, all a row must beat before any probe is found): a gain per
+    ms below the best's by more than the tie tolerance never displaces it in :func:`_greater`.
+    A row below ``score + duration * (gain - 2 * REL_TIE * max(1, |gain|))`` has a gain below
+    the best's by more than ``REL_TIE * max(1, |gain|, |its gain|)``."""
+    if best_key is None or duration is None:
+        return score
+    gain = best_key[0]
+    return score + duration * (gain - 2.0 * utility.REL_TIE * max(1.0, abs(gain)))
 
 
 def _can_widen(remaining: Mapping[int, int], ordinary_width: Mapping[int, int], max_width: int) -> bool:

@@ -109,7 +109,7 @@ def _row(graph, lanes, duration_ms, score):
 def _probe(monkeypatch, rows, ordinary_lanes=(), views=None, information=_uninformed):
     """probe() over exactly `rows` (in that order) against an ordinary W=1 choice of score 10."""
     monkeypatch.setattr(policy, "scored", lambda inp, sel=None: list(rows))
-    monkeypatch.setattr(policy, "bounded_rows", lambda sel, floor_of, fresh: list(rows))  # the probe's
+    monkeypatch.setattr(policy, "rows_with_ragged_programs", lambda sel, floor: (list(rows), None))  # probe's
     views = views or [decoder(rid, output_remaining=100) for rid in (1, 2, 3)]
     inp = policy.SelectionInput(
         views, [W1, W4, W8, B2W8], CostModel(), 0, PolicyConfig(), DecodeMode.ADAPTIVE

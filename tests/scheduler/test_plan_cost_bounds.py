@@ -12,7 +12,7 @@ import pytest
 
 from helios_jax.catalog import DecodeMode, GraphKind
 from helios_jax.scheduler import learning, policy, utility
-from helios_jax.scheduler.policy import generation, prepared, selector
+from helios_jax.scheduler.policy import generation, prepared, ranking, selector
 
 from .helpers import RAGGED, SPEC, decoder, geometric, inputs, measured, prompt
 
@@ -118,35 +118,97 @@ def test_a_ragged_program_that_dominates_another_is_always_scored():
     assert [g for _, g in deferred] == [ragged[8]]
 
 
-def test_probe_with_bounded_rows_equals_the_probe_over_every_row(monkeypatch):
-    """An acceptance probe searches a drafted ragged program's cohort only when its bound can
-    beat the ordinary winner; the probe chosen is the same as with every row scored."""
-    rng, left, compared = np.random.default_rng(5), 0, 0
-    real = selector.bounded_rows
+@pytest.mark.parametrize("name", sorted(CATALOGS))
+def test_probe_with_bounded_rows_equals_the_probe_over_every_row(monkeypatch, name):
+    """An acceptance probe searches a drafted ragged program's cohort only when its bounds can
+    beat the ordinary winner and displace the best probe found before it in the rows' order;
+    the probe chosen is the same as with every row scored, and both shortcuts are taken."""
+    rng, compared = np.random.default_rng(5), 0
+    left = collections.Counter()
+    real = selector._ragged_row
 
-    def counting(sel, floor_of, *, fresh):
-        nonlocal left
-        rows = real(sel, floor_of, fresh=fresh)
-        left += len(policy.scored(sel.inp, sel)) - len(rows)
-        return rows
+    def counting(sel, g, floor, fresh):
+        row = real(sel, g, floor, fresh)
+        if row is None and generation.adaptive_ragged_candidate(sel, g) is not None:
+            below_ordinary = selector._below(sel, g, ordinary.score)
+            left["below the ordinary winner" if below_ordinary else "below the best probe"] += 1
+        return row
 
     for _ in range(60):
         views = _population(rng, prompts=False)
-        inp = inputs(views, catalog=SPEC)
+        inp = inputs(views, catalog=CATALOGS[name])
         ordinary = policy.select(inp)
         if ordinary is None or ordinary.indeterminate:
             continue
         optimistic = [dataclasses.replace(v, survival=np.minimum(1.0, v.survival + 0.3)) for v in views]
         info = lambda rid, a, b: 1.0  # noqa: E731  (every added depth equally informed)
         with monkeypatch.context() as m:
-            m.setattr(policy, "bounded_rows", counting)
+            m.setattr(selector, "_ragged_row", counting)
             bounded = learning.probe(inp, ordinary, optimistic, info)
         with monkeypatch.context() as m:
-            m.setattr(policy, "bounded_rows", lambda sel, floor_of, fresh: policy.scored(sel.inp, sel))
+            every = lambda sel, floor: (policy.scored(sel.inp, sel), None)  # noqa: E731
+            m.setattr(policy, "rows_with_ragged_programs", every)
             full = learning.probe(inp, ordinary, optimistic, info)
         assert bounded == full
         compared += 1
-    assert compared > 20 and left > 0
+    assert compared > 20 and left["below the ordinary winner"]
+    if name == "spec":  # RAGGED's probes find no probe before its ragged rows
+        assert left["below the best probe"], left
+
+
+@pytest.mark.parametrize("name", sorted(CATALOGS))
+def test_rows_with_ragged_programs_built_at_their_floor_are_the_bounded_rows(name):
+    """Each adaptive ragged program left in place, built against the same fixed floor, gives
+    ``bounded_rows``' list: the same rows in the same order (prompts and mixed rows present)."""
+    rng, programs = np.random.default_rng(13), 0
+    for _ in range(60):
+        inp = inputs(_population(rng), catalog=CATALOGS[name])
+        sel = policy.Selection(inp)
+        scores = [r.score for r in policy.scored(inp, sel) if not r.indeterminate]
+        for floor in [min(scores, default=0.0), float(np.median(scores)) if scores else 0.0]:
+            entries, build = policy.rows_with_ragged_programs(sel, floor)
+            programs += sum(1 for e in entries if not isinstance(e, policy.ScoredCandidate))
+            rows = [build(e, floor) if not isinstance(e, policy.ScoredCandidate) else e for e in entries]
+            expected = policy.bounded_rows(sel, lambda _, f=floor: f, fresh=False)
+            assert [_key(r) for r in rows if r is not None] == [_key(r) for r in expected]
+    assert programs > 20
+
+
+@pytest.mark.parametrize("name", sorted(CATALOGS))
+def test_a_row_is_dominated_when_the_filter_would_drop_it(name):
+    """``ranking.dominated`` (a ragged row built after the others were filtered) answers what
+    ``prune_dominated`` does with the row among them, on random groups of the catalog's programs."""
+    rng, drops = np.random.default_rng(7), collections.Counter()
+    prep = policy.as_prepared(inputs([decoder(0)], catalog=CATALOGS[name]).graphs)
+    graphs = list(prep.graphs)
+
+    def row(g):
+        sig = int(rng.integers(0, 3)) if rng.random() < 0.9 else None
+        return policy.ScoredCandidate(g, 1.0, 1.0, sig, lambda: None)
+
+    for _ in range(400):
+        others = [row(graphs[int(i)]) for i in rng.integers(0, len(graphs), size=int(rng.integers(0, 12)))]
+        r = row(graphs[int(rng.integers(0, len(graphs)))])
+        dropped = r not in ranking.prune_dominated(others + [r], prep)
+        assert ranking.dominated(r, others, prep) == dropped
+        drops[dropped] += 1
+    assert drops[True] and drops[False], drops
+
+
+@pytest.mark.parametrize("gain", [0.5, 3.0, 250.0])
+def test_a_probe_row_is_left_to_its_bound_only_below_the_best_gain_beyond_the_tie_tolerance(gain):
+    """The floor a row of duration T must reach to displace the best probe (gain per ms `gain`):
+    a row of equal gain, or one within the tie tolerance below it, is at or above the floor (its
+    cohort is searched: a tie may still win on information, duration or geometry); a row whose
+    gain is clearly lower is below it. Before any probe, the floor is the ordinary winner's score."""
+    score, t = 10.0, 4.0
+    floor = learning._floor_to_displace(score, (gain, -1.0, -t, (-1,)), t)
+    tolerance = utility.REL_TIE * max(1.0, gain)
+    for tied in (gain, gain - 0.5 * tolerance, gain - 0.99 * tolerance):
+        assert score + t * tied >= floor, tied
+        assert utility.nearly_equal(tied, gain)
+    assert score + t * gain * (1 - 1e-6) < floor
+    assert learning._floor_to_displace(score, None, t) == score
 
 
 def test_every_ragged_row_is_scored_by_candidates_and_scored():

@@ -39,7 +39,14 @@ from helios_jax.scheduler.policy.prepared import (
 )
 from helios_jax.scheduler.policy.ranking import ScoredCandidate, best, better, recency
 from helios_jax.scheduler.policy.selection import Selection, SelectionInput
-from helios_jax.scheduler.policy.selector import bounded_rows, candidates, scored, select, selection_rows
+from helios_jax.scheduler.policy.selector import (
+    bounded_rows,
+    candidates,
+    rows_with_ragged_programs,
+    scored,
+    select,
+    selection_rows,
+)
 
 __all__ = [
     "PREREQUISITE_KINDS",
@@ -54,6 +61,7 @@ __all__ = [
     "candidates",
     "capacities",
     "recency",
+    "rows_with_ragged_programs",
     "scored",
     "select",
     "selection_rows",

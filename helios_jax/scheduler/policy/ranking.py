@@ -82,6 +82,15 @@ def prune_dominated(candidates: list[ScoredCandidate], prepared: PreparedGraphs)
     return [r for r in candidates if id(r) not in dropped] if dropped else list(candidates)
 
 
+def dominated(row: ScoredCandidate, others: Iterable[ScoredCandidate], prepared: PreparedGraphs) -> bool:
+    """Whether :func:`prune_dominated` drops `row`, a single-program row that dominates none of
+    `others`, from `others` and `row` together: a row of its group runs a dominating program."""
+    if row.signature is None:
+        return False
+    dominators = prepared.dominator_ids[id(row.graph)]
+    return any(o.signature == row.signature and id(o.graph) in dominators for o in others)
+
+
 def pair_dominated(
     g1: GraphDescriptor,
     g2: GraphDescriptor,

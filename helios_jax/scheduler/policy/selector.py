@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 
@@ -25,7 +26,7 @@ from helios_jax.scheduler.policy.prerequisites import (
     prerequisite_entries,
     surviving_floor,
 )
-from helios_jax.scheduler.policy.ranking import ScoredCandidate, best, prune_dominated
+from helios_jax.scheduler.policy.ranking import ScoredCandidate, best, dominated, prune_dominated
 from helios_jax.scheduler.policy.selection import Selection, SelectionInput
 from helios_jax.scheduler.policy.snapshots import terminal_candidates
 from helios_jax.scheduler.view import Candidate
@@ -79,6 +80,69 @@ def bounded_rows(
     rounding; the ragged programs left out dominate none (``generation.boundable``), mixed
     programs dominate only mixed ones and a sequence only sequences of its own follower class (whose
     dominating ones are kept beside it), so every other row's dominance is unchanged."""
+    parts = _first_rows(sel, floor_of, fresh)
+    if not parts.deferred and not parts.mixed_later:
+        return parts.rows
+    floor = floor_of(parts.rows)
+    generation, added = list(parts.generation), 0
+    for i, g in parts.deferred:
+        c = _ragged_row(sel, g, floor, fresh)
+        if c is not None:
+            generation.insert(i + added, c)
+            added += 1
+    mixed = _later_mixed(sel, parts, floor)
+    added += len(mixed) - len(parts.mixed)
+    return (
+        prune_dominated(generation + parts.prompts + mixed + parts.captures, sel.prepared)
+        if added
+        else parts.rows
+    )
+
+
+RaggedBuilder = Callable[[GraphDescriptor, float], ScoredCandidate | None]
+
+
+def rows_with_ragged_programs(
+    sel: Selection, floor: float
+) -> tuple[list[ScoredCandidate | GraphDescriptor], RaggedBuilder]:
+    """:func:`bounded_rows`' rows under a fixed `floor` (estimates stale or not), with each
+    adaptive ragged program whose row it would build left as the program itself, in the row's
+    place, for a caller that may know a higher floor by the time it reaches it (an acceptance
+    probe: the best probe found before it). The second value builds such a program's row against
+    a floor at least `floor` (None: it scores below it, or a kept row dominates it), so that
+    taking every row it builds at `floor` gives :func:`bounded_rows`' list."""
+    parts = _first_rows(sel, lambda _: floor, False)
+    mixed = _later_mixed(sel, parts, floor)
+    found = parts.generation + parts.prompts + mixed + parts.captures
+    rows = prune_dominated(found, sel.prepared) if parts.mixed_later else parts.rows
+    out: list[ScoredCandidate | GraphDescriptor] = list(rows)
+    kept = {id(r) for r in rows}
+    for k, (i, g) in enumerate(parts.deferred):  # after the kept rows of generation[:i]
+        out.insert(sum(1 for r in parts.generation[:i] if id(r) in kept) + k, g)
+
+    def build(g: GraphDescriptor, higher: float) -> ScoredCandidate | None:
+        c = _ragged_row(sel, g, max(floor, higher), False)
+        return None if c is None or dominated(c, found, sel.prepared) else c
+
+    return out, build
+
+
+class _Rows(NamedTuple):
+    """The rows :func:`bounded_rows` builds before its floor: the families' lists as built,
+    their rows pruned, the adaptive ragged programs deferred and whether the mixed family waits."""
+
+    generation: list[ScoredCandidate]
+    prompts: list[ScoredCandidate]
+    mixed: list[ScoredCandidate]
+    captures: list[ScoredCandidate]
+    rows: list[ScoredCandidate]
+    deferred: Deferred
+    mixed_later: bool
+
+
+def _first_rows(
+    sel: Selection, floor_of: Callable[[list[ScoredCandidate]], float | None], fresh: bool
+) -> _Rows:
     deferred: Deferred = []
     generation = generation_candidates(sel, deferred)
     prompts, terminals, sequences = _prompt_families(sel), terminal_candidates(sel), prerequisite_entries(sel)
@@ -95,21 +159,24 @@ def bounded_rows(
             floor = surviving_floor(sel, sequences)
     captures = terminals + bounded_entries(sel, sequences, floor, fresh)
     rows = prune_dominated(generation + prompts + mixed + captures, sel.prepared)
-    if not deferred and not mixed_later:
-        return rows
-    floor = floor_of(rows)
-    added = 0
-    for i, g in deferred:
-        if floor is not None and not (fresh and sel.is_stale(g)) and _below(sel, g, floor):
-            continue
-        c = adaptive_ragged_candidate(sel, g)
-        if c is not None:
-            generation.insert(i + added, c)
-            added += 1
-    if mixed_later and (floor is None or not _mixed_below(sel, floor)):
-        mixed = mixed_candidates(sel)
-        added += len(mixed)
-    return prune_dominated(generation + prompts + mixed + captures, sel.prepared) if added else rows
+    return _Rows(generation, prompts, mixed, captures, rows, deferred, mixed_later)
+
+
+def _ragged_row(
+    sel: Selection, g: GraphDescriptor, floor: float | None, fresh: bool
+) -> ScoredCandidate | None:
+    """A deferred adaptive ragged program's row, None when its bounds fall below `floor` (a
+    stale program's too unless `fresh`) or its cohort search finds none."""
+    if floor is not None and not (fresh and sel.is_stale(g)) and _below(sel, g, floor):
+        return None
+    return adaptive_ragged_candidate(sel, g)
+
+
+def _later_mixed(sel: Selection, parts: _Rows, floor: float | None) -> list[ScoredCandidate]:
+    """The mixed family's rows once the floor is known (``parts.mixed`` when it did not wait)."""
+    if parts.mixed_later and (floor is None or not _mixed_below(sel, floor)):
+        return mixed_candidates(sel)
+    return parts.mixed
 
 
 def _mixed_boundable(sel: Selection, fresh: bool) -> bool:
