@@ -91,12 +91,9 @@ def bounded_rows(
             generation.insert(i + added, c)
             added += 1
     mixed = _later_mixed(sel, parts, floor)
-    added += len(mixed) - len(parts.mixed)
-    return (
-        prune_dominated(generation + parts.prompts + mixed + parts.captures, sel.prepared)
-        if added
-        else parts.rows
-    )
+    if not added and mixed is parts.mixed:  # nothing built after the floor
+        return parts.rows
+    return prune_dominated(generation + parts.prompts + mixed + parts.captures, sel.prepared)
 
 
 RaggedBuilder = Callable[[GraphDescriptor, float], ScoredCandidate | None]
