@@ -135,6 +135,7 @@ def test_a_ragged_program_that_dominates_another_is_always_scored():
     assert [g for _, g in deferred] == [ragged[8]]
 
 
+@pytest.mark.spec("acceptance-learning/rank-gain-rate", "acceptance-learning/tie-order")
 @pytest.mark.parametrize("name", sorted(LAZY_CATALOGS))
 def test_probe_with_bounded_rows_equals_the_probe_over_every_row(monkeypatch, name):
     """An acceptance probe searches a drafted ragged program's cohort only when its bounds can
@@ -197,6 +198,7 @@ def test_rows_with_ragged_programs_built_at_their_floor_are_the_bounded_rows(nam
     assert programs > 20
 
 
+@pytest.mark.spec("useful-service/dominance-prune")
 @pytest.mark.parametrize("name", sorted(CATALOGS))
 def test_a_row_is_dominated_when_the_filter_would_drop_it(name):
     """``ranking.dominated`` (a ragged row built after the others were filtered) answers what
@@ -218,6 +220,7 @@ def test_a_row_is_dominated_when_the_filter_would_drop_it(name):
     assert drops[True] and drops[False], drops
 
 
+@pytest.mark.spec("acceptance-learning/tie-order")
 @pytest.mark.parametrize("gain", [0.5, 3.0, 250.0])
 def test_a_probe_row_is_left_to_its_bound_only_below_the_best_gain_beyond_the_tie_tolerance(gain):
     """The floor a row of duration T must reach to displace the best probe (gain per ms `gain`):
