@@ -232,24 +232,39 @@ def probe(
         if row is None or row.indeterminate or not row.score > ordinary.score:
             continue
         c = row.build()
-        duration = c.duration_ms
-        if duration is None:
-            continue  # not indeterminate: built with a known duration
-        added = [
-            (lane.rid, ordinary_width.get(lane.rid, 1), lane_width(lane))
-            for lane in c.lanes
-            if lane.role is LaneRole.DECODE
-            and lane_width(lane) > ordinary_width.get(lane.rid, 1)
-            and remaining.get(lane.rid, 0) > lane_width(lane)
-        ]
-        if not added:
+        key = _probe_key(c, ordinary.score, ordinary_width, remaining, information)
+        if key is None:
             continue
-        gain = (c.score - ordinary.score) / duration
-        informed = min(information(*a) for a in added)
-        key = (gain, -informed, -duration, tuple(-x for x in policy.capacities(c.graph)))
         if best is None or _greater(key, best_key):
             best, best_key = c, key
     return best
+
+
+def _probe_key(
+    c: Candidate,
+    ordinary_score: float,
+    ordinary_width: Mapping[int, int],
+    remaining: Mapping[int, int],
+    information: Callable[[int, int, int], float],
+) -> tuple | None:
+    """A built row's probe ranking key (gain per ms over the ordinary score, the least-informed
+    added prefix, the shorter execution, the smaller geometry: compared by :func:`_greater`), or
+    None when it adds no depth that leaves output after it."""
+    duration = c.duration_ms
+    if duration is None:
+        return None  # not reached: rows are built with a known duration
+    added = [
+        (lane.rid, ordinary_width.get(lane.rid, 1), lane_width(lane))
+        for lane in c.lanes
+        if lane.role is LaneRole.DECODE
+        and lane_width(lane) > ordinary_width.get(lane.rid, 1)
+        and remaining.get(lane.rid, 0) > lane_width(lane)
+    ]
+    if not added:
+        return None
+    gain = (c.score - ordinary_score) / duration
+    informed = min(information(*a) for a in added)
+    return (gain, -informed, -duration, tuple(-x for x in policy.capacities(c.graph)))
 
 
 def _floor_to_displace(score: float, best_key: tuple | None, duration: float | None) -> float:

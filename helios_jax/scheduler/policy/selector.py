@@ -84,15 +84,13 @@ def bounded_rows(
     if not parts.deferred and not parts.mixed_later:
         return parts.rows
     floor = floor_of(parts.rows)
-    generation, added = list(parts.generation), 0
-    for i, g in parts.deferred:
-        c = _ragged_row(sel, g, floor, fresh)
-        if c is not None:
-            generation.insert(i + added, c)
-            added += 1
+    ragged = [(i, c) for i, g in parts.deferred if (c := _ragged_row(sel, g, floor, fresh)) is not None]
     mixed = _later_mixed(sel, parts, floor)
-    if not added and mixed is parts.mixed:  # nothing built after the floor
+    if not ragged and mixed is parts.mixed:  # nothing built after the floor
         return parts.rows
+    generation = list(parts.generation)
+    for k, (i, c) in enumerate(ragged):  # in their places: after generation[:i] and the k before
+        generation.insert(i + k, c)
     return prune_dominated(generation + parts.prompts + mixed + parts.captures, sel.prepared)
 
 
