@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 import numpy as np
 
@@ -88,12 +88,11 @@ def bounded_rows(
     mixed = _later_mixed(sel, parts, floor)
     if not ragged and mixed is parts.mixed:  # nothing built after the floor
         return parts.rows
-    generation = list(parts.generation)
-    for k, (i, c) in enumerate(ragged):  # in their places: after generation[:i] and the k before
-        generation.insert(i + k, c)
+    generation = _in_place(parts.generation, ragged)
     return prune_dominated(generation + parts.prompts + mixed + parts.captures, sel.prepared)
 
 
+_T = TypeVar("_T")
 RaggedBuilder = Callable[[GraphDescriptor, float], ScoredCandidate | None]
 
 
@@ -109,17 +108,26 @@ def rows_with_ragged_programs(
     parts = _first_rows(sel, lambda _: floor, False)
     mixed = _later_mixed(sel, parts, floor)
     found = parts.generation + parts.prompts + mixed + parts.captures
-    rows = prune_dominated(found, sel.prepared) if parts.mixed_later else parts.rows
-    out: list[ScoredCandidate | GraphDescriptor] = list(rows)
-    kept = {id(r) for r in rows}
-    for k, (i, g) in enumerate(parts.deferred):  # after the kept rows of generation[:i]
-        out.insert(sum(1 for r in parts.generation[:i] if id(r) in kept) + k, g)
+    kept = {id(r) for r in (prune_dominated(found, sel.prepared) if parts.mixed_later else parts.rows)}
+    placed = _in_place(parts.generation, parts.deferred) + parts.prompts + mixed + parts.captures
+    out = [e for e in placed if isinstance(e, GraphDescriptor) or id(e) in kept]
 
     def build(g: GraphDescriptor, higher: float) -> ScoredCandidate | None:
         c = _ragged_row(sel, g, max(floor, higher), False)
         return None if c is None or dominated(c, found, sel.prepared) else c
 
     return out, build
+
+
+def _in_place(
+    generation: list[ScoredCandidate], deferred: list[tuple[int, _T]]
+) -> list[ScoredCandidate | _T]:
+    """`generation` with each deferred program's entry (its row, or the program itself) where
+    its row would have been: entry k of `deferred`, (i, e), after generation[:i] and the k before."""
+    out: list[ScoredCandidate | _T] = list(generation)
+    for k, (i, e) in enumerate(deferred):
+        out.insert(i + k, e)
+    return out
 
 
 class _Rows(NamedTuple):
