@@ -21,7 +21,7 @@ from helios_jax.scheduler.captures import Captures
 from helios_jax.scheduler.plan import ExecutionClass, Frame, PlanLane, ScheduledPlan
 from helios_jax.scheduler.requests import Request
 from helios_jax.scheduler.service import NS_PER_MS
-from helios_jax.scheduler.view import Candidate, Lane, LaneRole, Phase
+from helios_jax.scheduler.view import Candidate, Lane, LaneRole, Phase, assemble
 
 
 def freeze(
@@ -53,7 +53,8 @@ def freeze(
         # The device breaks frontier ties by lane position: lanes in slot order make that
         # the original request slot, the order the host priced the allocation with.
         lanes.sort(key=lambda lane: lane.slot)
-    return ScheduledPlan(
+    return assemble(
+        ScheduledPlan,
         graph=c.graph,
         lanes=tuple(lanes),
         decode_mode=mode,

@@ -40,7 +40,7 @@ from helios_jax.catalog import GraphDescriptor
 from helios_jax.scheduler import service
 from helios_jax.scheduler.config import PolicyConfig
 from helios_jax.scheduler.cost import CostModel
-from helios_jax.scheduler.view import Phase, RequestView
+from helios_jax.scheduler.view import Phase, RequestView, assemble
 
 REL_TIE = 1e-9
 
@@ -96,7 +96,8 @@ class Decision:
         scale = math.exp(-log_scale)
         c_dec = policy.decode_age_price * scale
         c_term = policy.terminal_age_price * scale
-        return cls(
+        return assemble(
+            cls,
             log_scale=log_scale,
             decode_age=c_dec,
             terminal_age=c_term,

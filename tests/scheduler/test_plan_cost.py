@@ -389,7 +389,7 @@ def test_a_probe_selection_sharing_the_ordinary_tables_equals_a_fresh_one():
             for name, x in b.items():
                 if isinstance(x, np.ndarray):
                     np.testing.assert_array_equal(a[name], x, strict=True, err_msg=name)
-        shared += got.prompts is base.prompts and got.decoders.row_limit is base.decoders.row_limit
+        shared += got.prompts is base.prompts and got.decoders.row_floor is base.decoders.row_floor
         scores = [(r.graph.name, r.score) for r in policy.scored(opt_inp, got)]
         assert scores == [(r.graph.name, r.score) for r in policy.scored(opt_inp, want)]
         _, _, t = run_once(s, fence, t, accepted=fence % 4)

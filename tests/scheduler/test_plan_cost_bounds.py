@@ -304,13 +304,17 @@ def test_the_dual_bound_leaves_out_rows_the_first_bound_cannot(monkeypatch, name
     assert both > first_only
 
 
-def test_lanes_built_without_the_constructor_equal_constructed_ones():
-    """Plan lanes (``frames.plan_lane``) and decode lanes (``DecoderTable.lanes``) set every
-    field of their dataclass directly: the same objects the constructors make, no field
-    missing (a field added later must be set there too)."""
-    from helios_jax.scheduler.plan import PlanLane
-    from helios_jax.scheduler.view import Lane
+def _constructed_alike(obj) -> bool:
+    """`obj` has every field of its dataclass and equals what the constructor makes of them."""
+    cls = type(obj)
+    return obj.__dict__.keys() == {f.name for f in dataclasses.fields(cls)} and obj == cls(**obj.__dict__)
 
+
+def test_lanes_built_without_the_constructor_equal_constructed_ones():
+    """Plans and plan lanes (``frames``), decode lanes (``DecoderTable.lanes``), materialised
+    candidates (``Selection._materialise``) and decisions (``Decision.build``) set every field
+    of their dataclass directly: the same objects the constructors make, no field missing (a
+    field added later must be set there too)."""
     from .test_core import run_once, scheduler
 
     s = scheduler(SPEC, mode=DecodeMode.ADAPTIVE)
@@ -320,12 +324,15 @@ def test_lanes_built_without_the_constructor_equal_constructed_ones():
     t = 0.0
     for fence in range(1, 12):
         plan = s.plan()
+        assert _constructed_alike(plan)
         for lane in plan.lanes:
-            assert lane.__dict__.keys() == {f.name for f in dataclasses.fields(PlanLane)}
-            assert lane == PlanLane(**lane.__dict__)
+            assert _constructed_alike(lane)
             seen.add(lane.role)
         _, _, t = run_once(s, fence, t, accepted=fence % 3)
     assert len(seen) >= 2
+    sel, rows = policy.selection_rows(inputs([decoder(i, survival=geometric(0.6)) for i in range(3)]))
+    assert rows and all(_constructed_alike(r.build()) for r in rows)
+    assert _constructed_alike(sel.decision)
     sel = policy.Selection(inputs([decoder(i, survival=geometric(0.6)) for i in range(5)]))
     rows, ceilings = np.array([1, 2, 3, 4, 2]), np.array([2, 3, 3, 4, 5])
     for lanes in (
@@ -333,8 +340,7 @@ def test_lanes_built_without_the_constructor_equal_constructed_ones():
         sel.decoders.lanes(range(5), rows, 3.0, ceilings=ceilings),
     ):
         for lane in lanes:
-            assert lane.__dict__.keys() == {f.name for f in dataclasses.fields(Lane)}
-            assert lane == Lane(**lane.__dict__)
+            assert _constructed_alike(lane)
 
 
 def test_a_view_with_other_survival_copies_every_field():

@@ -40,10 +40,8 @@ def generation_candidates(sel: Selection, defer: Deferred | None = None) -> list
     found: list[ScoredCandidate] = []
     table = sel.decoders.table
     ranked = KStepRanking(sel.decoders)  # K-step lanes by K, shared by the programs of one K
-    live = sel.prepared.generation_rows.live(sel.decoders.count, ranked.extent)  # others: dominated
-    for (g, route, width, depth), alive in zip(sel.prepared.generation_routes, live):
-        if not alive:
-            continue
+    live = sel.prepared.generation_rows.live_routes(sel.decoders.count, ranked.extent)  # others: dominated
+    for g, route, width, depth in live:
         if route is Route.MULTISTEP:
             found.extend(c for c in [multistep_candidate(sel, g, ranked(g.steps))] if c is not None)
             continue

@@ -293,7 +293,8 @@ class GenerationRows:
             if g.steps > 1:
                 self.kappa[i] = self.dominated[g][np.minimum(sizes, g.batch_capacity) - 1]
         self.most_steps = int(self.steps.max(initial=1))
-        self._memo: dict[tuple[int, ...], tuple[bool, ...]] = {}
+        self.routes = tuple(routes)
+        self._memo: dict[tuple[int, ...], tuple[tuple[bool, ...], tuple[tuple, ...]]] = {}
 
     def live(self, decoders: int, extent: Callable[[], tuple[int, int]]) -> tuple[bool, ...]:
         """Whether each program of ``generation_routes`` may offer a surviving row, with
@@ -301,6 +302,15 @@ class GenerationRows:
         longest steps limit among those (``multistep.KStepRanking.extent``), asked only of a
         catalog with K-step programs. Kept per distinct answer (a limit beyond the largest K
         reads as that K), at most ``MEMO`` of them."""
+        return self._kept(decoders, extent)[0]
+
+    def live_routes(self, decoders: int, extent: Callable[[], tuple[int, int]]) -> tuple[tuple, ...]:
+        """The entries of ``generation_routes`` that :meth:`live` keeps, in their order."""
+        return self._kept(decoders, extent)[1]
+
+    def _kept(
+        self, decoders: int, extent: Callable[[], tuple[int, int]]
+    ) -> tuple[tuple[bool, ...], tuple[tuple, ...]]:
         if self.any_multistep:
             eligible, longest = extent()
             key: tuple[int, ...] = (decoders, eligible, min(longest, self.most_steps))
@@ -310,7 +320,8 @@ class GenerationRows:
         if hit is None:
             if len(self._memo) >= MEMO:
                 self._memo.clear()
-            hit = self._memo[key] = tuple(self.mask(*key).tolist())
+            live = tuple(self.mask(*key).tolist())
+            hit = self._memo[key] = (live, tuple(r for r, alive in zip(self.routes, live) if alive))
         return hit
 
     def mask(self, decoders: int, eligible: int = 0, longest: int = 0) -> np.ndarray:

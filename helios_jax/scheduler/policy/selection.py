@@ -23,7 +23,7 @@ from helios_jax.scheduler.cost import CostModel
 from helios_jax.scheduler.policy.prepared import PreparedGraphs, as_prepared
 from helios_jax.scheduler.policy.ranking import ScoredCandidate, Signature
 from helios_jax.scheduler.policy.tables import DecoderTable, PromptTable
-from helios_jax.scheduler.view import Candidate, Lane, LaneRole, Phase, RequestView
+from helios_jax.scheduler.view import Candidate, Lane, LaneRole, Phase, RequestView, assemble
 
 LaneBuilder = Callable[[], Sequence[Lane]]
 _TIE_ORDER = operator.attrgetter("last_selected_ns", "rid")  # the views' order in every solver
@@ -177,7 +177,8 @@ class Selection:
     def _materialise(
         self, g: GraphDescriptor, t: float | None, score: float, value: float, lanes: LaneBuilder
     ) -> Candidate:
-        return Candidate(
+        return assemble(
+            Candidate,
             graph=g,
             lanes=tuple(lanes()),
             duration_ms=t,
@@ -185,6 +186,8 @@ class Selection:
             useful_value=value,
             log_scale=self.decision.log_scale,
             stale=self.is_stale(g),
+            following=None,
+            sequence_ms=None,
         )
 
     def decoder_lanes(

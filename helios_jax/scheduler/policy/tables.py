@@ -76,8 +76,7 @@ class DecoderTable:
     last_selected_ns: np.ndarray
     output_price: np.ndarray
     delivery_price: np.ndarray
-    row_limit: np.ndarray
-    _row_floor: np.ndarray  # i64[n]: max(row_limit, 1)
+    row_floor: np.ndarray  # i64[n]: each lane's row limit, at least one
     _rows: np.ndarray  # i64[n]: 0..n-1, the lane index of lane_values' gather
     delivery_value: np.ndarray
     age_value_per_ms: float
@@ -100,7 +99,7 @@ class DecoderTable:
         if base is not None and base.depth == depth and base.rids.tolist() == [v.rid for v in views]:
             self.rids, self.slots, self.last_selected_ns = base.rids, base.slots, base.last_selected_ns
             self.output_price, self.delivery_price = base.output_price, base.delivery_price
-            self.row_limit, self._row_floor, self._rows = base.row_limit, base._row_floor, base._rows
+            self.row_floor, self._rows = base.row_floor, base._rows
             self.delivery_value, self.age_value_per_ms = base.delivery_value, base.age_value_per_ms
             if "forecast" in base.__dict__:  # the views' forecasts are the base's
                 self.forecast = base.forecast
@@ -131,24 +130,24 @@ class DecoderTable:
         self.rids = np.array([v.rid for v in views], dtype=np.int64)
         self.slots = np.array([v.slot for v in views], dtype=np.int64)
         self.last_selected_ns = np.array([v.last_selected_ns for v in views], dtype=np.int64)
-        self.output_price = decision.scaled(np.array([v.log_output_price for v in views], dtype=np.float64))
-        self.delivery_price = decision.scaled(
-            np.array([v.log_delivery_price for v in views], dtype=np.float64)
-        )
+        log_prices = [[v.log_output_price for v in views], [v.log_delivery_price for v in views]]
+        self.output_price, self.delivery_price = decision.scaled(np.array(log_prices, dtype=np.float64))
         age = np.array([v.age_ms for v in views], dtype=np.float64)
-        self.row_limit = np.array([v.row_limit for v in views], dtype=np.float64)
-        self._row_floor = np.maximum(self.row_limit, 1).astype(np.int64)  # lane_widths' floor, applied once
+        # lane_widths' floor, applied once: a row limit is an integer (output, context, copy
+        # prefix and width limits)
+        self.row_floor = np.array([max(v.row_limit, 1) for v in views], dtype=np.int64)
         self._rows = np.arange(len(views))
-        # f64[n]: delivery and c*sigma*A, the value a served lane earns besides its tokens at T = 0
-        self.delivery_value = self.delivery_price + decision.decode_age_term(age, 0.0)
         # c*sigma: value per ms of T per served lane
         self.age_value_per_ms = decision.decode_age * decision.sigma_decode
+        # f64[n]: delivery and c*sigma*A, the value a served lane earns besides its tokens at T = 0
+        # (``Decision.decode_age_term(age, 0)``, the same products in the same order)
+        self.delivery_value = self.delivery_price + self.age_value_per_ms * age
 
     def lane_widths(self, width: int, depth: int) -> np.ndarray:
         """Per-lane target rows: program width, proposals, output limit and context, at least one
         (a generation program's `width` is at least one, so max(min(limit, cap), 1) is
         min(max(limit, 1), cap) with the floor taken once per table)."""
-        return np.minimum(self._row_floor, min(width, depth + 1))
+        return np.minimum(self.row_floor, min(width, depth + 1))
 
     def lane_values(self, widths: np.ndarray) -> np.ndarray:
         return self.output_price * self.expected_output[self._rows, widths] + self.delivery_value
