@@ -168,6 +168,7 @@ def test_plan_is_pure_and_frozen():
     with pytest.raises(dataclasses.FrozenInstanceError):
         a.lanes = ()  # frozen
     assert a.expected_duration_ms > 0 and a.lanes[0].epoch == 0 and a.selection_value_rate() == a.value_rate
+    assert a.decode_mode is s.mode and a.planned_at_ns == s.now_ns
     assert math.isfinite(a.selection_log_scale())
 
 
@@ -187,6 +188,7 @@ def test_two_decode_frames_queue_and_drain_kinds_do_not():
     for fence in (1, 2):  # two prefills, one at a time (each drains)
         plan, _, t = run_once(s, fence, t)
         assert plan.kind is GraphKind.PREFILL or plan.kind is GraphKind.MIXED
+        assert plan.needs_empty_window and plan.expected_duration_ms is not None  # known, still drains
     s.advance_to(int(t * MS))
     first = s.plan()
     assert first.kind is GraphKind.DECODE and not first.needs_empty_window

@@ -310,6 +310,23 @@ def _constructed_alike(obj) -> bool:
     return obj.__dict__.keys() == {f.name for f in dataclasses.fields(cls)} and obj == cls(**obj.__dict__)
 
 
+def test_the_decision_scale_is_the_largest_finite_log_price_and_zero():
+    """``Decision.build``'s shared scale: the largest finite log price of the decision's views,
+    and 0 (so a decision whose prices are all below one is not scaled)."""
+    from helios_jax.scheduler.config import PolicyConfig
+
+    def scale(*prices):
+        views = [
+            dataclasses.replace(decoder(i), log_prefill_price=p, log_output_price=p - 1.0, log_delivery_price=-np.inf)
+            for i, p in enumerate(prices)
+        ]
+        return utility.Decision.build(views, PolicyConfig(), sigma_decode=1.0, sigma_terminal=1.0).log_scale
+
+    assert scale(-0.5, -2.0) == 0.0
+    assert scale(0.25, 0.75, np.inf) == 0.75
+    assert scale(0.5, 0.5) == 0.5
+
+
 def test_lanes_built_without_the_constructor_equal_constructed_ones():
     """Plans and plan lanes (``frames``), decode lanes (``DecoderTable.lanes``), materialised
     candidates (``Selection._materialise``) and decisions (``Decision.build``) set every field
