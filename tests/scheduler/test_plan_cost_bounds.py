@@ -317,7 +317,9 @@ def test_the_decision_scale_is_the_largest_finite_log_price_and_zero():
 
     def scale(*prices):
         views = [
-            dataclasses.replace(decoder(i), log_prefill_price=p, log_output_price=p - 1.0, log_delivery_price=-np.inf)
+            dataclasses.replace(
+                decoder(i), log_prefill_price=p, log_output_price=p - 1.0, log_delivery_price=-np.inf
+            )
             for i, p in enumerate(prices)
         ]
         return utility.Decision.build(views, PolicyConfig(), sigma_decode=1.0, sigma_terminal=1.0).log_scale
