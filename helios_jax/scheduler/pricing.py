@@ -106,7 +106,8 @@ def projected_histories(inp: PricingInputs) -> tuple[Histories, dict[int, int | 
 
 def best_served(requests: Mapping[int, Request], free_pages: int, pages_needed: int) -> Handle | None:
     """The active decoding request whose pages would let `pages_needed` fit, with the highest
-    token rate (the lowest fairness price), then the latest admitted; None when there is none."""
+    token rate (the lowest fairness price), then the earliest admitted, then the larger handle;
+    None when there is none."""
     candidates = []
     for r in requests.values():
         if r.active and r.phase is Phase.DECODE and free_pages + len(r.pages) >= pages_needed:

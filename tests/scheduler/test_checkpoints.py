@@ -3,6 +3,7 @@ captures, guards, victims and preemption."""
 
 import math
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -10,6 +11,7 @@ from hypothesis import strategies as st
 from helios_jax.catalog import GraphKind
 from helios_jax.scheduler.checkpoints import CheckpointStore, Role, capture_endpoints
 from helios_jax.scheduler.core import NS_PER_MS, Scheduler
+from helios_jax.scheduler.speculation import SOURCE_COPY, SOURCE_LEARNED
 from helios_jax.scheduler.view import LaneRole, Phase
 
 from .helpers import SPEC
@@ -310,6 +312,32 @@ def test_a_request_blocked_on_its_anchor_is_priced_with_the_decode_limits_and_ag
     assert view.phase is Phase.BLOCKED and view.prerequisites == (GraphKind.SNAPSHOT,)
     assert view.age_ms == pytest.approx(2.0)
     assert view.output_remaining == 99 and view.context_remaining == 200 - 64
+
+
+def test_a_blocked_view_carries_the_restrictions_and_estimates_of_the_decoding_it_enables():
+    """Blocked on its anchor before decoding, a request is priced with what its decoding will
+    have: its width restriction, its copy prefix while copy is its source (none once its source
+    is learned again), its own survival estimate pooled with the population's, its forecast, and
+    its output age since its first token, however short."""
+    s = sched()
+    h = s.admit([3] * 64, max_output=100)
+    _, _, t = step(s, 1, 0.0)
+    req = s.requests[h.rid]
+    assert req.phase is Phase.BLOCKED and req.enables is Phase.DECODE and not req.inflight
+    s.restrict_width(h, 2)
+    assert s.offer_copy(h, 2) == SOURCE_COPY
+    pool = s.population.acceptance_pools[SOURCE_COPY]
+    pool.observe(np.full(pool.depth, 0.9), tokens=10)  # the pool moves away from its origin
+    s.advance_to(int((t + 0.25) * MS))
+    view = next(v for v in s.views() if v.rid == h.rid)
+    est = req.acceptance.get(SOURCE_COPY)
+    assert view.phase is Phase.BLOCKED and view.age_ms == pytest.approx(0.25)
+    assert view.width_limit == 2 and view.copy_limit == 2
+    np.testing.assert_array_equal(view.survival, est.means(pool))
+    assert not np.array_equal(view.survival, est.means(None))
+    np.testing.assert_array_equal(view.forecast, req.forecast.means())
+    req.proposal_source = SOURCE_LEARNED  # what offer_copy(..., learned=True) sets when it prefers it
+    assert next(v for v in s.views() if v.rid == h.rid).copy_limit is None
 
 
 @spec("planning-queue/mandatory-revokes", "prerequisites/multiwindow-snapshot-row")

@@ -192,11 +192,14 @@ def test_two_decode_frames_queue_and_drain_kinds_do_not():
     s.advance_to(int(t * MS))
     first = s.plan()
     assert first.kind is GraphKind.DECODE and not first.needs_empty_window
+    assert all(lane.prompt_start == 0 for lane in first.lanes)  # decode lanes consume no prompt
     s.commit(first, 3)
     second = s.plan()
     assert second.kind is GraphKind.DECODE
     assert second.planning_start_ns == int(t * MS) + int(first.expected_duration_ms * MS)  # queue end
     s.commit(second, 4)
+    # The appended frame is expected to end one estimate after the queued one, not after now.
+    assert s.frames[1].expected_end_ns == s.frames[0].expected_end_ns + int(second.expected_duration_ms * MS)
     assert s.plan() is None  # two frame slots
     with pytest.raises(PlanRejected, match="window"):
         s.commit(second, 5)
@@ -207,6 +210,23 @@ def test_two_decode_frames_queue_and_drain_kinds_do_not():
     if waiting is not None and waiting.needs_empty_window:
         with pytest.raises(PlanRejected, match="empty window"):
             s.commit(waiting, 6)
+
+
+@spec("planning-queue/overrun-suspends")
+def test_a_frame_overruns_only_past_its_expected_end():
+    """A queued frame suspends further queueing once the clock passes its expected end, not at
+    it: at the end itself the next frame may still be appended."""
+    s = scheduler()
+    s.admit([1] * 8, max_output=100)
+    _, _, t = run_once(s, 1, 0.0)
+    s.advance_to(int(t * MS))
+    first = s.plan()
+    s.commit(first, 2)
+    end = s.frames[-1].expected_end_ns
+    s.advance_to(end)
+    assert s.plan() is not None
+    s.advance_to(end + 1)
+    assert s.plan() is None
 
 
 @spec("planning-queue/commit-checks", "planning-queue/prefill-exposes-late")
