@@ -123,7 +123,6 @@ class Request:
     inflight: list[int] = dataclasses.field(default_factory=list)  # fences with a lane of it
     capture: CaptureState = dataclasses.field(default_factory=CaptureState)
     image_windows: ImageWindows = dataclasses.field(default_factory=ImageWindows)
-    preempted: bool = False
     generation: int = 0  # bumped when a restore binds the state to a fresh request generation
     width_limit: int | None = (
         None  # grammar or stop restrictions: target rows per round, pending token included

@@ -110,7 +110,6 @@ class Residents:
     def preempt(self, req: Request, now_ns: int) -> None:
         """Retire an active request without completing its response, capturing its state first
         when a destination row is obtainable."""
-        req.preempted = True
         req.finish_reason = "preempted"
         req.epoch += 1
         self.captures.drop_captures(req)

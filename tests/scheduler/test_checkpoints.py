@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from helios_jax.catalog import GraphKind
 from helios_jax.scheduler.checkpoints import CheckpointStore, Role, capture_endpoints
 from helios_jax.scheduler.core import NS_PER_MS, Scheduler
+from helios_jax.scheduler.plan import PlanRejected
 from helios_jax.scheduler.speculation import SOURCE_COPY, SOURCE_LEARNED
 from helios_jax.scheduler.view import LaneRole, Phase
 
@@ -114,14 +115,17 @@ def test_a_chat_prompt_stops_at_its_anchor_and_snapshots_it():
     view = next(v for v in s.views() if v.rid == h.rid)
     assert view.prompt_limit == min(e for e, _ in req.capture.endpoints)  # chunks stop at the next capture
     t, fence = 0.0, 0
-    kinds = []
+    kinds, blocked = [], []
     while req.phase is not Phase.DECODE or req.capture.row is not None or req.prerequisites:
         fence += 1
         plan, _, t = step(s, fence, t)
         kinds.append(plan.kind)
         if plan.kind is GraphKind.SNAPSHOT:
             assert plan.lanes[0].snapshot_row is not None
+        if req.phase is Phase.BLOCKED:
+            blocked.append((req.consumed, req.enables))
     assert GraphKind.SNAPSHOT in kinds
+    assert blocked == [(250, Phase.PREFILL)]  # the anchor inside the prompt: its rest follows
     # Extras would cost a 0.3 ms copy plus a 4.85 ms split each, beyond 0.05 x 300 x 0.0219 ms:
     # only the anchor (the last message, at 250) is captured.
     assert [cp.length for cp in s.checkpoints.entries.values()] == [250]
@@ -203,7 +207,9 @@ def test_terminal_capture_is_funded_by_decode_and_completes_the_response():
     assert events[-1] == (GraphKind.SNAPSHOT, True, ())  # the completion is visible only now
     assert not any(f for k, f, _ in events[:-1])
     assert finished_at is not None
-    assert s.checkpoints.lookup([3] * 64 + [5] * 39 + [9]) is not None  # the next turn restores it
+    terminal = s.checkpoints.lookup([3] * 64 + [5] * 39 + [9])  # the next turn restores it
+    assert terminal is not None and terminal.role is Role.TERMINAL
+    assert terminal.last_demand_ns == int(t * MS)  # dated at the capture's completion
 
 
 @spec("planning-queue/decode-terminal-capture")
@@ -338,6 +344,77 @@ def test_a_blocked_view_carries_the_restrictions_and_estimates_of_the_decoding_i
     np.testing.assert_array_equal(view.forecast, req.forecast.means())
     req.proposal_source = SOURCE_LEARNED  # what offer_copy(..., learned=True) sets when it prefers it
     assert next(v for v in s.views() if v.rid == h.rid).copy_limit is None
+
+
+@spec("planning-queue/decode-terminal-capture")
+def test_a_terminal_capture_needs_an_allowance_of_at_least_its_cost_and_spends_it():
+    """Without a preemption, a decoding request enters its terminal capture only when the
+    allowance its decode earned covers the snapshot's cost (exactly covering it is enough); the
+    capture spends that cost and arms a terminal row of its own, dated now."""
+    s = sched()
+    h, t = decoding_with_output(s)
+    req = s.requests[h.rid]
+    now = int(t * MS)
+    cost = s.captures.cost_ms(GraphKind.SNAPSHOT, now)
+    req.capture.terminal_allowance_ms = math.nextafter(cost, 0.0)
+    assert not s.captures.begin_terminal_capture(req, now) and req.phase is Phase.DECODE
+    req.capture.terminal_allowance_ms = cost
+    assert s.captures.begin_terminal_capture(req, now)
+    row = s.checkpoints.entries[req.capture.row]
+    assert req.phase is Phase.TERMINAL and req.capture.terminal_allowance_ms == 0.0
+    assert (row.role, row.owner, row.last_demand_ns, row.ready) == (Role.TERMINAL, h.rid, now, False)
+
+
+def test_a_completed_snapshot_dates_its_checkpoint_and_only_the_next_prerequisite_completes():
+    """An anchor snapshot's completion readies its checkpoint dated at the completion (the time
+    victim selection ranks rows by) and moves the request on; a completion of another kind than
+    its next prerequisite changes nothing."""
+    s = sched()
+    h = s.admit([3] * 64, max_output=100)
+    _, _, t = step(s, 1, 0.0)
+    req = s.requests[h.rid]
+    assert req.prerequisites == [GraphKind.SNAPSHOT]
+    before = (req.epoch, list(req.prerequisites), req.phase, req.capture.row)
+    s.captures.prerequisite_done(req, GraphKind.RESTORE, int(t * MS))
+    assert (req.epoch, list(req.prerequisites), req.phase, req.capture.row) == before
+    row = req.capture.row
+    plan, _, end = step(s, 2, t)
+    assert plan.kind is GraphKind.SNAPSHOT and req.phase is Phase.DECODE and req.capture.row is None
+    cp = s.checkpoints.entries[row]
+    assert cp.ready and cp.pins == 0 and cp.last_demand_ns == int(end * MS)
+
+
+@spec("planning-queue/decode-terminal-capture")
+def test_a_decode_lane_earns_the_fraction_of_its_share_of_the_measured_time():
+    """A one-lane decode frame measured at T ms earns its request checkpoint_extra_work_fraction
+    x T toward its terminal capture (a frame of n lanes would give each a share T / n)."""
+    s = sched()
+    h, t = decoding_with_output(s)
+    req = s.requests[h.rid]
+    before = req.capture.terminal_allowance_ms
+    s.advance_to(int(t * MS))
+    plan = s.plan()
+    assert [lane.handle for lane in plan.lanes] == [h] and plan.kind is not GraphKind.SNAPSHOT
+    s.commit(plan, 100)
+    s.advance_to(int((t + 4.0) * MS))
+    s.complete(100, records(plan), timing(4.0))
+    fraction = s.policy.checkpoint_extra_work_fraction
+    assert req.capture.terminal_allowance_ms - before == pytest.approx(fraction * 4.0)
+
+
+@spec("planning-queue/commit-checks")
+def test_a_preemption_moves_its_request_to_a_later_epoch():
+    """Preempting a decoding request starts a new epoch of it (its terminal capture's), so a plan
+    frozen before the preemption is rejected at commit."""
+    s = sched()
+    h, t = decoding_with_output(s)
+    s.advance_to(int(t * MS))
+    stale = s.plan()
+    epoch = s.requests[h.rid].epoch
+    s.preempt(h)
+    assert s.requests[h.rid].epoch > epoch
+    with pytest.raises(PlanRejected):
+        s.commit(stale, 100)
 
 
 @spec("planning-queue/mandatory-revokes", "prerequisites/multiwindow-snapshot-row")

@@ -102,3 +102,34 @@ def test_image_inputs_need_vision_programs_and_rows():
         s.admit(list(range(1000)), max_output=1, image_spans=SPANS)
     with pytest.raises(ValueError, match="feature tokens"):
         Scheduler(SPEC, vision_window_tokens=100).admit(list(range(1000)), max_output=1, image_spans=SPANS)
+
+
+@spec("prerequisites/feature-offsets-zero")
+def test_images_of_one_window_are_encoded_one_execution_each_at_compact_offsets():
+    """A window holding all three images, vision programs of one image each: three vision
+    executions, each encoding the next image at the feature offset of the images before it in
+    the window (their token lengths summed, from zero), then the prefill."""
+    s = Scheduler(SPEC, vision_window_tokens=1000)
+    s.seed_costs(0)
+    assert s.captures.images_per_execution == 1
+    h = s.admit(list(range(1, 1001)), max_output=5, image_spans=SPANS)
+    plans = run(s, h)
+    vision = [(p.lanes[0].images, p.lanes[0].feature_offset) for p in plans if p.kind is GraphKind.VISION]
+    assert vision == [((0,), 0), ((1,), 200), ((2,), 400)]
+    assert [p.kind for p in plans[:4]] == [GraphKind.VISION] * 3 + [GraphKind.PREFILL]
+
+
+@spec("planning-queue/commit-checks")
+def test_each_completed_prerequisite_moves_its_request_to_a_later_epoch():
+    """Snapshot, restore and vision executions each end in a new epoch of their request, later
+    than every epoch before it, so that a plan frozen before one of them can never be committed
+    after it (the run of three windows: seven prerequisites)."""
+    s = Scheduler(SPEC, vision_window_tokens=300)
+    s.seed_costs(0)
+    h = s.admit(list(range(1, 1001)), max_output=5, image_spans=SPANS)
+    plans = run(s, h)
+    prerequisites = [p.lanes[0].epoch for p in plans if p.lanes[0].role is LaneRole.PREREQUISITE]
+    assert len(prerequisites) == 7
+    assert all(a < b for a, b in zip(prerequisites, prerequisites[1:]))
+    epochs = [p.lanes[0].epoch for p in plans]
+    assert epochs == sorted(epochs) and s.requests[h.rid].epoch > prerequisites[-1]
