@@ -417,6 +417,28 @@ def test_a_preemption_moves_its_request_to_a_later_epoch():
         s.commit(stale, 100)
 
 
+def test_cancellation_drops_pending_captures_guards_and_an_armed_row_not_in_flight():
+    """Cancelled before its anchor, a request gives up its pending endpoints and the row guarded
+    for it; cancelled while blocked on its anchor's armed row with nothing in flight, that row
+    goes back to the free rows at once (an armed row in flight stays until its fence)."""
+    s = sched()
+    early = s.admit([3] * 64, max_output=100)
+    assert early.rid in s.checkpoints.guards.values() and s.requests[early.rid].capture.endpoints
+    req = s.requests[early.rid]
+    s.cancel(early)
+    assert early.rid not in s.checkpoints.guards.values() and req.capture.endpoints == []
+    s = sched()
+    h = s.admit([3] * 64, max_output=100)
+    step(s, 1, 0.0)
+    req = s.requests[h.rid]
+    row = req.capture.row
+    assert (
+        req.phase is Phase.BLOCKED and row is not None and not req.inflight and row in s.checkpoints.entries
+    )
+    s.cancel(h)
+    assert req.capture.row is None and row not in s.checkpoints.entries
+
+
 @spec("planning-queue/mandatory-revokes", "prerequisites/multiwindow-snapshot-row")
 def test_a_multi_window_image_request_revokes_an_unused_anchor_guard():
     """One snapshot row, guarded at admission for a text request's later anchor. A multi-window
