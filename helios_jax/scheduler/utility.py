@@ -118,10 +118,6 @@ class Decision:
     def sequence_rate(self, numerator: float, total_ms: float) -> float:
         return numerator / total_ms - 0.5 * total_ms * self.waiting
 
-    def decode_age_term(self, age_ms: float | np.ndarray, until_ms: float) -> np.ndarray:
-        """c * sigma * (A + T) for served decoders (array-friendly)."""
-        return self.decode_age * self.sigma_decode * (np.asarray(age_ms) + until_ms)
-
     def terminal_lane(self, age_ms: float | np.ndarray, until_ms: float) -> np.ndarray:
         """terminal_value + c * sigma * (A + T) for terminal rows."""
         return self.terminal_value + self.terminal_age * self.sigma_terminal * (np.asarray(age_ms) + until_ms)

@@ -140,7 +140,7 @@ class DecoderTable:
         # c*sigma: value per ms of T per served lane
         self.age_value_per_ms = decision.decode_age * decision.sigma_decode
         # f64[n]: delivery and c*sigma*A, the value a served lane earns besides its tokens at T = 0
-        # (``Decision.decode_age_term(age, 0)``, the same products in the same order)
+        # (a served decoder's age term is c*sigma*(A + T); its c*sigma*T part is the row's slope)
         self.delivery_value = self.delivery_price + self.age_value_per_ms * age
 
     def lane_widths(self, width: int, depth: int) -> np.ndarray:
