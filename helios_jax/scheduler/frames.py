@@ -76,8 +76,8 @@ def plan_lane(req: Request, kind: GraphKind, lane: Lane, captures: Captures) -> 
     row, images, offset = captures.lane_state(req, lane.role, kind)
     # Every field, set without the frozen constructor's per-field dispatch (a plan of 16 lanes
     # paid about 40 us for it); test_plan_cost_bounds checks the field names.
-    new = object.__new__(PlanLane)
-    new.__dict__.update(
+    return assemble(
+        PlanLane,
         handle=req.handle,
         slot=req.slot,
         epoch=req.epoch,
@@ -92,7 +92,6 @@ def plan_lane(req: Request, kind: GraphKind, lane: Lane, captures: Captures) -> 
         images=images,
         feature_offset=offset,
     )
-    return new
 
 
 def frame_record(

@@ -16,7 +16,7 @@ import numpy as np
 
 from helios_jax.scheduler import utility
 from helios_jax.scheduler.speculation import monotone, monotone_expected_output_table
-from helios_jax.scheduler.view import Lane, LaneRole, RequestView
+from helios_jax.scheduler.view import Lane, LaneRole, RequestView, assemble
 
 
 def padded_prefixes(prefixes: Sequence[np.ndarray], depth: int) -> np.ndarray:
@@ -181,8 +181,8 @@ class DecoderTable:
                 self.output_price[i] * expected + self.delivery_value[i] + self.age_value_per_ms * until_ms
             )
             # Every field, without the frozen constructor's dispatch (test_plan_cost_bounds).
-            lane = object.__new__(Lane)
-            lane.__dict__.update(
+            lane = assemble(
+                Lane,
                 rid=int(self.rids[i]),
                 slot=int(self.slots[i]),
                 role=LaneRole.DECODE,
