@@ -65,9 +65,11 @@ class Captures:
         # and restore programs; it is opt-in (docs/checkpoints.md says why).
         self.state_copies = {GraphKind.SNAPSHOT, GraphKind.RESTORE} <= kinds
         self.enabled = checkpoints and self.state_copies
-        if snapshot_rows is None:
-            snapshot_rows = request_slots if self.state_copies else 0
-        self.checkpoints = CheckpointStore(snapshot_rows if self.state_copies else 0)
+        if not self.state_copies:
+            snapshot_rows = 0  # no program could fill or read a row
+        elif snapshot_rows is None:
+            snapshot_rows = request_slots
+        self.checkpoints = CheckpointStore(snapshot_rows)
         vision = [g for g in graphs.graphs if g.kind is GraphKind.VISION]
         self.images_per_execution = max((g.image_capacity for g in vision), default=0)
         if vision_window_tokens is not None and vision_window_tokens < 1:
@@ -75,9 +77,9 @@ class Captures:
         self.vision_window_tokens = vision_window_tokens  # prepared feature storage per window
 
     # == admission ==========================================================================
-    def admission_windows(self, spans: tuple[tuple[int, int], ...], prompt_len: int) -> list[Window]:
+    def admission_windows(self, spans: tuple[tuple[int, int], ...]) -> list[Window]:
         """The image windows of an admission; raises when the catalog cannot serve them."""
-        windows = self.image_windows(spans, prompt_len)
+        windows = self.image_windows(spans)
         if spans and not self.images_per_execution:
             raise ValueError("this catalog has no vision programs; image inputs are not supported")
         if len(windows) > 1 and not (self.state_copies and self.checkpoints.obtainable(-1, mandatory=True)):
@@ -108,7 +110,7 @@ class Captures:
             self._plan_captures(req, fraction, now_ns)
 
     # == image windows ======================================================================
-    def image_windows(self, spans: Sequence[tuple[int, int]], prompt_len: int) -> list[Window]:
+    def image_windows(self, spans: Sequence[tuple[int, int]]) -> list[Window]:
         """Group image spans into whole-image windows bounded by the prepared feature storage.
 
         Returns [(first token of the window's first image, (image indices...)), ...]; a span is
@@ -231,23 +233,14 @@ class Captures:
                 if cost <= allowance and not self.checkpoints.holds(req.prompt[:e]):
                     points.append((e, Role.EXTRA))
                     allowance -= cost
-            req.capture.extra_allowance_ms = allowance
         req.capture.endpoints = sorted(points)
 
     def drop_captures(self, req: Request) -> None:
-        """Cancellation or retirement: pending captures go; armed or in-flight rows stay pinned
-        until their fence completes."""
-        capture = req.capture
-        capture.endpoints = []
+        """Cancellation or retirement: pending captures and the guard go. An armed row stays
+        pinned until the request's last fence: :meth:`release` returns it then (every caller
+        reaches it at once when nothing is in flight)."""
+        req.capture.endpoints = []
         self.checkpoints.release_guards(req.rid)
-        if (
-            capture.row is not None
-            and capture.row != req.image_windows.row
-            and not req.inflight
-            and req.phase is Phase.BLOCKED
-        ):
-            self.checkpoints.abandon(capture.row)
-            capture.row = None
 
     def reach_endpoint(self, req: Request, enables: Phase, now_ns: int) -> None:
         """A prompt chunk ended at a capture endpoint: snapshot the exact consumed state first."""

@@ -190,7 +190,7 @@ class Scheduler(SchedulerReads, ProposalSources):
         )
         if needs_scores:
             self.graphs.require(GraphKind.SCORED_PREFILL, "a request for prompt scores")
-        windows = self.captures.admission_windows(admission["image_spans"], len(admission["prompt"]))
+        windows = self.captures.admission_windows(admission["image_spans"])
         pages_needed = self.pages_needed(len(admission["prompt"]), max_output)
         req = self.residents.new_request(
             admission, pages_needed, self.now_ns, acceptance_history, forecast_history

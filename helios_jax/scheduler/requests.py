@@ -72,7 +72,6 @@ class CaptureState:
     restore_row: int | None = None  # the checkpoint a pending RESTORE reads
     row: int | None = None  # the armed destination of a pending SNAPSHOT
     endpoints: list[tuple[int, Role]] = dataclasses.field(default_factory=list)  # still to capture
-    extra_allowance_ms: float = 0.0  # checkpoint extra-work allowance left (prefill share)
     terminal_allowance_ms: float = 0.0  # earned by productive decode toward a terminal capture
 
 

@@ -228,7 +228,7 @@ class SchedulerMachine(RuleBasedStateMachine):
                 image_spans=spans,
             )
         except ResourceError:
-            assert not self.s.can_admit(prompt, out) or len(self.s.captures.image_windows(spans, prompt)) > 1
+            assert not self.s.can_admit(prompt, out) or len(self.s.captures.image_windows(spans)) > 1
             candidate = self.s.preemption_candidate(prompt, out)
             if candidate is not None:
                 r = self._resident(candidate)
