@@ -87,16 +87,13 @@ def test_lanes_that_copy_no_state_carry_no_snapshot_row_and_no_feature_offset():
 
 @spec("planning-queue/victim-ranking")
 def test_a_restore_dates_the_demand_of_the_checkpoint_it_reads():
-    """Two stored anchors; a later admission restores the older one, which is then the more
-    recently demanded and the later victim (victims rank by role, then demand recency)."""
+    """Two stored checkpoints, the first demanded longest ago (victims rank by role, then demand
+    recency); a later admission that restores the first dates its demand at that admission."""
     s = sched(snapshot_rows=2)
     prompts = [list(range(1, 101)), list(range(201, 301))]
     t, fence = 0.0, 0
     for prompt in prompts:
-        h = s.admit(prompt, max_output=1, message_endpoints=[100])
-        while h.rid in s.requests:
-            fence += 1
-            _, _, t = step(s, fence, t)
+        fence, t = run_out(s, s.admit(prompt, max_output=1, message_endpoints=[100]), fence, t)
         t += 5.0
     rows = [s.checkpoints.lookup(p + [1]).row for p in prompts]
     assert s.checkpoints.victims(-1) == rows  # the first captured is demanded longest ago
@@ -137,11 +134,15 @@ def test_an_extra_capture_costs_nothing_known_until_the_snapshot_is_fresh_again(
     assert s.captures.extra_capture_cost_ms(s.now_ns) == pytest.approx(1.0 + 2.0)
 
 
+def one_extra_prompt_len(s):
+    """A prompt length whose extra-work allowance is one and a half extra captures."""
+    per_token, cost = s.captures.prefill_ms_per_token(), s.captures.extra_capture_cost_ms(s.now_ns)
+    return math.ceil(1.5 * cost / (s.policy.checkpoint_extra_work_fraction * per_token))
+
+
 def extra_then_anchor(s):
     """A prompt whose allowance admits one extra capture (at 200) before its anchor (at 300)."""
-    per_token, cost = s.captures.prefill_ms_per_token(), s.captures.extra_capture_cost_ms(s.now_ns)
-    n = math.ceil(1.5 * cost / (s.policy.checkpoint_extra_work_fraction * per_token))
-    h = s.admit([3] * n, max_output=4, message_endpoints=[100, 200, 300])
+    h = s.admit([3] * one_extra_prompt_len(s), max_output=4, message_endpoints=[100, 200, 300])
     assert s.requests[h.rid].capture.endpoints == [(200, Role.EXTRA), (300, Role.ANCHOR)]
     return h
 
@@ -192,8 +193,7 @@ def test_a_request_ending_on_an_extra_endpoint_gets_no_funded_terminal_capture()
     whose prompt end is an extra (its anchor an earlier message) and that earned no decode
     allowance retires without a terminal capture."""
     s = sched()
-    per_token, cost = s.captures.prefill_ms_per_token(), s.captures.extra_capture_cost_ms(s.now_ns)
-    n = math.ceil(1.5 * cost / (s.policy.checkpoint_extra_work_fraction * per_token))
+    n = one_extra_prompt_len(s)
     prompt = [3] * n
     h = s.admit(prompt, max_output=1, message_endpoints=[100])
     assert s.requests[h.rid].capture.endpoints == [(100, Role.ANCHOR), (n, Role.EXTRA)]
@@ -205,13 +205,17 @@ def test_a_request_ending_on_an_extra_endpoint_gets_no_funded_terminal_capture()
     assert not s.checkpoints.holds(prompt) and s.checkpoints.holds(prompt[:100])
 
 
-def restoring(s, prompt):
-    """`prompt`'s first 100 tokens stored as an anchor, then a longer prompt admitted to restore it."""
-    h = s.admit(prompt[:100], max_output=1, message_endpoints=[100])
-    t, fence = 0.0, 0
+def run_out(s, h, fence=0, t=0.0):
+    """Frames until the request of `h` has left; returns the last fence and time."""
     while h.rid in s.requests:
         fence += 1
         _, _, t = step(s, fence, t)
+    return fence, t
+
+
+def restoring(s, prompt):
+    """`prompt`'s first 100 tokens stored as an anchor, then a longer prompt admitted to restore it."""
+    fence, t = run_out(s, s.admit(prompt[:100], max_output=1, message_endpoints=[100]))
     h = s.admit(prompt, max_output=3)
     req = s.requests[h.rid]
     assert req.prerequisites == [GraphKind.RESTORE]

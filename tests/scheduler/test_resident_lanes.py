@@ -18,7 +18,7 @@ spec = pytest.mark.spec
 
 
 def until(s, done, fence=0, t=0.0, limit=200):
-    """Plan, commit and complete frames until `done(plan)` holds for a completed plan."""
+    """Plan, commit and complete frames until `done(plan, generated)` holds for a completed one."""
     while fence < limit:
         fence += 1
         plan, gen, t = step(s, fence, t)
