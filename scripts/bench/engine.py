@@ -112,6 +112,12 @@ flags.DEFINE_list(
     "also run a second helios engine whose prefill programs have these row counts (system "
     "'helios-pb' joined by dots, e.g. helios-pb1.4.16), interleaved with the others",
 )
+flags.DEFINE_list(
+    "alt_decode_steps",
+    [],
+    "also run a second helios engine whose decode programs take these step counts (system "
+    "'helios-k' joined by dots, e.g. helios-k1.4.8.16), interleaved with the others",
+)
 flags.DEFINE_bool("decode", True, "run part 2")
 flags.DEFINE_integer("seed", 0, "seed of the prompt windows and random weights")
 flags.DEFINE_string("json_out", None, "write the results as JSON here")
@@ -434,7 +440,7 @@ def run_naive(decoder: NaiveDecoder, prompts, new_tokens):
     return wall, tokens.size, [ttft] * n, gaps * n, [row.tolist() for row in tokens]
 
 
-def build_helios(model, dtype: str, tokenizer, slots: int, prefill_batch=None):
+def build_helios(model, dtype: str, tokenizer, slots: int, prefill_batch=None, decode_steps=None):
     from helios_jax.runtime.engine import HeliosEngine
     from helios_jax.runtime.tokenizer import HFTokenizer
 
@@ -442,7 +448,7 @@ def build_helios(model, dtype: str, tokenizer, slots: int, prefill_batch=None):
     ec = engine_bench_config(
         slots,
         FLAGS.max_model_len,
-        decode_steps=tuple(int(k) for k in FLAGS.decode_steps),
+        decode_steps=tuple(int(k) for k in decode_steps or FLAGS.decode_steps),
         prefill_batch=tuple(int(b) for b in rows) if rows else None,
         dtype=dtype,
     )
@@ -526,9 +532,15 @@ def serving(results: dict) -> None:
             engines[dtype] = engine
             systems[("helios", dtype)] = (lambda e: lambda ps: run_helios(e, ps, new))(engine)
             print(f"helios {dtype}: engine built in {seconds:.1f} s", flush=True)
-            if FLAGS.alt_prefill_batch:
-                name = "helios-pb" + ".".join(FLAGS.alt_prefill_batch)
-                alt, seconds, ec = build_helios(model, dtype, tokenizer, slots, FLAGS.alt_prefill_batch)
+            alternatives = [
+                ("helios-pb", FLAGS.alt_prefill_batch, dict(prefill_batch=FLAGS.alt_prefill_batch)),
+                ("helios-k", FLAGS.alt_decode_steps, dict(decode_steps=FLAGS.alt_decode_steps)),
+            ]
+            for prefix, values, options in alternatives:
+                if not values:
+                    continue
+                name = prefix + ".".join(values)
+                alt, seconds, ec = build_helios(model, dtype, tokenizer, slots, **options)
                 setup[f"{name}/{dtype}"] = dict(
                     build_and_compile_s=round(seconds, 2), engine_config=dataclasses.asdict(ec)
                 )

@@ -3,11 +3,15 @@
     python scripts/bench/speculation.py [--modes=off,fixed,adaptive] [--concurrency=1,16]
         [--draft_tokens=3] [--prompt_tokens=64] [--new_tokens=128] [--requests_at_one=2]
         [--repeats=3] [--dtype=float32] [--max_model_len=512] [--policy=balanced] [--seed=0]
-        [--decode_steps=1]
+        [--decode_steps=1] [--readers=loop] [--prefill_batch=1,4,16]
         [--json_out=FILE] [--plot_dir=DIR]
 
-One `HeliosEngine` per mode (16 request slots, the same catalog planning the server uses, the
-persistent compilation cache on), all alive at once. Prompts are --prompt_tokens-token windows of
+One `HeliosEngine` per mode (16 request slots, the same catalog planning the server uses, its
+prefill rows included, the persistent compilation cache on), all alive at once. The streams are
+read as the HTTP server reads them, all on one asyncio loop with its `next_event`
+(`--readers=threads`: a thread per stream, this script's reading before 2026-12-05; sixteen
+reader threads woken at every frame take the two cores from the program, see
+docs/benchmarks-engine.md, twentieth stop). Prompts are --prompt_tokens-token windows of
 the held-out standard-library files (training_info.json), greedy, --new_tokens new tokens each.
 At concurrency 1 the engine serves --requests_at_one requests one after another; at concurrency
 16 it serves 16 submitted at once. Modes are interleaved within every repeat (their order
@@ -69,6 +73,19 @@ flags.DEFINE_list(
     "step counts K of every mode's width-one programs (decode with speculation off, width-one "
     "speculative rounds otherwise); 1,4,8 is the server's default without speculation",
 )
+flags.DEFINE_enum(
+    "readers",
+    "loop",
+    ["loop", "threads"],
+    "how the streams are read: all on one asyncio loop with the server's next_event (as the HTTP "
+    "server reads them), or a thread per stream",
+)
+flags.DEFINE_list(
+    "prefill_batch",
+    None,
+    "prompt rows B of every mode's prefill programs (1: one prompt each); unset: the server's "
+    "default for 16 slots (engine_options.default_prefill_batch)",
+)
 flags.DEFINE_integer("seed", 0, "seed of the prompt windows")
 flags.DEFINE_string("json_out", None, "write the results as JSON here")
 flags.DEFINE_string("plot_dir", None, "write PNG plots here (e.g. docs/img)")
@@ -83,6 +100,7 @@ def build(model, tokenizer, name: str):
     """The engine of one --modes entry: a speculation mode, optionally with its own step counts
     after an '@' ('adaptive@1' or 'adaptive@1+4+8'; otherwise --decode_steps)."""
     from helios_jax.engine_config import EngineConfig
+    from helios_jax.engine_options import default_prefill_batch
     from helios_jax.runtime.engine import HeliosEngine
     from helios_jax.runtime.tokenizer import HFTokenizer
 
@@ -91,6 +109,7 @@ def build(model, tokenizer, name: str):
     )
     mode, _, steps = name.partition("@")
     steps = steps.split("+") if steps else FLAGS.decode_steps
+    rows = [int(b) for b in FLAGS.prefill_batch] if FLAGS.prefill_batch else default_prefill_batch(16)
     ec = EngineConfig(
         request_slots=16,
         prefill_chunks=chunks,
@@ -99,6 +118,7 @@ def build(model, tokenizer, name: str):
         max_model_len=FLAGS.max_model_len,
         dtype=FLAGS.dtype,
         decode_steps=tuple(int(k) for k in steps),
+        prefill_batch=tuple(rows),
     )
     t = time.perf_counter()
     from helios_jax.scheduler.config import PolicyConfig
@@ -135,46 +155,93 @@ def delta(after: dict, before: dict) -> dict:
 
 
 def serve_requests(engine, prompts, new_tokens, concurrent: bool):
-    """Runs the prompts (all at once, or one after another). Returns per-request records."""
-    from helios_jax.runtime.api import GenerationRequest, SamplingParams
-
+    """Runs the prompts (all at once, or one after another), the streams read as `--readers`
+    says. Returns the wall time and per-request records."""
     records = [None] * len(prompts)
-
-    def consume(i, stream, submitted):
-        tokens, events, stamps = [], [], []
-        for event in stream:
-            if event.finish_reason == "error":
-                raise RuntimeError(event.error)
-            if event.token_ids:
-                stamps.append(time.perf_counter())
-                events.append(len(event.token_ids))
-                tokens.extend(event.token_ids)
-        records[i] = dict(
-            tokens=tokens,
-            events=events,
-            ttft_ms=(stamps[0] - submitted) * 1e3,
-            gaps_ms=list(np.diff(stamps) * 1e3),
-        )
-
-    def submit(i, p):
-        req = GenerationRequest(
-            f"spec-{time.perf_counter_ns()}-{i}",
-            tuple(p),
-            SamplingParams(max_tokens=new_tokens, temperature=0.0),
-        )
-        now = time.perf_counter()
-        t = threading.Thread(target=consume, args=(i, engine.submit(req), now), daemon=True)
-        t.start()
-        return t
-
+    read = _read_on_one_loop if FLAGS.readers == "loop" else _read_on_threads
     start = time.perf_counter()
     if concurrent:
-        for t in [submit(i, p) for i, p in enumerate(prompts)]:
-            t.join()
+        read(engine, list(enumerate(prompts)), new_tokens, records)
     else:
         for i, p in enumerate(prompts):
-            submit(i, p).join()
+            read(engine, [(i, p)], new_tokens, records)
     return time.perf_counter() - start, records
+
+
+def _request(i, prompt, new_tokens):
+    from helios_jax.runtime.api import GenerationRequest, SamplingParams
+
+    return GenerationRequest(
+        f"spec-{time.perf_counter_ns()}-{i}",
+        tuple(prompt),
+        SamplingParams(max_tokens=new_tokens, temperature=0.0),
+    )
+
+
+class _Record:
+    """One stream's tokens, token events and their arrival times."""
+
+    def __init__(self, submitted: float):
+        self.submitted, self.tokens, self.events, self.stamps = submitted, [], [], []
+
+    def add(self, event) -> None:
+        if event.finish_reason == "error":
+            raise RuntimeError(event.error)
+        if event.token_ids:
+            self.stamps.append(time.perf_counter())
+            self.events.append(len(event.token_ids))
+            self.tokens.extend(event.token_ids)
+
+    def result(self) -> dict:
+        return dict(
+            tokens=self.tokens,
+            events=self.events,
+            ttft_ms=(self.stamps[0] - self.submitted) * 1e3,
+            gaps_ms=list(np.diff(self.stamps) * 1e3),
+        )
+
+
+def _read_on_one_loop(engine, prompts, new_tokens, records) -> None:
+    """Every stream read on one asyncio loop with the server's `next_event`."""
+    import asyncio
+
+    from helios_jax.serve.events import next_event
+
+    async def read(i, stream, record):
+        while True:
+            event = await next_event(stream)
+            record.add(event)
+            if event.finish_reason is not None:
+                break
+        records[i] = record.result()
+
+    async def serve():
+        readers = []
+        for i, p in prompts:
+            record = _Record(time.perf_counter())
+            readers.append(read(i, engine.submit(_request(i, p, new_tokens)), record))
+        await asyncio.gather(*readers)
+
+    asyncio.run(serve())
+
+
+def _read_on_threads(engine, prompts, new_tokens, records) -> None:
+    """A thread per stream."""
+
+    def consume(i, stream, record):
+        for event in stream:
+            record.add(event)
+        records[i] = record.result()
+
+    threads = []
+    for i, p in prompts:
+        record = _Record(time.perf_counter())
+        stream = engine.submit(_request(i, p, new_tokens))
+        t = threading.Thread(target=consume, args=(i, stream, record), daemon=True)
+        t.start()
+        threads.append(t)
+    for t in threads:
+        t.join()
 
 
 def acceptance(d: dict, gamma: int) -> dict:
@@ -288,6 +355,8 @@ def main(argv) -> int:
                 "max_model_len",
                 "policy",
                 "seed",
+                "readers",
+                "prefill_batch",
             )
         },
         prompts=[dict(file=p["file"], offset=p["offset"]) for p in prompts],
