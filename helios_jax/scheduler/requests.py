@@ -234,7 +234,7 @@ def admission_fields(
     sampling: Any,
     proposal_source: str,
     width_limit: int | None,
-    host_mask: bool = False,
+    host_mask: bool,
 ) -> Admission:
     """``Scheduler.admit``'s arguments checked and normalized; raises ValueError."""
     tokens = tuple(int(t) for t in prompt)
