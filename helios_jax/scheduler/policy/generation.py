@@ -130,9 +130,9 @@ def ragged_upper_value(sel: Selection, g: GraphDescriptor) -> float:
     m_max = min(g.batch_capacity, decoders.count, g.target_capacity)
     totals = np.cumsum(pending[: -m_max - 1 : -1])  # the m best pending rows, m = 1..m_max
     if rows.size:
-        best_rows = np.cumsum(rows[::-1])  # the j best extension rows, j = 1..
-        if rows[0] < 0:  # at most k rows: the best of the prefixes up to k (and none)
-            best_rows = np.maximum.accumulate(np.maximum(best_rows, 0.0))
+        # The j best extension rows, j = 1..: each row is a price times a survival power, never
+        # negative, so taking k rows is never worse than taking fewer.
+        best_rows = np.cumsum(rows[::-1])
         k = np.minimum(g.target_capacity - np.arange(1, m_max + 1), rows.size)
         totals = totals + np.where(k > 0, best_rows[k - 1], 0.0)
     return float(totals.max())
