@@ -294,3 +294,46 @@ def test_kept_durations_follow_the_changed_estimates_and_read_only_those():
     costs.observe(mine[1], [1.0], now + 1)
     prepared.durations(costs)
     assert set(read) == {mine[0], mine[1]}
+
+
+@spec("duration-estimates/first-sets", "duration-estimates/stale-30s")
+def test_an_estimate_of_one_nanosecond_is_measured_and_goes_stale():
+    """Any positive observation sets the estimate (here 1 ns, the smallest integer one), and
+    such an entry then ages like any other: stale for any_stale as for is_stale."""
+    (g,) = shipped_catalog().graphs[:1]
+    costs = CostModel(ttl_ns=100)
+    costs.observe(g.key, [1.0], 0)
+    assert costs.is_known(g.key) and costs.estimate_ns(g.key) == 1.0
+    assert not costs.any_stale([g], 100)
+    assert costs.is_stale(g.key, 101) and costs.any_stale([g], 101)
+
+
+def test_any_stale_reads_its_kept_oldest_only_at_the_epoch_it_was_kept():
+    """The kept oldest is keyed by the observation epoch, whatever values the stamps take: here
+    the kept oldest stamp (2 ns) equals the epoch after the next observation (2), which renews
+    that stamp; any_stale must read the new one."""
+    (g,) = shipped_catalog().graphs[:1]
+    programs = [g]
+    costs = CostModel(ttl_ns=100)
+    costs.observe(g.key, [5.0], 2)  # epoch 1
+    assert not costs.any_stale(programs, 50)  # kept: (programs, epoch 1, oldest 2)
+    costs.observe(g.key, [5.0], 10)  # the same entry renewed: epoch 2
+    assert not costs.is_stale(g.key, 103)
+    assert costs.any_stale(programs, 103) is False  # 103 - 10 <= 100; the old stamp would say stale
+
+
+def test_a_restore_never_leaves_any_stale_reading_an_oldest_kept_before_it():
+    """A restore replaces every entry: whatever epochs passed since any_stale kept its oldest,
+    the next call reads the restored entries (here none measured: never stale)."""
+    (g,) = shipped_catalog().graphs[:1]
+    programs = [g]
+    for observations_after in (0, 1):  # the restore directly after keeping, or one epoch later
+        costs = CostModel(ttl_ns=100)
+        empty = costs.snapshot()
+        costs.observe(g.key, [5.0], 100)  # epoch 1
+        assert not costs.any_stale(programs, 150)  # kept at epoch 1
+        for i in range(observations_after):
+            costs.observe(g.key, [5.0], 120 + i)  # epoch 2: kept not read since
+        costs.restore(empty)
+        assert not costs.is_known(g.key)
+        assert costs.any_stale(programs, 100 + 101) is False
