@@ -120,3 +120,38 @@ def prompt_windows(tokenizer, count: int, length: int, seed: int) -> list[dict]:
         start = int(rng.integers(0, len(ids) - length))
         out.append(dict(file=rel, offset=start, tokens=[int(t) for t in ids[start : start + length]]))
     return out
+
+
+def submit_greedy(engine, prompts, new_tokens: int, tag: str) -> list:
+    """Submit every prompt at once for `new_tokens` greedy tokens; the engine's streams."""
+    import time
+
+    from helios_jax.runtime.api import GenerationRequest, SamplingParams
+
+    return [
+        engine.submit(
+            GenerationRequest(
+                f"{tag}-{time.perf_counter_ns()}-{i}",
+                tuple(p),
+                SamplingParams(max_tokens=new_tokens, temperature=0),
+            )
+        )
+        for i, p in enumerate(prompts)
+    ]
+
+
+def read_on_one_loop(streams) -> None:
+    """Read every stream to its end on one asyncio loop with the server's `next_event` (no
+    thread per stream), as the HTTP server reads them."""
+    import asyncio
+
+    from helios_jax.serve.events import next_event
+
+    async def read(stream):
+        while (await next_event(stream)).finish_reason is None:
+            pass
+
+    async def read_all():
+        await asyncio.gather(*(read(s) for s in streams))
+
+    asyncio.run(read_all())

@@ -50,7 +50,7 @@ import time
 import jax
 import numpy as np
 from absl import app, flags
-from bench_common import engine_bench_config, prompt_windows
+from bench_common import engine_bench_config, prompt_windows, read_on_one_loop, submit_greedy
 
 from helios_jax.compilation_cache import enable_compilation_cache
 
@@ -198,35 +198,8 @@ def explain(scheduler, plan, rows=5):
     )
 
 
-def read_on_one_loop(streams):
-    """Read every stream on one asyncio loop with the server's `next_event` (no thread per stream)."""
-    import asyncio
-
-    from helios_jax.serve.events import next_event
-
-    async def read(stream):
-        while (await next_event(stream)).finish_reason is None:
-            pass
-
-    async def read_all():
-        await asyncio.gather(*(read(s) for s in streams))
-
-    asyncio.run(read_all())
-
-
 def serve(engine, prompts, new_tokens):
-    from helios_jax.runtime.api import GenerationRequest, SamplingParams
-
-    streams = [
-        engine.submit(
-            GenerationRequest(
-                f"iv-{time.perf_counter_ns()}-{i}",
-                tuple(p),
-                SamplingParams(max_tokens=new_tokens, temperature=0),
-            )
-        )
-        for i, p in enumerate(prompts)
-    ]
+    streams = submit_greedy(engine, prompts, new_tokens, "iv")
     if FLAGS.readers == "loop":
         read_on_one_loop(streams)
         return

@@ -7,9 +7,10 @@
 Serves the engine `intervals.py --engine=bench` serves (16 request slots, greedy, no speculation,
 the given decode step counts) and times every ``Scheduler.plan()`` call in the engine loop in the
 loop thread's CPU time (``time.thread_time``: without the waits for a core that other threads
-cause), while all c requests decode. At the middle of the first timed run, the loop stops once
-and calls ``plan()`` ``--replays`` more times on the same state, back to back (the memo dropped
-before each: ``plan()`` is pure, so each call recomputes the same plan). The two medians are
+cause), while all c requests decode. At the eighth such decision (early in the first timed
+run), the loop stops once and calls ``plan()`` ``--replays`` more times on the same state, back
+to back (the memo dropped before each: ``plan()`` is pure, so each call recomputes the same
+plan). The two medians are
 the same decision's code on the same data; their ratio is what serving interleaved with
 the programs and the completions costs each decision beyond the decision itself (caches and
 predictors left cold by the work between decisions), which a benchmark of ``plan()`` alone
@@ -29,12 +30,14 @@ from absl import app, flags
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_common import engine_bench_config, prompt_windows  # noqa: E402
+from bench_common import engine_bench_config, prompt_windows, read_on_one_loop, submit_greedy  # noqa: E402
 
 from helios_jax.compilation_cache import enable_compilation_cache  # noqa: E402
 from helios_jax.cpu_threads import limit_compute_threads  # noqa: E402
 
 FLAGS = flags.FLAGS
+REPLAYED_DECISION = 8  # which decision of the steady decode is replayed (early in the first run)
+
 flags.DEFINE_list("concurrency", ["1", "16"], "concurrent requests")
 flags.DEFINE_integer("runs", 4, "timed runs per concurrency (after one untimed warm-up run)")
 flags.DEFINE_integer("replays", 300, "back-to-back plan() calls on one mid-run state")
@@ -82,35 +85,11 @@ class PlanTimer:
 
 def serve(engine, prompts, new_tokens: int) -> None:
     """Submit every prompt at once and read the streams on one asyncio loop, as the server does."""
-    import asyncio
-
-    from helios_jax.runtime.api import GenerationRequest, SamplingParams
-    from helios_jax.serve.events import next_event
-
-    streams = [
-        engine.submit(
-            GenerationRequest(
-                f"pw-{i}-{time.perf_counter_ns()}",
-                tuple(p),
-                SamplingParams(max_tokens=new_tokens, temperature=0),
-            )
-        )
-        for i, p in enumerate(prompts)
-    ]
-
-    async def read(stream):
-        while (await next_event(stream)).finish_reason is None:
-            pass
-
-    async def read_all():
-        await asyncio.gather(*(read(s) for s in streams))
-
-    asyncio.run(read_all())
+    read_on_one_loop(submit_greedy(engine, prompts, new_tokens, "pw"))
 
 
 def measure(engine, prompts, c: int) -> dict:
-    decisions_a_run = FLAGS.new_tokens  # an upper bound: frames of one step
-    timer = PlanTimer(engine, c, FLAGS.replays, at=max(decisions_a_run // 16, 4))
+    timer = PlanTimer(engine, c, FLAGS.replays, at=REPLAYED_DECISION)
     try:
         for _ in range(FLAGS.runs):
             serve(engine, prompts[:c], FLAGS.new_tokens)
