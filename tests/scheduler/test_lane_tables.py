@@ -193,11 +193,8 @@ def test_a_table_built_on_a_base_equals_one_built_fresh():
         views = _random_decoders(rng, int(rng.integers(2, 6)), 4)
         decision = _decision(views, alpha=float(rng.choice([1.0, 0.5])))
         base = DecoderTable(views, decision, 6, 4)
-        if trial % 2:
-            assert base.forecast.shape == (
-                len(views),
-                4,
-            )  # read first: the probe shares it (its views' forecasts are the base's)
+        if trial % 2:  # read first: the probe shares it (its views' forecasts are the base's)
+            assert base.forecast.shape == (len(views), 4)
         probe_views = _probe_views(views, rng)
         probe = DecoderTable(probe_views, decision, 6, 4, base=base)
         assert probe.rids is base.rids and probe.delivery_value is base.delivery_value

@@ -16,10 +16,7 @@ import pytest
 from helios_jax.scheduler import policy
 from helios_jax.scheduler.cost import CostModel
 from helios_jax.scheduler.policy.generation import generation_candidates
-from helios_jax.scheduler.policy.selection import (
-    free_prerequisite_rows,
-    free_prerequisite_views,
-)
+from helios_jax.scheduler.policy.selection import free_prerequisite_rows, free_prerequisite_views
 from helios_jax.scheduler.policy.tables import PromptTable
 from helios_jax.scheduler.view import Lane, LaneRole, Phase
 
@@ -86,21 +83,13 @@ def test_prompt_prices_and_tables_kept_for_the_decision_equal_fresh_ones():
     """A prompt's scaled prices, kept per request for the decision, are its log prices scaled by
     the decision's shared factor (read twice: the same numbers), as the prompt table prices its
     rows; a prompt table kept by its requests equals one built afresh on the decision."""
-    views = [
-        prompt(3, 700, x=5.0),
-        prompt(1, 40, x=0.5),
-        decoder(2, x=9.0),
-        prompt(5, 12),
-    ]
+    views = [prompt(3, 700, x=5.0), prompt(1, 40, x=0.5), decoder(2, x=9.0), prompt(5, 12)]
     sel = policy.Selection(inputs(views))
     scale = np.exp(-sel.decision.log_scale)
     for _ in range(2):
         for v in views:
             got = sel.prompt_prices(v)
-            want = (
-                np.exp(v.log_prefill_price) * scale,
-                np.exp(v.log_output_price) * scale,
-            )
+            want = (np.exp(v.log_prefill_price) * scale, np.exp(v.log_output_price) * scale)
             np.testing.assert_allclose(got, want, rtol=1e-12)
             assert all(type(x) is float for x in got)
     table = sel.prompts
@@ -109,18 +98,9 @@ def test_prompt_prices_and_tables_kept_for_the_decision_equal_fresh_ones():
         assert sel.prompt_prices(v) == (table.prefill_price[i], table.output_price[i])
     for chosen in ([views[1], views[0]], [views[3]], [views[0], views[1]]):
         for _ in range(2):
-            got, want = (
-                sel.prompt_table(chosen),
-                PromptTable(list(chosen), sel.decision),
-            )
+            got, want = sel.prompt_table(chosen), PromptTable(list(chosen), sel.decision)
             assert got.views == chosen
-            for name in (
-                "rids",
-                "prefill_price",
-                "output_price",
-                "prompt_remaining",
-                "endpoint",
-            ):
+            for name in ("rids", "prefill_price", "output_price", "prompt_remaining", "endpoint"):
                 np.testing.assert_array_equal(getattr(got, name), getattr(want, name), strict=True)
             np.testing.assert_array_equal(got.values(64), want.values(64), strict=True)
 

@@ -111,6 +111,12 @@ def _mixed_rows(rows) -> list:
     return [r for r in rows if r.graph.kind is GraphKind.MIXED]
 
 
+def _above_every_mixed_bound(sel: policy.Selection) -> float:
+    """A floor above every mixed shape's bound and its rounding allowance."""
+    rates, magnitudes = mixed.mixed_upper_rates(sel)
+    return float(np.max(rates + magnitudes)) + 1.0
+
+
 def _check_left_out(full, rows, floor, sel) -> collections.Counter:
     """`rows` are `full`'s in order; each row left out is an adaptive ragged or mixed row scored
     below `floor` by more than the tie tolerance. Returns the kinds left out."""
@@ -162,8 +168,7 @@ def test_the_mixed_family_waits_for_the_floor_with_decoders_or_prompts_alone(who
     sel = policy.Selection(inp)
     full = policy.scored(inp, sel)
     assert _mixed_rows(full) and bool(sel.decoders.count) != bool(sel.prompts.count)
-    rates, magnitudes = mixed.mixed_upper_rates(sel)
-    above = float(np.max(rates + magnitudes)) + 1.0
+    above = _above_every_mixed_bound(sel)
     assert not _mixed_rows(policy.bounded_rows(sel, lambda _: above, fresh=True))
     below = min(r.score for r in full) - 1.0
     assert [_key(r) for r in policy.bounded_rows(sel, lambda _: below, fresh=True)] == list(map(_key, full))
@@ -174,13 +179,12 @@ def test_stale_mixed_programs_wait_for_the_floor_only_where_stale_rows_are_not_r
     refresh alternative reads stale rows whatever their score) keeps the mixed rows under any
     floor, while the fixed-floor form a probe reads (``rows_with_ragged_programs``, ``fresh``
     False) leaves the family out below the floor as with fresh estimates."""
-    stale_ns = 10 * 30_000_000_000  # past PolicyConfig's freshness interval
+    stale_ns = 10 * POLICY.estimate_ttl_ns  # past the freshness interval `measured` uses
     views = [decoder(i, survival=geometric(0.7)) for i in range(6)] + [prompt(20, 1000)]
     inp = inputs(views, costs=measured(SPEC), now_ns=stale_ns)
     sel = policy.Selection(inp)
     assert all(sel.is_stale(g) for g in sel.prepared.mixed)
-    rates, magnitudes = mixed.mixed_upper_rates(sel)
-    above = float(np.max(rates + magnitudes)) + 1.0
+    above = _above_every_mixed_bound(sel)
     full = policy.scored(inp, sel)
     kept = policy.bounded_rows(sel, lambda _: above, fresh=True)
     assert _mixed_rows(kept) and list(map(_key, _mixed_rows(kept))) == list(map(_key, _mixed_rows(full)))
