@@ -18,11 +18,11 @@ plus the **private window rows** of multi-window image requests (never published
 
 Allocation is global and alias-aware: a prefix already stored is never captured twice. When no
 row is free an eligible victim is evicted: not pinned (an armed destination or an in-flight
-restore keeps its row through completion and cancellation), not a private window row, not
-guarded for another request's later anchor; victims rank by role (extras first, then anchors,
-then terminal captures), then least recent demand, then shorter endpoint. Optional captures
-never take a row guarded for a later anchor; mandatory execution (a window snapshot) may revoke
-an unused guard.
+restore keeps its row through completion and cancellation), not a private window row; victims
+rank by role (extras first, then anchors, then terminal captures), then least recent demand, then
+shorter endpoint. A guard reserves a free row for a request's later anchor until a capture fills
+it: optional captures of other requests never take it (they evict a victim instead), and
+mandatory execution (a window snapshot) may revoke it while it is unused.
 """
 
 from __future__ import annotations
@@ -95,18 +95,16 @@ class CheckpointStore:
     def obtainable(self, owner: int, *, mandatory: bool = False, role: Role | None = None) -> bool:
         return self._pick(owner, mandatory, role) is not None
 
-    def victims(self, owner: int, *, mandatory: bool = False, role: Role | None = None) -> list[int]:
+    def victims(self, owner: int, *, role: Role | None = None) -> list[int]:
         """Eligible victim rows in eviction order. A terminal capture never evicts its own
         request's anchors: a chat's next turn extends the anchor, not the terminal state
-        (RESOLUTIONS.md, 34)."""
+        (RESOLUTIONS.md, 34). No victim is guarded: a guard reserves a free row and ends when a
+        capture fills it (:meth:`guard`, :meth:`arm`), so it never covers a held checkpoint."""
         out = []
         for cp in self.entries.values():
             if cp.pins or cp.role is Role.WINDOW or not cp.ready:
                 continue
             if role is Role.TERMINAL and cp.role is Role.ANCHOR and cp.owner == owner:
-                continue
-            guarded_by = self.guards.get(cp.row)
-            if guarded_by is not None and guarded_by != owner and not mandatory:
                 continue
             out.append(cp)
         out.sort(key=lambda cp: (cp.role, cp.last_demand_ns, cp.length))
@@ -126,7 +124,7 @@ class CheckpointStore:
             revocable = [r for r in self._free if r in self.guards]  # an unused guard
             if revocable:
                 return revocable[-1]
-        victims = self.victims(owner, mandatory=mandatory, role=role)
+        victims = self.victims(owner, role=role)
         return victims[0] if victims else None
 
     # -- updates ---------------------------------------------------------------------------
@@ -150,14 +148,11 @@ class CheckpointStore:
         row = self._pick(owner, mandatory, role)
         if row is None:
             raise LookupError("no snapshot row is obtainable")
-        if row in self.entries:  # evict the victim
+        if row in self.entries:  # evict the victim (never guarded: see victims)
             del self.entries[row]
+        else:  # a free row, guarded (the owner's, or revoked by mandatory execution) or not
+            self._free.remove(row)
             self.guards.pop(row, None)
-        else:
-            if row in self._free:
-                self._free.remove(row)
-            guarded_by = self.guards.pop(row, None)
-            del guarded_by
         self.entries[row] = Checkpoint(row, tuple(tokens), role, owner, now_ns, ready=False, pins=1)
         return row
 
