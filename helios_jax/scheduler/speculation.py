@@ -120,6 +120,15 @@ class PrefixEstimate:
     revision: int = dataclasses.field(default=0, compare=False)  # bumped by every observation
     _cache: dict = dataclasses.field(default_factory=dict, init=False, repr=False, compare=False)
 
+    def __post_init__(self) -> None:
+        # observe() updates these in place in double precision: an estimate a caller preseeds
+        # with integer or float32 arrays (Scheduler.admit's acceptance_history) reads them as
+        # float64, as from_prior's do (float64 arrays are kept, not copied).
+        self.mean = np.asarray(self.mean, dtype=np.float64)
+        self.weight = np.asarray(self.weight, dtype=np.float64)
+        if self.prior_share is not None:
+            self.prior_share = np.asarray(self.prior_share, dtype=np.float64)
+
     @classmethod
     def from_prior(cls, prior: np.ndarray, tokens: int = 0) -> PrefixEstimate:
         prior = np.asarray(prior, dtype=np.float64)
