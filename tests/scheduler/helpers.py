@@ -92,6 +92,16 @@ def prompt(
     )
 
 
+def plain_monotone(values) -> list[float]:
+    """Joint prefix survival in plain Python, the independent side of checks of
+    ``speculation.monotone``: each depth clipped to [0, 1] and no larger than any shallower one."""
+    out, low = [], 1.0
+    for v in values:
+        low = min(low, max(0.0, min(1.0, float(v))))
+        out.append(low)
+    return out
+
+
 def geometric(p: float, depth: int = 7) -> np.ndarray:
     return p ** np.arange(1, depth + 1)
 

@@ -26,17 +26,10 @@ from helios_jax.scheduler.speculation import (
     monotone_expected_output_table,
 )
 
+from .helpers import plain_monotone
+
 nan = math.nan
 LN20 = math.log(20.0)
-
-
-def _plain_monotone(values):
-    """Joint survival: each depth clipped to [0, 1] and no larger than any shallower depth."""
-    out, low = [], 1.0
-    for v in values:
-        low = min(low, max(0.0, min(1.0, float(v))))
-        out.append(low)
-    return out
 
 
 class _Replay:
@@ -66,7 +59,7 @@ class _Replay:
     def optimistic(self, tokens, mean=None):
         mean = self.mean if mean is None else mean
         bonus = [math.sqrt(LN20 / (2.0 * w)) for w in self.aged(tokens)]
-        return _plain_monotone([min(1.0, m + b) for m, b in zip(mean, bonus)])
+        return plain_monotone([min(1.0, m + b) for m, b in zip(mean, bonus)])
 
 
 ROUNDS = [  # (observations, generated-token count): NaN unobserved, short rows padded, long cut
@@ -119,7 +112,7 @@ def test_pooled_means_equal_an_estimate_restarted_from_the_pool():
     twin, twin_ref = _observed(pool_mean)
     pool = PrefixEstimate.from_prior(np.array(pool_mean))
     assert est.means(pool).tolist() == pytest.approx(twin.means().tolist(), rel=1e-12)
-    assert est.means(pool).tolist() == pytest.approx(_plain_monotone(twin_ref.mean), rel=1e-12)
+    assert est.means(pool).tolist() == pytest.approx(plain_monotone(twin_ref.mean), rel=1e-12)
     for tokens in (700, 760, 900):
         expected = twin_ref.optimistic(tokens)
         assert est.optimistic(tokens, pool).tolist() == pytest.approx(expected, rel=1e-12)
@@ -216,9 +209,9 @@ def test_batched_estimates_without_origins_ignore_the_pool():
     pool = PrefixEstimate.from_prior(np.array([0.5, 0.5, 0.5]))
     means, upper = batch_estimates(own, [10, 20], pool)
     for est, t, m, u in zip(own, [10, 20], means, upper):
-        np.testing.assert_array_equal(m, _plain_monotone(est.mean))
+        np.testing.assert_array_equal(m, plain_monotone(est.mean))
         bonus = [math.sqrt(LN20 / (2.0 * w)) for w in est.aged_weight(t)]
-        assert u.tolist() == pytest.approx(_plain_monotone(est.mean + np.array(bonus)), rel=1e-12)
+        assert u.tolist() == pytest.approx(plain_monotone(est.mean + np.array(bonus)), rel=1e-12)
 
 
 def test_batched_estimates_are_read_in_double_precision_like_each_estimate():
@@ -270,7 +263,7 @@ def _enumerated_output(survival, width):
     commits the pending token plus its leading accepted proposals."""
     if width <= 0:
         return 0.0
-    s = _plain_monotone(survival)
+    s = plain_monotone(survival)
     offered = min(width - 1, len(s))
     cond = [s[d] / (s[d - 1] if d else 1.0) if (s[d - 1] if d else 1.0) > 0 else 0.0 for d in range(offered)]
     total = 0.0
@@ -303,7 +296,7 @@ def test_alpha_prices_each_survival_term_to_its_power(alpha):
     """alpha (adaptive_verification_alpha) applies to the survival terms: the outcomes are
     enumerated with prefix survival s_d ** alpha."""
     for lane in LANES:
-        powered = [v**alpha for v in _plain_monotone(lane)]
+        powered = [v**alpha for v in plain_monotone(lane)]
         for width in range(0, len(lane) + 3):
             assert expected_output(np.array(lane), width, alpha) == pytest.approx(
                 _enumerated_output(powered, width)
@@ -329,8 +322,8 @@ def test_output_tables_equal_one_lane_at_a_time(alpha, depth):
 def test_monotone_is_a_clipped_running_minimum_per_row():
     rows = np.array([[0.3, 0.5, 0.1, 0.2], [1.4, 1.1, 0.8, 0.9], [-0.5, 0.4, 0.3, 0.0]])
     for row, got in zip(rows, monotone(rows)):
-        assert got.tolist() == _plain_monotone(row)
-    assert monotone(rows[1]).tolist() == _plain_monotone(rows[1])
+        assert got.tolist() == plain_monotone(row)
+    assert monotone(rows[1]).tolist() == plain_monotone(rows[1])
     assert rows[1, 0] == 1.4  # the input is not clipped in place
 
 

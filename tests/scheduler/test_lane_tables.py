@@ -22,7 +22,7 @@ from helios_jax.scheduler.policy import tables
 from helios_jax.scheduler.policy.tables import DecoderTable, PromptTable, computed_once, padded_prefixes
 from helios_jax.scheduler.view import LaneRole
 
-from .helpers import decoder, inputs, prompt
+from .helpers import decoder, inputs, plain_monotone, prompt
 
 
 def _decision(views, *, alpha: float = 1.0, sigma: float = 1.7) -> utility.Decision:
@@ -33,12 +33,7 @@ def _decision(views, *, alpha: float = 1.0, sigma: float = 1.7) -> utility.Decis
 def _naive_monotone(row, depth: int) -> list[float]:
     """The row's first `depth` entries, zero-padded, clipped to [0, 1] and made non-increasing."""
     vals = [float(x) for x in np.asarray(row, dtype=np.float64).reshape(-1)[:depth]]
-    vals += [0.0] * (depth - len(vals))
-    out, low = [], 1.0
-    for x in vals:
-        low = min(low, max(0.0, min(1.0, x)))
-        out.append(low)
-    return out
+    return plain_monotone(vals + [0.0] * (depth - len(vals)))
 
 
 def _naive_value(view, decision: utility.Decision, rows: int, depth: int) -> tuple[float, float]:
