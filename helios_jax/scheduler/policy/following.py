@@ -267,13 +267,9 @@ def population_choice(pair: Pair, pop: Population) -> utility.PairCohort | None:
     )
 
 
-def population_cohort(
-    pair: Pair, pop: Population, res: utility.PairCohort | None = None
-) -> FollowerCohort | None:
-    """The exact joint cohort for one population shape (`res`: its `population_choice`)."""
-    res = population_choice(pair, pop) if res is None else res
-    if res is None:
-        return None
+def population_cohort(pop: Population, res: utility.PairCohort) -> FollowerCohort:
+    """The exact joint cohort for one population shape, given its `population_choice` `res`
+    (a feasible one: the caller scores the choice before it builds the cohort's lanes)."""
     new_lanes = pop.best_new(res.new_count)
     ready_lanes = pop.best_ready(res.ready_count)
     enabled = {lane.rid for lane in new_lanes} | (

@@ -236,9 +236,7 @@ def _scored_sequences(sel: Selection, key: tuple, pair: Pair, shapes: list[Popul
         score = _sequence_score(sel, pair, res.total + pop.fixed_value)  # the cohort's value
 
         def row(pop: Population = pop, res: PairCohort = res) -> ScoredCandidate:
-            cohort = population_cohort(pair, pop, res)
-            assert cohort is not None
-            return _sequence_candidate(sel, pair, cohort)
+            return _sequence_candidate(sel, pair, population_cohort(pop, res))
 
         served = len(pop.fixed) + res.new_count + res.ready_count  # the follower's lanes
         out.append(
