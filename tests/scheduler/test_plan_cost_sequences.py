@@ -268,3 +268,19 @@ def test_selection_rows_build_no_sequence_beyond_those_that_could_matter(name):
         _, rows = policy.selection_rows(inp)
         built = {_key(r) for r in rows if _is_sequence(r)}
         assert built <= _oracle_kept(inp, floor)
+
+
+@pytest.mark.parametrize("floor", [1e-6, 0.3, 1.0, 7.0, 1e6, -2.0, -1e6])
+def test_a_score_nearly_equal_to_the_floor_is_never_left_out(floor):
+    """A sequence is left unbuilt only when it can be neither the choice nor tied with it: a score
+    nearly equal to the floor (``utility.nearly_equal``: within ``REL_TIE`` relative to the
+    larger magnitude, absolute below one) could tie with a best row at the floor, at any
+    magnitude, so it is never below; far under the floor (ten tolerances) it is."""
+    tol = utility.REL_TIE * max(1.0, abs(floor))
+    for gap in (0.0, 0.5, 0.99):
+        score = floor - gap * tol
+        assert utility.nearly_equal(score, floor)
+        assert not prerequisites._below(score, floor)
+    assert prerequisites._below(floor - 10.0 * tol, floor)
+    # an infinite floor: an indeterminate best row outranks every determinate one
+    assert prerequisites._below(floor, float("inf")) and not prerequisites._below(floor, -float("inf"))
