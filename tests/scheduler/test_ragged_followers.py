@@ -53,6 +53,11 @@ def sequences(inp, follower: str, allocation=Allocation.QUERY_LENGTH) -> list:
     ]
 
 
+def _follower_rows(c) -> dict[int, tuple[int, int]]:
+    """Each follower lane's work besides its role: rid -> (host query length, device ceiling)."""
+    return {lane.rid: (lane.query_length, lane.ceiling) for lane in c.following.lanes}
+
+
 def test_fixed_mode_ragged_follower_serves_the_stream_with_more_expected_tokens():
     """Fixed mode: every lane of the host ragged program B=4, W=4, P=6 queries its full width
     (four rows), so the follower holds one of three streams a snapshot enables (two would need
@@ -137,16 +142,10 @@ def test_a_device_ragged_follower_with_the_same_ceilings_as_a_smaller_one_is_dom
     )
     views = [blocked(1, survival=geometric(0.9, 3)), decoder(2, survival=geometric(0.3, 3))]
     (alone,) = sequences(selection_input(views), DEVICE_P8, DEVICE)
-    assert {lane.rid: (lane.query_length, lane.ceiling) for lane in alone.following.lanes} == {
-        1: (0, 4),
-        2: (0, 4),
-    }
+    assert _follower_rows(alone) == {1: (0, 4), 2: (0, 4)}
     inp = selection_input(views, extra=[p6])
     (smaller,) = sequences(inp, p6.name, DEVICE)
-    assert {lane.rid: (lane.query_length, lane.ceiling) for lane in smaller.following.lanes} == {
-        1: (0, 4),
-        2: (0, 4),
-    }
+    assert _follower_rows(smaller) == {1: (0, 4), 2: (0, 4)}
     assert sequences(inp, DEVICE_P8, DEVICE) == []
 
 
@@ -167,14 +166,8 @@ def test_a_host_ragged_follower_with_the_same_query_lengths_as_a_narrower_one_is
     )
     views = [blocked(1, survival=geometric(0.8, 3)), decoder(2, survival=geometric(0.8, 3))]
     (alone,) = sequences(selection_input(views), HOST_P6)
-    assert {lane.rid: (lane.query_length, lane.ceiling) for lane in alone.following.lanes} == {
-        1: (3, 0),
-        2: (3, 0),
-    }
+    assert _follower_rows(alone) == {1: (3, 0), 2: (3, 0)}
     inp = selection_input(views, extra=[w3])
     (narrower,) = sequences(inp, w3.name)
-    assert {lane.rid: (lane.query_length, lane.ceiling) for lane in narrower.following.lanes} == {
-        1: (3, 0),
-        2: (3, 0),
-    }
+    assert _follower_rows(narrower) == {1: (3, 0), 2: (3, 0)}
     assert sequences(inp, HOST_P6) == []
