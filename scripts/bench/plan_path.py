@@ -36,7 +36,8 @@ start-up of a burst (N prompts waiting, their initialization and snapshots) as i
 Wall time is what a caller sees; process CPU time is reported beside it because this machine is
 shared. Catalog size: ``--subsets`` drop program families (``all``: every program;
 ``no_wide_mixed``: mixed programs of width one only; ``no_mixed``: no mixed programs; ``core``:
-prefill and speculative programs only).
+prefill and speculative programs only; an engine catalog keeps the initialize, snapshot and
+restore programs its Scheduler requires in every subset).
 """
 
 from __future__ import annotations
@@ -129,6 +130,9 @@ def _synthetic_ms(g: GraphDescriptor) -> float:
 # The engine configurations --catalog names: EngineConfig()'s, and the one scripts/bench/engine.py
 # serves (bench_common.engine_bench_config: 16 slots, speculation off, K-step decode programs).
 ENGINE_CONFIGS = {"engine": EngineConfig, "engine-off16": engine_bench_config}
+# Programs an engine's Scheduler requires (it initializes requests and retains checkpoints): kept
+# in every subset of an engine catalog, which would otherwise fail to construct under ``core``.
+ENGINE_SUPPORT = (GraphKind.INITIALIZE, GraphKind.SNAPSHOT, GraphKind.RESTORE)
 
 
 def engine_catalog(subset: str) -> tuple[Catalog, dict]:
@@ -149,7 +153,8 @@ def engine_catalog(subset: str) -> tuple[Catalog, dict]:
         snapshot_rows=config.snapshot_rows,  # checkpoint retention, as runtime.scheduling builds it
         checkpoints=config.snapshot_rows > 0,
     )
-    return dataclasses.replace(full, graphs=tuple(g for g in graphs if SUBSETS[subset](g))), kwargs
+    kept = tuple(g for g in graphs if SUBSETS[subset](g) or g.kind in ENGINE_SUPPORT)
+    return dataclasses.replace(full, graphs=kept), kwargs
 
 
 def _p99(samples: list[float]) -> float:
