@@ -417,11 +417,13 @@ class Scheduler(SchedulerReads, ProposalSources):
             self.policy.checkpoint_extra_work_fraction,
             self.now_ns,
         )
-        # Service history: one measured interval per successful frame with a device interval.
+        # Service history: one measured interval per successful frame with a device interval
+        # (positive in ms: one too small to represent there records none, and its publication
+        # then changes no delivery history, as for a frame without one).
         delivery_before: dict[int, float | None] = {}
-        if valid_timing and raw_ms > 0:
+        interval_ms = raw_ms if valid_timing and raw_ms > 0 else None
+        if interval_ms is not None:
             delivery_before = service.record_interval(self.requests, frame, served, raw_ms, self.policy)
-        interval_ms = raw_ms if valid_timing else None
         self._last_completed = Completed(
             fence,
             interval_ms,
