@@ -916,6 +916,15 @@ def test_each_contract_names_its_field_and_reason(fields, field, reason):
         check(**fields)
 
 
+@pytest.mark.parametrize("fields, field, reason", ILLEGAL)
+def test_each_contract_names_the_graph_it_refuses(fields, field, reason):
+    """The message starts with the refused program's own name (kind and extents), whichever
+    family's contract it breaks, so that a catalog's author finds the entry."""
+    with pytest.raises(ValueError) as refused:
+        check(**fields)
+    assert str(refused.value).startswith(f"graph {GraphDescriptor(**fields).name}: field '{field}'")
+
+
 @spec("mixed-execution/prompt-ge-width", "mixed-execution/width-range")
 def test_a_declared_completion_capacity_bounds_mixed_width_and_prompt_may_equal_width():
     g = GraphDescriptor(
