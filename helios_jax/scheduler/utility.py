@@ -149,9 +149,9 @@ def ragged_table(values: np.ndarray, weights: np.ndarray, batch: int, rows: int)
     Exact: lanes are grouped by weight (target rows), each group contributes its best j lanes,
     and a dynamic programme over (lanes used, rows used) combines the groups. Weights are
     bounded by the program width, so the table is at most (B + 1) x (P + 1) per weight class.
-    Cohorts of equal total that mix the classes differently (the spec leaves such ties open) are
-    decided by weight: the fewest lanes of the heaviest class, then of the next heaviest (a
-    class's lanes replace lighter ones' only where strictly better).
+    Cohorts of equal total that mix the classes differently (a tie the spec leaves open,
+    RESOLUTIONS 39) go by weight: the fewest lanes of the heaviest class, then of the next
+    heaviest (a class's lanes replace lighter ones' only where strictly better).
     """
     values = np.asarray(values, dtype=np.float64)
     weights = np.asarray(weights, dtype=np.int64)
