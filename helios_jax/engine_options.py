@@ -154,6 +154,9 @@ class EngineOptions:
         learned with an MTP head, copy without one.
       tensor_parallel: devices each program is sharded over (`EngineConfig.tensor_parallel`);
         1: one device, no mesh.
+      measure_runs: timed executions of every program before serving, whose samples seed the
+        scheduler's duration estimates (`HeliosEngine(measure_runs=...)`); 0: the estimates
+        start empty and each program is measured on its first use in service.
     """
 
     model: str | None = None
@@ -177,6 +180,7 @@ class EngineOptions:
     prefill_batch: tuple[int, ...] | None = None
     proposal_source: str | None = None
     tensor_parallel: int = 1
+    measure_runs: int = 5
 
     def __post_init__(self):
         if self.model is not None and not self.model.strip():
@@ -203,6 +207,7 @@ class EngineOptions:
             _check_int("prefill_batch", b, 1)
         _check_int("speculative_token_capacity", self.speculative_token_capacity, 0)
         _check_int("tensor_parallel", self.tensor_parallel, 1)
+        _check_int("measure_runs", self.measure_runs, 0)
         if self.mixed_prefill is not None and not isinstance(self.mixed_prefill, bool):
             _fail("mixed_prefill", f"must be true or false, got {self.mixed_prefill!r}")
         if self.dtype is not None and self.dtype not in DTYPES:
@@ -258,8 +263,9 @@ class EngineOptions:
     def define_flags(flag_values: flags.FlagValues = flags.FLAGS, *, policy: bool = True) -> None:
         """Register the engine flags on `flag_values` (the spec's hyphenated flags with underscores).
 
-        `policy` adds the scheduler policy flags, which only a program that runs requests reads
-        (``python -m helios_jax.serve``); ``python -m helios_jax.prepare`` leaves them out.
+        `policy` adds the scheduler policy flags and ``--measure_runs``, which only a program that
+        runs requests reads (``python -m helios_jax.serve``); ``python -m helios_jax.prepare``
+        leaves them out (its own ``--measure_runs`` times the programs for a measured catalog).
         """
         _define_program_shape_flags(flag_values)
         _define_context_and_memory_flags(flag_values)
@@ -433,7 +439,8 @@ def _define_context_and_memory_flags(fv: flags.FlagValues) -> None:
 
 
 def _define_policy_flags(fv: flags.FlagValues) -> None:
-    """The scheduler policy preset and its overrides (only programs that run requests read them)."""
+    """The scheduler policy preset, its overrides and the start-up measurement (only programs
+    that run requests read them)."""
     flags.DEFINE_enum(
         "scheduler_policy",
         "balanced",
@@ -454,5 +461,12 @@ def _define_policy_flags(fv: flags.FlagValues) -> None:
         "mtp_adaptive_verification_alpha",
         None,
         "Exponent on prefix-survival estimates (finite, > 0).",
+        flag_values=fv,
+    )
+    flags.DEFINE_integer(
+        "measure_runs",
+        5,
+        "Timed executions of every program before serving; their samples seed the duration "
+        "estimates (0: each program is measured on its first use).",
         flag_values=fv,
     )

@@ -41,7 +41,13 @@ from helios_jax.engine_config import EngineConfig
 from helios_jax.model import ModelConfig, Params
 from helios_jax.model.fused import fuse_projections
 from helios_jax.prepare.headroom import Headroom, capture_headroom
-from helios_jax.prepare.measurement import measure, measured_catalog, measurement_inputs, warm_up
+from helios_jax.prepare.measurement import (
+    measure,
+    measure_samples,
+    measured_catalog,
+    measurement_inputs,
+    warm_up,
+)
 from helios_jax.prepare.models import (
     default_dtype,
     default_model_config,
@@ -62,6 +68,7 @@ __all__ = [
     "load_engine_model",
     "load_model",
     "measure",
+    "measure_samples",
     "measured_catalog",
     "measurement_inputs",
     "prepare",

@@ -105,12 +105,28 @@ def measure(
     context: int | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> dict:
-    """Median execution time (ms) per program, measured after one warm-up run.
+    """Median execution time (ms) per program of :func:`measure_samples`' runs."""
+    samples = measure_samples(programs, params, runs=runs, context=context)
+    results = {key: statistics.median(times) for key, times in samples.items()}
+    if progress:
+        for program in programs.values():
+            progress(f"measured {program.name}: {results[program.key]:.3f} ms")
+    return results
+
+
+def measure_samples(
+    programs: ProgramSet, params, *, runs: int = 5, context: int | None = None
+) -> dict[object, list[float]]:
+    """`runs` timed executions (ms) per program, keyed by its cost key, each after one untimed
+    warm-up run (so the warm-up of :func:`warm_up` is included).
 
     Each run starts from the same cursors (decoders at `context`, prompts at 0; default half the
     context length, kept within max_model_len). A run is timed from dispatch to
-    `block_until_ready` on its outputs and new state; cursor resets happen outside the timing.
+    `block_until_ready` on its outputs and new state; inputs are staged and cursors reset
+    before the clock starts.
     """
+    if runs < 1:
+        raise ValueError(f"runs must be at least 1, got {runs}")
     engine = programs.engine_config
     # Decoders may write up to W + D positions past their cursor (K - 1 more over K steps).
     reach = max(
@@ -126,7 +142,7 @@ def measure(
     state = programs.init_state()
     results = {}
     for program in programs.values():
-        inputs = measurement_inputs(program, engine, context)
+        inputs = jax.tree_util.tree_map(_staged, measurement_inputs(program, engine, context))
         cursors = jnp.asarray(start_cursors(program, engine, context))
         samples = []
         for i in range(runs + 1):
@@ -137,10 +153,13 @@ def measure(
             jax.block_until_ready((state, out))
             if i:  # the first run warms caches and allocators
                 samples.append((time.perf_counter() - t0) * 1e3)
-        results[program.key] = statistics.median(samples)
-        if progress:
-            progress(f"measured {program.name}: {results[program.key]:.3f} ms")
+        results[program.key] = samples
     return results
+
+
+def _staged(leaf):
+    """A host array moved to the device before the clock starts (the executor's own staging)."""
+    return jax.device_put(leaf) if isinstance(leaf, np.ndarray) else leaf
 
 
 def measured_catalog(catalog: Catalog, durations: dict) -> Catalog:

@@ -58,7 +58,7 @@ from helios_jax.runtime.logprobs import PromptScores, lane_logprobs
 from helios_jax.runtime.preemption import Preemptions, continuation
 from helios_jax.runtime.publishing import Publisher, burst
 from helios_jax.runtime.sampling_controls import processor_settings
-from helios_jax.runtime.scheduling import build_scheduler
+from helios_jax.runtime.scheduling import build_scheduler, check_measure_runs, measure_into
 from helios_jax.runtime.state_copies import CheckpointStats, StateCopies
 from helios_jax.runtime.token_masks import frame_token_masks
 from helios_jax.runtime.tokenizer import HFTokenizer
@@ -85,7 +85,12 @@ class _Active:
 
 
 class HeliosEngine(FaultContainment):
-    """Serves one model with one prepared catalog (``helios_jax.runtime.api.Engine``)."""
+    """Serves one model with one prepared catalog (``helios_jax.runtime.api.Engine``).
+
+    `measure_runs` > 0 times every program that many times before serving and seeds the duration
+    estimates with those isolated samples (docs/engine.md, "Measured start-up"); 0 leaves each
+    program to be measured on its first use.
+    """
 
     def __init__(
         self,
@@ -100,7 +105,9 @@ class HeliosEngine(FaultContainment):
         progress: Callable[[str], None] | None = None,
         start: bool = True,
         check_invariants: bool = False,
+        measure_runs: int = 0,
     ):
+        check_measure_runs(measure_runs)
         self.model_name = model_name
         self.tokenizer = tokenizer
         self.config = engine_config
@@ -116,7 +123,10 @@ class HeliosEngine(FaultContainment):
         if programs is None:
             prepared = prepare(model_config, params, engine_config, name=model_name, progress=progress)
             programs, params = prepared.programs, prepared.params
-            warm_up(programs, params, progress)
+            if not measure_runs:  # a measurement's first run of each program is its warm-up
+                warm_up(programs, params, progress)
+        if measure_runs:
+            measure_into(self.scheduler, programs, params, measure_runs, self._now(), progress)
         # Token ids the programs accept: the model's vocabulary (engines over fake programs,
         # built without a model, take the tokenizer's).
         self.vocab_size = model_config.vocab_size if model_config is not None else tokenizer.vocab_size
@@ -469,6 +479,7 @@ def build_real_engine(options: EngineOptions, progress: Callable[[str], None] | 
         policy_config=options.policy_config(),
         model_name=name,
         progress=progress,
+        measure_runs=options.measure_runs,
     )
 
 

@@ -8,10 +8,14 @@
 - checkpoint retention (conversation anchors from chat message endpoints, prompt ends, extras and
   terminal captures, the prefix cache and the snapshots preemption takes) is on whenever the
   engine has snapshot rows, one per request slot by default (docs/checkpoints.md);
-- every request starts with an ``initialize`` (or a ``restore``, which loads its settings too).
+- every request starts with an ``initialize`` (or a ``restore``, which loads its settings too);
+- with ``measure_runs`` (`measure_into`), the duration estimates start from that many isolated
+  executions of every program, timed before serving (docs/engine.md, "Measured start-up").
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from helios_jax.catalog import Catalog
 from helios_jax.engine_config import EngineConfig
@@ -35,3 +39,24 @@ def build_scheduler(catalog: Catalog, config: EngineConfig, policy_config: Polic
         snapshot_rows=config.snapshot_rows,
         checkpoints=config.snapshot_rows > 0,
     )
+
+
+def check_measure_runs(runs) -> None:
+    """Refuse a start-up measurement count that is not a nonnegative integer (before anything
+    is built)."""
+    if not isinstance(runs, int) or isinstance(runs, bool) or runs < 0:
+        raise ValueError(f"measure_runs must be a nonnegative integer, got {runs!r}")
+
+
+def measure_into(
+    scheduler: Scheduler, programs, params, runs: int, now_ns: int, progress: Callable[[str], None] | None
+) -> int:
+    """Time every program `runs` times on a scratch state (after one untimed run each,
+    ``prepare.measure_samples``) and seed `scheduler`'s duration estimates with the samples,
+    observed at `now_ns`; returns the programs seeded."""
+    from helios_jax.prepare import measure_samples
+
+    seeded = scheduler.seed_costs(now_ns, measure_samples(programs, params, runs=runs))
+    if progress:
+        progress(f"measured {seeded} programs, {runs} runs each")
+    return seeded

@@ -30,13 +30,13 @@ transitions need an empty window (completion feedback); ``frames.py`` holds the 
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike
 
-from helios_jax.catalog import Catalog, DecodeMode, GraphKind
+from helios_jax.catalog import Catalog, CostKey, DecodeMode, GraphKind
 from helios_jax.scheduler import learning, policy, pricing, reuse, service
 from helios_jax.scheduler.captures import Captures
 from helios_jax.scheduler.config import PolicyConfig
@@ -135,9 +135,20 @@ class Scheduler(SchedulerReads, ProposalSources):
         self.policy = policy_config
         self.costs.ttl_ns = policy_config.estimate_ttl_ns
 
-    def seed_costs(self, now_ns: int = 0) -> int:
-        """Reproduce a measured catalog through the observation path (one sample per entry)."""
-        return self.costs.seed_from_catalog(self.catalog, now_ns)
+    def seed_costs(self, now_ns: int = 0, samples: Mapping[CostKey, Sequence[float]] | None = None) -> int:
+        """Reproduce a measured catalog through the observation path (one sample per entry), or,
+        with `samples` (ms per cost key, several per program: ``prepare.measure_samples`` before
+        serving), observe each sample as one device interval. Returns the entries seeded.
+
+        Raises:
+          ValueError: a key of `samples` names no program of the catalog.
+        """
+        if samples is None:
+            return self.costs.seed_from_catalog(self.catalog, now_ns)
+        unknown = samples.keys() - {g.key for g in self.catalog.graphs}
+        if unknown:
+            raise ValueError(f"samples name programs outside the catalog: {sorted(map(str, unknown))}")
+        return self.costs.seed_samples(samples, now_ns)
 
     # == admission (pages_needed and can_admit: reads.py) ====================================
     def admit(

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from helios_jax.catalog import Catalog, CostKey
@@ -221,6 +221,17 @@ class CostModel:
         for g in catalog.graphs:
             if g.duration_ms is not None and self.observe(g.key, [g.duration_ms * 1e6], now_ns):
                 n += 1
+        return n
+
+    def seed_samples(self, samples: Mapping[CostKey, Sequence[float]], now_ns: int) -> int:
+        """Observe each of `samples` (ms per cost key, several per program: a measurement of the
+        prepared programs before serving) as one device interval, in order, so that an entry's
+        estimate is their median, as the ordinary path forms it. Returns the number of entries
+        with at least one valid sample."""
+        n = 0
+        for key, times in samples.items():
+            valid = [self.observe(key, [ms * 1e6], now_ns) for ms in times]
+            n += any(valid)
         return n
 
     def snapshot(self) -> dict:

@@ -111,6 +111,38 @@ def test_seed_costs_observes_every_measured_program_at_time_zero_by_default():
         assert s.costs.is_fresh(key, ttl) and s.costs.is_stale(key, ttl + 1)
 
 
+def test_seed_costs_with_samples_observes_each_sample_and_ignores_the_descriptors():
+    """A start-up measurement's samples are observations, one per run: an entry's estimate is
+    their median (an even count averages the middle pair), not the descriptor's duration nor the
+    first sample; invalid samples (zero) are not observed; entries without a valid sample stay
+    unknown; the count is of entries with one."""
+    s = Scheduler(SPEC)
+    g1, g2, g3 = SPEC.graphs[:3]
+    samples = {g1.key: [4.0, 1.0, 2.0], g2.key: [3.0, 0.0, 5.0, 1.0], g3.key: [0.0]}
+    assert s.seed_costs(7 * MS, samples) == 2
+    assert s.costs.estimate_ns(g1.key) == 2.0 * MS
+    assert s.costs.estimate_ns(g2.key) == 3.0 * MS  # median of 3, 5, 1
+    assert s.costs.samples(g1.key) == (4.0 * MS, 1.0 * MS, 2.0 * MS)
+    assert s.costs.estimate_ns(g3.key) == 0  # unknown: the first service use measures it
+    assert s.costs.last_valid_ns(g1.key) == 7 * MS
+    for g in SPEC.graphs[3:]:
+        assert s.costs.estimate_ns(g.key) == 0  # no descriptor duration is read
+    even = Scheduler(SPEC)
+    even.seed_costs(0, {g1.key: [1.0, 2.0, 4.0, 8.0]})
+    assert even.costs.estimate_ns(g1.key) == 3.0 * MS
+
+
+def test_seed_costs_refuses_samples_of_a_program_outside_the_catalog():
+    """A key the catalog does not hold is an error naming it, and nothing is observed."""
+    s = Scheduler(without(SPEC, GraphKind.SNAPSHOT))
+    outside = next(g for g in SPEC.graphs if g.kind is GraphKind.SNAPSHOT)
+    inside = s.catalog.graphs[0]
+    with pytest.raises(ValueError, match="outside the catalog") as err:
+        s.seed_costs(0, {inside.key: [1.0], outside.key: [1.0]})
+    assert str(outside.key) in str(err.value)
+    assert s.costs.estimate_ns(inside.key) == 0 and s.costs.version == 0
+
+
 # == host stops (finish) ===================================================================
 def step(s, fence, t):
     """Plan, commit as `fence`, complete after the expected duration, publish: (plan, generated, t)."""

@@ -30,6 +30,7 @@ def test_defaults():
     assert (config.host, config.port, config.api_key, config.engine) == ("127.0.0.1", 8000, None, "real")
     assert config.engine_options == EngineOptions()
     assert config.engine_options.model is None  # the embedded model
+    assert config.engine_options.measure_runs == 5  # the server measures before serving
     with pytest.raises(dataclasses.FrozenInstanceError):
         config.port = 1
 
@@ -48,6 +49,7 @@ def test_engine_flags_pass_through_untouched():
         "--scheduler_terminal_age_price=2.5",
         "--mtp_adaptive_verification_alpha=0.5",
         "--max_model_len=8192",
+        "--measure_runs=0",
     ).engine_options
     assert options == EngineOptions(
         model="/models/qwen3",
@@ -62,6 +64,7 @@ def test_engine_flags_pass_through_untouched():
         scheduler_terminal_age_price=2.5,
         mtp_adaptive_verification_alpha=0.5,
         max_model_len=8192,
+        measure_runs=0,
     )
 
 
@@ -120,6 +123,7 @@ def test_policy_coefficients_are_validated(flag, value, message):
             "--prefill_chunks has a chunk longer than --max_model_len",
         ),
         (["--speculative_token_capacity=-1"], "--speculative_token_capacity must be >= 0"),
+        (["--measure_runs=-1"], "--measure_runs must be >= 0"),
         (["--api_key= "], "--api_key must not be empty"),
         (["--fake_token_delay_ms=-1"], "--fake_token_delay_ms must be finite and nonnegative"),
     ],

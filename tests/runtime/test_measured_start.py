@@ -1,0 +1,93 @@
+"""An engine measured before serving (``HeliosEngine(measure_runs=N)``): every program's duration
+estimate starts from N isolated samples, service then discovers nothing, and the measurement's
+scratch runs leave the served output unchanged."""
+
+import types
+
+import numpy as np
+import pytest
+
+from helios_jax.engine_config import EngineConfig
+from helios_jax.prepare import measure_samples
+from helios_jax.runtime.api import GenerationRequest, SamplingParams
+from helios_jax.runtime.engine import HeliosEngine
+
+from .helpers import model, tokenizer
+from .test_engine import offline_greedy
+
+RUNS = 2
+EC = EngineConfig(
+    request_slots=2,
+    prefill_chunks=(64,),
+    speculation="off",
+    draft_tokens=0,
+    max_model_len=128,
+    decode_steps=(1, 4),
+)
+
+
+@pytest.fixture(scope="module")
+def engine():
+    config, params = model()
+    eng = HeliosEngine(
+        model_config=config,
+        params=params,
+        tokenizer=tokenizer(),
+        engine_config=EC,
+        check_invariants=True,
+        measure_runs=RUNS,
+    )
+    yield eng
+    eng.shutdown()
+
+
+def test_every_program_starts_with_its_measured_samples(engine):
+    """Each catalog program holds RUNS positive samples (in ns) and their median as its estimate,
+    observed once the programs were compiled, before any request."""
+    costs = engine.scheduler.costs
+    for g in engine.catalog.graphs:
+        samples = costs.samples(g.key)
+        assert len(samples) == RUNS and min(samples) > 0, g.name
+        assert costs.estimate_ns(g.key) == pytest.approx(float(np.median(samples))), g.name
+        assert costs.last_valid_ns(g.key) is not None
+
+
+def test_a_measured_engine_serves_greedy_output_without_discovery(engine):
+    """Greedy output equals offline greedy decoding (the measurement ran on a scratch state), and
+    no program needed a discovery execution in service."""
+    prompt = [(7 * i + 3) % 97 + 1 for i in range(40)]
+    request = GenerationRequest("m", tuple(prompt), SamplingParams(max_tokens=12, temperature=0.0))
+    tokens = [t for e in engine.submit(request) for t in e.token_ids]
+    assert tokens == offline_greedy(prompt, 12)
+    assert engine.scheduler.counters.executions["discovery"] == 0
+    assert sum(engine.scheduler.counters.executions.values()) > 0
+
+
+def test_measurement_runs_must_be_counted():
+    """Zero timed runs is not a measurement; a negative or non-integer count is refused before
+    the engine builds anything."""
+    with pytest.raises(ValueError, match="runs must be at least 1"):
+        measure_samples(None, None, runs=0)
+    config, params = model()
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="measure_runs must be a nonnegative integer"):
+            HeliosEngine(
+                model_config=config, params=params, tokenizer=tokenizer(), engine_config=EC, measure_runs=bad
+            )
+
+
+def test_the_server_engine_is_measured_as_its_flag_says(monkeypatch):
+    """`build_real_engine` (serve's default factory) hands `--measure_runs` to the engine."""
+    from helios_jax.engine_options import EngineOptions
+    from helios_jax.runtime import engine as engine_module
+
+    built = {}
+    model_config, _ = model()
+    loaded = types.SimpleNamespace(config=model_config, params="params", tokenizer="tokenizer")
+    monkeypatch.setattr(engine_module, "enable_compilation_cache", lambda: None)
+    monkeypatch.setattr(engine_module, "load_engine_model", lambda *a, **k: loaded)
+    monkeypatch.setattr(engine_module.HFTokenizer, "from_model", staticmethod(lambda m: "hf"))
+    monkeypatch.setattr(engine_module, "HeliosEngine", lambda **kwargs: built.update(kwargs) or "engine")
+    for runs in (0, 7):
+        assert engine_module.build_real_engine(EngineOptions(measure_runs=runs), progress=None) == "engine"
+        assert built["measure_runs"] == runs and built["params"] == "params"
