@@ -4,7 +4,8 @@
         [--prompt_tokens=64] [--new_tokens=128] [--repeats=3] [--max_model_len=512]
         [--systems=helios,transformers,naive] [--decode_runs=30] [--large_hidden=1024]
         [--large_layers=8] [--large_vocab=4096] [--seed=0] [--discovery_bursts=8]
-        [--cpu_compute_threads=0] [--json_out=FILE] [--plot_dir=DIR]
+        [--cpu_compute_threads=0] [--measure_runs=5] [--alt_measure_runs=N]
+        [--json_out=FILE] [--plot_dir=DIR]
 
 Part 1, serving (the embedded default model, greedy, the same prompts and the same number of new
 tokens for every system). Prompts are windows of --prompt_tokens tokens cut at seeded offsets from
@@ -14,8 +15,9 @@ so that every system generates exactly --new_tokens tokens per request. Three sy
 
   helios        `HeliosEngine` with 16 request slots (speculation off, decode programs of
                 --decode_steps steps as `serve --speculation=off` prepares, compiled once, the
-                persistent compilation cache on); concurrency c = c requests submitted at once,
-                each stream read by its own thread.
+                persistent compilation cache on), each program timed --measure_runs times
+                before serving as the server does (`serve --measure_runs`); concurrency c = c
+                requests submitted at once, the streams read as --readers says.
   transformers  `AutoModelForCausalLM` (the folder loads as Qwen3ForCausalLM; the mtp.* tensors
                 are ignored) `generate` on torch CPU, the c prompts batched (left padding),
                 greedy, a streamer timestamps every step. It runs in its own process (no JAX
@@ -30,8 +32,9 @@ so that every system generates exactly --new_tokens tokens per request. Three sy
 
 Before the timed repeats every system runs once at every concurrency, untimed; each helios engine
 then runs further rounds of its bursts until one commits no discovery execution (at most
---discovery_bursts; the spec measures a program on its first use, so a new engine's first bursts
-are its start-up: `setup.discovery_warmup` records the rounds and the discovery executions).
+--discovery_bursts; an unmeasured program is measured on its first use, so the first bursts of an
+engine built with --measure_runs=0 are its start-up: `setup.discovery_warmup` records the rounds
+and the discovery executions).
 
 Concurrencies and systems are interleaved within each repeat, and the ratios (helios / other) are
 taken per repeat at the same concurrency and then summarised by their median: the machine is
@@ -117,6 +120,18 @@ flags.DEFINE_list(
     [],
     "also run a second helios engine whose decode programs take these step counts (system "
     "'helios-k' joined by dots, e.g. helios-k1.4.8.16), interleaved with the others",
+)
+flags.DEFINE_integer(
+    "measure_runs",
+    5,
+    "timed runs of every helios program before serving, seeding its duration estimate (the "
+    "server's --measure_runs default; 0: each program is measured on its first use)",
+)
+flags.DEFINE_integer(
+    "alt_measure_runs",
+    None,
+    "also run a second helios engine measured with this many runs (system 'helios-m<N>'), "
+    "interleaved with the others",
 )
 flags.DEFINE_bool("decode", True, "run part 2")
 flags.DEFINE_integer("seed", 0, "seed of the prompt windows and random weights")
@@ -440,7 +455,9 @@ def run_naive(decoder: NaiveDecoder, prompts, new_tokens):
     return wall, tokens.size, [ttft] * n, gaps * n, [row.tolist() for row in tokens]
 
 
-def build_helios(model, dtype: str, tokenizer, slots: int, prefill_batch=None, decode_steps=None):
+def build_helios(
+    model, dtype: str, tokenizer, slots: int, prefill_batch=None, decode_steps=None, measure_runs=None
+):
     from helios_jax.runtime.engine import HeliosEngine
     from helios_jax.runtime.tokenizer import HFTokenizer
 
@@ -459,6 +476,7 @@ def build_helios(model, dtype: str, tokenizer, slots: int, prefill_batch=None, d
         tokenizer=HFTokenizer(tokenizer),
         engine_config=ec,
         model_name="helios-default",
+        measure_runs=FLAGS.measure_runs if measure_runs is None else measure_runs,
     )
     return engine, time.perf_counter() - t, ec
 
@@ -536,6 +554,9 @@ def serving(results: dict) -> None:
                 ("helios-pb", FLAGS.alt_prefill_batch, dict(prefill_batch=FLAGS.alt_prefill_batch)),
                 ("helios-k", FLAGS.alt_decode_steps, dict(decode_steps=FLAGS.alt_decode_steps)),
             ]
+            if FLAGS.alt_measure_runs is not None:
+                runs = FLAGS.alt_measure_runs
+                alternatives.append(("helios-m", [str(runs)], dict(measure_runs=runs)))
             for prefix, values, options in alternatives:
                 if not values:
                     continue

@@ -3,7 +3,7 @@
     python scripts/bench/speculation.py [--modes=off,fixed,adaptive] [--concurrency=1,16]
         [--draft_tokens=3] [--prompt_tokens=64] [--new_tokens=128] [--requests_at_one=2]
         [--repeats=3] [--dtype=float32] [--max_model_len=512] [--policy=balanced] [--seed=0]
-        [--decode_steps=1,4,8] [--readers=loop] [--prefill_batch=1,4,16]
+        [--decode_steps=1,4,8] [--readers=loop] [--prefill_batch=1,4,16] [--measure_runs=5]
         [--json_out=FILE] [--plot_dir=DIR]
 
 One `HeliosEngine` per mode (16 request slots, the same catalog planning the server uses, its
@@ -15,8 +15,8 @@ docs/benchmarks-engine.md, twentieth stop). Prompts are --prompt_tokens-token wi
 the held-out standard-library files (training_info.json), greedy, --new_tokens new tokens each.
 At concurrency 1 the engine serves --requests_at_one requests one after another; at concurrency
 16 it serves 16 submitted at once. Modes are interleaved within every repeat (their order
-alternates), and speedups are taken per repeat against `off` at the same concurrency, then
-summarised by their median.
+alternates), and speedups are taken per repeat against `off` at the same concurrency (against
+`off#N` for a mode measured with `#N` when both run), then summarised by their median.
 
 Measured per run, from the engine's own counters (deltas over the run):
   - tokens per target forward: output tokens after the first (which prefill emits) divided by
@@ -88,6 +88,12 @@ flags.DEFINE_list(
     "default for 16 slots (engine_options.default_prefill_batch)",
 )
 flags.DEFINE_integer("seed", 0, "seed of the prompt windows")
+flags.DEFINE_integer(
+    "measure_runs",
+    5,
+    "timed runs of every program before serving, seeding its duration estimate (the server's "
+    "--measure_runs default; 0: measured on first use); a mode may set its own after '#'",
+)
 flags.DEFINE_string("json_out", None, "write the results as JSON here")
 flags.DEFINE_string("plot_dir", None, "write PNG plots here (e.g. docs/img)")
 flags.DEFINE_string(
@@ -99,7 +105,8 @@ flags.DEFINE_string(
 
 def build(model, tokenizer, name: str):
     """The engine of one --modes entry: a speculation mode, optionally with its own step counts
-    after an '@' ('adaptive@1' or 'adaptive@1+4+8'; otherwise --decode_steps)."""
+    after an '@' ('adaptive@1' or 'adaptive@1+4+8'; otherwise --decode_steps) and its own
+    start-up measurement runs after a '#' ('off#0', 'adaptive@1+4#5'; otherwise --measure_runs)."""
     from helios_jax.engine_config import EngineConfig
     from helios_jax.engine_options import default_prefill_batch
     from helios_jax.runtime.engine import HeliosEngine
@@ -108,7 +115,8 @@ def build(model, tokenizer, name: str):
     chunks = tuple(c for c in (64, 128) if c <= FLAGS.max_model_len and c >= FLAGS.prompt_tokens)[:1] or (
         FLAGS.max_model_len,
     )
-    mode, _, steps = name.partition("@")
+    spec, _, runs = name.partition("#")
+    mode, _, steps = spec.partition("@")
     steps = steps.split("+") if steps else FLAGS.decode_steps
     rows = [int(b) for b in FLAGS.prefill_batch] if FLAGS.prefill_batch else default_prefill_batch(16)
     ec = EngineConfig(
@@ -131,8 +139,16 @@ def build(model, tokenizer, name: str):
         engine_config=ec,
         policy_config=PolicyConfig.preset(FLAGS.policy),
         model_name="helios-default",
+        measure_runs=int(runs) if runs else FLAGS.measure_runs,
     )
     return engine, ec, time.perf_counter() - t
+
+
+def baseline(name: str, names: list[str]) -> str:
+    """The `off` engine a mode is compared with: the one of the same start-up measurement
+    ('adaptive#0' against 'off#0') where there is one, else 'off'."""
+    runs = name.partition("#")[2]
+    return f"off#{runs}" if runs and f"off#{runs}" in names else "off"
 
 
 def counters(engine) -> dict:
@@ -358,6 +374,7 @@ def main(argv) -> int:
                 "seed",
                 "readers",
                 "prefill_batch",
+                "measure_runs",
             )
         },
         prompts=[dict(file=p["file"], offset=p["offset"]) for p in prompts],
@@ -400,8 +417,9 @@ def main(argv) -> int:
     # Summaries.
     table = []
     for c in concurrencies:
-        base = {r["repeat"]: r for r in runs if r["mode"] == "off" and r["concurrency"] == c}
         for name in names:
+            base_mode = baseline(name, names)
+            base = {r["repeat"]: r for r in runs if r["mode"] == base_mode and r["concurrency"] == c}
             mine = [r for r in runs if r["mode"] == name and r["concurrency"] == c]
             pooled = collections.Counter()
             for r in mine:
@@ -456,11 +474,11 @@ def main(argv) -> int:
                 next(
                     x
                     for x in runs
-                    if x["mode"] == "off"
+                    if x["mode"] == baseline(name, names)
                     and x["repeat"] == r["repeat"]
                     and x["concurrency"] == r["concurrency"]
                 )
-                if "off" in names
+                if baseline(name, names) in names
                 else None
             )
             if ref is None:
