@@ -153,6 +153,8 @@ def measure_samples(
             jax.block_until_ready((state, out))
             if i:  # the first run warms caches and allocators
                 samples.append((time.perf_counter() - t0) * 1e3)
+            if hasattr(program, "check"):  # several processes: the ranks agree (as in warm_up)
+                program.check(out)
         results[program.key] = samples
     return results
 

@@ -91,3 +91,32 @@ def test_the_server_engine_is_measured_as_its_flag_says(monkeypatch):
     for runs in (0, 7):
         assert engine_module.build_real_engine(EngineOptions(measure_runs=runs), progress=None) == "engine"
         assert built["measure_runs"] == runs and built["params"] == "params"
+
+
+class _Checked:
+    """A program whose outputs the ranks must agree on (a led program of several processes)."""
+
+    def __init__(self, program):
+        self.program, self.checked = program, 0
+
+    def __getattr__(self, name):
+        return getattr(self.program, name)
+
+    def __call__(self, params, state, inputs):
+        return self.program(params, state, inputs)
+
+    def check(self, outputs):
+        self.checked += 1
+
+
+def test_every_measured_run_is_checked_across_ranks(engine):
+    """With several processes each run of the measurement, the untimed one included, is checked
+    as warm-up's is (a follower's answer is read, so the ranks stay in step)."""
+    programs = engine._programs
+    checked = [_Checked(p) for p in list(programs.values())[:3]]
+    group = types.SimpleNamespace(
+        engine_config=programs.engine_config, init_state=programs.init_state, values=lambda: checked
+    )
+    samples = measure_samples(group, engine.executor.params, runs=RUNS)
+    assert [p.checked for p in checked] == [RUNS + 1] * 3
+    assert all(len(samples[p.key]) == RUNS for p in checked)
