@@ -115,10 +115,17 @@ def measure(
 
 
 def measure_samples(
-    programs: ProgramSet, params, *, runs: int = 5, context: int | None = None
+    programs: ProgramSet,
+    params,
+    *,
+    runs: int = 5,
+    context: int | None = None,
+    budget_s: float | None = None,
 ) -> dict[object, list[float]]:
     """`runs` timed executions (ms) per program, keyed by its cost key, each after one untimed
-    warm-up run (so the warm-up of :func:`warm_up` is included).
+    warm-up run (so the warm-up of :func:`warm_up` is included). With `budget_s`, a program's
+    timed runs stop once they add up to that many seconds (one at least): a long program's
+    interval varies little against its length, and the start-up stays bounded.
 
     Each run starts from the same cursors (decoders at `context`, prompts at 0; default half the
     context length, kept within max_model_len). A run is timed from dispatch to
@@ -155,6 +162,8 @@ def measure_samples(
                 samples.append((time.perf_counter() - t0) * 1e3)
             if hasattr(program, "check"):  # several processes: the ranks agree (as in warm_up)
                 program.check(out)
+            if samples and budget_s is not None and sum(samples) >= budget_s * 1e3:
+                break
         results[program.key] = samples
     return results
 

@@ -1,6 +1,7 @@
 """An engine measured before serving (``HeliosEngine(measure_runs=N)``): every program's duration
-estimate starts from N isolated samples, service then discovers nothing, and the measurement's
-scratch runs leave the served output unchanged."""
+estimate starts from N isolated samples, service then discovers nothing, the measurement's
+scratch runs leave the served output unchanged, each run is checked across ranks, and a time
+budget bounds a long program's runs."""
 
 import types
 
@@ -120,3 +121,34 @@ def test_every_measured_run_is_checked_across_ranks(engine):
     samples = measure_samples(group, engine.executor.params, runs=RUNS)
     assert [p.checked for p in checked] == [RUNS + 1] * 3
     assert all(len(samples[p.key]) == RUNS for p in checked)
+
+
+def test_a_time_budget_stops_a_programs_timed_runs_after_the_first(engine):
+    """With a budget every program is timed at least once and stops once its timed runs add up
+    to the budget; without one it gets every run."""
+    programs = engine._programs
+    group = types.SimpleNamespace(
+        engine_config=programs.engine_config,
+        init_state=programs.init_state,
+        values=lambda: list(programs.values())[:3],
+    )
+    params = engine.executor.params
+    tight = measure_samples(group, params, runs=3, budget_s=1e-9)
+    assert [len(v) for v in tight.values()] == [1, 1, 1]
+    loose = measure_samples(group, params, runs=3, budget_s=60.0)
+    assert [len(v) for v in loose.values()] == [3, 3, 3]
+
+
+def test_the_engine_measures_within_the_start_up_budget(monkeypatch):
+    """The engine's measurement asks for its runs within `MEASURE_BUDGET_S` a program, and seeds
+    what it measured at the time it is given."""
+    import helios_jax.prepare as prepare_module
+    from helios_jax.runtime.scheduling import MEASURE_BUDGET_S, measure_into
+
+    asked, seeded = {}, []
+    measured = {"k": [1.0]}
+    monkeypatch.setattr(prepare_module, "measure_samples", lambda p, q, **kw: asked.update(kw) or measured)
+    scheduler = types.SimpleNamespace(seed_costs=lambda now, samples: seeded.append((now, samples)) or 1)
+    assert measure_into(scheduler, None, None, 4, 123, None) == 1
+    assert asked == {"runs": 4, "budget_s": MEASURE_BUDGET_S} and 0 < MEASURE_BUDGET_S <= 1
+    assert seeded == [(123, measured)]
