@@ -395,8 +395,10 @@ def _validate_sidecars(frame: Frame, confidence: ArrayLike, request_slots: int) 
     plan = frame.plan
     depth = plan.graph.proposal_depth
     sidecars = confidence if isinstance(confidence, (list, tuple)) else [confidence]
+    arrays = []
     for rank, sc in enumerate(sidecars):
-        arr = np.asarray(sc, dtype=np.float64)
+        arr = _real(sc, f"fence {frame.fence}: rank {rank} confidence must be valid probabilities")
+        arrays.append(arr)
         if arr.ndim != 3 or arr.shape[0] != 2 or arr.shape[1] != request_slots or arr.shape[2] < depth:
             raise ValueError(
                 f"fence {frame.fence}: rank {rank} sidecar shape {arr.shape}, expected "
@@ -405,13 +407,26 @@ def _validate_sidecars(frame: Frame, confidence: ArrayLike, request_slots: int) 
         used = arr[:, [lane.slot for lane in plan.lanes], :depth]
         if np.any(~np.isfinite(used)) or np.any((used < 0) | (used > 1)):
             raise ValueError(f"fence {frame.fence}: rank {rank} confidence must be valid probabilities")
-    return np.asarray(sidecars[0], dtype=np.float64)
+    return arrays[0]
+
+
+def _real(values: ArrayLike, refusal: str) -> np.ndarray:
+    """`values` as float64; complex values (whose imaginary part a cast would drop) or values
+    that are not numbers are refused with `refusal` (a missing value becomes NaN, which the
+    callers refuse as not a probability)."""
+    raw = np.asarray(values)
+    if np.iscomplexobj(raw):
+        raise ValueError(f"{refusal}, got complex values")
+    try:
+        return np.asarray(raw, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ValueError(f"{refusal}, got values that are not numbers") from None
 
 
 def _validate_survival(
     frame: Frame, records: Sequence[CompletionRecord], survival: ArrayLike, request_slots: int
 ) -> None:
-    surv = np.asarray(survival, dtype=np.float64)
+    surv = _real(survival, f"fence {frame.fence}: survival values must be probabilities")
     if surv.ndim != 2 or surv.shape[0] != request_slots:
         raise ValueError(
             f"fence {frame.fence}: survival rows shape {surv.shape}, expected "

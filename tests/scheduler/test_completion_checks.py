@@ -167,6 +167,43 @@ def test_a_sidecar_or_survival_row_for_other_slots_or_with_a_hole_is_refused(mak
     assert snapshot(s) == before
 
 
+def _complex(sidecar, slot):
+    out = sidecar.astype(np.complex128)
+    out[1, slot, 0] = 0.5 + 0.25j
+    return out
+
+
+@pytest.mark.parametrize(
+    "make_sidecar, survival, message",
+    [
+        (lambda plan: _complex(_sidecar(), plan.lanes[0].slot), None, "confidence .* got complex values"),
+        (lambda plan: [_sidecar(), _sidecar().astype(np.complex64)], None, "rank 1 confidence .* complex"),
+        (lambda plan: [[["x"]]], None, "confidence .* got values that are not numbers"),
+        (lambda plan: _sidecar(), np.full((RAGGED.request_slots, 3), 0.5 + 0.5j), "survival .* complex"),
+        (lambda plan: _sidecar(), [[0.5, "x", 0.5]] * RAGGED.request_slots, "survival .* not numbers"),
+    ],
+    ids=["complex-sidecar", "complex-second-rank", "text", "complex-survival", "text-survival"],
+)
+def test_complex_or_non_numeric_sidecars_and_survival_rows_are_refused(make_sidecar, survival, message):
+    """A cast to float64 would keep a complex value's real part (numpy only warns): complex and
+    non-numeric sidecars and survival rows are refused, naming the fence, before anything
+    changes; the real values of the same round land."""
+    s, plan = _packed_round()
+    before = snapshot(s)
+    with pytest.raises(ValueError, match=rf"^fence 5: .*{message}"):
+        if survival is None:
+            s.complete_packed_round(5, _round_records(plan), timing(4.7), make_sidecar(plan))
+        else:
+            s.complete_packed_round_with_survival(
+                5, _round_records(plan), timing(4.7), make_sidecar(plan), survival
+            )
+    assert snapshot(s) == before
+    landed = s.complete_packed_round_with_survival(
+        5, _round_records(plan), timing(4.7), _sidecar(), _survival(0.5)
+    )
+    assert len(landed) == len(plan.lanes)
+
+
 @spec("planning-queue/survival-variants")
 def test_a_survival_value_of_one_is_a_valid_observation():
     """Survival values are probabilities, one included: a proposal that certainly survived is
