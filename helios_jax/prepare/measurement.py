@@ -122,15 +122,17 @@ def measure_samples(
     context: int | None = None,
     budget_s: float | None = None,
 ) -> dict[object, list[float]]:
-    """`runs` timed executions (ms) per program, keyed by its cost key, each after one untimed
-    warm-up run (so the warm-up of :func:`warm_up` is included). With `budget_s`, a program's
-    timed runs stop once they add up to that many seconds (one at least): a long program's
-    interval varies little against its length, and the start-up stays bounded.
+    """`runs` timed executions (ms) per program, keyed by its cost key, after one untimed
+    warm-up run of each (so the warm-up of :func:`warm_up` is included). With `budget_s`, a
+    program's timed runs stop once they add up to that many seconds (one at least): a long
+    program's interval varies little against its length, and the start-up stays bounded.
 
-    Each run starts from the same cursors (decoders at `context`, prompts at 0; default half the
-    context length, kept within max_model_len). A run is timed from dispatch to
-    `block_until_ready` on its outputs and new state; inputs are staged and cursors reset
-    before the clock starts.
+    The programs run in rounds, each once a round (the untimed round first), so a passing
+    disturbance of the machine reaches one sample of many programs rather than every sample of
+    one, and their medians stay clean. Each run starts from the same cursors (decoders at
+    `context`, prompts at 0; default half the context length, kept within max_model_len) and is
+    timed from dispatch to `block_until_ready` on its outputs and new state; inputs are staged
+    and cursors reset before the clock starts.
     """
     if runs < 1:
         raise ValueError(f"runs must be at least 1, got {runs}")
@@ -146,26 +148,39 @@ def measure_samples(
     )
     margin = engine.max_model_len - reach - 1
     context = max(1, min(engine.max_model_len // 2 if context is None else context, margin))
+    staged = [
+        (
+            p,
+            jax.tree_util.tree_map(_staged, measurement_inputs(p, engine, context)),
+            jnp.asarray(start_cursors(p, engine, context)),
+        )
+        for p in programs.values()
+    ]
     state = programs.init_state()
-    results = {}
-    for program in programs.values():
-        inputs = jax.tree_util.tree_map(_staged, measurement_inputs(program, engine, context))
-        cursors = jnp.asarray(start_cursors(program, engine, context))
-        samples = []
-        for i in range(runs + 1):
-            state = set_cursors(state, cursors)
-            jax.block_until_ready(state)
-            t0 = time.perf_counter()
-            state, out = program(params, state, inputs)
-            jax.block_until_ready((state, out))
-            if i:  # the first run warms caches and allocators
-                samples.append((time.perf_counter() - t0) * 1e3)
-            if hasattr(program, "check"):  # several processes: the ranks agree (as in warm_up)
-                program.check(out)
+    results: dict[object, list[float]] = {p.key: [] for p, _, _ in staged}
+    for round_ in range(runs + 1):  # round 0 warms caches and allocators, untimed
+        for program, inputs, cursors in staged:
+            samples = results[program.key]
             if samples and budget_s is not None and sum(samples) >= budget_s * 1e3:
-                break
-        results[program.key] = samples
+                continue
+            state, ms = _timed_run(program, params, state, inputs, cursors)
+            if round_:
+                samples.append(ms)
     return results
+
+
+def _timed_run(program: Program, params, state: DeviceState, inputs, cursors) -> tuple[DeviceState, float]:
+    """One execution from `cursors`, timed (ms) from dispatch to readiness; checked across the
+    ranks where there are several processes (as in :func:`warm_up`), after the clock stops."""
+    state = set_cursors(state, cursors)
+    jax.block_until_ready(state)
+    t0 = time.perf_counter()
+    state, out = program(params, state, inputs)
+    jax.block_until_ready((state, out))
+    ms = (time.perf_counter() - t0) * 1e3
+    if hasattr(program, "check"):
+        program.check(out)
+    return state, ms
 
 
 def _staged(leaf):

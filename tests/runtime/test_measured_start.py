@@ -152,3 +152,27 @@ def test_the_engine_measures_within_the_start_up_budget(monkeypatch):
     assert measure_into(scheduler, None, None, 4, 123, None) == 1
     assert asked == {"runs": 4, "budget_s": MEASURE_BUDGET_S} and 0 < MEASURE_BUDGET_S <= 1
     assert seeded == [(123, measured)]
+
+
+def test_programs_are_measured_in_rounds_each_once_a_round(engine):
+    """Every program runs once a round, the untimed round first, so a passing disturbance of the
+    machine reaches one sample of many programs rather than all of one program's; a program
+    past its budget sits out the later rounds."""
+    calls = []
+
+    class Logged(_Checked):
+        def __call__(self, params, state, inputs):
+            calls.append(self.program.key)
+            return self.program(params, state, inputs)
+
+    programs = engine._programs
+    logged = [Logged(p) for p in list(programs.values())[:3]]
+    keys = [p.key for p in logged]
+    group = types.SimpleNamespace(
+        engine_config=programs.engine_config, init_state=programs.init_state, values=lambda: logged
+    )
+    measure_samples(group, engine.executor.params, runs=2)
+    assert calls == keys * 3
+    calls.clear()
+    measure_samples(group, engine.executor.params, runs=4, budget_s=1e-9)
+    assert calls == keys * 2  # the warm-up round and one timed run each
