@@ -23,7 +23,8 @@ flags and prints):
      exported as a measured catalog JSON in the shared format (`duration_ms` per graph).
 
 The engine (`helios_jax.runtime.engine.HeliosEngine`) prepares its programs through `prepare`
-and then runs each once (`warm_up`) before it admits a request.
+and then, before it admits a request, runs each once (`warm_up`) or, as the server does,
+measures them (`measure_samples`) and seeds its scheduler's duration estimates with the runs.
 """
 
 from __future__ import annotations
