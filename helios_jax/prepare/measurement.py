@@ -170,8 +170,9 @@ def measure_samples(
 
 
 def _timed_run(program: Program, params, state: DeviceState, inputs, cursors) -> tuple[DeviceState, float]:
-    """One execution from `cursors`, timed (ms) from dispatch to readiness; checked across the
-    ranks where there are several processes (as in :func:`warm_up`), after the clock stops."""
+    """One execution from `cursors`, timed (ms) from dispatch to readiness (warm-up runs ignore
+    the time); checked across the ranks where there are several processes
+    (distributed/leader.py), after the clock stops."""
     state = set_cursors(state, cursors)
     jax.block_until_ready(state)
     t0 = time.perf_counter()
@@ -206,10 +207,7 @@ def warm_up(programs: ProgramSet, params, progress: Callable[[str], None] | None
     engine = programs.engine_config
     state = programs.init_state()
     for program in programs.values():
-        state = set_cursors(state, jnp.asarray(start_cursors(program, engine, 1)))
-        state, outputs = program(params, state, measurement_inputs(program, engine, 1))
-        jax.block_until_ready(outputs)
-        if hasattr(program, "check"):  # several processes: the ranks agree (distributed/leader.py)
-            program.check(outputs)
+        cursors = jnp.asarray(start_cursors(program, engine, 1))
+        state, _ = _timed_run(program, params, state, measurement_inputs(program, engine, 1), cursors)
     if progress:
         progress(f"warmed up {len(programs)} programs")

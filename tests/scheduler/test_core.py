@@ -86,6 +86,18 @@ def decode_frame_in_flight(**kw):
     return s, t, plan
 
 
+def two_decoders():
+    """Two streams admitted and prefilled one at a time (frames 1 and 2), each then decoding:
+    (scheduler, the time the second prefill ended)."""
+    s = scheduler()
+    for _ in range(2):
+        s.admit([1] * 8, max_output=1000)
+    t = 0.0
+    for fence in (1, 2):
+        _, _, t = run_once(s, fence, t)
+    return s, t
+
+
 def snapshot(s):
     """Everything completion may change, for 'changes nothing' checks."""
     reqs = {
@@ -811,12 +823,7 @@ def test_completing_with_nothing_in_flight_is_refused():
     "duration-estimates/stale-needs-empty",
 )
 def test_full_refresh_credit_displaces_the_winner_with_the_oldest_stale_alternative():
-    s = scheduler()
-    for _ in range(2):
-        s.admit([1] * 8, max_output=1000)
-    t = 0.0
-    for fence in (1, 2):
-        _, _, t = run_once(s, fence, t)
+    s, t = two_decoders()
     later = 31_000.0  # every estimate is stale now
     s.advance_to(int(later * MS))
     winner = s.plan()
@@ -1132,12 +1139,7 @@ def test_a_stale_ordinary_winner_refreshes_its_cost_without_spending_credit():
     """Everything but the winner re-measured: with full refresh credit the stale winner still runs
     as ordinary work (after the queue drains), its first valid sample replaces the estimate, and
     the ledger keeps its 5 ms."""
-    s = scheduler()
-    for _ in range(2):
-        s.admit([1] * 8, max_output=1000)
-    t = 0.0
-    for fence in (1, 2):
-        _, _, t = run_once(s, fence, t)
+    s, t = two_decoders()
     later = 31_000.0
     s.advance_to(int(later * MS))
     winner = s.plan()

@@ -16,7 +16,7 @@ import pytest
 from helios_jax.scheduler.core import NS_PER_MS
 from helios_jax.scheduler.plan import ExecutionClass, ExecutionTiming
 
-from .test_core import records, run_once, scheduler
+from .test_core import decode_frame_in_flight, records, two_decoders
 
 MS = NS_PER_MS
 
@@ -24,15 +24,10 @@ MS = NS_PER_MS
 def one_decoder():
     """A scheduler with one request past its prefill (first burst published) and its next
     ordinary decode plan committed as fence 2: (scheduler, request, plan)."""
-    s = scheduler()
-    h = s.admit([1] * 8, max_output=1000)
-    _, _, t = run_once(s, 1, 0.0)
-    s.advance_to(int(t * MS))
-    plan = s.plan()
+    s, t, plan = decode_frame_in_flight()
     assert plan.reason is ExecutionClass.ORDINARY and len(plan.lanes) == 1
-    s.commit(plan, 2)
     s.advance_to(int((t + 5) * MS))
-    return s, s.requests[h.rid], plan
+    return s, s.requests[plan.lanes[0].handle.rid], plan
 
 
 def updated_rate(log_rate: float, served: float, dt_ms: float) -> float:
@@ -45,12 +40,7 @@ def test_an_out_of_order_completion_names_the_oldest_fence_in_flight():
     """Two frames in flight (fences 7 and 8): completing 8 first is refused with a ValueError that
     names fence 7, the only fence that may complete next, and changes nothing; in order both
     complete, after which nothing is in flight (None)."""
-    s = scheduler()
-    for _ in range(2):
-        s.admit([1] * 8, max_output=1000)
-    t = 0.0
-    for fence in (1, 2):
-        _, _, t = run_once(s, fence, t)
+    s, t = two_decoders()
     s.advance_to(int(t * MS))
     first = s.plan()
     s.commit(first, 7)
