@@ -140,6 +140,13 @@ def _with_nan(sidecar, slot):
     return out
 
 
+def _complete_round(s, plan, sidecar, survival=None):
+    """Complete `plan` as fence 5 with `sidecar`, and with `survival` rows when given."""
+    if survival is None:
+        return s.complete_packed_round(5, _round_records(plan), timing(4.7), sidecar)
+    return s.complete_packed_round_with_survival(5, _round_records(plan), timing(4.7), sidecar, survival)
+
+
 @spec("service-accounting/validate-first", "planning-queue/packed-round", "planning-queue/survival-variants")
 @pytest.mark.parametrize(
     "make_sidecar, survival, message",
@@ -158,12 +165,7 @@ def test_a_sidecar_or_survival_row_for_other_slots_or_with_a_hole_is_refused(mak
     s, plan = _packed_round()
     before = snapshot(s)
     with pytest.raises(ValueError, match=message):
-        if survival is None:
-            s.complete_packed_round(5, _round_records(plan), timing(4.7), make_sidecar(plan))
-        else:
-            s.complete_packed_round_with_survival(
-                5, _round_records(plan), timing(4.7), make_sidecar(plan), survival
-            )
+        _complete_round(s, plan, make_sidecar(plan), survival)
     assert snapshot(s) == before
 
 
@@ -191,16 +193,9 @@ def test_complex_or_non_numeric_sidecars_and_survival_rows_are_refused(make_side
     s, plan = _packed_round()
     before = snapshot(s)
     with pytest.raises(ValueError, match=rf"^fence 5: .*{message}"):
-        if survival is None:
-            s.complete_packed_round(5, _round_records(plan), timing(4.7), make_sidecar(plan))
-        else:
-            s.complete_packed_round_with_survival(
-                5, _round_records(plan), timing(4.7), make_sidecar(plan), survival
-            )
+        _complete_round(s, plan, make_sidecar(plan), survival)
     assert snapshot(s) == before
-    landed = s.complete_packed_round_with_survival(
-        5, _round_records(plan), timing(4.7), _sidecar(), _survival(0.5)
-    )
+    landed = _complete_round(s, plan, _sidecar(), _survival(0.5))
     assert len(landed) == len(plan.lanes)
 
 
