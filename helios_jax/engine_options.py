@@ -46,6 +46,11 @@ SCHEDULER_POLICIES = ("balanced", "throughput")
 # single-step rate at one stream and 1.15x at sixteen (docs/benchmarks-engine.md).
 MULTI_STEP_DEFAULT = (1, 4, 8)
 
+# Timed runs of every program before serving (--measure_runs unset; docs/engine.md, "Measured
+# start-up"): five samples make a median one disturbed run does not move, within the per-program
+# time budget of runtime/scheduling.py.
+MEASURE_RUNS_DEFAULT = 5
+
 # Prompt rows B of the prefill programs prepared when --prefill_batch is unset: every power of
 # four up to --concurrency. On the embedded model on a 2-core CPU, 16 simultaneous prompts ran at
 # 1.07-1.20x the output tokens/s of one-row prefill (median of five interleaved repeats; TTFT
@@ -180,7 +185,7 @@ class EngineOptions:
     prefill_batch: tuple[int, ...] | None = None
     proposal_source: str | None = None
     tensor_parallel: int = 1
-    measure_runs: int = 5
+    measure_runs: int = MEASURE_RUNS_DEFAULT
 
     def __post_init__(self):
         if self.model is not None and not self.model.strip():
@@ -465,7 +470,7 @@ def _define_policy_flags(fv: flags.FlagValues) -> None:
     )
     flags.DEFINE_integer(
         "measure_runs",
-        5,
+        MEASURE_RUNS_DEFAULT,
         "Timed executions of every program before serving; their samples seed the duration "
         "estimates (0: each program is measured on its first use).",
         flag_values=fv,

@@ -75,6 +75,7 @@ from bench_common import (
 
 from helios_jax.compilation_cache import enable_compilation_cache
 from helios_jax.cpu_threads import compute_pool_threads, limit_compute_threads
+from helios_jax.engine_options import MEASURE_RUNS_DEFAULT
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("dtypes", ["float32", "bfloat16"], "compute dtypes to compare (same bf16-rounded weights)")
@@ -123,7 +124,7 @@ flags.DEFINE_list(
 )
 flags.DEFINE_integer(
     "measure_runs",
-    5,
+    MEASURE_RUNS_DEFAULT,
     "timed runs of every helios program before serving, seeding its duration estimate (the "
     "server's --measure_runs default; 0: each program is measured on its first use)",
 )

@@ -29,9 +29,13 @@ from bench_common import engine_bench_config, prompt_windows
 from first_token import burst  # noqa: F401 (its flags: concurrency, bursts, new_tokens, ...)
 from program_variants import run_main
 
+from helios_jax.engine_options import MEASURE_RUNS_DEFAULT
+
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("pairs", 4, "fresh engines per setting, built in alternating order")
-flags.DEFINE_integer("measure_runs", 5, "timed runs per program of the measured engine")
+flags.DEFINE_integer(
+    "measure_runs", MEASURE_RUNS_DEFAULT, "timed runs per program of the measured engine (server default)"
+)
 FLAGS.set_default("bursts", 3)
 
 

@@ -49,6 +49,7 @@ from absl import app, flags
 from bench_common import DEFAULT_CACHE_DIR, machine, percentile, prompt_windows
 
 from helios_jax.compilation_cache import enable_compilation_cache
+from helios_jax.engine_options import MEASURE_RUNS_DEFAULT
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list(
@@ -90,7 +91,7 @@ flags.DEFINE_list(
 flags.DEFINE_integer("seed", 0, "seed of the prompt windows")
 flags.DEFINE_integer(
     "measure_runs",
-    5,
+    MEASURE_RUNS_DEFAULT,
     "timed runs of every program before serving, seeding its duration estimate (the server's "
     "--measure_runs default; 0: measured on first use); a mode may set its own after '#'",
 )
