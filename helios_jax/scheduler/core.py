@@ -292,7 +292,7 @@ class Scheduler(SchedulerReads, ProposalSources):
             return None
         start = self._planning_start_ns()
         views = self.views(start, optimistic=False)  # a probe's estimates: only if it could widen
-        if not any(v.runnable for v in views):
+        if not views.any_runnable():
             return None
         inp = policy.SelectionInput(views, self.graphs, self.costs, self.now_ns, self.policy, self.mode)
         base = policy.selection_rows(inp)  # read again by a refresh alternative and a probe

@@ -40,6 +40,7 @@ from helios_jax.scheduler.speculation import (
     initial_prior,
 )
 from helios_jax.scheduler.view import Candidate, LaneRole, Phase, RequestView
+from helios_jax.scheduler.view_columns import ResidentViews, remaining_by_rid
 
 
 def explore(
@@ -74,10 +75,14 @@ def explore(
 
 def probe_views(
     views: Sequence[RequestView], estimates: Mapping[int, np.ndarray] | None = None
-) -> list[RequestView]:
+) -> Sequence[RequestView]:
     """The views a probe scores: each decoder's survival replaced by its optimistic estimate, the
     view's own or (`estimates`, by rid, for views priced without them) the given one. Other views
     are kept as they are: a probe scores drafted programs, whose lanes are decoders'."""
+    if isinstance(views, ResidentViews):  # the decoders' columns, their rows replaced
+        c = views.decoders
+        rows = c.optimistic if estimates is None else [estimates[rid] for rid in c.rid.tolist()]
+        return views.with_decoder_survival(list(rows))
     out = []
     for v in views:
         if v.phase is Phase.DECODE:
@@ -208,14 +213,14 @@ def probe(
     if not speculative.graphs:
         return None
     ordinary_width = {lane.rid: lane_width(lane) for lane in ordinary.lanes if lane.role is LaneRole.DECODE}
-    remaining = {v.rid: v.output_remaining for v in inp.views}
+    remaining = remaining_by_rid(inp.views)
     if not _can_widen(remaining, ordinary_width, speculative.max_width):
         return None
     # Scored on the ordinary decision's scale: the same sigma (from every loaded program) and
     # waiting cost, so that "beats the ordinary choice" compares like with like.
     if callable(optimistic_views):
         optimistic_views = optimistic_views()
-    opt_inp = dataclasses.replace(inp, views=list(optimistic_views), graphs=speculative, reference=prepared)
+    opt_inp = dataclasses.replace(inp, views=optimistic_views, graphs=speculative, reference=prepared)
     best, best_key = None, None
     # Only rows that beat the ordinary winner are materialised (building lanes is the cost), and
     # an adaptive ragged program's cohort is searched only when its bounds could beat both the

@@ -27,7 +27,8 @@ from helios_jax.scheduler.plan import Frame, Handle
 from helios_jax.scheduler.requests import Request
 from helios_jax.scheduler.service import NS_PER_MS, ServiceHistory, missing_rate, resident_rates
 from helios_jax.scheduler.speculation import SOURCE_COPY, PrefixEstimate, batch_estimates
-from helios_jax.scheduler.view import DEFAULT_FIELDS, NO_ESTIMATE, Phase, RequestView
+from helios_jax.scheduler.view import NO_ESTIMATE, Phase, RequestView
+from helios_jax.scheduler.view_columns import NO_LIMIT, DecoderColumns, ResidentViews
 
 Histories = dict[int, ServiceHistory]
 BATCH_MIN = 3  # decoders of one proposal source from which their estimates are batched
@@ -116,37 +117,27 @@ def best_served(requests: Mapping[int, Request], free_pages: int, pages_needed: 
     return max(candidates)[2] if candidates else None
 
 
-def views(inp: PricingInputs, start_ns: int) -> list[RequestView]:
+def views(inp: PricingInputs, start_ns: int) -> ResidentViews:
     """Request views with prices and ages projected to `start_ns` (the planning start).
 
     The residents' rates and prices are computed as columns (one list or array per quantity, a
-    row per resident: :func:`rate_columns`, ``service.price_columns``); only the views
-    themselves are built one per resident, a decoder's as one complete field dict."""
+    row per resident: :func:`rate_columns`, ``service.price_columns``); the decoders' views are
+    columns too (:func:`decoder_columns`), and only the other residents' views are built as
+    objects, one per resident."""
     histories, delivered_at = projected_histories(inp)
     residents = [r for r in inp.requests.values() if r.active]
     log_x, log_z = rate_columns(inp, residents, histories, start_ns)
     prefill, output, delivery = service.price_columns(service.price_terms(inp.policy), log_x, log_z)
-    acceptance = _acceptance(inp, [r for r in residents if r.phase is Phase.DECODE])
-    advances = queued_advances(inp.frames)
-    out = []
+    others: list[RequestView] = []
+    order: list[int] = []  # the residents' order: an index into `others`, or ~i for decoder i
+    decoding: list[int] = []  # each decoder's index in `residents`
     for i, r in enumerate(residents):
         phase = r.phase
         if phase is Phase.DECODE:
-            last = delivered_at.get(r.handle.rid, r.last_publication_ns)
-            survival, optimistic = acceptance[r.handle.rid]
-            out.append(
-                _decoder_view(
-                    inp,
-                    r,
-                    start_ns,
-                    last,
-                    survival,
-                    optimistic,
-                    advances.get(r.handle, 0),
-                    (prefill[i], output[i], delivery[i]),
-                )
-            )
+            order.append(~len(decoding))
+            decoding.append(i)
             continue
+        order.append(len(others))
         # `r` is active, so runnable(r) is this.
         fields: dict[str, object] = {
             "rid": r.handle.rid,
@@ -166,8 +157,52 @@ def views(inp: PricingInputs, start_ns: int) -> list[RequestView]:
             fields["terminal_age_ms"] = max(0.0, (start_ns - since) / NS_PER_MS)
         else:
             _blocked_fields(inp, r, fields, start_ns)
-        out.append(RequestView.unchecked(fields))
-    return out
+        others.append(RequestView.unchecked(fields))
+    columns = decoder_columns(inp, residents, decoding, (prefill, output, delivery), delivered_at, start_ns)
+    return ResidentViews(others, columns, order)
+
+
+def decoder_columns(
+    inp: PricingInputs,
+    residents: list[Request],
+    decoding: list[int],
+    prices: tuple[list[float], list[float], list[float]],
+    delivered_at: Mapping[int, int | None],
+    start_ns: int,
+) -> DecoderColumns:
+    """The decoding requests' views as columns: output left after their queued rounds (the
+    rounds' committed tokens at most), output age and acceptance (a decoder is runnable while
+    output is left). The age counts from the expected end of its last queued delivery, else its
+    last publication, else its admission. `decoding`: the decoders' indices in `residents` and
+    in the residents' log prefill, output and delivery `prices` (a list each)."""
+    advances = queued_advances(inp.frames)
+    decoders = [residents[i] for i in decoding]
+    acceptance = _acceptance(inp, decoders)
+    prefill, output, delivery = prices
+    ints, floats, survival, optimistic, forecast = [], [], [], [], []
+    for i, r in zip(decoding, decoders):
+        rid = r.handle.rid
+        queued = advances.get(r.handle, 0)
+        left = r.max_output - len(r.output) - queued
+        remaining = max(left, 0)
+        context = inp.max_model_len - (r.cursor + queued)
+        width = NO_LIMIT if r.width_limit is None else r.width_limit
+        if r.proposal_source == SOURCE_COPY and r.copy_limit is not None:
+            copy = r.copy_limit
+            limit = min(remaining, context, width, copy + 1)  # RequestView.row_limit
+        else:
+            copy, limit = NO_LIMIT, min(remaining, context, width)
+        ints.append(
+            (rid, r.slot, r.last_selected_ns, remaining, context, width, copy, limit, left > 0, r.host_mask)
+        )
+        last = delivered_at.get(rid, r.last_publication_ns)
+        since = r.admitted_ns if last is None else last  # nothing published or queued: since admission
+        floats.append((max(0.0, (start_ns - since) / NS_PER_MS), prefill[i], output[i], delivery[i]))
+        estimates = acceptance[rid]
+        survival.append(estimates[0])
+        optimistic.append(estimates[1])
+        forecast.append(r.forecast.means())
+    return DecoderColumns.build(ints, floats, (survival, optimistic, forecast))
 
 
 def rate_columns(
@@ -242,49 +277,6 @@ def optimistic_estimates(inp: PricingInputs, decoders: Sequence[int]) -> dict[in
 
 def _optimistic(inp: PricingInputs, r: Request, est: PrefixEstimate, pool: PrefixEstimate) -> np.ndarray:
     return est.optimistic(len(r.output), pool) if inp.optimistic else NO_ESTIMATE
-
-
-def _decoder_view(
-    inp: PricingInputs,
-    r: Request,
-    start_ns: int,
-    last: int | None,
-    survival: np.ndarray,
-    optimistic: np.ndarray,
-    queued: int,
-    prices: tuple[float, float, float],
-) -> RequestView:
-    """A decoding request: output left after its queued rounds (`queued`: their committed tokens
-    at most), output age and acceptance (a decoder is runnable while output is left). `last` is
-    the expected end of its last queued delivery, else its last publication, else None."""
-    remaining = r.max_output - len(r.output) - queued
-    since = r.admitted_ns if last is None else last  # nothing published or queued: since admission
-    age = max(0.0, (start_ns - since) / NS_PER_MS)
-    return RequestView.complete(
-        {
-            **_DECODER_DEFAULTS,
-            "rid": r.handle.rid,
-            "slot": r.slot,
-            "runnable": remaining > 0,
-            "last_selected_ns": r.last_selected_ns,
-            "log_prefill_price": prices[0],
-            "log_output_price": prices[1],
-            "log_delivery_price": prices[2],
-            "host_mask": r.host_mask,
-            "age_ms": age,
-            "output_remaining": max(remaining, 0),
-            "context_remaining": inp.max_model_len - (r.cursor + queued),
-            "width_limit": r.width_limit,
-            "copy_limit": r.copy_limit if r.proposal_source == SOURCE_COPY else None,
-            "survival": survival,
-            "optimistic": optimistic,
-            "forecast": r.forecast.means(),
-        }
-    )
-
-
-# A decoder view's fields that views() does not set: the defaults, phase DECODE.
-_DECODER_DEFAULTS = {**DEFAULT_FIELDS, "phase": Phase.DECODE}
 
 
 def _blocked_fields(inp: PricingInputs, r: Request, fields: dict, start_ns: int) -> None:

@@ -12,6 +12,7 @@ selections, drafts and the trace); :class:`SchedulerReads` names it, and ``core.
 from __future__ import annotations
 
 import collections
+from collections.abc import Sequence
 
 from helios_jax.scheduler import learning, policy, pricing, service
 from helios_jax.scheduler.captures import Captures
@@ -24,7 +25,8 @@ from helios_jax.scheduler.refresh import Ledger
 from helios_jax.scheduler.requests import Pool, Request, pages_for
 from helios_jax.scheduler.residents import Residents
 from helios_jax.scheduler.stats import Counters, SchedulerStats
-from helios_jax.scheduler.view import Phase, RequestView
+from helios_jax.scheduler.view import RequestView
+from helios_jax.scheduler.view_columns import ResidentViews, decoder_rids
 
 
 class SchedulerReads:
@@ -128,7 +130,7 @@ class SchedulerReads:
             self._normalizer_cache = (version, service.Normalizers.of(self.graphs.delivery, durations))
         return self._normalizer_cache[1]
 
-    def views(self, start_ns: int | None = None, optimistic: bool = True) -> list[RequestView]:
+    def views(self, start_ns: int | None = None, optimistic: bool = True) -> ResidentViews:
         """Request views with prices and ages projected to the planning start (``pricing.views``;
         `optimistic` false: the decoders' optimistic estimates, read only by a probe, left empty)."""
         start = planning_start_ns(self.frames, self.now_ns) if start_ns is None else start_ns
@@ -147,8 +149,8 @@ class SchedulerReads:
             survival=proposes,
         )
 
-    def _probe_views(self, views: list[RequestView]) -> list[RequestView]:
+    def _probe_views(self, views: Sequence[RequestView]) -> Sequence[RequestView]:
         """What an acceptance probe scores: `views` (priced without optimistic estimates) with
         each decoder's survival replaced by its optimistic estimate (``learning.probe_views``)."""
-        decoders = [v.rid for v in views if v.phase is Phase.DECODE]
+        decoders = decoder_rids(views)
         return learning.probe_views(views, pricing.optimistic_estimates(self._pricing_inputs(True), decoders))

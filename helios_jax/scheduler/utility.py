@@ -82,10 +82,12 @@ class Decision:
         sigma_decode: float,
         sigma_terminal: float,
         counts: tuple[int, int] | None = None,
+        log_scale: float = 0.0,
     ) -> Decision:
-        """`counts`: :func:`population` of `views`, when the caller has it."""
+        """`counts`: :func:`population` of `views`, when the caller has it; `log_scale`: the
+        largest finite log price of views priced elsewhere (decoders' columns), and 0."""
         n_dec, n_term = population(views) if counts is None else counts
-        log_scale = 0.0  # the largest finite log price, and 0
+        # log_scale: the largest finite log price, and 0
         finite = math.isfinite
         for v in views:
             for x in (v.log_prefill_price, v.log_output_price, v.log_delivery_price):

@@ -49,16 +49,15 @@ class StepLimits(NamedTuple):
         return np.maximum(np.minimum(self.limit, steps), 1)
 
 
-_UNLIMITED = np.iinfo(np.int64).max  # no width limit
 _ONE_LANE, _NO_LANE = np.zeros(1, dtype=np.intp), np.zeros(0, dtype=np.intp)
 
 
 def step_limits(decoders: DecoderTable) -> StepLimits:
-    """The decoders' :class:`StepLimits`, read from their views once per decision."""
-    views, n = decoders.views, decoders.count
-    left = np.fromiter((min(v.output_remaining, v.context_remaining) for v in views), np.int64, n)
-    width = np.fromiter((_UNLIMITED if v.width_limit is None else v.width_limit for v in views), np.int64, n)
-    return StepLimits(np.minimum(left, width), np.fromiter((not v.host_mask for v in views), bool, n))
+    """The decoders' :class:`StepLimits`, read from their columns once per decision (a width
+    limit that is None is ``view_columns.NO_LIMIT``)."""
+    c = decoders.columns
+    left = np.minimum(c.output_remaining, c.context_remaining)
+    return StepLimits(np.minimum(left, c.width_cap), c.k_step_eligible)
 
 
 def _lanes(decoders: DecoderTable, idx, steps: np.ndarray, values: np.ndarray) -> list[Lane]:

@@ -21,6 +21,7 @@ from helios_jax.catalog import GraphDescriptor
 from helios_jax.scheduler import utility
 from helios_jax.scheduler.policy.prepared import PreparedGraphs, capacities
 from helios_jax.scheduler.view import Candidate, RequestView
+from helios_jax.scheduler.view_columns import ResidentViews
 
 # A dominance group: candidates with equal signatures do the same logical work (None: never compared).
 Signature = Hashable | None
@@ -128,11 +129,16 @@ def better(a: Candidate, b: Candidate, recency: dict[int, int]) -> bool:
 
 
 def recency(views: Sequence[RequestView]) -> dict[int, int]:
+    """rid -> last selection of every view."""
+    if isinstance(views, ResidentViews):
+        return views.recency()
     return {v.rid: v.last_selected_ns for v in views}
 
 
 def best(cands: Sequence[Candidate], views: Sequence[RequestView]) -> Candidate | None:
     """The preferred candidate of a materialised list (spec order)."""
+    if len(cands) < 2:  # nothing to compare (the views' recency is read only for a tie)
+        return cands[0] if cands else None
     rec = recency(views)
     winner = None
     for c in cands:

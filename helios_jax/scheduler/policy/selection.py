@@ -24,6 +24,7 @@ from helios_jax.scheduler.policy.prepared import PreparedGraphs, as_prepared
 from helios_jax.scheduler.policy.ranking import ScoredCandidate, Signature
 from helios_jax.scheduler.policy.tables import DecoderTable, PromptTable
 from helios_jax.scheduler.view import Candidate, Lane, LaneRole, Phase, RequestView, assemble
+from helios_jax.scheduler.view_columns import DecoderColumns, ResidentViews
 
 LaneBuilder = Callable[[], Sequence[Lane]]
 _TIE_ORDER = operator.attrgetter("last_selected_ns", "rid")  # the views' order in every solver
@@ -41,6 +42,15 @@ class SelectionInput:
     # The loaded programs that set decision-wide references (sigma), when `graphs` is a subset
     # to score (acceptance probes score only drafted programs on the ordinary decision's scale).
     reference: Sequence[GraphDescriptor] | PreparedGraphs | None = None
+
+
+def _split(views: Sequence[RequestView]) -> tuple[list[RequestView], DecoderColumns]:
+    """The views other than decoders', and the decoders' as columns (a :class:`ResidentViews`
+    holds them so; a list of views is split)."""
+    if isinstance(views, ResidentViews):
+        return views.others, views.decoders
+    others = [v for v in views if v.phase is not Phase.DECODE]
+    return others, DecoderColumns.of([v for v in views if v.phase is Phase.DECODE])
 
 
 class Selection:
@@ -68,14 +78,14 @@ class Selection:
         # Least recently used first (never selected, -1, first of all), then earlier admitted:
         # every cohort solver sorts lanes stably, so lanes of equal value go in this order
         # (duration-estimates/tie-order), whatever order the caller listed the views in.
-        views = sorted(inp.views, key=_TIE_ORDER)
-        self.decision = self._decision(views) if base is None else base.decision
+        others, columns = _split(inp.views)
+        self.decision = self._decision(others, columns) if base is None else base.decision
         by_phase: dict[Phase, list[RequestView]] = {phase: [] for phase in _PHASES}
-        for v in views:
+        for v in sorted(others, key=_TIE_ORDER):
             if v.runnable:
                 by_phase[v.phase].append(v)
         self.decoders = DecoderTable(
-            by_phase[Phase.DECODE],
+            columns.tie_ordered_runnable(),  # in the same tie order
             self.decision,
             self.prepared.max_width,
             self.prepared.max_depth,
@@ -92,14 +102,17 @@ class Selection:
         self._prompt_prices: dict[int, tuple[float, float]] = {}
         self._prompt_tables: dict[tuple[int, ...], PromptTable] = {}
 
-    def _decision(self, views: list[RequestView]) -> utility.Decision:
-        delivery_bearing, terminal = counts = utility.population(views)
+    def _decision(self, others: list[RequestView], decoders: DecoderColumns) -> utility.Decision:
+        """The decision-wide quantities of every view: the decoders' and `others`."""
+        bearing, terminal = utility.population(others)
+        bearing += decoders.count
         return utility.Decision.build(
-            views,
+            others,
             self.inp.policy,
-            sigma_decode=self.reference.reference_interval("delivery", delivery_bearing, self.costs),
+            sigma_decode=self.reference.reference_interval("delivery", bearing, self.costs),
             sigma_terminal=self.reference.reference_interval("snapshots", terminal, self.costs),
-            counts=counts,
+            counts=(bearing, terminal),
+            log_scale=decoders.max_finite_price(),
         )
 
     def shares_decision(self, inp: SelectionInput, reference: PreparedGraphs) -> bool:

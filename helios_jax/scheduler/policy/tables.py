@@ -17,6 +17,7 @@ import numpy as np
 from helios_jax.scheduler import utility
 from helios_jax.scheduler.speculation import monotone, monotone_expected_output_table
 from helios_jax.scheduler.view import Lane, LaneRole, RequestView, assemble
+from helios_jax.scheduler.view_columns import DecoderColumns
 
 
 def padded_prefixes(prefixes: Sequence[np.ndarray], depth: int) -> np.ndarray:
@@ -83,20 +84,23 @@ class DecoderTable:
 
     def __init__(
         self,
-        views: list[RequestView],
+        decoders: DecoderColumns | Sequence[RequestView],
         decision: utility.Decision,
         max_width: int,
         depth: int,
         base: DecoderTable | None = None,
     ):
-        """`base`: a table of the same decision whose views differ from `views` only in their
-        survival and optimistic estimates (an acceptance probe's); every part of it that does
-        not read survival is shared (it must list the same requests in the same order)."""
-        self.views = views
-        count = self.count = len(views)
+        """`decoders`: the lanes' requests, as columns or as views. `base`: a table of the same
+        decision whose decoders differ from these only in their survival and optimistic
+        estimates (an acceptance probe's); every part of it that does not read survival is
+        shared (it must list the same requests in the same order)."""
+        if not isinstance(decoders, DecoderColumns):
+            decoders = DecoderColumns.of(decoders)
+        self.columns = decoders
+        count = self.count = decoders.count
         self.decision = decision
         self.depth = depth
-        if base is not None and base.depth == depth and base.rids.tolist() == [v.rid for v in views]:
+        if base is not None and base.depth == depth and np.array_equal(base.rids, decoders.rid):
             self.rids, self.slots, self.last_selected_ns = base.rids, base.slots, base.last_selected_ns
             self.output_price, self.delivery_price = base.output_price, base.delivery_price
             self.row_floor, self._rows = base.row_floor, base._rows
@@ -104,8 +108,8 @@ class DecoderTable:
             if "forecast" in base.__dict__:  # the views' forecasts are the base's
                 self.forecast = base.forecast
         else:
-            self._request_parts(views, decision)
-        self.survival = padded_prefixes([v.survival for v in views], depth)  # f64[n, D], monotone
+            self._request_parts(decoders, decision)
+        self.survival = padded_prefixes(decoders.survival, depth)  # f64[n, D], monotone
         # f64[n, max_width + 1]: expected committed tokens at each width
         self.expected_output = (
             monotone_expected_output_table(self.survival, max_width, decision.alpha)
@@ -118,25 +122,22 @@ class DecoderTable:
     def forecast(self) -> np.ndarray:
         """f64[n, D]: the joint prefix probabilities the device allocation ranks rows by (read
         by device-allocated ragged programs only, so built on the first read)."""
-        return padded_prefixes([v.forecast for v in self.views], self.depth)
+        return padded_prefixes(self.columns.forecast, self.depth)
 
     @computed_once
     def extension_value(self) -> np.ndarray:
         """f64[n, D]: value of target row d + 1 (prefix d + 1 surviving); ragged programs' only."""
         return self.output_price[:, None] * self.survival**self.decision.alpha
 
-    def _request_parts(self, views: list[RequestView], decision: utility.Decision) -> None:
+    def _request_parts(self, decoders: DecoderColumns, decision: utility.Decision) -> None:
         """Everything but the survival-dependent arrays: identities, prices, limits."""
-        self.rids = np.array([v.rid for v in views], dtype=np.int64)
-        self.slots = np.array([v.slot for v in views], dtype=np.int64)
-        self.last_selected_ns = np.array([v.last_selected_ns for v in views], dtype=np.int64)
-        log_prices = [[v.log_output_price for v in views], [v.log_delivery_price for v in views]]
-        self.output_price, self.delivery_price = decision.scaled(np.array(log_prices, dtype=np.float64))
-        age = np.array([v.age_ms for v in views], dtype=np.float64)
+        self.rids, self.slots, self.last_selected_ns = decoders.rid, decoders.slot, decoders.last_selected_ns
+        self.output_price, self.delivery_price = decision.scaled(decoders.prices[1:])
+        age = decoders.age_ms
         # lane_widths' floor, applied once: a row limit is an integer (output, context, copy
         # prefix and width limits)
-        self.row_floor = np.array([max(v.row_limit, 1) for v in views], dtype=np.int64)
-        self._rows = np.arange(len(views))
+        self.row_floor = np.maximum(decoders.row_limit, 1)  # a copy of the column
+        self._rows = np.arange(decoders.count)
         # c*sigma: value per ms of T per served lane
         self.age_value_per_ms = decision.decode_age * decision.sigma_decode
         # f64[n]: delivery and c*sigma*A, the value a served lane earns besides its tokens at T = 0
