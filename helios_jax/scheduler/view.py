@@ -1,7 +1,8 @@
 """The selector's plain-data interface: request views in, candidates out.
 
 ``pricing.py`` builds one :class:`RequestView` per resident request from its state (for
-``Scheduler.views()``), with prices and ages already projected to the planning start time; the selector
+``Scheduler.views()``; a decoder's as a row of ``view_columns.DecoderColumns``, read as a
+view on demand), with prices and ages already projected to the planning start time; the selector
 (the ``policy`` package) turns views and the catalog into :class:`Candidate` programs. Both are frozen so
 that a plan can outlive later state changes.
 """

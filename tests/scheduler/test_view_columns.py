@@ -11,6 +11,7 @@ import pytest
 
 from helios_jax.catalog import DecodeMode
 from helios_jax.scheduler import learning, policy, pricing
+from helios_jax.scheduler.policy import ranking
 from helios_jax.scheduler.speculation import SOURCE_COPY
 from helios_jax.scheduler.view import Phase, RequestView
 from helios_jax.scheduler.view_columns import NO_LIMIT, DecoderColumns, ResidentViews, decoder_rids
@@ -75,8 +76,10 @@ def test_each_decoder_row_holds_what_its_request_state_gives():
             )
             assert c.age_ms[i] >= 0.0
             assert c.row_limit[i] == by_rid[rid].row_limit  # RequestView's own arithmetic
+            assert (by_rid[rid].width_limit, by_rid[rid].copy_limit) == (r.width_limit, copy)
             seen.add((c.width_cap[i] != NO_LIMIT, c.copy_cap[i] != NO_LIMIT, bool(c.host_mask[i])))
-        assert [v.rid for v in views if v.phase is Phase.DECODE] == c.rid.tolist() == decoder_rids(views)
+        decoding = [v.rid for v in views if v.phase is Phase.DECODE]
+        assert decoding == c.rid.tolist() == decoder_rids(views) == decoder_rids(list(views))
     assert {(True, False, False), (False, True, False), (False, False, True)} <= seen
 
 
@@ -112,6 +115,15 @@ def test_the_decision_scale_reads_the_largest_finite_price_and_zero():
     assert columns(1.5, np.inf, np.nan).max_finite_price() == 1.5
     assert columns(-1.0, -3.0).max_finite_price() == 0.0
     assert columns(np.inf).max_finite_price() == 0.0
+    unpriced = RequestView.make(
+        rid=0,
+        slot=0,
+        phase=Phase.DECODE,
+        log_prefill_price=np.inf,
+        log_output_price=np.nan,
+        log_delivery_price=-np.inf,
+    )
+    assert DecoderColumns.of([unpriced]).max_finite_price() == 0.0  # no finite price at all
     assert columns().max_finite_price() == 0.0
 
 
@@ -149,11 +161,43 @@ def test_a_selection_from_the_columns_is_the_selection_from_the_views(catalog, m
         assert sorted(policy.candidates(a), key=repr) == sorted(policy.candidates(b), key=repr)
         probe_a, probe_b = s._probe_views(views), learning.probe_views(listed, _optimistic(s, listed))
         assert isinstance(probe_a, ResidentViews)
+        _assert_same_views(list(probe_a), list(probe_b))
         pa = dataclasses.replace(a, views=probe_a)
         pb = dataclasses.replace(a, views=list(probe_b))
         assert policy.select(pa) == policy.select(pb)
         compared += 1
     assert compared == 24
+
+
+def _assert_same_views(a, b):
+    assert [v.rid for v in a] == [v.rid for v in b]
+    for x, y in zip(a, b):
+        for f in dataclasses.fields(RequestView):
+            vx, vy = getattr(x, f.name), getattr(y, f.name)
+            if isinstance(vx, np.ndarray):
+                np.testing.assert_array_equal(vx, vy)
+            else:
+                assert vx == vy or (vx != vx and vy != vy), f.name
+
+
+def test_a_probe_of_views_priced_with_optimistic_estimates_reads_their_own():
+    """Without estimates given, a probe's views take each decoder's own optimistic estimate,
+    from the columns as from a list of the same views."""
+    s = _population()
+    for _ in _steps(s, 10):
+        views = s.views()  # optimistic estimates priced in
+        _assert_same_views(list(learning.probe_views(views)), list(learning.probe_views(list(views))))
+        for v in learning.probe_views(views):
+            if v.phase is Phase.DECODE:
+                np.testing.assert_array_equal(v.survival, v.optimistic)
+
+
+def test_the_preferred_of_no_candidates_is_none_and_of_one_is_it():
+    s = _population()
+    views = s.views()
+    assert ranking.best([], views) is None
+    only = policy.candidates(policy.SelectionInput(views, s.graphs, s.costs, s.now_ns, s.policy, s.mode))[:1]
+    assert only and ranking.best(only, views) is only[0]
 
 
 def _optimistic(s, listed):
@@ -176,3 +220,39 @@ def test_resident_views_read_as_a_sequence_in_the_residents_order():
         assert views.any_runnable() == any(v.runnable for v in views)
         both += bool(views.decoders.count and views.others)
     assert both
+
+
+def test_row_limits_bind_on_output_copy_and_width_alike():
+    """Near the end of their output, with and without copy proposals and width limits: each
+    row's limit is its view's ``row_limit`` (RequestView's own arithmetic), and each bound is
+    the binding one somewhere. (Context left never binds alone: admission holds prompt plus
+    output within the context, so output left is never above it.)"""
+    s = scheduler(SPEC, mode=DecodeMode.ADAPTIVE)
+    copy_short = s.admit([1] * 8, max_output=3, proposal_source=SOURCE_COPY)  # output binds
+    copy_narrow = s.admit([1] * 8, max_output=300, proposal_source=SOURCE_COPY)  # the width binds
+    s.admit([1] * 8, max_output=300, proposal_source=SOURCE_COPY)  # the copy prefix binds
+    s.admit([1] * 8, max_output=3)  # output binds, no copy
+    narrow = s.admit([1] * 8, max_output=300)  # the width binds, no copy
+    binding = set()
+    for _ in _steps(s, 6):
+        for h in (copy_short, copy_narrow):
+            r = s.requests.get(h.rid)
+            if r is not None and not r.inflight and r.phase is Phase.DECODE:
+                s.offer_copy(h, 6)
+        for h in (narrow, copy_narrow):
+            if h.rid in s.requests:
+                s.restrict_width(h, 2)
+        views = s.views()
+        c, by_rid = views.decoders, {v.rid: v for v in views}
+        for i, rid in enumerate(c.rid.tolist()):
+            v = by_rid[rid]
+            assert c.row_limit[i] == v.row_limit
+            bounds = {
+                "output": v.output_remaining,
+                "copy": np.inf if v.copy_limit is None else v.copy_limit + 1,
+                "width": np.inf if v.width_limit is None else v.width_limit,
+            }
+            for k, x in bounds.items():
+                if x == v.row_limit < min(y for j, y in bounds.items() if j != k):
+                    binding.add((k, v.copy_limit is not None))
+    assert {("output", True), ("output", False), ("copy", True), ("width", True), ("width", False)} <= binding
