@@ -78,11 +78,12 @@ class DecoderColumns:
     @classmethod
     def build(
         cls,
-        ints: list[tuple[int, ...]],
-        floats: list[tuple[float, ...]],
+        ints: Sequence[tuple[float, ...]],
+        floats: Sequence[tuple[float, ...]],
         estimates: tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]],
     ) -> DecoderColumns:
-        """The columns of one tuple of :data:`INTS` and one of :data:`FLOATS` per decoder."""
+        """The columns of one tuple of :data:`INTS` (integers and flags) and one of
+        :data:`FLOATS` per decoder."""
         if not ints:
             return cls(_NO_INTS, _NO_FLOATS, estimates)
         return cls(np.array(ints, dtype=np.int64).T, np.array(floats, dtype=np.float64).T, estimates)
