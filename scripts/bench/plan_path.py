@@ -257,7 +257,8 @@ def measure(catalog: Catalog, mode: DecodeMode, n: int, **kwargs) -> dict:
     for _ in range(FLAGS.warmup):
         loop.step(s.plan())
     wall, cpu, views_ms, select_ms = [], [], [], []
-    kinds = {}
+    kinds: dict[str, int] = {}
+    wall_by_kind: dict[str, list[float]] = {}  # each decision's wall time, by the kind it chose
     for _ in range(FLAGS.decisions):
         w0, c0 = time.perf_counter(), time.process_time()
         plan = s.plan()
@@ -276,6 +277,7 @@ def measure(catalog: Catalog, mode: DecodeMode, n: int, **kwargs) -> dict:
         select_ms.append((t2 - t1) * 1e3)
         kind = "none" if plan is None else plan.graph.kind.value
         kinds[kind] = kinds.get(kind, 0) + 1
+        wall_by_kind.setdefault(kind, []).append(wall[-1])
         loop.step(plan)
     phases = {}
     for r in s.requests.values():
@@ -295,6 +297,9 @@ def measure(catalog: Catalog, mode: DecodeMode, n: int, **kwargs) -> dict:
         "select_p99_ms": _p99(select_ms),
         "views_p99_ms": _p99(views_ms),
         "plans_by_kind": kinds,
+        # What a decision costs by what it chose: a decode-only decision against one that admits,
+        # initializes or prefills (the loop replaces each finished request at once).
+        "median_ms_by_kind": {k: statistics.median(v) for k, v in sorted(wall_by_kind.items())},
         "phases_at_end": phases,
     }
     return row
@@ -328,6 +333,10 @@ def main(argv):
                 f"{row['select_median_ms']:7.3f} {row['other_median_ms']:7.3f}",
                 flush=True,
             )
+            by_kind = ", ".join(
+                f"{k} {ms:.3f} ({row['plans_by_kind'][k]})" for k, ms in row["median_ms_by_kind"].items()
+            )
+            print(f"{'':14s} median by the kind chosen (decisions): {by_kind}", flush=True)
     profile = None
     if FLAGS.profile:
         catalog, kwargs = load(FLAGS.subsets[0])
