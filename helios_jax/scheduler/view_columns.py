@@ -3,13 +3,14 @@
 A decision reads the same few quantities of every decoder (its identity, prices, output age and
 row limits, acceptance estimates); the selector's tables (``policy.tables.DecoderTable``, the
 K-step limits) want them as arrays. ``pricing.views`` therefore prices the decoders straight
-into :class:`DecoderColumns`, one numpy vector per quantity with a row per decoder, and hands
+into :class:`DecoderColumns`, a numpy vector per quantity with an entry per decoder (the rows
+of two matrices, one of integers and flags and one of floats, each made in one call), and hands
 the selector a :class:`ResidentViews`: the other residents' :class:`RequestView` objects beside
 those columns. A caller that iterates it (a test, the reference selector, a tie between
 candidates) gets every resident's view, in the residents' order, built from the columns once and
 kept; the selector's own path never builds the decoders' view objects.
 
-Row i of every column is one decoder; ``DecoderColumns.of`` builds the same columns from view
+Entry i of every column is one decoder; ``DecoderColumns.of`` builds the same columns from view
 objects (the selector's input when a caller passes a list, and the rows a prerequisite enables),
 so both inputs reach one table constructor.
 """
@@ -219,7 +220,7 @@ class ResidentViews(Sequence[RequestView]):
         self._order = order
         self._all: list[RequestView] | None = None
 
-    def _views(self) -> list[RequestView]:
+    def _listed(self) -> list[RequestView]:
         if self._all is None:
             decoders, others = self.decoders.views(), self.others
             self._all = [others[k] if k >= 0 else decoders[~k] for k in self._order]
@@ -235,15 +236,16 @@ class ResidentViews(Sequence[RequestView]):
     def __getitem__(self, index: slice) -> list[RequestView]: ...
 
     def __getitem__(self, index):
-        return self._views()[index]
+        return self._listed()[index]
 
     def __iter__(self) -> Iterator[RequestView]:
-        return iter(self._views())
+        return iter(self._listed())
 
     def __repr__(self) -> str:
-        return f"ResidentViews({self._views()!r})"
+        return f"ResidentViews({self._listed()!r})"
 
     def any_runnable(self) -> bool:
+        """Whether any resident is runnable (``Scheduler.plan`` returns None otherwise)."""
         return any(self.decoders._runnable.tolist()) or any(v.runnable for v in self.others)
 
     def recency(self) -> dict[int, int]:
