@@ -284,3 +284,33 @@ def test_a_score_nearly_equal_to_the_floor_is_never_left_out(floor):
     assert prerequisites._below(floor - 10.0 * tol, floor)
     # an infinite floor: an indeterminate best row outranks every determinate one
     assert prerequisites._below(floor, float("inf")) and not prerequisites._below(floor, -float("inf"))
+
+
+@pytest.mark.parametrize("name", sorted(CATALOGS))
+def test_a_kinds_followers_are_resolved_once_for_every_prerequisite_shape(name, monkeypatch):
+    """Streams waiting for an initialize program, which several prepared shapes could run:
+    each (kind, enabled phase) resolves its followers once (`prerequisites._live_followers`),
+    however many shapes of the kind offer sequences, and those shapes' sequences all follow
+    from it."""
+    catalog, mode = CATALOGS[name]
+    graphs = tuple(catalog.eligible(mode))
+    extra = (GraphDescriptor(GraphKind.INITIALIZE, b) for b in (2, 4))
+    graphs += tuple(g for g in extra if g.key not in {h.key for h in graphs})
+    costs = CostModel(POLICY.estimate_ttl_ns)
+    for g in graphs:
+        costs.observe(g.key, [(g.duration_ms or 0.3) * 1e6], 0)
+    rng = np.random.default_rng(3)
+    views = [dataclasses.replace(_blocked(i, rng), prerequisites=(GraphKind.INITIALIZE,)) for i in range(6)]
+    calls = []
+    real = prerequisites._live_followers
+    monkeypatch.setattr(
+        prerequisites,
+        "_live_followers",
+        lambda sel, enables, singles: calls.append(enables) or real(sel, enables, singles),
+    )
+    entries = prerequisites.prerequisite_entries(
+        policy.Selection(policy.SelectionInput(views, graphs, costs, 0, POLICY, mode))
+    )
+    shapes = {e.prerequisite.batch_capacity for e in entries if isinstance(e, prerequisites.Sequence)}
+    assert len(shapes) >= 2  # several initialize shapes offer sequences
+    assert sorted(calls) == sorted({v.enables for v in views}) and len(calls) == len(set(calls))

@@ -69,7 +69,7 @@ def prerequisite_entries(sel: Selection) -> list[Entry]:
         return []
     found: list[Entry] = []
     groups: dict = {}  # prerequisite kind -> (its blocked group, their single-stage rows)
-    followers: dict = {}  # (kind, enables, follower) -> what of its rows does not depend on g1
+    followers: dict = {}  # (kind, enables) -> its live followers (what does not depend on g1)
     for g1 in sel.prepared.prerequisites:
         if g1.kind not in groups:
             group = [v for v in sel.blocked if v.prerequisites[0] is g1.kind]
@@ -159,10 +159,11 @@ def _sequence_candidates(
 ) -> list[Entry]:
     """Every (g1, following shape) pair's best joint cohort, as two-stage sequence candidates.
 
-    A prefill follower's population depends on the rows g1's kind enables, the follower's chunk
-    and whether it is measured, not on g1's shape or timing nor the follower's batch capacity
-    (its room), a decode-like follower's rows on g1 only through the sequence's length
-    (``follower_rows``): each is built once per kind (`followers`) for every g1 of it.
+    What a follower's rows are worth depends on g1 only through the sequence's length (a
+    decode-like follower's age terms) or not at all (a prefill follower's): the followers of
+    each prerequisite kind and enabled phase are resolved once for every g1 of the kind
+    (:func:`_live_followers`, kept in `followers`), and only the pair's timing, the
+    decode-like populations and the ragged cohorts are computed per g1.
 
     A g1 with a smaller prepared shape of its kind that holds the whole group offers no
     sequence when it finishes no terminal row (:func:`_carried`, RESOLUTIONS 37): it is
@@ -173,38 +174,70 @@ def _sequence_candidates(
     found: list[Entry] = []
     terminal_ages = np.array([v.terminal_age_ms for v in terminals])
     for enables in (Phase.DECODE, Phase.PREFILL):
-        new_views = [v for v in singles if v.enables is enables]
-        if not new_views:
-            continue
-        for g2 in following_graphs(sel, enables):
-            key = (g1.kind, enables, g2.key)  # `followers`' entry
-            if is_ragged(g2):
-                pair = _pair(sel, g1, g2, group, terminals, terminal_ages)
-                cohort = ragged_cohort(sel, pair, new_views)
+        live = followers.get((g1.kind, enables))
+        if live is None:
+            live = followers[(g1.kind, enables)] = _live_followers(sel, enables, singles)
+        for follower in live:
+            g2 = follower.graph
+            pair = _pair(sel, g1, g2, group, terminals, terminal_ages)
+            if follower.rows is None:  # ragged: its joint cohort, solved for this pair
+                cohort = ragged_cohort(sel, pair, follower.new_views)
                 if cohort is not None:
                     found.append(_sequence_candidate(sel, pair, cohort))
                 continue
-            if g2.kind.is_prefill:
-                if key not in followers:  # its rows depend on the chunk and whether g2 is measured
-                    chunk = (g1.kind, enables, g2.kind, g2.token_capacity, sel.costs.is_known(g2.key))
-                    if chunk not in followers:
-                        followers[chunk] = prefill_population(sel, g2, new_views)
-                    followers[key] = followers[chunk].with_room(g2.batch_capacity)
-                if not len(followers[key].new_values):  # no row it enables is worth a chunk here
-                    continue
-                pair = _pair(sel, g1, g2, group, terminals, terminal_ages)
-                shapes = [followers[key]]
-            else:  # its rows depend on its steps and lane width only: shared by every B
-                rows_key = (g1.kind, enables, g2.steps, g2.token_capacity, g2.proposal_depth)
-                if rows_key not in followers:
-                    followers[rows_key] = DecoderRows(sel, g2, new_views)
-                rows = followers[rows_key]
-                if not rows.views and g2.kind is not GraphKind.MIXED:  # none it enables
-                    continue
-                pair = _pair(sel, g1, g2, group, terminals, terminal_ages)
-                shapes = populations(sel, g2, new_views, pair.total_ms, rows)
-            found.extend(_scored_sequences(sel, (g1.kind, enables, follower_class(g2)), pair, shapes))
+            if isinstance(follower.rows, Population):  # a prefill follower's, whatever g1
+                shapes = [follower.rows]
+            else:
+                shapes = populations(sel, g2, follower.new_views, pair.total_ms, follower.rows)
+            found.extend(_scored_sequences(sel, (g1.kind, enables, follower.cls), pair, shapes))
     return found
+
+
+class _Follower(NamedTuple):
+    """A following shape of one prerequisite kind and enabled phase, as far as it does not
+    depend on the prerequisite's shape."""
+
+    graph: GraphDescriptor
+    new_views: list[RequestView]  # the rows the prerequisite enables into this phase
+    rows: Population | DecoderRows | None  # a prefill follower's population, a decode-like
+    # follower's rows (its populations depend on U), None for a ragged follower
+    cls: tuple  # follower_class(graph)
+
+
+def _live_followers(sel: Selection, enables: Phase, singles: list[RequestView]) -> list[_Follower]:
+    """The following shapes a prerequisite may enable `enables` rows of `singles` (its kind's
+    blocked rows with no other prerequisite left) into, in ``following_graphs``' order, less
+    those with nothing to serve whatever the prerequisite's shape: a prefill follower none of
+    whose enabled prompts is worth a chunk, a decode-like non-mixed one with no enabled
+    decoder. A prefill follower's population depends on the chunk and whether the follower is
+    measured, not on its batch capacity (its room), so followers of one chunk share it; a
+    decode-like follower's rows depend on its steps and lane width only."""
+    new_views = [v for v in singles if v.enables is enables]
+    if not new_views:
+        return []
+    live = []
+    chunks: dict[tuple, Population] = {}
+    rows_by_shape: dict[tuple, DecoderRows] = {}
+    for g2 in following_graphs(sel, enables):
+        rows: Population | DecoderRows | None
+        if is_ragged(g2):
+            rows = None
+        elif g2.kind.is_prefill:
+            chunk = (g2.kind, g2.token_capacity, sel.costs.is_known(g2.key))
+            if chunk not in chunks:
+                chunks[chunk] = prefill_population(sel, g2, new_views)
+            rows = chunks[chunk].with_room(g2.batch_capacity)
+            if not len(rows.new_values):  # no row it enables is worth a chunk here
+                continue
+        else:
+            shape = (g2.steps, g2.token_capacity, g2.proposal_depth)
+            if shape not in rows_by_shape:
+                rows_by_shape[shape] = DecoderRows(sel, g2, new_views)
+            rows = rows_by_shape[shape]
+            if not rows.views and g2.kind is not GraphKind.MIXED:  # none it enables
+                continue
+        live.append(_Follower(g2, new_views, rows, follower_class(g2)))
+    return live
 
 
 def _carried(sel: Selection, g1: GraphDescriptor, group_size: int) -> bool:
