@@ -11,7 +11,10 @@ import contextlib
 import json
 import os
 import platform
+import subprocess
+import sys
 import sysconfig
+import types
 
 import numpy as np
 
@@ -21,6 +24,16 @@ from helios_jax.compilation_cache import DEFAULT_COMPILATION_CACHE_DIR
 # (`helios_jax.compilation_cache.enable_compilation_cache` sets it up; empty disables it).
 DEFAULT_CACHE_DIR = DEFAULT_COMPILATION_CACHE_DIR
 EOS_TEXTS = ("<|endoftext|>", "<|im_end|>")
+
+
+def module_at(ref: str, path: str, name: str) -> types.ModuleType:
+    """The source file `path` as it is at git `ref`, imported as a module `name` of its own (so
+    an A/B script runs another commit's version beside this tree's in one process)."""
+    shown = subprocess.run(["git", "show", f"{ref}:{path}"], capture_output=True, text=True, check=True)
+    module = types.ModuleType(name)
+    sys.modules[name] = module  # its dataclasses and NamedTuples look their module up there
+    exec(compile(shown.stdout, f"{ref}:{path}", "exec"), module.__dict__)
+    return module
 
 
 def engine_bench_config(

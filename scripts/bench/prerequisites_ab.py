@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import json
 import statistics
-import subprocess
-import sys
 import time
 import types
 
 import plan_path
 from absl import app, flags
+from bench_common import module_at
 
 from helios_jax.catalog import DecodeMode
 from helios_jax.scheduler import policy
@@ -33,16 +32,6 @@ from helios_jax.scheduler.policy import prerequisites
 flags.DEFINE_string("base", "HEAD", "git ref whose prerequisites.py is the baseline")
 FLAGS = flags.FLAGS
 SOURCE = "helios_jax/scheduler/policy/prerequisites.py"
-
-
-def base_module(ref: str) -> types.ModuleType:
-    """`prerequisites.py` at `ref`, imported as a module of its own."""
-    shown = subprocess.run(["git", "show", f"{ref}:{SOURCE}"], capture_output=True, text=True, check=True)
-    source = shown.stdout
-    module = types.ModuleType("prerequisites_base")
-    sys.modules["prerequisites_base"] = module  # its NamedTuples look their module up there
-    exec(compile(source, f"{ref}:{SOURCE}", "exec"), module.__dict__)
-    return module
 
 
 def signature(entries: list) -> list[tuple]:
@@ -99,7 +88,7 @@ def compare(base: types.ModuleType, n: int) -> dict:
 
 def main(argv):
     del argv
-    base = base_module(FLAGS.base)
+    base = module_at(FLAGS.base, SOURCE, "prerequisites_base")
     rows = [compare(base, int(n)) for n in FLAGS.requests]
     for r in rows:
         print(

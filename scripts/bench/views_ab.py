@@ -16,31 +16,18 @@ from __future__ import annotations
 
 import json
 import statistics
-import subprocess
-import sys
 import time
-import types
 
 import numpy as np
 import plan_path
 from absl import app, flags
+from bench_common import module_at
 
 from helios_jax.catalog import DecodeMode
 from helios_jax.scheduler import pricing
 
 flags.DEFINE_string("base", "HEAD", "git ref whose pricing.views is the baseline")
 FLAGS = flags.FLAGS
-
-
-def base_pricing(ref: str):
-    """`helios_jax/scheduler/pricing.py` at `ref`, imported as a module of its own."""
-    source = subprocess.run(
-        ["git", "show", f"{ref}:helios_jax/scheduler/pricing.py"], capture_output=True, text=True, check=True
-    ).stdout
-    module = types.ModuleType("pricing_base")
-    sys.modules["pricing_base"] = module  # its dataclasses look their module up there
-    exec(compile(source, f"{ref}:helios_jax/scheduler/pricing.py", "exec"), module.__dict__)
-    return module
 
 
 def same_views(a, b) -> bool:
@@ -94,7 +81,7 @@ def compare(base, n: int) -> dict:
 
 def main(argv):
     del argv
-    base = base_pricing(FLAGS.base)
+    base = module_at(FLAGS.base, "helios_jax/scheduler/pricing.py", "pricing_base")
     rows = [compare(base, int(n)) for n in FLAGS.requests]
     for r in rows:
         print(
