@@ -39,8 +39,8 @@ from helios_jax.scheduler.speculation import (
     acceptance_observations,
     initial_prior,
 )
-from helios_jax.scheduler.view import Candidate, LaneRole, Phase, RequestView
-from helios_jax.scheduler.view_columns import ResidentViews, remaining_by_rid
+from helios_jax.scheduler.view import Candidate, LaneRole, RequestView
+from helios_jax.scheduler.view_columns import ResidentViews
 
 
 def explore(
@@ -75,20 +75,14 @@ def explore(
 
 def probe_views(
     views: Sequence[RequestView], estimates: Mapping[int, np.ndarray] | None = None
-) -> Sequence[RequestView]:
+) -> ResidentViews:
     """The views a probe scores: each decoder's survival replaced by its optimistic estimate, the
     view's own or (`estimates`, by rid, for views priced without them) the given one. Other views
     are kept as they are: a probe scores drafted programs, whose lanes are decoders'."""
-    if isinstance(views, ResidentViews):  # the decoders' columns, their rows replaced
-        c = views.decoders
-        rows = c.optimistic if estimates is None else [estimates[rid] for rid in c.rid.tolist()]
-        return views.with_decoder_survival(list(rows))
-    out = []
-    for v in views:
-        if v.phase is Phase.DECODE:
-            v = v.with_survival(v.optimistic if estimates is None else estimates[v.rid])
-        out.append(v)
-    return out
+    resident = ResidentViews.of(views)
+    c = resident.decoders  # their survival column replaced
+    rows = c.optimistic if estimates is None else [estimates[rid] for rid in c.rid.tolist()]
+    return resident.with_decoder_survival(list(rows))
 
 
 def aged_information(requests: Mapping[int, Request]) -> Callable[[int, int, int], float]:
@@ -213,7 +207,7 @@ def probe(
     if not speculative.graphs:
         return None
     ordinary_width = {lane.rid: lane_width(lane) for lane in ordinary.lanes if lane.role is LaneRole.DECODE}
-    remaining = remaining_by_rid(inp.views)
+    remaining = ResidentViews.of(inp.views).output_remaining()
     if not _can_widen(remaining, ordinary_width, speculative.max_width):
         return None
     # Scored on the ordinary decision's scale: the same sigma (from every loaded program) and

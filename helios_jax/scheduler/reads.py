@@ -12,7 +12,6 @@ selections, drafts and the trace); :class:`SchedulerReads` names it, and ``core.
 from __future__ import annotations
 
 import collections
-from collections.abc import Sequence
 
 from helios_jax.scheduler import learning, policy, pricing, service
 from helios_jax.scheduler.captures import Captures
@@ -25,8 +24,7 @@ from helios_jax.scheduler.refresh import Ledger
 from helios_jax.scheduler.requests import Pool, Request, pages_for
 from helios_jax.scheduler.residents import Residents
 from helios_jax.scheduler.stats import Counters, SchedulerStats
-from helios_jax.scheduler.view import RequestView
-from helios_jax.scheduler.view_columns import ResidentViews, decoder_rids
+from helios_jax.scheduler.view_columns import ResidentViews
 
 
 class SchedulerReads:
@@ -149,8 +147,8 @@ class SchedulerReads:
             survival=proposes,
         )
 
-    def _probe_views(self, views: Sequence[RequestView]) -> Sequence[RequestView]:
+    def _probe_views(self, views: ResidentViews) -> ResidentViews:
         """What an acceptance probe scores: `views` (priced without optimistic estimates) with
         each decoder's survival replaced by its optimistic estimate (``learning.probe_views``)."""
-        decoders = decoder_rids(views)
+        decoders = views.decoders.rid.tolist()
         return learning.probe_views(views, pricing.optimistic_estimates(self._pricing_inputs(True), decoders))

@@ -121,11 +121,6 @@ class DecoderColumns:
         """bool[n]: its samples take a host token mask (never a lane of a K-step program)."""
         return self._host_mask != 0
 
-    @property
-    def k_step_eligible(self) -> np.ndarray:
-        """bool[n]: no host token mask, so a K-step program may hold the lane."""
-        return self._host_mask == 0
-
     def take(self, idx: np.ndarray) -> DecoderColumns:
         """The rows `idx`, in that order."""
         rows = idx.tolist()  # Python ints: indexing a list by numpy ones is slower
@@ -220,6 +215,24 @@ class ResidentViews(Sequence[RequestView]):
         self._order = order
         self._all: list[RequestView] | None = None
 
+    @classmethod
+    def of(cls, views: Sequence[RequestView]) -> ResidentViews:
+        """`views` as resident views: themselves if they are, else a list of views split into
+        the decoders' columns (``DecoderColumns.of``) and the others, in the same order."""
+        if isinstance(views, ResidentViews):
+            return views
+        others: list[RequestView] = []
+        decoders: list[RequestView] = []
+        order = []
+        for v in views:
+            if v.phase is Phase.DECODE:
+                order.append(~len(decoders))
+                decoders.append(v)
+            else:
+                order.append(len(others))
+                others.append(v)
+        return cls(others, DecoderColumns.of(decoders), order)
+
     def _listed(self) -> list[RequestView]:
         if self._all is None:
             decoders, others = self.decoders.views(), self.others
@@ -263,17 +276,3 @@ class ResidentViews(Sequence[RequestView]):
     def with_decoder_survival(self, survival: list[np.ndarray]) -> ResidentViews:
         """These views with the decoders' survival estimates replaced (row order)."""
         return ResidentViews(self.others, self.decoders.with_survival(survival), self._order)
-
-
-def remaining_by_rid(views: Sequence[RequestView]) -> dict[int, int]:
-    """rid -> output left of every view (a :class:`ResidentViews` reads its columns)."""
-    if isinstance(views, ResidentViews):
-        return views.output_remaining()
-    return {v.rid: v.output_remaining for v in views}
-
-
-def decoder_rids(views: Sequence[RequestView]) -> list[int]:
-    """The rids of the decoders' views, in the views' order of them."""
-    if isinstance(views, ResidentViews):
-        return views.decoders.rid.tolist()
-    return [v.rid for v in views if v.phase is Phase.DECODE]

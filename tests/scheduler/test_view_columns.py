@@ -14,7 +14,7 @@ from helios_jax.scheduler import learning, policy, pricing
 from helios_jax.scheduler.policy import ranking
 from helios_jax.scheduler.speculation import SOURCE_COPY
 from helios_jax.scheduler.view import Phase, RequestView
-from helios_jax.scheduler.view_columns import NO_LIMIT, DecoderColumns, ResidentViews, decoder_rids
+from helios_jax.scheduler.view_columns import NO_LIMIT, DecoderColumns, ResidentViews
 
 from .helpers import ORDINARY, SPEC
 from .test_core import run_once, scheduler
@@ -79,7 +79,10 @@ def test_each_decoder_row_holds_what_its_request_state_gives():
             assert (by_rid[rid].width_limit, by_rid[rid].copy_limit) == (r.width_limit, copy)
             seen.add((c.width_cap[i] != NO_LIMIT, c.copy_cap[i] != NO_LIMIT, bool(c.host_mask[i])))
         decoding = [v.rid for v in views if v.phase is Phase.DECODE]
-        assert decoding == c.rid.tolist() == decoder_rids(views) == decoder_rids(list(views))
+        split = ResidentViews.of(list(views))  # a list of the same views, split again
+        assert ResidentViews.of(views) is views
+        assert decoding == c.rid.tolist() == split.decoders.rid.tolist()
+        assert [v.rid for v in split] == [v.rid for v in views] and len(split.others) == len(views.others)
     assert {(True, False, False), (False, True, False), (False, False, True)} <= seen
 
 

@@ -57,7 +57,7 @@ def step_limits(decoders: DecoderTable) -> StepLimits:
     limit that is None is ``view_columns.NO_LIMIT``)."""
     c = decoders.columns
     left = np.minimum(c.output_remaining, c.context_remaining)
-    return StepLimits(np.minimum(left, c.width_cap), c.k_step_eligible)
+    return StepLimits(np.minimum(left, c.width_cap), ~c.host_mask)
 
 
 def _lanes(decoders: DecoderTable, idx, steps: np.ndarray, values: np.ndarray) -> list[Lane]:

@@ -130,9 +130,7 @@ def better(a: Candidate, b: Candidate, recency: dict[int, int]) -> bool:
 
 def recency(views: Sequence[RequestView]) -> dict[int, int]:
     """rid -> last selection of every view."""
-    if isinstance(views, ResidentViews):
-        return views.recency()
-    return {v.rid: v.last_selected_ns for v in views}
+    return ResidentViews.of(views).recency()
 
 
 def best(cands: Sequence[Candidate], views: Sequence[RequestView]) -> Candidate | None:

@@ -44,15 +44,6 @@ class SelectionInput:
     reference: Sequence[GraphDescriptor] | PreparedGraphs | None = None
 
 
-def _split(views: Sequence[RequestView]) -> tuple[list[RequestView], DecoderColumns]:
-    """The views other than decoders', and the decoders' as columns (a :class:`ResidentViews`
-    holds them so; a list of views is split)."""
-    if isinstance(views, ResidentViews):
-        return views.others, views.decoders
-    others = [v for v in views if v.phase is not Phase.DECODE]
-    return others, DecoderColumns.of([v for v in views if v.phase is Phase.DECODE])
-
-
 class Selection:
     """The population of one decision, as the program families score it."""
 
@@ -78,7 +69,8 @@ class Selection:
         # Least recently used first (never selected, -1, first of all), then earlier admitted:
         # every cohort solver sorts lanes stably, so lanes of equal value go in this order
         # (duration-estimates/tie-order), whatever order the caller listed the views in.
-        others, columns = _split(inp.views)
+        resident = ResidentViews.of(inp.views)  # the decoders as columns, beside the others
+        others, columns = resident.others, resident.decoders
         self.decision = self._decision(others, columns) if base is None else base.decision
         by_phase: dict[Phase, list[RequestView]] = {phase: [] for phase in _PHASES}
         for v in sorted(others, key=_TIE_ORDER):
